@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (what CI runs).
+PY ?= python3
+# A CPU build of torch 2.13 sits in this project's machines' pip cache; elsewhere pip fetches the same version.
+TORCH_SPEC ?= torch==2.13.0
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+
+.PHONY: install system test lint typecheck pytest demo bench
+
+install:
+	$(PIP) "$(TORCH_SPEC)"
+	$(PIP) -e ".[all]"
+
+# Debian packages (docker.io, chromium, debootstrap), dockerd, the sandbox image.
+system:
+	bash scripts/setup_system.sh
+
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck:
+	$(PY) -m mypy toolgym envs sandboxes rewards agents trainers
+
+pytest:
+	$(PY) -m pytest -q -ra
+
+test: install system lint typecheck pytest
+
+demo: install
+	toolgym list
+	toolgym check toolgym/Calculator-v0
+	$(PY) examples/scripted_episode.py

@@ -1,0 +1,379 @@
+"""The base of every toolgym environment: the contract of ARCHITECTURE.md §2.
+
+A subclass fills in small named hooks, and the loop in ``step`` is never overridden:
+
+- ``make_task()``: draw a task with ``self.np_random`` (required).
+- ``tools()``: the tools the model may call (``Tool`` objects).
+- ``run_tool(call)``: run one call and return the observation text (default: call the tool's function).
+- ``check_answer(answer)``: the reward components of a final answer (required unless command format).
+- ``run_command(command)``: for command-format envs (household): advance the world.
+- ``tool_reward(call, output)``: optional shaping for a tool call.
+- ``expert_action()``: the scripted expert's next action (used by checks, tests, SFT data).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import gymnasium as gym
+from toolgym.envs.spaces import ActionText, Messages
+
+from toolgym.errors import EpisodeOverError, InfrastructureError
+from toolgym.messages import Message, ToolCall
+from toolgym.parsing import ANSWER_TOOL, ActionFormat, ParseResult, parse_action
+from toolgym.tools import Tool, ToolSpec
+
+TRUNCATIONS = ("turn_limit", "token_budget", "timeout", "env_error")
+
+
+@dataclass
+class Task:
+    """One task: the prompt the model sees, the hidden answer, and data for the world and the expert."""
+
+    task_id: str
+    prompt: str
+    answer: Any = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CommandOutcome:
+    """What a command did to the world (command-format envs)."""
+
+    observation: str
+    reward_components: dict[str, float] = field(default_factory=dict)
+    terminated: bool = False
+    success: bool = False
+
+
+def _whitespace_tokens(text: str) -> int:
+    return len(text.split())
+
+
+class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
+    """Base class; see the module docstring for the hooks. Subclasses document themselves under the headings
+    of STYLE.md rule 1."""
+
+    family: ClassVar[str] = "generic"
+    expert_success_rate: ClassVar[float] = 1.0
+    supports_fork: ClassVar[bool] = True
+    action_format: ActionFormat = "hermes"
+    reward_keys: ClassVar[tuple[str, ...]] = ("correct", "format")
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 (gymnasium declares it so)
+
+    def __init__(
+        self,
+        *,
+        max_turns: int = 8,
+        prompt_format: str = "tools",
+        action_format: ActionFormat | None = None,
+        format_penalty: float = -0.1,
+        token_budget: int | None = None,
+        token_counter: Callable[[str], int] | None = None,
+        time_limit_s: float | None = None,
+        system_prompt: str | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        from toolgym.errors import ConfigError
+
+        if max_turns < 1:
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
+        if prompt_format not in ("tools", "text"):
+            raise ConfigError(f"prompt_format must be 'tools' or 'text', got {prompt_format!r}")
+        if render_mode not in (None, "ansi"):
+            raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.max_turns = max_turns
+        self.prompt_format = prompt_format
+        if action_format is not None:
+            self.action_format = action_format
+        self.format_penalty = format_penalty
+        self.token_budget = token_budget
+        self.token_counter = token_counter or _whitespace_tokens
+        self.time_limit_s = time_limit_s
+        self.custom_system_prompt = system_prompt
+        self.render_mode = render_mode
+        self.observation_space = Messages()
+        self.action_space = ActionText()
+        self._tools: dict[str, Tool] = {t.name: t for t in self.tools()}
+        self._tool_dicts = [t.spec.to_dict() for t in self._tools.values()]
+        self._task: Task | None = None
+        self._transcript: list[Message] = []
+        self._turn = 0
+        self._tokens = 0
+        self._done = False
+        self._started = 0.0
+        self._episode_reward = 0.0
+        self._episode_components: dict[str, float] = {}
+        self._tool_calls = 0
+        self._invalid = 0
+        self._call_counter = 0
+
+    # ----- hooks -------------------------------------------------------------------------------------------
+    def make_task(self) -> Task:
+        raise NotImplementedError
+
+    def tools(self) -> list[Tool]:
+        return []
+
+    def run_tool(self, call: ToolCall) -> str:
+        tool = self._tools[call.name]
+        try:
+            return str(tool(**call.arguments))
+        except InfrastructureError:
+            raise
+        except Exception as exc:  # a tool error is feedback for the model, not a crash
+            return f"Error: {exc}"
+
+    def check_answer(self, answer: str) -> dict[str, float]:
+        raise NotImplementedError
+
+    def is_success(self, components: dict[str, float]) -> bool:
+        return components.get("correct", 0.0) >= 1.0
+
+    def run_command(self, command: str) -> CommandOutcome:
+        raise NotImplementedError
+
+    def tool_reward(self, call: ToolCall, output: str) -> dict[str, float]:
+        return {}
+
+    def expert_action(self) -> str:
+        raise NotImplementedError
+
+    def instructions(self) -> str:
+        """The task-specific part of the system prompt."""
+        return "Solve the task."
+
+    def extra_state(self) -> Any:
+        """World state beyond the transcript, for forking (deep-copied)."""
+        return None
+
+    def load_extra_state(self, state: Any) -> None:
+        return None
+
+    # ----- the contract ------------------------------------------------------------------------------------
+    @property
+    def tool_specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    @property
+    def transcript(self) -> list[dict[str, Any]]:
+        """The whole episode so far, as plain dicts."""
+        return [m.to_dict() for m in self._transcript]
+
+    @property
+    def task(self) -> Task:
+        if self._task is None:
+            raise EpisodeOverError("no episode yet: call reset() first")
+        return self._task
+
+    def system_prompt(self) -> str:
+        if self.custom_system_prompt is not None:
+            return self.custom_system_prompt
+        parts = [self.instructions()]
+        if self.action_format == "hermes":
+            if self.prompt_format == "text" and self._tools:
+                schemas = "\n".join(json.dumps(t.spec.to_dict()["function"]) for t in self._tools.values())
+                parts.append(f"You may call these tools:\n{schemas}")
+            if self._tools:
+                parts.append(
+                    'To call a tool, write <tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>; '
+                    "the result comes back in the next message."
+                )
+            parts.append("When you know the final answer, write it as <answer>ANSWER</answer>.")
+        elif self.action_format == "tags":
+            for t in self._tools.values():
+                first = next(iter(t.spec.parameters.get("properties", {})), "input")
+                parts.append(f"<{t.name}>{first.upper()}</{t.name}>: {t.spec.description}")
+            parts.append("When you know the final answer, write it as <answer>ANSWER</answer>.")
+        return "\n\n".join(parts)
+
+    def _info(self, **extra: Any) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "task_id": self.task.task_id,
+            "tools": self._tool_dicts,
+            "turn": self._turn,
+        }
+        info.update(extra)
+        return info
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        super().reset(seed=seed)
+        self._task = self.make_task()
+        self._turn = 0
+        self._tokens = 0
+        self._done = False
+        self._started = time.monotonic()
+        self._episode_reward = 0.0
+        self._episode_components = dict.fromkeys(self.reward_keys, 0.0)
+        self._tool_calls = 0
+        self._invalid = 0
+        self._call_counter = 0
+        obs = [
+            Message(role="system", content=self.system_prompt()),
+            Message(role="user", content=self._task.prompt),
+        ]
+        self._transcript = list(obs)
+        return [m.to_dict() for m in obs], self._info()
+
+    def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        if self._task is None or self._done:
+            raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
+        parsed = parse_action(action, self.tool_specs, self.action_format)
+        self._turn += 1
+        self._tokens += self.token_counter(parsed.text)
+        parsed = self._number_calls(parsed)
+        self._transcript.append(parsed.assistant_message())
+        components = dict.fromkeys(self.reward_keys, 0.0)
+        obs: list[Message] = []
+        terminated = False
+        success: bool | None = None
+        truncation: str | None = None
+        infra_error: str | None = None
+        try:
+            if not parsed.ok:
+                self._invalid += 1
+                components["format"] = self.format_penalty
+                obs.append(Message(role="user", content=self.format_feedback(parsed)))
+            elif parsed.answer is not None:
+                components.update(self.check_answer(parsed.answer))
+                terminated = True
+                success = self.is_success(components)
+            elif parsed.command is not None:
+                outcome = self.run_command(parsed.command)
+                components.update(outcome.reward_components)
+                obs.append(Message(role="user", content=outcome.observation))
+                terminated = outcome.terminated
+                success = outcome.success if terminated else None
+            else:
+                for call in parsed.tool_calls:
+                    self._tool_calls += 1
+                    output = self.run_tool(call)
+                    for key, value in self.tool_reward(call, output).items():
+                        components[key] = components.get(key, 0.0) + value
+                    obs.append(Message(role="tool", tool_call_id=call.id, name=call.name, content=output))
+        except InfrastructureError as exc:
+            truncation, infra_error = "env_error", str(exc)
+            obs = []
+        reward = float(sum(components.values())) if infra_error is None else 0.0
+        self._transcript.extend(obs)
+        if not terminated and truncation is None:
+            if self._turn >= self.max_turns:
+                truncation = "turn_limit"
+            elif self.token_budget is not None and self._tokens >= self.token_budget:
+                truncation = "token_budget"
+            elif self.time_limit_s is not None and time.monotonic() - self._started > self.time_limit_s:
+                truncation = "timeout"
+        truncated = truncation is not None
+        self._episode_reward += reward
+        for key, value in components.items():
+            self._episode_components[key] = self._episode_components.get(key, 0.0) + value
+        info = self._info(
+            invalid_action=not parsed.ok,
+            tool_calls=len(parsed.tool_calls) if parsed.ok else 0,
+            reward_components=components,
+        )
+        if not parsed.ok:
+            info["parse_error"] = parsed.error_kind
+        if truncated:
+            info["truncation"] = truncation
+        if infra_error is not None:
+            info["infra_error"] = infra_error
+        if terminated or truncated:
+            self._done = True
+            info["success"] = bool(success)
+            info["episode_reward"] = self._episode_reward
+            info["episode_reward_components"] = dict(self._episode_components)
+            info["episode_tool_calls"] = self._tool_calls
+            info["episode_invalid_actions"] = self._invalid
+        return [m.to_dict() for m in obs], reward, terminated, truncated, info
+
+    def _number_calls(self, parsed: ParseResult) -> ParseResult:
+        """Give text-parsed calls episode-unique ids (structured messages keep the ids they came with)."""
+        if not parsed.tool_calls or parsed.message is not None:
+            return parsed
+        calls = []
+        for call in parsed.tool_calls:
+            calls.append(call.model_copy(update={"id": f"call_{self._call_counter}"}))
+            self._call_counter += 1
+        return dataclasses.replace(parsed, tool_calls=tuple(calls))
+
+    def format_feedback(self, parsed: ParseResult) -> str:
+        """The observation after an invalid action: what was wrong and the expected format."""
+        if self.action_format == "command":
+            how = "Reply with one command."
+        elif self.action_format == "tags":
+            names = ", ".join(f"<{n}>…</{n}>" for n in self._tools)
+            how = f"Call a tool ({names}) or give the final answer as <answer>…</answer>."
+        else:
+            names = ", ".join(n for n in self._tools if n != ANSWER_TOOL) or "none"
+            how = (
+                'Call a tool with <tool_call>{"name": "TOOL", "arguments": {...}}</tool_call> '
+                f"(tools: {names}) or give the final answer as <answer>…</answer>."
+            )
+        return f"Invalid action: {parsed.error} {how}"
+
+    # ----- forking -----------------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """A deep copy of the episode, enough to continue it elsewhere with ``set_state``."""
+        return copy.deepcopy(
+            {
+                "task": self._task,
+                "transcript": self._transcript,
+                "turn": self._turn,
+                "tokens": self._tokens,
+                "done": self._done,
+                "elapsed": time.monotonic() - self._started,
+                "episode_reward": self._episode_reward,
+                "episode_components": self._episode_components,
+                "tool_calls": self._tool_calls,
+                "invalid": self._invalid,
+                "call_counter": self._call_counter,
+                "rng": self.np_random.bit_generator.state,
+                "extra": self.extra_state(),
+            }
+        )
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = copy.deepcopy(state)
+        self._task = state["task"]
+        self._transcript = state["transcript"]
+        self._turn = state["turn"]
+        self._tokens = state["tokens"]
+        self._done = state["done"]
+        self._started = time.monotonic() - state["elapsed"]
+        self._episode_reward = state["episode_reward"]
+        self._episode_components = state["episode_components"]
+        self._tool_calls = state["tool_calls"]
+        self._invalid = state["invalid"]
+        self._call_counter = state["call_counter"]
+        self.np_random.bit_generator.state = state["rng"]
+        self.load_extra_state(state["extra"])
+
+    def render(self) -> str | None:  # type: ignore[override]
+        if self.render_mode != "ansi":
+            return None
+        lines = []
+        for m in self._transcript:
+            body = m.text
+            if m.tool_calls:
+                body += " " + " ".join(f"[{c.name}({json.dumps(c.arguments)})]" for c in m.tool_calls)
+            lines.append(f"[{m.role}] {body}")
+        return "\n".join(lines)
+
+
+def tool_env(env: gym.Env[Any, Any]) -> ToolEnv:
+    """The ``ToolEnv`` under any wrappers, or a ConfigError naming what was passed."""
+    from toolgym.errors import ConfigError
+
+    inner = env.unwrapped
+    if not isinstance(inner, ToolEnv):
+        raise ConfigError(f"expected a toolgym environment, got {type(inner).__name__}")
+    return inner

@@ -1,0 +1,153 @@
+"""toolgym/Calculator-v0: arithmetic word problems with a calculator tool."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, ClassVar
+
+from toolgym.envs.base import Task, ToolEnv
+from toolgym.envs.calculator.arithmetic import ArithmeticError_, evaluate, format_number
+from toolgym.envs.calculator.tasks import make_problem
+from toolgym.rewards.numeric import numeric_match
+
+from toolgym.errors import ConfigError
+from toolgym.messages import ToolCall
+from toolgym.tools import Tool
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly.
+
+    Args:
+        expression: plain arithmetic with numbers and + - * / // % ** and parentheses, e.g. "37*58".
+    """
+    try:
+        return format_number(evaluate(expression))
+    except ArithmeticError_ as exc:
+        return f"Error: {exc}"
+
+
+def answer(answer: str) -> str:
+    """Give the final answer and end the episode.
+
+    Args:
+        answer: the final answer, a number.
+    """
+    return answer
+
+
+class CalculatorEnv(ToolEnv):
+    """Arithmetic word problems solved with a calculator tool.
+
+    ## Description
+    Each episode is one word problem ("A crate holds 37 packs of 58 pens. How many pens…?") whose answer is a
+    whole number. The model may call ``calculator`` any number of times, then gives the final answer.
+
+    ## Action Space
+    Text (or an assistant message with ``tool_calls``). Hermes format by default:
+    ``<tool_call>{"name": "calculator", "arguments": {"expression": "37*58"}}</tool_call>``; the final answer
+    is ``<answer>2146</answer>`` or a call of the ``answer`` tool.
+
+    ## Observation Space
+    ``Messages``: on reset the system prompt and the problem; on each step the new messages (tool results,
+    or feedback after an invalid action).
+
+    ## Tools
+    ``calculator(expression)``: exact arithmetic (an AST walk over fractions; no ``eval``).
+    ``answer(answer)``: the final answer.
+
+    ## Rewards
+    ``correct``: 1.0 when the final answer equals the true value (``toolgym.rewards.numeric_match``).
+    ``format``: ``format_penalty`` (default -0.1) on each invalid action.
+    ``tool``: ``tool_bonus`` per successful calculator call, at most ``tool_bonus_cap`` in an episode
+    (default 0: off).
+
+    ## Starting State
+    A problem drawn with ``np_random``: ``num_ops`` operations on ``digits``-digit numbers.
+
+    ## Episode End
+    Terminated when a final answer is given. Truncated after ``max_turns`` turns (``turn_limit``), or by
+    ``token_budget`` / ``time_limit_s`` when set.
+
+    ## Arguments
+    ``digits`` (2), ``num_ops`` (1), ``max_turns`` (4), ``tool_bonus`` (0.0), ``tool_bonus_cap`` (0.2),
+    ``format_penalty`` (-0.1), ``prompt_format`` ("tools" or "text"), ``action_format`` ("hermes" or "tags").
+
+    ## Version History
+    - v0: first version.
+    """
+
+    family: ClassVar[str] = "math"
+    expert_success_rate: ClassVar[float] = 1.0
+    reward_keys: ClassVar[tuple[str, ...]] = ("correct", "format", "tool")
+
+    def __init__(
+        self,
+        *,
+        digits: int = 2,
+        num_ops: int = 1,
+        max_turns: int = 4,
+        tool_bonus: float = 0.0,
+        tool_bonus_cap: float = 0.2,
+        **kwargs: Any,
+    ) -> None:
+        if not 1 <= digits <= 12:
+            raise ConfigError(f"digits must be between 1 and 12, got {digits}")
+        if not 1 <= num_ops <= 8:
+            raise ConfigError(f"num_ops must be between 1 and 8, got {num_ops}")
+        self.digits = digits
+        self.num_ops = num_ops
+        self.tool_bonus = tool_bonus
+        self.tool_bonus_cap = tool_bonus_cap
+        self._bonus_given = 0.0
+        super().__init__(max_turns=max_turns, **kwargs)
+
+    def tools(self) -> list[Tool]:
+        return [Tool(calculator), Tool(answer)]
+
+    def instructions(self) -> str:
+        return (
+            "You solve arithmetic word problems. Use the calculator tool for the arithmetic, "
+            "then give the final answer as a number."
+        )
+
+    def make_task(self) -> Task:
+        self._bonus_given = 0.0
+        problem = make_problem(self.np_random, self.digits, self.num_ops)
+        digest = hashlib.sha1(problem.text.encode()).hexdigest()[:10]
+        task_id = f"calc-d{self.digits}o{self.num_ops}-{digest}"
+        return Task(
+            task_id=task_id,
+            prompt=problem.text,
+            answer=problem.answer,
+            data={"expression": problem.expression},
+        )
+
+    def check_answer(self, answer: str) -> dict[str, float]:
+        score = numeric_match([answer], answer=[self.task.answer])[0]
+        return {"correct": float(score or 0.0)}
+
+    def tool_reward(self, call: ToolCall, output: str) -> dict[str, float]:
+        if self.tool_bonus <= 0 or output.startswith("Error"):
+            return {}
+        bonus = min(self.tool_bonus, max(0.0, self.tool_bonus_cap - self._bonus_given))
+        self._bonus_given += bonus
+        return {"tool": bonus}
+
+    def extra_state(self) -> Any:
+        return {"bonus_given": self._bonus_given}
+
+    def load_extra_state(self, state: Any) -> None:
+        self._bonus_given = state["bonus_given"]
+
+    def expert_action(self) -> str:
+        """Call the calculator on the problem's expression, then answer with its result."""
+        results = [m for m in self._transcript if m.role == "tool" and m.name == "calculator"]
+        if results and not results[-1].text.startswith("Error"):
+            return f"<answer>{results[-1].text}</answer>"
+        expression = self.task.data["expression"]
+        if self.action_format == "tags":
+            return f"<calculator>{expression}</calculator>"
+        return (
+            f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+        )

@@ -1,0 +1,177 @@
+"""toolgym's env checks, run over every registered id (``toolgym check`` and tests/envs/test_all_envs.py).
+
+1. gymnasium's ``check_env`` (API, spaces, seeding);
+2. seeded determinism: same seed → same task, and the same transcript for the same actions;
+3. random garbage actions are handled without an exception, each flagged ``invalid_action`` with feedback;
+4. the scripted expert's success rate is at least the rate the env declares.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from toolgym.envs.base import tool_env
+
+
+@dataclass
+class CheckReport:
+    env_id: str
+    passed: dict[str, bool] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    expert_success: float = float("nan")
+    declared_success: float = float("nan")
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(self.passed.values())
+
+
+def _run_check(report: CheckReport, name: str, fn: Any) -> None:
+    try:
+        fn()
+        report.passed[name] = True
+    except Exception as exc:  # a check failing is a result to report, not a crash
+        report.passed[name] = False
+        report.errors[name] = f"{type(exc).__name__}: {exc}"
+
+
+def _gym_check_env(env_id: str) -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    env = gym.make(env_id)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()
+
+
+def _episode(env: Any, seed: int, actions: list[str]) -> tuple[Any, list[Any]]:
+    obs, info = env.reset(seed=seed)
+    steps = []
+    for action in actions:
+        obs, reward, term, trunc, info = env.step(action)
+        steps.append((obs, reward, term, trunc, {k: v for k, v in info.items() if k != "elapsed_s"}))
+        if term or trunc:
+            break
+    return tool_env(env).transcript, steps
+
+
+def _determinism(env_id: str, seeds: int = 5) -> None:
+    env = gym.make(env_id)
+    try:
+        for seed in range(seeds):
+            env.reset(seed=seed)
+            actions = []
+            for _ in range(tool_env(env).max_turns):
+                a = tool_env(env).expert_action()
+                actions.append(a)
+                _, _, term, trunc, _ = env.step(a)
+                if term or trunc:
+                    break
+            first = _episode(env, seed, actions)
+            second = _episode(env, seed, actions)
+            if first != second:
+                raise AssertionError(f"seed {seed}: two runs of the same actions differ")
+        a = env.reset(seed=1)[0]
+        b = env.reset(seed=2)[0]
+        c = env.reset(seed=1)[0]
+        if a != c:
+            raise AssertionError("reset(seed=1) twice gave different tasks")
+        if a == b and env_id != "":
+            warnings.warn(f"{env_id}: seeds 1 and 2 gave the same task", stacklevel=2)
+    finally:
+        env.close()
+
+
+def _garbage(env_id: str, n: int = 200, seed: int = 0) -> None:
+    env = gym.make(env_id)
+    rng = np.random.default_rng(seed)
+    space = env.action_space
+    space.seed(seed)
+    extra: list[Any] = [
+        "",
+        "<tool_call>",
+        "<tool_call>{}</tool_call>",
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "calculator", "arguments": {"expression": 5}}</tool_call>',
+        "<answer>1</answer><answer>2</answer>",
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "x", "function": {"name": "zz", "arguments": "{"}}],
+        },
+        "\x00" * 10,
+        "<think>" + "a" * 1000,
+        12345,
+        None,
+    ]
+    try:
+        env.reset(seed=seed)
+        for i in range(n):
+            action = extra[i] if i < len(extra) else space.sample()
+            if rng.random() < 0.02:
+                action = str(action) * 50
+            obs, _, term, trunc, info = env.step(action)
+            if not env.observation_space.contains(obs):
+                raise AssertionError(f"observation outside the space after action {action!r:.80}")
+            if info["invalid_action"] and not obs and not (term or trunc):
+                raise AssertionError(f"invalid action {action!r:.80} gave no feedback")
+            if term or trunc:
+                env.reset(seed=seed + i + 1)
+    finally:
+        env.close()
+
+
+def expert_success_rate(env_id: str, episodes: int = 20, **kwargs: Any) -> float:
+    env = gym.make(env_id, **kwargs)
+    wins = 0
+    try:
+        for seed in range(episodes):
+            env.reset(seed=1000 + seed)
+            info: dict[str, Any] = {}
+            for _ in range(tool_env(env).max_turns):
+                _, _, term, trunc, info = env.step(tool_env(env).expert_action())
+                if term or trunc:
+                    break
+            wins += bool(info.get("success"))
+    finally:
+        env.close()
+    return wins / episodes
+
+
+def check(env_id: str, garbage_actions: int = 200, expert_episodes: int = 20) -> CheckReport:
+    """Run every check on one id and return a report (never raises for a failing check)."""
+    report = CheckReport(env_id)
+    start = time.perf_counter()
+    _run_check(report, "gymnasium", lambda: _gym_check_env(env_id))
+    _run_check(report, "determinism", lambda: _determinism(env_id))
+    _run_check(report, "garbage", lambda: _garbage(env_id, garbage_actions))
+
+    def expert() -> None:
+        report.declared_success = _declared(env_id)
+        report.expert_success = expert_success_rate(env_id, expert_episodes)
+        if report.expert_success < report.declared_success:
+            raise AssertionError(
+                f"expert success {report.expert_success:.2f} < declared {report.declared_success:.2f}"
+            )
+
+    _run_check(report, "expert", expert)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _declared(env_id: str) -> float:
+    env = gym.make(env_id)
+    try:
+        return float(tool_env(env).expert_success_rate)
+    finally:
+        env.close()

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# System set-up for the tests: Debian packages, a running docker daemon, the offline-built sandbox image.
+# Idempotent: each step is skipped when already done.
+set -euo pipefail
+
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  echo "setup: starting dockerd"
+  mkdir -p /var/log
+  (dockerd >/var/log/dockerd.log 2>&1 &)
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && break
+    sleep 1
+  done
+  docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see /var/log/dockerd.log" >&2; tail -20 /var/log/dockerd.log >&2; exit 1; }
+fi
+
+if python3 -c "import toolgym.sandboxes.image" 2>/dev/null; then
+  python3 -m toolgym sandbox build
+fi

@@ -1,0 +1,21 @@
+"""Maps the repository's top-level folders onto the `toolgym` namespace (see ARCHITECTURE.md)."""
+
+from setuptools import find_packages, setup
+
+ROOTS = {
+    "toolgym": "toolgym",
+    "toolgym.envs": "envs",
+    "toolgym.sandboxes": "sandboxes",
+    "toolgym.rewards": "rewards",
+    "toolgym.agents": "agents",
+    "toolgym.trainers": "trainers",
+}
+
+packages: list[str] = []
+package_dir: dict[str, str] = {}
+for name, folder in ROOTS.items():
+    package_dir[name] = folder
+    packages.append(name)
+    packages += [f"{name}.{sub}" for sub in find_packages(folder)]
+
+setup(packages=packages, package_dir=package_dir)

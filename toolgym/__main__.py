@@ -1,0 +1,5 @@
+import sys
+
+from toolgym.cli import main
+
+sys.exit(main())
