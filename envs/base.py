@@ -14,7 +14,6 @@ A subclass fills in small named hooks, and the loop in ``step`` is never overrid
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -101,7 +100,8 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self.observation_space = Messages()
         self.action_space = ActionText()
         self._tools: dict[str, Tool] = {t.name: t for t in self.tools()}
-        self._tool_dicts = [t.spec.to_dict() for t in self._tools.values()]
+        self._specs = [t.spec for t in self._tools.values()]
+        self._tool_dicts = [s.to_dict() for s in self._specs]
         self._task: Task | None = None
         self._transcript: list[Message] = []
         self._turn = 0
@@ -226,10 +226,11 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
     def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
         if self._task is None or self._done:
             raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
-        parsed = parse_action(action, self.tool_specs, self.action_format)
+        parsed = parse_action(action, self._specs, self.action_format, self._call_counter)
+        if parsed.message is None:
+            self._call_counter += len(parsed.tool_calls)
         self._turn += 1
         self._tokens += self.token_counter(parsed.text)
-        parsed = self._number_calls(parsed)
         self._transcript.append(parsed.assistant_message())
         components = dict.fromkeys(self.reward_keys, 0.0)
         obs: list[Message] = []
@@ -258,7 +259,12 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
                     output = self.run_tool(call)
                     for key, value in self.tool_reward(call, output).items():
                         components[key] = components.get(key, 0.0) + value
-                    obs.append(Message(role="tool", tool_call_id=call.id, name=call.name, content=output))
+                    # built from trusted parts: skip validation on this hot path
+                    obs.append(
+                        Message.model_construct(
+                            role="tool", tool_call_id=call.id, name=call.name, content=output, tool_calls=None
+                        )
+                    )
         except InfrastructureError as exc:
             truncation, infra_error = "env_error", str(exc)
             obs = []
@@ -294,16 +300,6 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
             info["episode_tool_calls"] = self._tool_calls
             info["episode_invalid_actions"] = self._invalid
         return [m.to_dict() for m in obs], reward, terminated, truncated, info
-
-    def _number_calls(self, parsed: ParseResult) -> ParseResult:
-        """Give text-parsed calls episode-unique ids (structured messages keep the ids they came with)."""
-        if not parsed.tool_calls or parsed.message is not None:
-            return parsed
-        calls = []
-        for call in parsed.tool_calls:
-            calls.append(call.model_copy(update={"id": f"call_{self._call_counter}"}))
-            self._call_counter += 1
-        return dataclasses.replace(parsed, tool_calls=tuple(calls))
 
     def format_feedback(self, parsed: ParseResult) -> str:
         """The observation after an invalid action: what was wrong and the expected format."""

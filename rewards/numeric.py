@@ -6,9 +6,11 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from toolgym.rewards.extract import completion_text, final_answer_text
+
+__all__ = ["completion_text", "final_answer_text", "numeric_match", "parse_number"]
+
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 
 
 def parse_number(text: str) -> Fraction | None:
@@ -29,36 +31,12 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
-def completion_text(completion: Any) -> str:
-    """The text of a completion given as a string or as a list of chat messages (last assistant turn)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):
-        for message in reversed(completion):
-            if isinstance(message, dict) and message.get("role", "assistant") == "assistant":
-                content = message.get("content") or ""
-                return (
-                    content if isinstance(content, str) else " ".join(str(p.get("text", "")) for p in content)
-                )
-        return ""
-    if isinstance(completion, dict):
-        return str(completion.get("content") or "")
-    return str(completion)
-
-
-def final_answer_text(text: str) -> str:
-    """The final answer of a reply: the last ``<answer>`` block when there is one, else the text after
-    ``<think>`` is removed."""
-    body = _THINK.sub("", text)
-    answers = _ANSWER.findall(body)
-    return answers[-1] if answers else body
-
-
 def numeric_match(
     completions: list[Any], answer: list[Any], tolerance: float = 1e-6, **kwargs: Any
 ) -> list[float | None]:
     """1.0 when the completion's final number equals the gold number (relative ``tolerance``), else 0.0;
-    None when the gold answer has no number.
+    None when the gold answer has no number. The number is the last one of the last ``<answer>`` block, or of
+    the text outside ``<think>`` when there is no block.
 
     >>> numeric_match(["<answer>2146</answer>", "<answer>2,147</answer>"], answer=[2146, "2146"])
     [1.0, 0.0]

@@ -120,7 +120,7 @@ def _combine(text: str, calls: list[ToolCall], answers: list[str], message: Mess
     return _fail(text, "no_action", "no tool call and no final answer found.", message)
 
 
-def _hermes_calls(body: str, index: int) -> ToolCall | str:
+def _hermes_calls(body: str, index: int, first_id: int) -> ToolCall | str:
     try:
         data = json.loads(body.strip())
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -135,10 +135,10 @@ def _hermes_calls(body: str, index: int) -> ToolCall | str:
             return f"the arguments of <tool_call> #{index + 1} are a string that is not JSON."
     if not isinstance(args, dict):
         return f'"arguments" of <tool_call> #{index + 1} must be a JSON object.'
-    return ToolCall(id=f"call_{index}", name=data["name"], arguments=args)
+    return ToolCall(id=f"call_{first_id + index}", name=data["name"], arguments=args)
 
 
-def parse_hermes(text: str, tools: Sequence[ToolSpec] | None = None) -> ParseResult:
+def parse_hermes(text: str, tools: Sequence[ToolSpec] | None = None, first_id: int = 0) -> ParseResult:
     """Parse ``<tool_call>`` JSON blocks and ``<answer>`` tags.
 
     >>> r = parse_hermes('<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>')
@@ -152,7 +152,7 @@ def parse_hermes(text: str, tools: Sequence[ToolSpec] | None = None) -> ParseRes
     body = _strip_think(text)
     calls: list[ToolCall] = []
     for i, block in enumerate(_TOOL_CALL.findall(body)):
-        call = _hermes_calls(block, i)
+        call = _hermes_calls(block, i, first_id)
         if isinstance(call, str):
             return _fail(text, "bad_json", call)
         calls.append(call)
@@ -164,7 +164,7 @@ def parse_hermes(text: str, tools: Sequence[ToolSpec] | None = None) -> ParseRes
     )
 
 
-def parse_tags(text: str, tools: Sequence[ToolSpec] | None = None) -> ParseResult:
+def parse_tags(text: str, tools: Sequence[ToolSpec] | None = None, first_id: int = 0) -> ParseResult:
     """Parse ``<tool>content</tool>`` tags, fenced python blocks and ``<answer>``.
 
     >>> parse_tags("<search>capital of France</search>").tool_calls[0].arguments
@@ -189,7 +189,7 @@ def parse_tags(text: str, tools: Sequence[ToolSpec] | None = None) -> ParseResul
         for m in _FENCE.finditer(body):
             spans.append((m.start(), ToolCall(name="python", arguments={first_arg["python"]: m.group(1)})))
     for i, (_, call) in enumerate(sorted(spans, key=lambda s: s[0])):
-        calls.append(call.model_copy(update={"id": f"call_{i}"}))
+        calls.append(ToolCall(id=f"call_{first_id + i}", name=call.name, arguments=call.arguments))
     answers = _ANSWER.findall(body)
     return _validate_calls(
         text, calls + [ToolCall(name=ANSWER_TOOL, arguments={"answer": a}) for a in answers], tools, None
@@ -230,8 +230,10 @@ def parse_action(
     action: str | Message | dict[str, Any],
     tools: Sequence[ToolSpec] | None = None,
     fmt: ActionFormat = "hermes",
+    first_id: int = 0,
 ) -> ParseResult:
-    """Parse one model turn; never raises.
+    """Parse one model turn; never raises. Calls parsed from text get ids ``call_{first_id}``, ``call_{first_id+1}``…
+    (an env passes its running count so ids are unique in an episode); structured messages keep theirs.
 
     >>> parse_action("<answer>1</answer><answer>2</answer>").error_kind
     'two_answers'
@@ -257,8 +259,8 @@ def parse_action(
         if fmt == "command":
             return parse_command(action)
         if fmt == "tags":
-            return parse_tags(action, tools)
-        return parse_hermes(action, tools)
+            return parse_tags(action, tools, first_id)
+        return parse_hermes(action, tools, first_id)
     except Exception as exc:  # the contract: bad input never escapes as an exception
         return _fail(
             str(action)[:2000], "bad_message", f"the reply could not be read ({exc.__class__.__name__})."

@@ -1,0 +1,157 @@
+from fractions import Fraction
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from toolgym.envs.calculator.arithmetic import ArithmeticError_, evaluate
+from toolgym.envs.calculator.tasks import make_problem
+
+import toolgym  # noqa: F401
+from toolgym.errors import ConfigError, EpisodeOverError
+
+
+@pytest.mark.parametrize(
+    ("expr", "value"),
+    [
+        ("37*58", 2146),
+        ("(1+2)/4", Fraction(3, 4)),
+        ("2^10", 1024),
+        ("-3 + +4", 1),
+        ("7 // 2", 3),
+        ("7 % 4", 3),
+        ("1,000 * 2", 2000),
+        ("0.5 * 4", 2),
+    ],
+)
+def test_evaluate(expr, value):
+    assert evaluate(expr) == value
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "",
+        "1/0",
+        "__import__('os').system('x')",
+        "a+1",
+        "9**9**9",
+        "10**1000",
+        "-" * 100 + "1",
+        "1" * 600,
+        "[1,2]",
+        "lambda: 1",
+        "2 ** 0.5",
+        "0 ** -1",
+    ],
+)
+def test_evaluate_rejects(expr):
+    with pytest.raises(ArithmeticError_):
+        evaluate(expr)
+
+
+@pytest.mark.parametrize("digits", [1, 2, 3, 4])
+@pytest.mark.parametrize("num_ops", [1, 2, 3])
+def test_problems_are_whole_and_solvable(digits, num_ops):
+    rng = np.random.default_rng(digits * 10 + num_ops)
+    for _ in range(50):
+        p = make_problem(rng, digits, num_ops)
+        assert p.answer >= 0
+        assert evaluate(p.expression) == p.answer
+        assert str(p.answer) not in ("", None)
+
+
+def test_episode_flow_and_reward_parts():
+    env = gym.make("toolgym/Calculator-v0", tool_bonus=0.1, tool_bonus_cap=0.15)
+    obs, info = env.reset(seed=3)
+    assert [m["role"] for m in obs] == ["system", "user"]
+    assert {t["function"]["name"] for t in info["tools"]} == {"calculator", "answer"}
+    inner = env.unwrapped
+    expr = inner.task.data["expression"]
+    call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expr}"}}}}</tool_call>'
+    obs, r1, term, trunc, info = env.step(call)
+    assert obs[0]["role"] == "tool" and obs[0]["content"] == str(inner.task.answer)
+    assert obs[0]["tool_call_id"] == "call_0"
+    assert r1 == pytest.approx(0.1) and not term and not trunc
+    obs, r2, *_ = env.step(call)
+    assert obs[0]["tool_call_id"] == "call_1"
+    assert r2 == pytest.approx(0.05)  # the cap
+    obs, r3, term, trunc, info = env.step(f"<answer>{inner.task.answer}</answer>")
+    assert term and not trunc and obs == [] and r3 == 1.0
+    assert info["success"] is True
+    assert info["episode_reward"] == pytest.approx(1.15)
+    assert info["episode_reward_components"] == pytest.approx({"correct": 1.0, "format": 0.0, "tool": 0.15})
+    with pytest.raises(EpisodeOverError):
+        env.step("<answer>1</answer>")
+
+
+def test_wrong_answer_and_turn_limit():
+    env = gym.make("toolgym/Calculator-v0", max_turns=2)
+    env.reset(seed=0)
+    obs, reward, term, trunc, info = env.step("no idea")
+    assert info["invalid_action"] and reward == pytest.approx(-0.1) and "Invalid action" in obs[0]["content"]
+    obs, reward, term, trunc, info = env.step("still no idea")
+    assert trunc and not term and info["truncation"] == "turn_limit" and info["success"] is False
+    env.reset(seed=0)
+    _, reward, term, _, info = env.step("<answer>-12345</answer>")
+    assert term and reward == 0.0 and info["success"] is False
+
+
+def test_token_budget_and_text_prompt():
+    env = gym.make("toolgym/Calculator-v0", token_budget=5, prompt_format="text")
+    obs, _ = env.reset(seed=1)
+    assert '"name": "calculator"' in obs[0]["content"]
+    *_, trunc, info = env.step("one two three four five six")
+    assert trunc and info["truncation"] == "token_budget"
+
+
+def test_tags_format_expert():
+    env = gym.make("toolgym/Calculator-v0", action_format="tags")
+    env.reset(seed=2)
+    inner = env.unwrapped
+    obs, *_ = env.step(inner.expert_action())
+    assert obs[0]["role"] == "tool"
+    *_, term, _, info = env.step(inner.expert_action())
+    assert term and info["success"]
+
+
+def test_structured_message_action():
+    env = gym.make("toolgym/Calculator-v0")
+    env.reset(seed=4)
+    expr = env.unwrapped.task.data["expression"]
+    action = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "x1",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": f'{{"expression": "{expr}"}}'},
+            }
+        ],
+    }
+    obs, *_ = env.step(action)
+    assert obs[0]["tool_call_id"] == "x1"
+    answer = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "x2", "function": {"name": "answer", "arguments": {"answer": obs[0]["content"]}}}
+        ],
+    }
+    *_, term, _, info = env.step(answer)
+    assert term and info["success"]
+
+
+def test_bad_config():
+    with pytest.raises(ConfigError):
+        gym.make("toolgym/Calculator-v0", digits=0)
+    with pytest.raises(ConfigError):
+        gym.make("toolgym/Calculator-v0", prompt_format="xml")
+
+
+def test_render_ansi():
+    env = gym.make("toolgym/Calculator-v0", render_mode="ansi")
+    env.reset(seed=0)
+    env.step(env.unwrapped.expert_action())
+    text = env.render()
+    assert "[user]" in text and "calculator(" in text
