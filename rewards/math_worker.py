@@ -1,0 +1,95 @@
+"""The math judge, and the worker process that runs it (``python -m toolgym.rewards.math_worker``).
+
+The worker speaks pickled frames (``multiprocessing.connection``) on stdin/stdout: it sends ``"ready"`` once
+Math-Verify is imported, then answers each ``(gold, pred)`` with a score; ``None`` stops it. Anything a library
+prints goes to stderr, so it cannot corrupt the protocol. The worker caps its own address space.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any
+
+_JUDGE_VERSION = 1
+
+
+def _wrap(text: str) -> str:
+    """Hand Math-Verify one unambiguous LaTeX candidate: ``$…$`` stripped, then boxed."""
+    text = text.strip()
+    if "\\boxed" in text:
+        return text
+    if text.startswith("$") and text.endswith("$"):
+        text = text.strip("$").strip()
+    return "\\boxed{" + text + "}"
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_gold(gold: str, inner_timeout: int | None) -> Any:
+    from math_verify import parse
+
+    source = gold if ("\\boxed" in gold or "$" in gold) else _wrap(gold)
+    return parse(source, extraction_mode="first_match", parsing_timeout=inner_timeout)  # type: ignore[arg-type]
+
+
+def judge(gold: str, pred: str | None, inner_timeout: int | None = None) -> float | None:
+    """1.0 if ``pred`` (one extracted candidate, or None) equals ``gold`` under Math-Verify, 0.0 if not, None
+    when the gold cannot be parsed. ``inner_timeout`` is Math-Verify's own SIGALRM limit (main thread only).
+
+    >>> judge("\\\\frac{1}{2}", "0.5"), judge("3", "4"), judge("", "1")
+    (1.0, 0.0, None)
+    """
+    from math_verify import parse, verify
+
+    if not gold.strip():
+        return None
+    gold_parsed = _parse_gold(gold, inner_timeout)
+    if not gold_parsed:
+        return None
+    if pred is None or not pred.strip():
+        return 0.0
+    pred_parsed = parse(_wrap(pred), extraction_mode="first_match", parsing_timeout=inner_timeout)  # type: ignore[arg-type]
+    if not pred_parsed:
+        return 0.0
+    return 1.0 if verify(gold_parsed, pred_parsed, timeout_seconds=inner_timeout) else 0.0
+
+
+def _serve(memory_limit_mb: int, inner_timeout: int | None) -> None:
+    from multiprocessing.connection import Connection
+
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints go to stderr, never into the protocol
+    sys.stdout = sys.stderr
+    if memory_limit_mb > 0:
+        import resource
+
+        limit = memory_limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    import logging
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    import math_verify  # noqa: F401  (the import is the slow part of startup)
+
+    reader = Connection(0, writable=False)
+    writer = Connection(out_fd, readable=False)
+    writer.send("ready")
+    while True:
+        try:
+            task = reader.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        gold, pred = task
+        try:
+            result: float | str | None = judge(gold, pred, inner_timeout)
+        except MemoryError:
+            result = "memory"
+        except Exception:  # Math-Verify raises many types on odd input: all mean "no match"
+            result = 0.0
+        writer.send(result)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), int(sys.argv[2]) or None)
