@@ -1,5 +1,7 @@
 """Maps the repository's top-level folders onto the `toolgym` namespace (see ARCHITECTURE.md)."""
 
+import os
+
 from setuptools import find_packages, setup
 
 ROOTS = {
@@ -14,6 +16,8 @@ ROOTS = {
 packages: list[str] = []
 package_dir: dict[str, str] = {}
 for name, folder in ROOTS.items():
+    if not os.path.exists(os.path.join(folder, "__init__.py")):
+        continue  # a part not in this checkout
     package_dir[name] = folder
     packages.append(name)
     packages += [f"{name}.{sub}" for sub in find_packages(folder)]
