@@ -12,9 +12,9 @@ import platform
 import time
 
 import gymnasium as gym
-from toolgym.envs.base import tool_env
 
 import toolgym  # noqa: F401
+from toolgym.envs.base import tool_env
 
 
 def bench_calculator(seconds: float) -> tuple[float, float]:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
-from toolgym.envs.spaces import ActionText, Messages
 
+from toolgym.envs.spaces import ActionText, Messages
 from toolgym.errors import EpisodeOverError, InfrastructureError
 from toolgym.messages import Message, ToolCall
 from toolgym.parsing import ANSWER_TOOL, ActionFormat, ParseResult, parse_action

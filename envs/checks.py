@@ -15,6 +15,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
 from toolgym.envs.base import tool_env
 
 

@@ -8,10 +8,9 @@ from typing import Any, ClassVar
 from toolgym.envs.base import Task, ToolEnv
 from toolgym.envs.calculator.arithmetic import ArithmeticError_, evaluate, format_number
 from toolgym.envs.calculator.tasks import make_problem
-from toolgym.rewards.numeric import numeric_match
-
 from toolgym.errors import ConfigError
 from toolgym.messages import ToolCall
+from toolgym.rewards.numeric import numeric_match
 from toolgym.tools import Tool
 
 

@@ -2,10 +2,10 @@
 
 import gymnasium as gym
 import pytest
-from toolgym.envs import ENVS, list_envs
-from toolgym.envs.checks import check
 
 import toolgym  # noqa: F401
+from toolgym.envs import ENVS, list_envs
+from toolgym.envs.checks import check
 
 
 @pytest.mark.parametrize("env_id", sorted(ENVS))

@@ -3,10 +3,10 @@ from fractions import Fraction
 import gymnasium as gym
 import numpy as np
 import pytest
-from toolgym.envs.calculator.arithmetic import ArithmeticError_, evaluate
-from toolgym.envs.calculator.tasks import make_problem
 
 import toolgym  # noqa: F401
+from toolgym.envs.calculator.arithmetic import ArithmeticError_, evaluate
+from toolgym.envs.calculator.tasks import make_problem
 from toolgym.errors import ConfigError, EpisodeOverError
 
 
