@@ -15,11 +15,10 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from toolgym.errors import ConfigError
 from toolgym.rewards.counters import count
 from toolgym.rewards.extract import Several, completion_text, extract_answer, strip_reasoning
 from toolgym.rewards.math_pool import MathJudgePool, default_pool
-
-from toolgym.errors import ConfigError
 
 _PLAIN_INT = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d{1,15})")
 _PLAIN_NUM = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:/\d+)?")

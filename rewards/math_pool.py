@@ -23,10 +23,9 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.rewards.counters import count
 from toolgym.rewards.math_worker import judge
-
-from toolgym.errors import ConfigError, InfrastructureError
 
 STARTUP_TIMEOUT_S = 120.0
 

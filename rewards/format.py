@@ -1,0 +1,186 @@
+"""Format and behaviour rewards: valid tool calls, one final answer, balanced tags, a capped tool-use bonus,
+DAPO's soft overlong penalty and SimpleTIR's void-turn flag.
+
+They read the completion only (never the prompt, so tags echoed from the prompt earn nothing) and the
+assistant turns of a conversational completion (tool results are not the model's text). Reasoning inside
+``<think>`` is ignored where the check is about the answer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from toolgym.errors import ConfigError
+from toolgym.parsing import ActionFormat, parse_action
+from toolgym.rewards.extract import assistant_turns, strip_reasoning
+
+_BAD_CALL = {"bad_json", "bad_arguments", "unknown_tool", "bad_message"}
+_ANSWER = re.compile(r"<answer>.*?</answer>", re.S)
+
+
+def _messages(completion: Any) -> list[Any]:
+    """Assistant turns as they came: dicts keep structured ``tool_calls``; a string is one turn."""
+    if isinstance(completion, (list, tuple)):
+        return [m for m in completion if not isinstance(m, dict) or m.get("role", "assistant") == "assistant"]
+    return [completion]
+
+
+def tool_call_format(
+    completions: list[Any], fmt: ActionFormat = "hermes", **kwargs: Any
+) -> list[float | None]:
+    """Fraction of the turns that call tools whose calls all parse (JSON object with a name and object
+    arguments; names and arguments checked against ``tools`` when given); None when no turn calls a tool.
+
+    >>> tool_call_format(['<tool_call>{"name": "calc", "arguments": {"x": 1}}</tool_call>', '<tool_call>{oops</tool_call>'])
+    [1.0, 0.0]
+    >>> tool_call_format(["<answer>4</answer>"])
+    [None]
+    """
+    out: list[float | None] = []
+    for completion in completions:
+        calling = good = 0
+        for message in _messages(completion):
+            text = message if isinstance(message, str) else str((message or {}).get("content") or "")
+            structured = isinstance(message, dict) and bool(message.get("tool_calls"))
+            if not structured and "<tool_call>" not in strip_reasoning(text) and fmt == "hermes":
+                continue
+            result = parse_action(message, kwargs.get("tools"), fmt)
+            if (
+                fmt != "hermes"
+                and not structured
+                and not result.tool_calls
+                and result.error_kind not in _BAD_CALL
+            ):
+                continue
+            calling += 1
+            good += result.error_kind not in _BAD_CALL
+        out.append(good / calling if calling else None)
+    return out
+
+
+def single_answer(completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """1.0 when the completion (outside ``<think>``, all assistant turns) holds exactly one non-empty
+    ``<answer>…</answer>``, else 0.0.
+
+    >>> single_answer(["<think><answer>1</answer></think><answer>2</answer>", "<answer>1</answer><answer>1</answer>"])
+    [1.0, 0.0]
+    >>> single_answer(["<answer> </answer>", "no tags"])
+    [0.0, 0.0]
+    """
+    out: list[float | None] = []
+    for completion in completions:
+        blocks = [b for turn in assistant_turns(completion) for b in _ANSWER.findall(strip_reasoning(turn))]
+        out.append(
+            1.0 if len(blocks) == 1 and blocks[0][len("<answer>") : -len("</answer>")].strip() else 0.0
+        )
+    return out
+
+
+def tag_balance(
+    completions: list[Any], tags: tuple[str, ...] = ("think", "answer", "tool_call"), **kwargs: Any
+) -> list[float | None]:
+    """1.0 when every assistant turn opens and closes ``tags`` in proper nesting (no stray or crossed tags,
+    no tag inside itself), else 0.0.
+
+    >>> tag_balance(["<think>a</think><answer>b</answer>", "<think>a<answer>b</think></answer>"])
+    [1.0, 0.0]
+    >>> tag_balance(["<answer>b", "plain text"])
+    [0.0, 1.0]
+    """
+    pattern = re.compile(r"</?(" + "|".join(re.escape(t) for t in tags) + r")>")
+    out: list[float | None] = []
+    for completion in completions:
+        ok = True
+        for turn in assistant_turns(completion):
+            stack: list[str] = []
+            for m in pattern.finditer(turn):
+                closing, name = m.group(0).startswith("</"), m.group(1)
+                if closing:
+                    if not stack or stack.pop() != name:
+                        ok = False
+                        break
+                elif name in stack:
+                    ok = False
+                    break
+                else:
+                    stack.append(name)
+            ok = ok and not stack
+            if not ok:
+                break
+        out.append(1.0 if ok else 0.0)
+    return out
+
+
+def tool_call_bonus(
+    completions: list[Any],
+    per_call: float = 0.1,
+    cap: float = 0.3,
+    fmt: ActionFormat = "hermes",
+    **kwargs: Any,
+) -> list[float | None]:
+    """``per_call`` for each valid tool call in the assistant turns, at most ``cap`` (tool use encouraged
+    without rewarding endless calling).
+
+    >>> call = '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>'
+    >>> tool_call_bonus([call, call * 2, call * 9, "<answer>x</answer>"])
+    [0.1, 0.2, 0.3, 0.0]
+    >>> tool_call_bonus(['<tool_call>{bad</tool_call>'])
+    [0.0]
+    """
+    out: list[float | None] = []
+    for completion in completions:
+        calls = sum(len(parse_action(m, kwargs.get("tools"), fmt).tool_calls) for m in _messages(completion))
+        out.append(round(min(cap, per_call * calls), 10))
+    return out
+
+
+def _lengths(completions: list[Any], kwargs: dict[str, Any], unit: str) -> list[int]:
+    if unit == "chars":
+        return [sum(len(t) for t in assistant_turns(c)) for c in completions]
+    ids = kwargs.get("completion_ids", kwargs.get("completions_ids"))
+    if ids is None:
+        raise ConfigError(
+            "overlong_penalty counts tokens from `completion_ids` (TRL passes it); pass it, or unit='chars'."
+        )
+    return [len(x) for x in ids]
+
+
+def overlong_penalty(
+    completions: list[Any], max_length: int = 4096, buffer: int = 1024, unit: str = "tokens", **kwargs: Any
+) -> list[float | None]:
+    """DAPO's soft overlong punishment: 0 up to ``max_length - buffer`` tokens, then falling linearly to -1 at
+    ``max_length``, and -1 beyond. Token counts come from ``completion_ids`` (or ``completions_ids``);
+    ``unit="chars"`` counts characters instead.
+
+    >>> overlong_penalty(["a", "b", "c", "d"], max_length=10, buffer=4, completion_ids=[[0] * 6, [0] * 8, [0] * 10, [0] * 12])
+    [0.0, -0.5, -1.0, -1.0]
+    >>> overlong_penalty(["abcdefgh"], max_length=10, buffer=4, unit="chars")
+    [-0.5]
+    """
+    if not 0 < buffer <= max_length:
+        raise ConfigError(
+            f"overlong_penalty needs 0 < buffer <= max_length, got buffer={buffer}, max_length={max_length}."
+        )
+    start = max_length - buffer
+    out: list[float | None] = []
+    for n in _lengths(completions, kwargs, unit):
+        out.append(0.0 if n <= start else max(-1.0, (start - n) / buffer))
+    return out
+
+
+def void_turn(completions: list[Any], fmt: ActionFormat = "hermes", **kwargs: Any) -> list[float | None]:
+    """SimpleTIR's void-turn flag: 1.0 when some assistant turn makes neither a tool call nor a final answer
+    (empty, or text only), else 0.0. Log it (weight 0) or filter those trajectories; SimpleTIR drops them.
+
+    >>> void_turn([[{"role": "assistant", "content": "<tool_call>{\\"name\\": \\"python\\", \\"arguments\\": {}}</tool_call>"},
+    ...             {"role": "tool", "content": "1"}, {"role": "assistant", "content": "<answer>1</answer>"}]])
+    [0.0]
+    >>> void_turn(["<think>hmm</think>", ""])
+    [1.0, 1.0]
+    """
+    out: list[float | None] = []
+    for completion in completions:
+        void = any(parse_action(m, None, fmt).error_kind == "no_action" for m in _messages(completion))
+        out.append(1.0 if void else 0.0)
+    return out
