@@ -34,7 +34,7 @@ def _name(fn: RewardFn) -> str:
 def _is_async(fn: RewardFn) -> bool:
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(type(fn), "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__dict__.get("__call__"))
 
 
 def _run_sync(fn: RewardFn, completions: list[Any], kwargs: dict[str, Any]) -> list[float | None]:
