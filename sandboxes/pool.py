@@ -1,0 +1,128 @@
+"""A bounded pool of warm boxes: checked out per call or per session, liveness-checked, replaced when dead.
+
+At most ``size`` boxes exist at once (idle, busy or being created). A caller that finds none free waits:
+calls are queued, never dropped. A box comes back either clean (one-shot runs clean up after themselves)
+or with ``reset=True`` (sessions), and goes to the idle list only if it answers and is clean; otherwise it is
+destroyed in the background and a fresh one is made on the next demand. Safe from many threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from toolgym.errors import InfrastructureError
+from toolgym.sandboxes.box import Box
+
+IDLE_PING_S = 30.0  # an idle box older than this is pinged before it is handed out
+
+
+class Pool:
+    def __init__(self, factory: Callable[[], Box], size: int) -> None:
+        self._factory = factory
+        self.size = size
+        self._idle: list[Box] = []
+        self._count = 0  # idle + busy + being created
+        self._cond = threading.Condition()
+        self._closed = False
+        self.created = 0
+        self.replaced = 0
+
+    def acquire(self, wait_s: float = 600.0) -> Box:
+        """A live box; raises InfrastructureError if none can be created or none frees up in ``wait_s``."""
+        end = time.monotonic() + wait_s
+        while True:
+            with self._cond:
+                while not self._idle and self._count >= self.size:
+                    if self._closed:
+                        raise InfrastructureError("the sandbox pool is closed")
+                    if not self._cond.wait(timeout=max(0.0, end - time.monotonic())):
+                        raise InfrastructureError(f"no sandbox became free within {wait_s:g} s")
+                if self._closed:
+                    raise InfrastructureError("the sandbox pool is closed")
+                box = self._idle.pop() if self._idle else None
+                if box is None:
+                    self._count += 1
+            if box is None:
+                return self._create()
+            if box.broken or (time.monotonic() - box.last_used > IDLE_PING_S and not box.ping()):
+                self._discard(box)
+                continue
+            return box
+
+    def _create(self) -> Box:
+        try:
+            box = self._factory()
+        except BaseException:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
+        self.created += 1
+        return box
+
+    def release(self, box: Box, reset: bool = False) -> None:
+        if not box.broken and reset:
+            box.reset()
+        if box.broken or self._closed:
+            self._discard(box)
+            return
+        with self._cond:
+            self._idle.append(box)
+            self._cond.notify()
+
+    def _discard(self, box: Box) -> None:
+        self.replaced += 1
+        if self._closed:  # at shutdown nobody waits for a background thread: remove it now
+            box.destroy()
+        else:
+            threading.Thread(target=box.destroy, name=f"destroy-{box.name}", daemon=True).start()
+        with self._cond:
+            self._count -= 1
+            self._cond.notify()
+
+    def warm(self, n: int) -> None:
+        """Starts boxes until ``n`` are idle (bounded by the pool size), in parallel."""
+        boxes: list[Box] = []
+        errors: list[BaseException] = []
+
+        def one() -> None:
+            try:
+                boxes.append(self.acquire(wait_s=60.0))
+            except BaseException as exc:
+                errors.append(exc)
+
+        with self._cond:
+            need = min(n, self.size) - len(self._idle)
+        threads = [threading.Thread(target=one) for _ in range(max(0, need))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for box in boxes:
+            self.release(box)
+        if errors:
+            raise errors[0]
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            return {
+                "size": self.size,
+                "live": self._count,
+                "idle": len(self._idle),
+                "created": self.created,
+                "replaced": self.replaced,
+            }
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+            self._cond.notify_all()
+        threads = [threading.Thread(target=b.destroy) for b in idle]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)

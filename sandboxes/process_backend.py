@@ -1,0 +1,181 @@
+"""The process backend: the fallback where no docker daemon answers.
+
+Each box is a runner server started as a child process: its own session and process group, a private temp
+dir as working dir, TMPDIR and HOME, a scrubbed environment, rlimits (address space = ``memory_mb``,
+``nofile``, ``fsize_mb``, no core files), and its own network namespace (``unshare -n``) when that works
+here (as root, or with user namespaces allowed).
+
+What is covered: wall-clock timeouts (CPU spin, sleep, blocking stdin), memory bombs (``MemoryError`` at
+the address-space cap), output floods and invalid UTF-8, big files (``fsize``), fd exhaustion (``nofile``),
+deep recursion, 5 MB payloads, persistent sessions with fork, setsid/double-fork escapes (the server is a
+child subreaper and kills strays), network egress only when the network namespace could be made.
+What is not covered (use the docker backend for untrusted code): fork and thread bombs (no pids cap);
+reading or writing anything the host user can reach (the host file system, other sandboxes' temp dirs,
+``/proc``); privilege escalation when the host user has privileges (running as root is root); CPU quotas;
+disk use outside TMPDIR; network egress when ``unshare -n`` is unavailable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from toolgym.sandboxes.base import Sandbox
+from toolgym.sandboxes.box import Box
+from toolgym.sandboxes.channel import PipeChannel
+from toolgym.sandboxes.limits import Limits
+
+RUNNER = Path(__file__).with_name("runner.py")
+MARK = "TOOLGYM_SANDBOX_ID"  # inherited by everything the code starts: lets cleanup find escaped processes
+
+
+@cache
+def netns_available() -> bool:
+    """Whether ``unshare -n`` works here (root or unprivileged user namespaces)."""
+    if not shutil.which("unshare"):
+        return False
+    for cmd in (["unshare", "-n", "true"], ["unshare", "-rn", "true"]):
+        try:
+            if subprocess.run(cmd, capture_output=True, timeout=5).returncode == 0:
+                return True
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return False
+
+
+@cache
+def _netns_prefix() -> tuple[str, ...]:
+    if not shutil.which("unshare"):
+        return ()
+    for flags in ("-n", "-rn"):
+        try:
+            if subprocess.run(["unshare", flags, "true"], capture_output=True, timeout=5).returncode == 0:
+                return ("unshare", flags, "--")
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return ()
+
+
+def _kill_marked(mark: str) -> None:
+    """SIGKILLs every process whose environment carries this box's mark (escaped daemons included)."""
+    needle = f"{MARK}={mark}".encode()
+    for _ in range(20):
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = f.read()
+            except OSError:
+                continue
+            if needle in env.split(b"\0"):
+                found = True
+                with contextlib.suppress(OSError):
+                    os.kill(int(entry), signal.SIGKILL)
+        if not found:
+            return
+
+
+class ProcessSandbox(Sandbox):
+    backend = "process"
+
+    def describe(self) -> dict[str, Any]:
+        lim = self.limits
+        return {
+            "backend": self.backend,
+            "isolation": "child process with rlimits, own process group and temp dir",
+            "network_namespace": bool(_netns_prefix()) and not lim.network,
+            "memory_mb (RLIMIT_AS)": lim.memory_mb,
+            "nofile": lim.nofile,
+            "fsize_mb": lim.fsize_mb,
+            "output_bytes": lim.output_bytes,
+            "timeout_s": lim.timeout_s,
+            "pool_size": lim.size,
+            "not covered": "fork bombs, host file system and /proc, privileges of the host user, CPU quota",
+        }
+
+    def _new_box(self) -> Box:
+        lim = self.limits
+        mark = uuid.uuid4().hex
+        workdir = tempfile.mkdtemp(prefix="toolgym-sbx-")
+        os.chmod(workdir, 0o700)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": workdir,
+            "TMPDIR": workdir,
+            "LANG": "C.UTF-8",
+            "PYTHONIOENCODING": "utf-8:backslashreplace",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg",
+            MARK: mark,
+        }
+        mem = lim.memory_mb << 20
+
+        def limit_child() -> None:  # runs in the child between fork and exec
+            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (lim.nofile, lim.nofile))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (lim.fsize_mb << 20, lim.fsize_mb << 20))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        cmd = [
+            sys.executable,
+            str(RUNNER),
+            "serve",
+            f"--scratch={workdir}",
+            f"--max-output={lim.output_bytes}",
+        ]
+        cmd += [f"--preload={m}" for m in lim.preload]
+        prefix = () if lim.network else _netns_prefix()
+        proc = subprocess.Popen(
+            [*prefix, *cmd],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=workdir,
+            env=env,
+            start_new_session=True,
+            preexec_fn=limit_child,
+            close_fds=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        channel = PipeChannel(os.dup(proc.stdin.fileno()), os.dup(proc.stdout.fileno()))
+        proc.stdin.close()
+        proc.stdout.close()
+
+        def destroy() -> None:
+            channel.close()
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            _kill_marked(mark)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+        box = Box(
+            channel,
+            name=f"proc-{proc.pid}",
+            grace_s=lim.grace_s,
+            is_running=lambda: proc.poll() is None,
+            destroy=destroy,
+        )
+        if not box.ping():
+            box.destroy()
+            from toolgym.errors import InfrastructureError
+
+            raise InfrastructureError(f"the process sandbox did not start ({' '.join(cmd[:3])})")
+        return box
+
+
+def process_sandbox(limits: Limits | None = None, **overrides: Any) -> ProcessSandbox:
+    return ProcessSandbox((limits or Limits()).updated(**overrides))

@@ -1,0 +1,160 @@
+"""A persistent interpreter for one episode, and its forks.
+
+A session owns one box (container) for its lifetime; its state lives in a worker process there. `fork()`
+asks that worker to `os.fork()`, so the branch starts with a copy-on-write copy of every variable, import and
+open file; branches of one session share the box and the file system, and their calls run one at a time.
+When the last branch closes, the box is reset (workers killed, scratch wiped) and goes back to the pool.
+
+A call that kills the interpreter (timeout, OOM, crash, ``os._exit``) returns that status; the next call on
+the session starts a fresh interpreter and says so with ``restarted=True``. If the whole box dies, the
+session takes a new one from the pool the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from toolgym.sandboxes.box import Box, BoxFailure, to_result
+from toolgym.sandboxes.result import ExecResult
+
+if TYPE_CHECKING:
+    from toolgym.sandboxes.base import Sandbox
+
+LOST = "a fresh interpreter: the previous one died, so earlier state is gone"
+
+
+class _Family:
+    """What the branches of one session share: the box, its generation, and how many branches are open."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        self.lock = threading.RLock()
+        self.box: Box | None = None
+        self.generation = 0
+        self.open = 0
+
+    def live_box(self) -> Box:
+        if self.box is not None and self.box.broken:
+            self.sandbox.pool.release(self.box)
+            self.box = None
+        if self.box is None:
+            self.box = self.sandbox.pool.acquire()
+            self.generation += 1
+        return self.box
+
+
+class Session:
+    """``run(code)`` keeps state across calls; ``fork()`` branches it; ``close()`` (or ``with``) ends it."""
+
+    def __init__(self, sandbox: Sandbox, family: _Family | None = None, wid: int | None = None) -> None:
+        self._family = family or _Family(sandbox)
+        self._sandbox = sandbox
+        self._wid = wid
+        self._generation = self._family.generation
+        self._lost = False
+        self.closed = False
+        with self._family.lock:
+            self._family.open += 1
+
+    def _worker(self, box: Box) -> tuple[int, bool]:
+        """This branch's worker id in ``box``, spawning one if it has none there; and whether it is new
+        after a loss."""
+        if self._wid is not None and self._generation == self._family.generation:
+            return self._wid, False
+        reply, _ = box.call({"op": "spawn"})
+        restarted = self._lost or self._wid is not None
+        self._wid, self._generation, self._lost = int(reply["wid"]), self._family.generation, False
+        return self._wid, restarted
+
+    def run(self, code: str, *, timeout: float | None = None, stdin: str | bytes | None = None) -> ExecResult:
+        if self.closed:
+            raise RuntimeError("this session is closed; open a new one with Sandbox.session()")
+        timeout = timeout or self._sandbox.limits.timeout_s
+        blobs = self._sandbox.payload(code, stdin, None)
+        if isinstance(blobs, ExecResult):
+            return blobs
+        t0 = time.monotonic()
+        with self._family.lock:
+            restarted = False
+            try:
+                box = self._family.live_box()
+                wid, restarted = self._worker(box)
+                reply, out = box.call({"op": "exec", "wid": wid, "timeout": timeout}, blobs, timeout)
+                if reply.get("status") == "gone":  # should not happen: the server lost track of our worker
+                    self._wid = None
+                    wid, _ = self._worker(box)
+                    reply, out = box.call({"op": "exec", "wid": wid, "timeout": timeout}, blobs, timeout)
+                    restarted = True
+            except BoxFailure as exc:
+                self._lost = True
+                return ExecResult(
+                    exc.status,
+                    "",
+                    "",
+                    None,
+                    time.monotonic() - t0,
+                    restarted=restarted,
+                    detail=exc.detail + "; the next call starts a fresh interpreter",
+                )
+            except Exception as exc:  # the pool could not give a box (daemon gone): infrastructure
+                self._lost = True
+                return ExecResult("sandbox_error", "", "", None, time.monotonic() - t0, detail=str(exc))
+            if not reply.get("alive", False):
+                self._lost = True
+                self._wid = None
+            return to_result(reply, out, restarted, LOST if restarted else "")
+
+    async def arun(
+        self, code: str, *, timeout: float | None = None, stdin: str | bytes | None = None
+    ) -> ExecResult:
+        return await asyncio.to_thread(self.run, code, timeout=timeout, stdin=stdin)
+
+    def fork(self) -> Session:
+        """A new branch holding a copy of this one's interpreter state (copy-on-write, milliseconds)."""
+        if self.closed:
+            raise RuntimeError("cannot fork a closed session")
+        with self._family.lock:
+            try:
+                box = self._family.live_box()
+                wid, _ = self._worker(box)
+                reply, _ = box.call({"op": "fork", "wid": wid})
+            except BoxFailure as exc:
+                from toolgym.errors import InfrastructureError
+
+                raise InfrastructureError(f"could not fork the session: {exc.detail}") from exc
+            return Session(self._sandbox, self._family, int(reply["wid"]))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        fam = self._family
+        with fam.lock:
+            fam.open -= 1
+            box = fam.box
+            if (
+                box is not None
+                and not box.broken
+                and self._wid is not None
+                and self._generation == fam.generation
+            ):
+                with contextlib.suppress(BoxFailure):
+                    box.call({"op": "kill", "wid": self._wid})
+            if fam.open == 0 and box is not None:
+                fam.box = None
+                self._sandbox.pool.release(box, reset=True)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            with contextlib.suppress(Exception):
+                self.close()
