@@ -1,0 +1,279 @@
+"""Branching policies: where a rollout tree forks. They decide; the rollout engine generates.
+
+The engine asks a policy three things: how many independent samples to start (`global_samples`), where
+to fork after each round of model turns (`on_turns`, ARPO/AEPO: right after tool results), and where to
+fork once every path has ended (`on_complete`, TreeRL/APPO: inside finished turns, for a few iterations).
+A `Fork(node, pos, count)` means: keep the first `pos` tokens of `node` (all of them at a turn
+boundary), sample `count` new continuations from there. `apply_forks` cuts the nodes so each fork point
+is a node boundary and returns the parents to generate from. Budgets: `room` is how many more leaves the
+tree may get; a policy never asks for more.
+
+Departures from the papers / official code (ALGORITHMS.md §4, §5.1, §8):
+1. Stale entropy fixed: ARPO/AEPO keep the initial entropy in a dict keyed by buffer index that is never
+   cleared, so from the second batch on H_initial comes from an old batch. Here H_initial is read from
+   the tree itself (the first model turn on the path), and the consecutive-branch counter lives in
+   `tree.meta`: no state outlives the batch.
+2. Decision timing follows the paper, not the code: the entropy that decides a fork at a tool boundary is
+   that of the model turn generated right after the tool result (the code uses the turn that ended in the
+   tool call, one round late). The fork then resamples that turn from the tool node.
+3. Round entropy = mean per-token (top-k) entropy of the first k tokens of the turn, divided by ln|V| when
+   the vocabulary size is given (the code pools the top-k probabilities of those tokens into one sum).
+4. AEPO's rule is used for both: p = (U + w dH) * max(0, 1 - c_pen * c), fork iff clip(p, 0, 1) >= tau;
+   ARPO is c_pen = 0 (equivalent in distribution to its p = U - w dH <= tau at tau = 0.5).
+5. TreeRL forks at the top-N surprisal tokens (-log p of the sampled token) over all trained tokens of
+   the tree except the first token of each node (a node start is a plain sibling, not a fork).
+6. APPO (no public code): BS_t = Norm(H_t) * Norm(Omega_t), min-max norms over the tree's candidates,
+   Omega_t = discounted mean of exp(logp_new - logp_old) over the rest of the node after t (from
+   `node.info["log_ratio"]`, 1 where absent). Exact normalisation and discount are unverified.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from toolgym.errors import ConfigError
+from toolgym.trainers.tree import RolloutTree
+
+
+@dataclass(frozen=True)
+class Fork:
+    node: int  # node to fork from
+    pos: int  # tokens of `node` kept as the shared prefix (len(tokens) = fork at its end)
+    count: int  # new continuations to sample
+    reason: str  # entropy | token | score
+
+
+class BranchPolicy(Protocol):
+    name: str
+
+    def global_samples(self, budget: int) -> int:
+        """Independent samples of the prompt to start with (<= budget)."""
+        ...
+
+    def on_turns(
+        self, tree: RolloutTree, new_turns: list[int], room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        """Forks after a round: `new_turns` are the model nodes generated in this round."""
+        ...
+
+    def on_complete(
+        self, tree: RolloutTree, iteration: int, room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        """Forks once all paths ended; called with iteration 0, 1, … until it returns no fork."""
+        ...
+
+
+def apply_forks(tree: RolloutTree, forks: list[Fork]) -> list[tuple[int, int, str]]:
+    """Cuts nodes at the fork points; returns (parent node id, count, reason) for each fork, in order.
+
+    Several forks inside one node are cut front to back, each in the tail left by the previous cut.
+    """
+    parents: dict[tuple[int, int], int] = {}
+    for node in dict.fromkeys(f.node for f in forks):
+        cur, offset = node, 0
+        for pos in sorted({f.pos for f in forks if f.node == node}):
+            length = len(tree.nodes[cur].token_ids)
+            parents[(node, pos)] = tree.split(cur, pos - offset)
+            if pos - offset < length:  # a real cut: later positions live in the new tail
+                cur, offset = tree.nodes[cur].children[0], pos
+    return [(parents[(f.node, f.pos)], f.count, f.reason) for f in forks]
+
+
+class NoBranching:
+    """Independent sampling (GRPO/PPO): `budget` samples of the prompt, a tree of depth one."""
+
+    name = "none"
+
+    def global_samples(self, budget: int) -> int:
+        return budget
+
+    def on_turns(
+        self, tree: RolloutTree, new_turns: list[int], room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        return []
+
+    def on_complete(
+        self, tree: RolloutTree, iteration: int, room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        return []
+
+
+def round_entropy(tree: RolloutTree, node: int, k: int = 20, vocab_size: int | None = None) -> float:
+    """Mean engine entropy of the first k tokens of a model node (0 when unknown), / ln|V| if given."""
+    ents = tree.nodes[node].entropies
+    if not ents:
+        return 0.0
+    h = sum(ents[:k]) / len(ents[:k])
+    return h / math.log(vocab_size) if vocab_size else h
+
+
+def aepo_global_samples(budget: int, h_root: float, h_tool: float, beta: float = 0.5) -> int:
+    """AEPO's entropy pre-monitoring split: m = clip(int(k * sigmoid(beta (H_root - H_tool))) + 1, 1, k).
+
+    >>> aepo_global_samples(12, 1.0, 1.0)
+    7
+    """
+    m = int(budget / (1 + math.exp(-beta * (h_root - h_tool)))) + 1
+    return max(1, min(budget, m))
+
+
+@dataclass
+class TurnBoundaryEntropy:
+    """ARPO/AEPO: after a tool/env message, fork when the next turn's entropy rose (see departures 1-4)."""
+
+    initial: int = 8  # N global samples; the rest of the budget goes to branches
+    beam_size: int = 2  # a fork adds beam_size - 1 continuations
+    tau: float = 0.5  # branch threshold
+    entropy_weight: float = 0.2  # w on dH = H(turn) - H(first turn of the path)
+    consecutive_penalty: float = 0.05  # AEPO c_pen; 0 gives ARPO
+    k_tokens: int = 20  # tokens whose entropy define a round's entropy
+    vocab_size: int | None = None  # normalise entropies by ln|V| when given
+    name: str = "turn_entropy"
+
+    def global_samples(self, budget: int) -> int:
+        return max(1, min(self.initial, budget))
+
+    def on_turns(
+        self, tree: RolloutTree, new_turns: list[int], room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        c = int(tree.meta.get("consecutive", 0))
+        forks: list[Fork] = []
+        for nid in new_turns:
+            node = tree.nodes[nid]
+            parent = tree.nodes[node.parent] if node.parent is not None else None
+            if (
+                parent is None
+                or parent.kind not in ("tool", "env", "user")
+                or node.branch_reason == "entropy"
+            ):
+                continue  # not the first turn after an env message, or itself a fork of this boundary
+            first = next(n for n in tree.path(nid) if tree.nodes[n].kind == "model")
+            d_h = round_entropy(tree, nid, self.k_tokens, self.vocab_size) - round_entropy(
+                tree, first, self.k_tokens, self.vocab_size
+            )
+            u = float(rng.random())  # drawn for every candidate, so decisions are reproducible by seed
+            p = (u + self.entropy_weight * d_h) * max(0.0, 1.0 - self.consecutive_penalty * c)
+            count = min(self.beam_size - 1, room - sum(f.count for f in forks))
+            if min(max(p, 0.0), 1.0) >= self.tau and count > 0:
+                forks.append(Fork(parent.id, len(parent.token_ids), count, "entropy"))
+        tree.meta["consecutive"] = c + 1 if forks else 0
+        return forks
+
+    def on_complete(
+        self, tree: RolloutTree, iteration: int, room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        return []
+
+
+def _token_candidates(tree: RolloutTree) -> list[tuple[int, int]]:
+    """(node, pos) of every trained token that may start a fork (not a node's first token)."""
+    return [(n.id, i) for n in tree.nodes if n.trainable for i in range(1, len(n.token_ids))]
+
+
+def _top(scored: list[tuple[float, int, int]], n: int) -> list[tuple[int, int]]:
+    """The n best (node, pos) by score, ties to the earlier token."""
+    return [(nid, pos) for _, nid, pos in sorted(scored, key=lambda s: (-s[0], s[1], s[2]))[:n]]
+
+
+@dataclass
+class TokenEntropyTopK:
+    """TreeRL (EPTree): after the chains end, fork at the top-N surprisal tokens, T continuations each, L times."""
+
+    initial: int = 4  # M independent chains
+    n_forks: int = 2  # N fork points per tree per iteration
+    n_children: int = 2  # T continuations per fork point
+    iterations: int = 1  # L
+    name: str = "token_entropy"
+
+    def global_samples(self, budget: int) -> int:
+        return max(1, min(self.initial, budget))
+
+    def on_turns(
+        self, tree: RolloutTree, new_turns: list[int], room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        return []
+
+    def on_complete(
+        self, tree: RolloutTree, iteration: int, room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        if iteration >= self.iterations:
+            return []
+        scored = []
+        for nid, pos in _token_candidates(tree):
+            lp = tree.nodes[nid].logprobs
+            scored.append((-lp[pos] if lp is not None else 0.0, nid, pos))
+        return _fill(_top(scored, self.n_forks), self.n_children, room, "token")
+
+
+@dataclass
+class BranchingScore:
+    """APPO: fork at the top positions of Norm(entropy) * Norm(likelihood gain of the continuation)."""
+
+    initial: int = 4  # independent samples
+    n_forks: int = 2  # fork points per tree per iteration
+    n_children: int = 2  # continuations per fork point
+    iterations: int = 1
+    gamma: float = 0.9  # discount of the likelihood gain along the continuation
+    name: str = "branching_score"
+
+    def global_samples(self, budget: int) -> int:
+        return max(1, min(self.initial, budget))
+
+    def on_turns(
+        self, tree: RolloutTree, new_turns: list[int], room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        return []
+
+    def on_complete(
+        self, tree: RolloutTree, iteration: int, room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        if iteration >= self.iterations:
+            return []
+        cands = _token_candidates(tree)
+        if not cands:
+            return []
+        h = [(tree.nodes[n].entropies or [0.0] * (p + 1))[p] for n, p in cands]
+        omega = [self.gain(tree, n, p) for n, p in cands]
+        bs = [a * b for a, b in zip(_minmax(h), _minmax(omega), strict=True)]
+        scored = [(s, n, p) for s, (n, p) in zip(bs, cands, strict=True)]
+        return _fill(_top(scored, self.n_forks), self.n_children, room, "score")
+
+    def gain(self, tree: RolloutTree, node: int, pos: int) -> float:
+        """Omega_t: discounted mean of exp(log ratio) over the tokens of `node` after `pos` (1 if unknown)."""
+        lr = tree.nodes[node].info.get("log_ratio")
+        rest = lr[pos + 1 :] if lr is not None else []
+        if not rest:
+            return 1.0
+        w = [self.gamma**i for i in range(len(rest))]
+        return sum(wi * math.exp(x) for wi, x in zip(w, rest, strict=True)) / sum(w)
+
+
+def _minmax(x: list[float]) -> list[float]:
+    lo, hi = min(x), max(x)
+    return [1.0] * len(x) if hi - lo < 1e-12 else [(v - lo) / (hi - lo) for v in x]
+
+
+def _fill(points: list[tuple[int, int]], per_point: int, room: int, reason: str) -> list[Fork]:
+    forks = []
+    for nid, pos in points:
+        count = min(per_point, room)
+        if count <= 0:
+            break
+        forks.append(Fork(nid, pos, count, reason))
+        room -= count
+    return forks
+
+
+POLICIES = {"none": NoBranching, "turn_entropy": TurnBoundaryEntropy, "token_entropy": TokenEntropyTopK,
+            "branching_score": BranchingScore}  # fmt: skip
+
+
+def make_policy(name: str, **kwargs: object) -> BranchPolicy:
+    """A branching policy by name (`none | turn_entropy | token_entropy | branching_score`)."""
+    if name not in POLICIES:
+        raise ConfigError(f"unknown branching policy {name!r}; choose one of {sorted(POLICIES)}")
+    return POLICIES[name](**kwargs)  # type: ignore[no-any-return, arg-type]

@@ -1,0 +1,261 @@
+"""One clipped policy-gradient loss with masks and options, the PPO value loss, and the batch filters.
+
+Departures from the papers (ALGORITHMS.md §9.c):
+1. Sequence- and turn-level ratios use the GSPO-token form exp(lr_t - sg(lr_t) + sg(mean lr)): the value
+   is the geometric-mean ratio of the sequence/turn, the gradient stays per token.
+2. The LLDS term is added per token (lambda * gate * max(0, logp_old - logp) on tokens with A >= 0) and
+   aggregated with the same mode as the policy loss, not always a masked token mean.
+3. Importance weights for the engine/trainer mismatch (TIS) multiply the policy term only, never the
+   KL, entropy or LLDS terms. Mask modes zero the weight outside [is_min, is_max] and keep it inside (TRL).
+4. approx_kl is the k3 estimate of KL(old || new) on the token ratio, whatever the ratio level.
+5. Overlong shaping clamps at -penalty beyond the maximum length (DAPO's linear ramp, then flat).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+
+Agg = Literal["token_mean", "seq_mean", "constant"]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    eps_low: float = 0.2  # lower clip: ratio >= 1 - eps_low
+    eps_high: float = 0.28  # upper clip (clip-higher, DAPO); = eps_low for symmetric PPO
+    ratio_level: Literal["token", "sequence", "turn"] = "token"  # per-token ratio or GSPO-style mean
+    dual_clip: float | None = 3.0  # for A < 0 cap the loss at -A * c (c > 1); None: off
+    aepo_clip: bool = False  # AEPO: above 1+eps_high keep a gradient (value (1+eps_high) r / sg(r))
+    is_mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
+        "token_truncate"  # correction for engine (rollout) vs trainer logprobs
+    )
+    is_max: float = 2.0  # TIS cap C (or mask upper bound)
+    is_min: float | None = None  # lower bound (truncate: clamp; mask: zero below); None: none
+    kl_coef: float = 0.0  # beta of the k3 KL to the reference policy
+    entropy_coef: float = 0.0  # entropy bonus (subtracted from the loss)
+    llds_coef: float = 0.0  # LLDS lambda (0.2 in the paper); 0: off
+    llds_gate: Literal["action", "response"] = "action"  # per turn (LLDS-A) or per row (LLDS-R)
+    agg: Agg = "token_mean"  # token_mean (DAPO, global) | seq_mean (GRPO) | constant (Dr.GRPO)
+    max_tokens: int = 1024  # the constant of `agg="constant"` (rows * max_tokens)
+
+    def __post_init__(self) -> None:
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (3.0 is usual) or None, got {self.dual_clip}")
+        if self.eps_low < 0 or self.eps_high < 0:
+            raise ValueError("eps_low and eps_high must be >= 0")
+
+
+class PolicyBatch(NamedTuple):
+    """Inputs of `policy_loss`; every tensor is [B, T] (aligned with the tokens they score)."""
+
+    logprobs: torch.Tensor  # current policy, with grad
+    old_logprobs: torch.Tensor  # the policy that produced the batch, recomputed by the trainer
+    advantages: torch.Tensor
+    mask: torch.Tensor  # loss mask (model tokens of kept rows), float or bool
+    rollout_logprobs: torch.Tensor | None = None  # engine logprobs (for TIS); None: no correction
+    ref_logprobs: torch.Tensor | None = None  # reference policy (for KL)
+    entropy: torch.Tensor | None = None  # current policy's token entropy, with grad (for the bonus)
+    turn_ids: torch.Tensor | None = None  # long; turn index per token (turn ratio, LLDS-A)
+
+
+def denominator(mask: torch.Tensor, cfg: LossConfig) -> float:
+    """The normaliser of `aggregate` for this batch; sum it over micro-batches (and ranks) for a global one."""
+    if cfg.agg == "token_mean":
+        return float(mask.sum())
+    rows = int((mask.sum(1) > 0).sum()) if cfg.agg == "seq_mean" else mask.shape[0]
+    return float(rows * (cfg.max_tokens if cfg.agg == "constant" else 1))
+
+
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, cfg: LossConfig, denom: float | None = None
+) -> torch.Tensor:
+    """Reduces [B, T] to a scalar: sum(M L)/tokens | mean over rows of row means | sum(M L)/(rows*max_tokens).
+
+    >>> L = torch.tensor([[1.0, 3.0], [2.0, 0.0]]); M = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    >>> [aggregate(L, M, LossConfig(agg=a, max_tokens=4)).item() for a in ("token_mean", "seq_mean", "constant")]
+    [2.0, 2.0, 0.75]
+    """
+    m = mask.to(per_token.dtype)  # [B, T]
+    denom = denominator(mask, cfg) if denom is None else denom
+    if cfg.agg == "seq_mean":
+        row = (per_token * m).sum(1) / m.sum(1).clamp(min=1)  # [B]
+        return row.sum() / max(denom, 1.0)
+    return (per_token * m).sum() / max(denom, 1.0)
+
+
+def group_mean(x: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """Masked mean of x over each row (ids None) or each (row, id) run, broadcast back. [B, T] -> [B, T]."""
+    m = mask.to(x.dtype)  # [B, T]
+    if ids is None:
+        row = (x * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)  # [B, 1]
+        return row.expand_as(x)
+    return _run_sum(x * m, ids) / _run_sum(m, ids).clamp(min=1)  # [B, T]
+
+
+def _run_sum(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Sum of x over the tokens of each (row, id), broadcast back to those tokens. [B, T] -> [B, T]."""
+    idx = (ids - ids.min()).long()  # [B, T] non-negative
+    sums = torch.zeros(x.shape[0], int(idx.max()) + 1, dtype=x.dtype, device=x.device).scatter_add(
+        1, idx, x
+    )  # [B, K]
+    return sums.gather(1, idx)  # [B, T]
+
+
+def is_weights(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """Truncated/masked importance weights old/rollout (no grad). [B, T] -> [B, T] (sequence modes: per row)."""
+    d = ((old - rollout) * mask).detach()  # [B, T]
+    rho = (
+        d.sum(1, keepdim=True).exp().expand_as(d) if cfg.is_mode.startswith("sequence") else d.exp()
+    )  # [B, T]
+    lo = cfg.is_min if cfg.is_min is not None else 0.0
+    if cfg.is_mode.endswith("truncate"):
+        return rho.clamp(min=lo, max=cfg.is_max)
+    return rho * ((rho >= lo) & (rho <= cfg.is_max)).to(rho.dtype)
+
+
+def policy_loss(
+    batch: PolicyBatch, cfg: LossConfig, denom: float | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate with every option of `cfg`; returns (loss, diagnostics)."""
+    logp, old, adv = batch.logprobs, batch.old_logprobs.detach(), batch.advantages.detach()
+    m = batch.mask.to(logp.dtype)  # [B, T]
+    lr = (logp - old).clamp(-20.0, 20.0)  # [B, T]
+    if cfg.ratio_level == "token":
+        log_ratio = lr  # [B, T]
+    else:
+        ids = batch.turn_ids if cfg.ratio_level == "turn" else None
+        if cfg.ratio_level == "turn" and ids is None:
+            raise ValueError("ratio_level='turn' needs PolicyBatch.turn_ids")
+        log_ratio = lr - lr.detach() + group_mean(lr, m, ids).detach()  # [B, T]
+    ratio = log_ratio.exp()  # [B, T]
+    clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)  # [B, T]
+    if cfg.aepo_clip:
+        above = ratio > 1 + cfg.eps_high  # [B, T]
+        clipped = torch.where(above, (1 + cfg.eps_high) * ratio / ratio.detach(), clipped)  # [B, T]
+    pg = torch.maximum(-adv * ratio, -adv * clipped)  # [B, T]
+    dual = torch.zeros_like(m, dtype=torch.bool)  # [B, T]
+    if cfg.dual_clip is not None:
+        cap = -adv * cfg.dual_clip  # [B, T]
+        dual = (adv < 0) & (pg > cap)  # [B, T]
+        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)  # [B, T]
+    w = torch.ones_like(m)  # [B, T]
+    if batch.rollout_logprobs is not None and cfg.is_mode != "none":
+        w = is_weights(old, batch.rollout_logprobs, m, cfg)  # [B, T]
+    per_token = pg * w  # [B, T]
+    stats: dict[str, float] = {}
+    if cfg.kl_coef and batch.ref_logprobs is not None:
+        d = (batch.ref_logprobs.detach() - logp).clamp(-20.0, 20.0)  # [B, T]
+        k3 = (d.exp() - d - 1).clamp(-10.0, 10.0)  # [B, T]
+        per_token = per_token + cfg.kl_coef * k3
+        stats["kl_ref"] = _mmean(k3, m)
+    if cfg.entropy_coef and batch.entropy is not None:
+        per_token = per_token - cfg.entropy_coef * batch.entropy
+    if cfg.llds_coef:
+        per_token = per_token + cfg.llds_coef * llds_penalty(logp, old, adv, m, batch.turn_ids, cfg.llds_gate)
+    loss = aggregate(per_token, m, cfg, denom)
+    with torch.no_grad():
+        r, on = ratio.detach(), m.bool()
+        low = (adv < 0) & (r < 1 - cfg.eps_low)
+        high = (adv > 0) & (r > 1 + cfg.eps_high)
+        stats |= {
+            "policy": _mmean(pg * w, m),
+            "clipfrac": _mmean((low | high).to(m.dtype), m),
+            "clipfrac_low": _mmean(low.to(m.dtype), m),
+            "clipfrac_high": _mmean(high.to(m.dtype), m),
+            "dual_clipfrac": _mmean(dual.to(m.dtype), m),
+            "approx_kl": _mmean((lr.exp() - 1) - lr, m),
+            "ratio_mean": _mmean(r, m),
+            "is_min": float(w[on].min()) if on.any() else 1.0,
+            "is_mean": _mmean(w, m),
+            "is_max": float(w[on].max()) if on.any() else 1.0,
+            "masked_frac": float(1 - m.mean()),
+            "logp_pos_adv": _mmean(logp.detach(), m * (adv > 0)),
+        }
+        if batch.entropy is not None:
+            stats["entropy"] = _mmean(batch.entropy.detach(), m)
+    return loss, stats
+
+
+def llds_penalty(
+    logp: torch.Tensor,
+    old: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    turn_ids: torch.Tensor | None,
+    gate: Literal["action", "response"] = "action",
+) -> torch.Tensor:
+    """LLDS per-token term g * max(0, old - logp) on the preserving set P = {A >= 0, mask}. [B, T] -> [B, T].
+
+    The gate g is 1 where the summed likelihood drop over P is positive, per turn ("action") or per row.
+    """
+    d = old.detach() - logp  # [B, T]
+    p = ((adv >= 0) & mask.bool()).to(logp.dtype)  # [B, T]
+    if gate == "action" and turn_ids is not None:
+        drop = _run_sum((d * p).detach(), turn_ids)  # [B, T]
+    else:
+        drop = (d * p).detach().sum(1, keepdim=True).expand_as(d)  # [B, T]
+    return (drop > 0).to(logp.dtype) * d.clamp(min=0) * p  # [B, T]
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    clip: float | None = 0.5,
+    denom: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO value loss 0.5 * agg(max((V - R)^2, (clip(V, V_old +- clip) - R)^2)). All inputs [B, T]."""
+    m = mask.to(values.dtype)  # [B, T]
+    err = (values - returns) ** 2  # [B, T]
+    if clip is None:
+        per_token = err
+        frac = 0.0
+    else:
+        vc = old_values + (values - old_values).clamp(-clip, clip)  # [B, T]
+        err_c = (vc - returns) ** 2  # [B, T]
+        per_token = torch.maximum(err, err_c)  # [B, T]
+        frac = _mmean((err_c > err).to(m.dtype), m)
+    loss = 0.5 * aggregate(per_token, m, cfg, denom)
+    return loss, {"value": float(loss.detach()), "value_clipfrac": frac}
+
+
+def zero_variance_keep(rewards: Sequence[float], groups: Sequence[Hashable], tol: float = 1e-6) -> list[bool]:
+    """DAPO dynamic-sampling filter: False for every row of a group whose rewards are all equal.
+
+    >>> zero_variance_keep([1.0, 1.0, 0.0, 1.0], [0, 0, 1, 1])
+    [False, False, True, True]
+    """
+    members: dict[Hashable, list[float]] = defaultdict(list)
+    for r, g in zip(rewards, groups, strict=True):
+        members[g].append(r)
+    spread = {g: max(v) - min(v) for g, v in members.items()}
+    return [spread[g] > tol for g in groups]
+
+
+def void_keep(void: Sequence[bool]) -> list[bool]:
+    """SimpleTIR: a trajectory with a void turn (no tool call and no answer) is kept out of the loss;
+    it still counts in its group's reward statistics (filter after computing advantages)."""
+    return [not v for v in void]
+
+
+def overlong_penalty(length: int, max_len: int, buffer: int, factor: float = 1.0) -> float:
+    """DAPO overlong shaping: 0 up to max_len - buffer, then linear down to -factor at max_len (and beyond).
+
+    >>> [overlong_penalty(n, 100, 20) for n in (70, 80, 90, 100, 130)]
+    [0.0, 0.0, -0.5, -1.0, -1.0]
+    """
+    if buffer <= 0:
+        return -factor if length > max_len else 0.0
+    expected = max_len - buffer
+    return max(min(-(length - expected) / buffer * factor, 0.0), -factor)
+
+
+def _mmean(x: torch.Tensor, m: torch.Tensor) -> float:
+    s = float(m.sum())
+    return float((x.detach() * m).sum()) / s if s > 0 else 0.0
