@@ -40,20 +40,6 @@ MARK = "TOOLGYM_SANDBOX_ID"  # inherited by everything the code starts: lets cle
 
 
 @cache
-def netns_available() -> bool:
-    """Whether ``unshare -n`` works here (root or unprivileged user namespaces)."""
-    if not shutil.which("unshare"):
-        return False
-    for cmd in (["unshare", "-n", "true"], ["unshare", "-rn", "true"]):
-        try:
-            if subprocess.run(cmd, capture_output=True, timeout=5).returncode == 0:
-                return True
-        except (OSError, subprocess.SubprocessError):
-            continue
-    return False
-
-
-@cache
 def _netns_prefix() -> tuple[str, ...]:
     if not shutil.which("unshare"):
         return ()
@@ -64,6 +50,11 @@ def _netns_prefix() -> tuple[str, ...]:
         except (OSError, subprocess.SubprocessError):
             continue
     return ()
+
+
+def netns_available() -> bool:
+    """Whether ``unshare -n`` works here (root, or unprivileged user namespaces)."""
+    return bool(_netns_prefix())
 
 
 def _kill_marked(mark: str) -> None:
@@ -128,6 +119,7 @@ class ProcessSandbox(Sandbox):
             resource.setrlimit(resource.RLIMIT_NOFILE, (lim.nofile, lim.nofile))
             resource.setrlimit(resource.RLIMIT_FSIZE, (lim.fsize_mb << 20, lim.fsize_mb << 20))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_STACK, (8 << 20, 8 << 20))  # deep recursion ends in a crash, fast
 
         cmd = [
             sys.executable,

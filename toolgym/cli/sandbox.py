@@ -1,0 +1,108 @@
+"""``toolgym sandbox build`` (the default image, offline when needed) and ``toolgym sandbox doctor``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("sandbox", help="build the sandbox image or check what sandboxes can run here")
+    sub = p.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND")
+    b = sub.add_parser("build", help="build the default sandbox image (python3, numpy, sympy)")
+    b.add_argument("--tag", default="toolgym-sandbox:latest")
+    b.add_argument(
+        "--from-dockerfile", action="store_true", help="use sandboxes/docker/Dockerfile (needs a registry)"
+    )
+    b.add_argument("--debootstrap", action="store_true", help="build offline from Debian packages")
+    b.add_argument("--mirror", default=None, help="Debian mirror for debootstrap (default: the one apt uses)")
+    b.add_argument("--force", action="store_true", help="rebuild even when the image is up to date")
+    b.set_defaults(func=cmd_build)
+    d = sub.add_parser("doctor", help="say which backends work here, the limits in force, and what to do")
+    d.add_argument("--image", default="toolgym-sandbox:latest")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_doctor)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from toolgym.sandboxes.image import build
+
+    method = "dockerfile" if args.from_dockerfile else "debootstrap" if args.debootstrap else "auto"
+    print(build(args.tag, method=method, force=args.force, mirror=args.mirror, log=lambda m: print(f"  {m}")))
+    return 0
+
+
+def _check(name: str, ok: bool, detail: str, todo: str = "") -> dict[str, Any]:
+    return {"check": name, "ok": ok, "detail": detail, "todo": "" if ok else todo}
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import time
+
+    from toolgym.sandboxes.docker_backend import docker_problem
+    from toolgym.sandboxes.factory import get_sandbox
+    from toolgym.sandboxes.process_backend import netns_available
+
+    checks = []
+    problem = docker_problem(args.image)
+    checks.append(
+        _check(
+            "docker backend",
+            problem is None,
+            problem or f"daemon answers, image {args.image} present",
+            "start dockerd and run `toolgym sandbox build`",
+        )
+    )
+    limits: dict[str, Any] = {}
+    for backend in ("docker", "process"):
+        if backend == "docker" and problem is not None:
+            continue
+        try:
+            sb = get_sandbox(backend, image=args.image, pool_size=1)
+            t0 = time.monotonic()
+            res = sb.run("import sys; print(sys.version.split()[0])", timeout=30)
+            took = time.monotonic() - t0
+            limits[backend] = sb.describe()
+            sb.close()
+            checks.append(
+                _check(
+                    f"{backend} smoke run",
+                    res.ok,
+                    f"{res.status} in {took * 1000:.0f} ms, python {res.stdout.strip()} {res.detail}".strip(),
+                    "see the detail above",
+                )
+            )
+        except Exception as exc:
+            checks.append(
+                _check(f"{backend} smoke run", False, f"{type(exc).__name__}: {exc}", "see the error")
+            )
+    checks.append(
+        _check(
+            "process backend network namespace",
+            netns_available(),
+            "unshare -n works" if netns_available() else "unshare -n fails: process runs keep the network",
+            "run as root or enable unprivileged user namespaces",
+        )
+    )
+    checks.append(
+        _check(
+            "running as root",
+            os.geteuid() == 0,
+            f"euid {os.geteuid()}",
+            "fine for sandboxes; `toolgym sandbox build` with debootstrap needs root",
+        )
+    )
+    if args.json:
+        print(json.dumps({"checks": checks, "limits": limits}, indent=2, default=str))
+    else:
+        for c in checks:
+            mark = "ok " if c["ok"] else "-- "
+            print(f"{mark}{c['check']}: {c['detail']}" + (f"\n     to do: {c['todo']}" if c["todo"] else ""))
+        for backend, info in limits.items():
+            print(f"\n{backend} limits in force:")
+            for k, v in info.items():
+                print(f"  {k}: {v}")
+    return 0 if problem is None else 1
