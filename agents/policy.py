@@ -1,0 +1,146 @@
+"""The policy protocol: a batch of conversations in, one ``AssistantTurn`` per conversation out.
+
+Every backend (``hf``, ``openai``, ``scripted``) answers the same call::
+
+    turns = policy.act(conversations, tools, sampling=SamplingParams(temperature=0.7))
+
+``conversations`` are lists of plain message dicts (what envs return), ``tools`` one list of OpenAI tool
+dicts per conversation (``info["tools"]``) or None. Token-level backends (``hf``) also expose
+``generate(prompt_ids, sampling)``, which the episode runner and the trainer call with ids they rendered
+themselves (see ``toolgym.agents.rendering``), so no token is ever re-tokenized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from toolgym.messages import Message
+from toolgym.parsing import ActionFormat, parse_action
+from toolgym.tools import ToolSpec
+
+if TYPE_CHECKING:
+    from toolgym.envs.base import ToolEnv
+
+FinishReason = Literal["stop", "length", "error"]
+Conversation = list[dict[str, Any]]
+ToolDicts = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one assistant turn.
+
+    ``temperature=0`` is greedy. Logprobs (and entropies) are those of ``softmax(logits / temperature)``
+    (temperature 1 when greedy), before top-p truncation: what the trainer recomputes.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()  # extra stop strings (the end-of-turn token always stops)
+    seed: int | None = None
+    return_entropies: bool = False
+
+
+@dataclass
+class AssistantTurn:
+    """One generated assistant turn.
+
+    ``token_ids`` are exactly the sampled ids (the end-of-turn token included when the model produced it)
+    and ``logprobs[i]`` is the log-probability of ``token_ids[i]``; both are empty for backends that have no
+    tokens (scripted, servers that do not return them). ``message`` is the parsed assistant message
+    (structured ``tool_calls`` when the text held valid calls).
+    """
+
+    text: str
+    message: Message
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    entropies: list[float] | None = None
+    structured: bool = False  # True when the backend returned tool_calls itself (send `message` to env)
+    usage: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def action(self) -> str | Message:
+        """What to pass to ``env.step``: the raw text, or the message when calls came structured."""
+        return self.message if self.structured else self.text
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "text": self.text,
+            "message": self.message.to_dict(),
+            "token_ids": list(self.token_ids),
+            "logprobs": list(self.logprobs),
+            "finish_reason": self.finish_reason,
+        }
+        if self.entropies is not None:
+            out["entropies"] = list(self.entropies)
+        return out
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that answers a batch of conversations. ``envs`` is only read by scripted policies."""
+
+    name: str
+
+    def act(
+        self,
+        conversations: Sequence[Conversation],
+        tools: Sequence[ToolDicts | None] | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        envs: Sequence[ToolEnv | None] | None = None,
+    ) -> list[AssistantTurn]: ...
+
+
+@dataclass
+class Generation:
+    """Token-level output of ``TokenPolicy.generate`` for one prompt."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    entropies: list[float] | None = None
+
+
+@runtime_checkable
+class TokenPolicy(Policy, Protocol):
+    """A policy the runner can drive with token ids (``hf``): it owns a tokenizer and a renderer."""
+
+    @property
+    def renderer(self) -> Any: ...
+
+    def generate(
+        self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
+    ) -> list[Generation]: ...
+
+
+def parse_turn(text: str, tools: ToolDicts | None, fmt: ActionFormat = "hermes") -> Message:
+    """The assistant message of a text reply: structured ``tool_calls`` when the text holds valid calls.
+
+    >>> parse_turn('<tool_call>{"name": "f", "arguments": {}}</tool_call>', None).tool_calls[0].name
+    'f'
+    >>> parse_turn("hello", None).tool_calls is None
+    True
+    """
+    specs = [ToolSpec.from_dict(t) for t in tools] if tools else None
+    parsed = parse_action(text, specs, fmt)
+    if parsed.ok and parsed.tool_calls:
+        return Message(role="assistant", content=text, tool_calls=parsed.tool_calls)
+    return Message(role="assistant", content=text)
+
+
+def broadcast_tools(tools: Sequence[ToolDicts | None] | None, n: int) -> list[ToolDicts | None]:
+    """One tool list per conversation (None for all when ``tools`` is None)."""
+    from toolgym.errors import ConfigError
+
+    if tools is None:
+        return [None] * n
+    out = list(tools)
+    if len(out) != n:
+        raise ConfigError(f"got {len(out)} tool lists for {n} conversations: pass one list per conversation")
+    return out

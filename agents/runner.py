@@ -1,0 +1,305 @@
+"""The episode runner: many episodes over many envs, interleaved, with one batched policy call a round.
+
+Each round, every live episode that waits for the model is put in one batch: a token-level policy
+(``hf``) gets the prompt ids kept per episode (``ChatRenderer``: turn k+1's prompt is turn k's prompt +
+its sampled ids + the rendered env suffix, never re-tokenized); other policies get the message lists.
+Then each env steps (in a thread pool when ``env_workers > 0``, for envs that wait on I/O).
+
+An exception from an env's ``reset``/``step`` (or an env reporting ``truncation == "env_error"``, or a
+backend turn with ``finish_reason == "error"``) ends that episode only: it is recorded with ``error`` set
+(an infrastructure failure, not the model's), the env is closed and replaced, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy
+from toolgym.agents.trajectory import Trajectory
+from toolgym.errors import ConfigError
+
+EnvFactory = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """Which env (an id for ``gym.make``) and which seed; ``kwargs`` go to ``gym.make``."""
+
+    env_id: str
+    seed: int | None = None
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+def episode_specs(
+    env_ids: Iterable[str], episodes: int, *, first_seed: int = 0, **kwargs: Any
+) -> list[EpisodeSpec]:
+    """``episodes`` seeds (``first_seed``…) for each env id.
+
+    >>> [(s.env_id, s.seed) for s in episode_specs(["a", "b"], 2)]
+    [('a', 0), ('a', 1), ('b', 0), ('b', 1)]
+    """
+    items = tuple(sorted(kwargs.items()))
+    return [EpisodeSpec(e, first_seed + i, items) for e in env_ids for i in range(episodes)]
+
+
+@dataclass
+class _Live:
+    spec: EpisodeSpec
+    env: Any
+    traj: Trajectory
+    started: float
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)  # ids to append before the next prompt (mask 0)
+
+
+class EpisodeRunner:
+    """Runs ``EpisodeSpec``s with up to ``concurrency`` episodes live at once.
+
+    ``make_env(spec)`` builds an env (default: ``gym.make(spec.env_id, **kwargs)``); envs are reused across
+    episodes of the same spec kwargs. ``on_episode(trajectory)`` is called as each episode ends.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        concurrency: int = 64,
+        sampling: SamplingParams | None = None,
+        make_env: Callable[[EpisodeSpec], Any] | None = None,
+        env_workers: int = 0,
+        max_prompt_tokens: int | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+        self.policy = policy
+        self.concurrency = concurrency
+        self.sampling = sampling
+        self.make_env = make_env or _gym_make
+        self.env_workers = env_workers
+        self.max_prompt_tokens = max_prompt_tokens
+        self.on_episode = on_episode
+        self.token_level = isinstance(policy, TokenPolicy)
+        self.stats = {"policy_s": 0.0, "env_s": 0.0, "policy_calls": 0, "model_turns": 0, "total_s": 0.0}
+        self._pool: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Any]] = {}
+
+    # ----- public ------------------------------------------------------------------------------------------
+    def run(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
+        """Run every spec; trajectories come back in the order of ``specs``."""
+        t0 = time.perf_counter()
+        results: list[Trajectory | None] = [None] * len(specs)
+        queue = list(enumerate(specs))[::-1]
+        live: dict[int, _Live] = {}
+        executor = ThreadPoolExecutor(self.env_workers) if self.env_workers > 0 else None
+        try:
+            while queue or live:
+                while queue and len(live) < self.concurrency:
+                    idx, spec = queue.pop()
+                    ep = self._start(spec)
+                    if ep.traj.error is not None:
+                        results[idx] = self._finish(ep)
+                    else:
+                        live[idx] = ep
+                if not live:
+                    continue
+                order = list(live)
+                turns = self._act([live[i] for i in order])
+                done = self._step_all([live[i] for i in order], turns, executor)
+                for i, finished in zip(order, done, strict=True):
+                    if finished:
+                        results[i] = self._finish(live.pop(i))
+        finally:
+            if executor is not None:
+                executor.shutdown(wait=True)
+            self.stats["total_s"] += time.perf_counter() - t0
+        return [r for r in results if r is not None]
+
+    def close(self) -> None:
+        """Close every pooled env."""
+        for envs in self._pool.values():
+            for env in envs:
+                _close_quietly(env)
+        self._pool.clear()
+
+    def __enter__(self) -> EpisodeRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- episode life ------------------------------------------------------------------------------------
+    def _start(self, spec: EpisodeSpec) -> _Live:
+        traj = Trajectory(env_id=spec.env_id, seed=spec.seed, agent=getattr(self.policy, "name", ""))
+        ep = _Live(spec, None, traj, time.perf_counter())
+        try:
+            pool = self._pool.get((spec.env_id, spec.kwargs))
+            ep.env = pool.pop() if pool else self.make_env(spec)
+            obs, info = ep.env.reset(seed=spec.seed)
+        except ConfigError:
+            raise
+        except Exception as exc:  # an env fault: this episode only
+            self._fail(ep, "reset", exc)
+            return ep
+        ep.tools = list(info.get("tools") or [])
+        traj.task_id = str(info.get("task_id", ""))
+        traj.tools = ep.tools
+        traj.messages = list(obs)
+        if self.token_level:
+            renderer = self.policy.renderer  # type: ignore[attr-defined]
+            prompt = renderer.prompt_ids(obs, ep.tools)
+            traj.token_ids = list(prompt)
+            traj.loss_mask = [0] * len(prompt)
+            traj.logprobs = [0.0] * len(prompt)
+        return ep
+
+    def _act(self, eps: list[_Live]) -> list[AssistantTurn]:
+        t0 = time.perf_counter()
+        if self.token_level:
+            policy: Any = self.policy
+            for ep in eps:
+                if ep.pending:
+                    _extend_context(ep.traj, ep.pending)
+                    ep.pending = []
+            gens = policy.generate([ep.traj.token_ids for ep in eps], self.sampling)
+            turns = [
+                policy.to_turn(g, ep.tools, len(ep.traj.token_ids)) for g, ep in zip(gens, eps, strict=True)
+            ]
+        else:
+            turns = self.policy.act(
+                [ep.traj.messages for ep in eps],
+                [ep.tools for ep in eps],
+                sampling=self.sampling,
+                envs=[ep.env for ep in eps],
+            )
+        if len(turns) != len(eps):
+            raise ConfigError(f"{self.policy!r} returned {len(turns)} turns for {len(eps)} conversations")
+        self.stats["policy_s"] += time.perf_counter() - t0
+        self.stats["policy_calls"] += 1
+        self.stats["model_turns"] += len(eps)
+        return turns
+
+    def _step_all(
+        self, eps: list[_Live], turns: list[AssistantTurn], executor: ThreadPoolExecutor | None
+    ) -> list[bool]:
+        t0 = time.perf_counter()
+        if executor is None:
+            done = [self._step(ep, turn) for ep, turn in zip(eps, turns, strict=True)]
+        else:
+            done = list(executor.map(self._step, eps, turns))
+        self.stats["env_s"] += time.perf_counter() - t0
+        return done
+
+    def _step(self, ep: _Live, turn: AssistantTurn) -> bool:
+        """Record the turn, step the env, record what came back; True when the episode is over."""
+        traj = ep.traj
+        if turn.token_ids:
+            start = len(traj.token_ids)
+            traj.token_ids += turn.token_ids
+            traj.loss_mask += [1] * len(turn.token_ids)
+            traj.logprobs += turn.logprobs
+            if turn.entropies is not None:
+                traj.entropies += [0.0] * (start - len(traj.entropies)) + turn.entropies
+            traj.turn_spans.append((start, len(traj.token_ids)))
+        traj.turn_texts.append(turn.text)
+        traj.finish_reasons.append(turn.finish_reason)
+        traj.messages.append(turn.message.to_dict())
+        if turn.finish_reason == "error":
+            self._fail(ep, "policy", RuntimeError(turn.text or "the backend failed"))
+            return True
+        try:
+            obs, reward, terminated, truncated, info = ep.env.step(turn.action)
+        except Exception as exc:
+            self._fail(ep, "step", exc)
+            return True
+        info = {k: v for k, v in info.items() if k != "tools"}
+        traj.messages += obs
+        traj.rewards.append(float(reward))
+        traj.infos.append(info)
+        if info.get("truncation") == "env_error":
+            traj.error = str(info.get("infra_error", "the env reported an infrastructure error"))
+        if terminated or truncated:
+            traj.terminated, traj.truncated = bool(terminated), bool(truncated)
+            traj.truncation = info.get("truncation")
+            traj.success = bool(info.get("success", False))
+            traj.reward = float(info.get("episode_reward", sum(traj.rewards)))
+            traj.reward_components = dict(info.get("episode_reward_components", {}))
+            return True
+        if self.token_level:
+            renderer = self.policy.renderer  # type: ignore[attr-defined]
+            ep.pending = renderer.close_turn(turn.token_ids) + renderer.env_suffix(obs)
+            needed = len(traj.token_ids) + len(ep.pending)
+            if self.max_prompt_tokens is not None and needed > self.max_prompt_tokens:
+                traj.truncated, traj.truncation = True, "token_budget"
+                traj.reward = sum(traj.rewards)
+                return True
+        return False
+
+    def _fail(self, ep: _Live, where: str, exc: BaseException) -> None:
+        ep.traj.error = f"{where}: {type(exc).__name__}: {exc}"
+        ep.traj.truncated, ep.traj.truncation = True, "env_error"
+        ep.traj.reward = sum(ep.traj.rewards)
+        if ep.env is not None:
+            _close_quietly(ep.env)
+            ep.env = None
+
+    def _finish(self, ep: _Live) -> Trajectory:
+        ep.traj.duration_s = time.perf_counter() - ep.started
+        if ep.env is not None:
+            self._pool.setdefault((ep.spec.env_id, ep.spec.kwargs), []).append(ep.env)
+        if self.on_episode is not None:
+            self.on_episode(ep.traj)
+        return ep.traj
+
+
+def _extend_context(traj: Trajectory, ids: list[int]) -> None:
+    traj.token_ids += ids
+    traj.loss_mask += [0] * len(ids)
+    traj.logprobs += [0.0] * len(ids)
+
+
+def _gym_make(spec: EpisodeSpec) -> Any:
+    import gymnasium as gym
+
+    import toolgym  # noqa: F401  (registers the ids)
+
+    try:
+        return gym.make(spec.env_id, **dict(spec.kwargs))
+    except gym.error.Error as exc:
+        raise ConfigError(f"{exc} (see `toolgym list`)") from exc
+
+
+def _close_quietly(env: Any) -> None:
+    with contextlib.suppress(Exception):  # closing a broken env must not end the run
+        env.close()
+
+
+def run_episodes(
+    policy: Policy,
+    env_ids: Sequence[str] | str,
+    episodes: int = 1,
+    *,
+    first_seed: int = 0,
+    concurrency: int = 64,
+    sampling: SamplingParams | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+    **runner_kwargs: Any,
+) -> list[Trajectory]:
+    """Run ``episodes`` seeded episodes of each env id with ``policy``; returns their trajectories.
+
+    >>> from toolgym.agents import ScriptedPolicy
+    >>> trajs = run_episodes(ScriptedPolicy(), "toolgym/Calculator-v0", episodes=3)
+    >>> [t.success for t in trajs], trajs[0].turns
+    ([True, True, True], 2)
+    """
+    ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
+    specs = episode_specs(ids, episodes, first_seed=first_seed, **(env_kwargs or {}))
+    with EpisodeRunner(
+        policy, concurrency=concurrency, sampling=sampling, on_episode=on_episode, **runner_kwargs
+    ) as runner:
+        return runner.run(specs)
