@@ -88,26 +88,27 @@ def math_match(
     golds = [_gold_text(g) for g in _gold_column(kwargs, len(completions))]
     results: list[float | None] = [None] * len(completions)
     slow: list[int] = []
-    pairs: list[tuple[str, str | None]] = []
+    pairs: list[tuple[str, str | None, bool]] = []
     for i, (completion, gold) in enumerate(zip(completions, golds, strict=True)):
         text = completion_text(completion)
         cand = extract_answer(text, several)
+        raw = False
         if cand is None and fallback:
-            cand = strip_reasoning(text) or None
+            cand, raw = strip_reasoning(text) or None, True
         if not gold.strip():
             results[i] = None
             continue
         if cand is None or not cand.strip():
             results[i] = 0.0  # gold is checked for parseability below only when it matters
             slow.append(i)
-            pairs.append((gold, None))
+            pairs.append((gold, None, False))
             continue
-        verdict = fast_verdict(gold, cand) if fast_path and not fallback else None
+        verdict = fast_verdict(gold, cand) if fast_path and not raw else None
         if verdict is not None:
             results[i] = verdict
             continue
         slow.append(i)
-        pairs.append((gold, cand))
+        pairs.append((gold, cand, raw))
     if pairs:
         scores = (pool or default_pool()).judge(pairs)
         for i, score in zip(slow, scores, strict=True):

@@ -122,11 +122,12 @@ class MathJudgePool:
             worker.stop()
 
     # -- judging -----------------------------------------------------------------------------------------
-    def judge(self, pairs: Sequence[tuple[str, str | None]]) -> list[float | None]:
-        """Scores of ``(gold, candidate)`` pairs: 1.0, 0.0, or None when the gold cannot be parsed."""
+    def judge(self, pairs: Sequence[tuple[Any, ...]]) -> list[float | None]:
+        """Scores of ``(gold, candidate)`` pairs (or ``(gold, text, True)`` to let Math-Verify search free
+        text): 1.0, 0.0, or None when the gold cannot be parsed."""
         if self.workers == 0:
             inner = self.inner_timeout if threading.current_thread() is threading.main_thread() else None
-            return [judge(g, p, inner) for g, p in pairs]
+            return [judge(pair[0], pair[1], inner, bool(pair[2:] and pair[2])) for pair in pairs]
         self._ensure_started()
         results: list[float | None] = [None] * len(pairs)
         pending = list(range(len(pairs)))[::-1]
@@ -193,7 +194,7 @@ class MathJudgePool:
                     self._replace(worker)
         return results
 
-    async def ajudge(self, pairs: Sequence[tuple[str, str | None]]) -> list[float | None]:
+    async def ajudge(self, pairs: Sequence[tuple[Any, ...]]) -> list[float | None]:
         """:meth:`judge` for asyncio code: runs in a thread, so the event loop keeps going."""
         return await asyncio.to_thread(self.judge, pairs)
 

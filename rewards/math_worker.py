@@ -30,12 +30,16 @@ def _parse_gold(gold: str, inner_timeout: int | None) -> Any:
     from math_verify import parse
 
     source = gold if ("\\boxed" in gold or "$" in gold) else _wrap(gold)
-    return parse(source, extraction_mode="first_match", parsing_timeout=inner_timeout)  # type: ignore[arg-type]
+    # no_fallback: a gold that only survives as a raw string is "unparseable", not a string to compare
+    return parse(
+        source, extraction_mode="first_match", fallback_mode="no_fallback", parsing_timeout=inner_timeout
+    )  # type: ignore[arg-type]
 
 
-def judge(gold: str, pred: str | None, inner_timeout: int | None = None) -> float | None:
+def judge(gold: str, pred: str | None, inner_timeout: int | None = None, raw: bool = False) -> float | None:
     """1.0 if ``pred`` (one extracted candidate, or None) equals ``gold`` under Math-Verify, 0.0 if not, None
     when the gold cannot be parsed. ``inner_timeout`` is Math-Verify's own SIGALRM limit (main thread only).
+    ``raw=True`` lets Math-Verify find the answer in ``pred`` itself (free text) instead of boxing it.
 
     >>> judge("\\\\frac{1}{2}", "0.5"), judge("3", "4"), judge("", "1")
     (1.0, 0.0, None)
@@ -49,7 +53,9 @@ def judge(gold: str, pred: str | None, inner_timeout: int | None = None) -> floa
         return None
     if pred is None or not pred.strip():
         return 0.0
-    pred_parsed = parse(_wrap(pred), extraction_mode="first_match", parsing_timeout=inner_timeout)  # type: ignore[arg-type]
+    pred_parsed = parse(
+        pred if raw else _wrap(pred), extraction_mode="first_match", parsing_timeout=inner_timeout
+    )  # type: ignore[arg-type]
     if not pred_parsed:
         return 0.0
     return 1.0 if verify(gold_parsed, pred_parsed, timeout_seconds=inner_timeout) else 0.0
@@ -81,9 +87,9 @@ def _serve(memory_limit_mb: int, inner_timeout: int | None) -> None:
             return
         if task is None:
             return
-        gold, pred = task
+        gold, pred, *rest = task
         try:
-            result: float | str | None = judge(gold, pred, inner_timeout)
+            result: float | str | None = judge(gold, pred, inner_timeout, bool(rest and rest[0]))
         except MemoryError:
             result = "memory"
         except Exception:  # Math-Verify raises many types on odd input: all mean "no match"
