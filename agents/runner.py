@@ -197,7 +197,8 @@ class EpisodeRunner:
     def _step(self, ep: _Live, turn: AssistantTurn) -> bool:
         """Record the turn, step the env, record what came back; True when the episode is over."""
         traj = ep.traj
-        if turn.token_ids:
+        traj.completion_tokens += len(turn.token_ids) or int(turn.usage.get("completion_tokens", 0))
+        if self.token_level:
             start = len(traj.token_ids)
             traj.token_ids += turn.token_ids
             traj.loss_mask += [1] * len(turn.token_ids)

@@ -44,6 +44,7 @@ class Trajectory:
     truncated: bool = False
     truncation: str | None = None
     error: str | None = None  # an infrastructure failure (env or backend), not the model's
+    completion_tokens: int = 0  # tokens the model generated (counted by the server for http backends)
     duration_s: float = 0.0
 
     @property
@@ -61,10 +62,6 @@ class Trajectory:
     @property
     def invalid_actions(self) -> int:
         return sum(bool(i.get("invalid_action")) for i in self.infos)
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(self.loss_mask)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
