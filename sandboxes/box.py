@@ -76,11 +76,19 @@ class Box:
                 raise BoxFailure("sandbox_error", f"sandbox supervisor fault: {reply['error']}")
             return reply, out
 
-    def _safe_running(self) -> bool:
-        try:
-            return self._is_running()
-        except Exception:
-            return False
+    def _safe_running(self, settle_s: float = 1.0) -> bool:
+        """Whether the container still runs, asked a few times: a killed container's stream closes a
+        moment before the daemon reports it as exited."""
+        end = time.monotonic() + settle_s
+        while True:
+            try:
+                if not self._is_running():
+                    return False
+            except Exception:
+                return False
+            if time.monotonic() > end:
+                return True
+            time.sleep(0.1)
 
     def ping(self) -> bool:
         try:

@@ -84,6 +84,7 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
         "image": lim.image,
         "command": ["python3", RUNNER_IN, "init"],
         "name": name,
+        "hostname": "sandbox",
         "detach": True,
         "network_mode": "bridge" if lim.network else "none",
         "read_only": True,

@@ -119,7 +119,9 @@ class ProcessSandbox(Sandbox):
             resource.setrlimit(resource.RLIMIT_NOFILE, (lim.nofile, lim.nofile))
             resource.setrlimit(resource.RLIMIT_FSIZE, (lim.fsize_mb << 20, lim.fsize_mb << 20))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            resource.setrlimit(resource.RLIMIT_STACK, (8 << 20, 8 << 20))  # deep recursion ends in a crash, fast
+            resource.setrlimit(
+                resource.RLIMIT_STACK, (8 << 20, 8 << 20)
+            )  # deep recursion ends in a crash, fast
 
         cmd = [
             sys.executable,

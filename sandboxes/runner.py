@@ -46,6 +46,13 @@ from typing import Any
 FRAME = struct.Struct(">II")
 MAX_CTRL_REPLY = 1 << 20  # a worker's reply is small; a bigger one is forged by the code
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4  # non-dumpable: same-uid code cannot ptrace the process or read its /proc secrets
+
+
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
 
 Blobs = dict[str, bytes]
 
@@ -352,6 +359,7 @@ class Server:
         pid = os.fork()
         if pid == 0:
             os.setsid()
+            _prctl(PR_SET_DUMPABLE, 1)  # the code's own processes behave normally (/proc/self, debuggers)
             mine[0].close()
             os.close(mine[1])
             os.close(mine[2])
@@ -613,6 +621,7 @@ class Server:
 
 
 def init_main() -> None:
+    _prctl(PR_SET_DUMPABLE, 0)
     while True:
         try:
             os.wait()
@@ -626,8 +635,8 @@ def serve_main(argv: list[str]) -> None:
     scratch = [a.split("=", 1)[1] for a in argv if a.startswith("--scratch=")]
     preload = [a.split("=", 1)[1] for a in argv if a.startswith("--preload=")]
     max_output = int(next((a.split("=", 1)[1] for a in argv if a.startswith("--max-output=")), 1 << 20))
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_DUMPABLE, 0)
     for name in preload:  # imported once here, then shared copy-on-write by every worker
         for mod in name.split(","):
             with contextlib.suppress(Exception):

@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,7 +83,10 @@ def survivors(sb: Sandbox) -> list[str]:
         from toolgym.sandboxes.docker_backend import client
 
         for c in client().containers.list(filters={"name": sb._prefix}):  # type: ignore[attr-defined]
-            procs = c.top(ps_args="-o pid,stat,args")["Processes"] or []
+            try:
+                procs = c.top(ps_args="-o pid,stat,args")["Processes"] or []
+            except Exception:  # removed meanwhile (the pool replaced it)
+                continue
             if len(procs) > 2:
                 left += [" ".join(p) for p in procs]
     else:
@@ -93,8 +97,8 @@ def survivors(sb: Sandbox) -> list[str]:
             if not entry.isdigit():
                 continue
             try:
-                env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
-                cmd = open(f"/proc/{entry}/cmdline", "rb").read()
+                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
             for var in env:

@@ -42,8 +42,11 @@ def test_02_thread_bomb(docker_sb: Sandbox) -> None:
 
 
 @pytest.mark.bound(30)
-@pytest.mark.parametrize("code", ["b = bytearray(10**11)", "x = []\nwhile True:\n    x.append(bytearray(10**7))"],
-                         ids=["huge", "growing"])
+@pytest.mark.parametrize(
+    "code",
+    ["b = bytearray(10**11)", "x = []\nwhile True:\n    x.append(bytearray(10**7))"],
+    ids=["huge", "growing"],
+)
 def test_03_memory_bomb(any_sb: Sandbox, code: str) -> None:
     t0 = time.monotonic()
     res = any_sb.run(code, timeout=10)

@@ -1,0 +1,146 @@
+"""Persistent sessions (reference cases 23-27) and fork."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.sandboxes.conftest import survivors
+from toolgym.sandboxes import Sandbox
+
+
+def _closed_cleanly(sb: Sandbox) -> None:
+    deadline = time.monotonic() + 3
+    while (left := survivors(sb)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
+    assert sb.run("print(1)", timeout=10).stdout == "1\n"
+
+
+@pytest.mark.bound(30)
+def test_24_state_persists_across_turns(any_sb: Sandbox) -> None:
+    with any_sb.session() as s:
+        assert s.run("x = 41").ok
+        res = s.run("print(x + 1)")
+        assert res.ok and res.stdout == "42\n" and not res.restarted, res
+        assert s.run("import math\ny = math.sqrt(16)").ok
+        assert s.run("print(y)").stdout == "4.0\n"
+    _closed_cleanly(any_sb)
+
+
+@pytest.mark.bound(30)
+def test_stdin_traceback_and_exit_codes_in_a_session(any_sb: Sandbox) -> None:
+    with any_sb.session() as s:
+        assert s.run("print(input())", stdin="hello").stdout == "hello\n"
+        err = s.run("1 / 0")
+        assert err.status == "error" and "ZeroDivisionError" in err.stderr and "<cell" in err.stderr
+        assert s.run("import sys\nsys.exit(0)").ok  # SystemExit does not end the session
+        assert s.run("print('still here')").stdout == "still here\n"
+
+
+@pytest.mark.bound(40)
+@pytest.mark.parametrize(
+    "crash, status",
+    [
+        ("import os\nos._exit(1)", "error"),
+        ("import ctypes\nctypes.string_at(0)", "error"),
+        ("import time\ntime.sleep(100)", "timeout"),
+    ],
+    ids=["exit", "segfault", "timeout"],
+)
+def test_25_a_dead_interpreter_is_replaced_and_says_so(any_sb: Sandbox, crash: str, status: str) -> None:
+    with any_sb.session() as s:
+        s.run("x = 1")
+        t0 = time.monotonic()
+        res = s.run(crash, timeout=1.0)
+        assert res.status == status and time.monotonic() - t0 < 4, res
+        nxt = s.run("print('x' in dir())")
+        assert nxt.ok and nxt.restarted and nxt.stdout == "False\n", nxt
+        assert not s.run("print(1)").restarted
+    _closed_cleanly(any_sb)
+
+
+@pytest.mark.bound(40)
+def test_26_oom_inside_a_session_and_the_episode_goes_on(docker_sb: Sandbox) -> None:
+    with docker_sb.session() as s:
+        s.run("keep = 'me'")
+        res = s.run(
+            "x = []\nwhile True:\n    x.append(bytearray(10**7))\n    x[-1][::4096] = b'1' * len(x[-1][::4096])",
+            timeout=20,
+        )
+        assert res.status == "oom", res
+        nxt = s.run("print(2 + 2)")
+        assert nxt.ok and nxt.restarted and nxt.stdout == "4\n", nxt
+    _closed_cleanly(docker_sb)
+
+
+@pytest.mark.bound(30)
+def test_26_memory_error_in_a_process_session(process_sb: Sandbox) -> None:
+    with process_sb.session() as s:
+        s.run("keep = 'me'")
+        assert s.run("b = bytearray(10**11)").status == "oom"
+        assert s.run("print(keep)").stdout == "me\n"  # a MemoryError does not kill the interpreter
+
+
+@pytest.mark.bound(30)
+def test_23_background_writer_does_not_flood_the_next_turn(any_sb: Sandbox) -> None:
+    cap = any_sb.limits.output_bytes
+    with any_sb.session() as s:
+        s.run(
+            "import threading, sys\ndef spam():\n    while True:\n        sys.stdout.write('z' * 4096)\n"
+            "threading.Thread(target=spam, daemon=True).start()"
+        )
+        t0 = time.monotonic()
+        res = s.run("print('answer')", timeout=5)
+        assert time.monotonic() - t0 < 6
+        assert len(res.stdout.encode()) <= cap and res.status in ("ok", "timeout"), res.status
+    _closed_cleanly(any_sb)
+
+
+@pytest.mark.bound(30)
+def test_27_sessions_are_isolated(docker_sb: Sandbox) -> None:
+    with docker_sb.session() as a, docker_sb.session() as b:
+        assert a.run("secret = 's3'\nopen('/tmp/a', 'w').write('a')\nopen('mine', 'w').write('x')").ok
+        res = b.run("import os\nprint('secret' in dir(), os.path.exists('/tmp/a'), os.path.exists('mine'))")
+        assert res.stdout == "False False False\n", res
+    _closed_cleanly(docker_sb)
+
+
+@pytest.mark.bound(30)
+def test_27_a_returned_session_box_is_reset(docker_sb: Sandbox) -> None:
+    with docker_sb.session() as a:
+        a.run("open('/tmp/trace', 'w').write('x')\nimport subprocess\nsubprocess.Popen(['sleep', '1000'])")
+    for _ in range(docker_sb.limits.size):
+        with docker_sb.session() as b:
+            assert b.run("import os\nprint(os.path.exists('/tmp/trace'))").stdout == "False\n"
+    _closed_cleanly(docker_sb)
+
+
+@pytest.mark.bound(30)
+def test_fork_copies_state_and_branches_diverge(any_sb: Sandbox) -> None:
+    with any_sb.session() as s:
+        s.run("import numpy as np\nx = np.arange(3)\nn = 1")
+        t0 = time.monotonic()
+        f = s.fork()
+        assert time.monotonic() - t0 < 0.5
+        with f:
+            assert f.run("n += 10\nprint(n, x.sum())").stdout == "11 3\n"
+            assert s.run("n += 1\nprint(n)").stdout == "2\n"
+            g = f.fork()
+            assert g.run("print(n)").stdout == "11\n"
+            g.close()
+            assert f.run("print(n)").stdout == "11\n"
+        assert s.run("print(n)").stdout == "2\n"
+    _closed_cleanly(any_sb)
+
+
+@pytest.mark.bound(30)
+def test_fork_of_a_timed_out_branch_leaves_siblings_alone(docker_sb: Sandbox) -> None:
+    with docker_sb.session() as s:
+        s.run("v = 7")
+        f = s.fork()
+        assert f.run("import time\ntime.sleep(100)", timeout=0.5).status == "timeout"
+        assert s.run("print(v)").stdout == "7\n"  # the sibling's timeout did not kill the parent branch
+        f.close()
+    _closed_cleanly(docker_sb)
