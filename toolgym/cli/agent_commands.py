@@ -1,0 +1,163 @@
+"""``toolgym eval ENV… --agent …`` and ``toolgym serve --agent …`` (see docs/agents.md)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from toolgym.agents.factory import AGENT_HELP
+from toolgym.cli.table import format_table
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "eval", help="evaluate an agent on environments (scoreboard, JSONL, HTML report)"
+    )
+    p.add_argument("env_ids", nargs="+", metavar="ENV", help="env ids, e.g. toolgym/Calculator-v0")
+    p.add_argument("--agent", default="hf:smollm2-135m", help=AGENT_HELP)
+    p.add_argument("--episodes", type=int, default=10, help="episodes per env (seeds 0…N-1 + --seed)")
+    p.add_argument("--seed", type=int, default=0, help="first seed")
+    p.add_argument("--concurrency", type=int, default=64, help="episodes live at once (one batched call)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="per model turn")
+    p.add_argument(
+        "--prompt-format",
+        choices=["auto", "tools", "text"],
+        default="auto",
+        help="auto: text when the model's chat template cannot show tools",
+    )
+    p.add_argument("--env-kwargs", default="{}", help="JSON of keyword arguments for gym.make")
+    p.add_argument("--out", default=None, help="output folder (default runs/eval-TIMESTAMP)")
+    p.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+    p = subparsers.add_parser("serve", help="serve an agent over the OpenAI chat-completions API")
+    p.add_argument("--agent", default="hf:smollm2-135m", help="hf:NAME or openai:URL (a proxy)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", default=None, help="the name /v1/models reports")
+    p.add_argument("--max-batch", type=int, default=64)
+    p.set_defaults(func=cmd_serve)
+
+
+def _progress(total: int, quiet: bool) -> Any:
+    """A tqdm bar when tqdm is installed, else a one-line counter on stderr."""
+    if quiet:
+        return None
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="ep", desc="episodes", file=sys.stderr)
+    except ImportError:
+
+        class _Counter:
+            n = 0
+
+            def update(self, k: int) -> None:
+                self.n += k
+                print(f"\repisodes {self.n}/{total}", end="", file=sys.stderr, flush=True)
+
+            def set_postfix_str(self, s: str) -> None:
+                return None
+
+            def close(self) -> None:
+                print(file=sys.stderr)
+
+        return _Counter()
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from toolgym.agents import SamplingParams, TokenPolicy, make_policy, save_trajectories
+    from toolgym.agents.report import write_report
+    from toolgym.agents.runner import EpisodeRunner, episode_specs
+    from toolgym.agents.scoreboard import HEADERS, score
+    from toolgym.errors import ConfigError
+
+    if args.episodes < 1:
+        raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--env-kwargs must be a JSON object: {exc}") from exc
+    if not isinstance(env_kwargs, dict):
+        raise ConfigError("--env-kwargs must be a JSON object")
+    import toolgym  # noqa: F401  (registers the ids)
+    from toolgym.envs import ENVS
+
+    unknown = [e for e in args.env_ids if e not in ENVS and "/" not in e]
+    if unknown:
+        raise ConfigError(f"unknown env id(s) {unknown}; see `toolgym list`")
+    policy = make_policy(args.agent)
+    fmt = args.prompt_format
+    if fmt == "auto":
+        fmt = "text" if isinstance(policy, TokenPolicy) and not policy.renderer.renders_tools else None
+    if fmt and "prompt_format" not in env_kwargs:
+        env_kwargs["prompt_format"] = fmt
+    sampling = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed
+    )
+    specs = episode_specs(args.env_ids, args.episodes, first_seed=args.seed, **env_kwargs)
+    out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    bar = _progress(len(specs), args.quiet)
+    solved = [0, 0]
+
+    def on_episode(traj: Any) -> None:
+        solved[0] += int(traj.success)
+        solved[1] += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"success {solved[0]}/{solved[1]}")
+
+    t0 = time.perf_counter()
+    try:
+        with EpisodeRunner(
+            policy, concurrency=args.concurrency, sampling=sampling, on_episode=on_episode
+        ) as runner:
+            trajs = runner.run(specs)
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - t0
+    jsonl = save_trajectories(out / "trajectories.jsonl", trajs)
+    print(format_table(HEADERS, [s.row() for s in score(trajs)]))
+    print(f"\n{len(trajs)} episodes in {seconds:.1f}s with {policy.name}")
+    print(f"trajectories: {jsonl}")
+    if not args.no_report:
+        meta = {
+            "agent": policy.name,
+            "envs": ", ".join(args.env_ids),
+            "episodes": len(trajs),
+            "sampling": sampling,
+            "env kwargs": env_kwargs,
+            "seconds": f"{seconds:.1f}",
+        }
+        report = write_report(out / "report.html", trajs, title="toolgym eval", meta=meta)
+        print(f"report: {report}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from toolgym.agents import make_policy
+    from toolgym.agents.server import PolicyServer
+
+    policy = make_policy(args.agent)
+    if policy.name == "scripted":
+        from toolgym.errors import ConfigError
+
+        raise ConfigError(
+            "the scripted agent needs the env itself, so it cannot be served: use hf:… or openai:…"
+        )
+    server = PolicyServer(
+        policy, host=args.host, port=args.port, model_name=args.model_name, max_batch=args.max_batch
+    )
+    print(f"serving {policy.name} at {server.url} (POST /chat/completions); Ctrl-C stops", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
+    return 0
