@@ -70,10 +70,11 @@ def single_answer(completions: list[Any], **kwargs: Any) -> list[float | None]:
     """
     out: list[float | None] = []
     for completion in completions:
-        blocks = [b for turn in assistant_turns(completion) for b in _ANSWER.findall(strip_reasoning(turn))]
-        out.append(
-            1.0 if len(blocks) == 1 and blocks[0][len("<answer>") : -len("</answer>")].strip() else 0.0
-        )
+        bodies = [strip_reasoning(turn) for turn in assistant_turns(completion)]
+        blocks = [b for body in bodies for b in _ANSWER.findall(body)]
+        tags = sum(body.count("<answer>") + body.count("</answer>") for body in bodies)
+        ok = len(blocks) == 1 and tags == 2 and blocks[0][len("<answer>") : -len("</answer>")].strip()
+        out.append(1.0 if ok else 0.0)
     return out
 
 

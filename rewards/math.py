@@ -62,6 +62,8 @@ def _gold_column(kwargs: dict[str, Any], n: int) -> list[Any]:
 
 
 def _gold_text(gold: Any) -> str:
+    if hasattr(gold, "tolist"):  # numpy values, as verl's batches hold them
+        gold = gold.tolist()
     if isinstance(gold, (list, tuple)):  # several golds: the first is the reference form
         gold = gold[0] if gold else ""
     return "" if gold is None else str(gold)

@@ -39,6 +39,8 @@ def _aliases(gold: Any) -> list[str]:
         return []
     if isinstance(gold, dict):
         gold = gold.get("target", gold.get("aliases", gold.get("answer")))
+    if hasattr(gold, "tolist"):  # numpy arrays, as verl's batches hold them
+        gold = gold.tolist()
     if isinstance(gold, str):
         return [gold]
     if isinstance(gold, (list, tuple, set)):
