@@ -319,3 +319,32 @@ def entropy_scaled(
     """AEPO's entropy-aware advantage A * (1 + alpha * z(H)), z over the masked tokens. [B, T] -> [B, T]."""
     z = masked_whiten(entropy.detach(), mask)  # [B, T]
     return adv * (1 + alpha * z)  # [B, T]
+
+
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "tree", "treerl")
+
+
+def estimate(
+    name: str,
+    forest: list[RolloutTree],
+    rows: list[Row],
+    omega: float = 1.0,
+    gamma: float = 0.95,
+    gigpo_mode: Literal["mean_norm", "mean_std_norm"] = "mean_norm",
+) -> NodeAdv:
+    """Node advantages of a critic-free estimator by name (see ESTIMATORS); groups are the trees."""
+    rewards = [forest[r.tree].nodes[r.leaf].reward or 0.0 for r in rows]
+    groups = [r.tree for r in rows]
+    if name == "grpo":
+        return leaf_to_nodes(forest, rows, grpo(rewards, groups))
+    if name == "dr_grpo":
+        return leaf_to_nodes(forest, rows, dr_grpo(rewards, groups))
+    if name == "rloo":
+        return leaf_to_nodes(forest, rows, rloo(rewards, groups))
+    if name == "gigpo":
+        return gigpo(forest, rows, omega=omega, gamma=gamma, mode=gigpo_mode)
+    if name in ("tree", "treerl"):
+        return tree_advantages(forest, rows, style="spo" if name == "tree" else "treerl")
+    from toolgym.errors import ConfigError
+
+    raise ConfigError(f"unknown estimator {name!r}; choose one of {', '.join(ESTIMATORS)} (PPO uses GAE)")

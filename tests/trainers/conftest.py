@@ -24,3 +24,84 @@ def three_leaf_tree() -> RolloutTree:
 @pytest.fixture
 def tree3() -> RolloutTree:
     return three_leaf_tree()
+
+
+# ----- a tiny random Llama with a locally built tokenizer, and a fake env with varied rewards -----------------
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+FAKE_ENV = "tests/VowelCount-v0"
+
+
+def tiny_tokenizer() -> object:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=280,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["system user assistant tool <tool_call> <answer>2146</answer> aeiou"], trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    hf.chat_template = CHATML
+    return hf
+
+
+def tiny_model(vocab: int, seed: int = 0) -> object:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> object:
+    return tiny_tokenizer()
+
+
+def register_fake_env() -> None:
+    """`tests/VowelCount-v0`: two turns; the first gets a tool reply, the second ends the episode with
+    reward = the share of vowels in the reply (so rewards vary between rollouts of a random model)."""
+    import gymnasium as gym
+
+    from toolgym.envs.base import ToolEnv
+
+    class VowelCountEnv(ToolEnv):
+        def __init__(self, **kwargs: object) -> None:
+            super().__init__(max_turns=2)
+
+        def tools(self) -> list:  # type: ignore[type-arg]
+            return []
+
+        def reset(self, *, seed: int | None = None, options: object = None):  # type: ignore[no-untyped-def,override]
+            gym.Env.reset(self, seed=seed)
+            self.turn, self.done = 0, False
+            return [{"role": "user", "content": f"Say vowels. Task {seed}."}], {"task_id": str(seed), "tools": []}
+
+        def step(self, action):  # type: ignore[no-untyped-def,override]
+            text = str(action)
+            self.turn += 1
+            if self.turn == 1:
+                return [{"role": "tool", "content": "ok"}], 0.0, False, False, {"invalid_action": False}
+            r = sum(c in "aeiou" for c in text) / max(len(text), 1)
+            return [], r, True, False, {"success": r > 0.1, "episode_reward": r, "invalid_action": False}
+
+        def get_state(self):  # type: ignore[no-untyped-def,override]
+            return {"turn": self.turn}
+
+        def set_state(self, state):  # type: ignore[no-untyped-def,override]
+            self.turn = state["turn"]
+
+    if FAKE_ENV not in gym.registry:
+        gym.register(FAKE_ENV, entry_point=VowelCountEnv)

@@ -1,0 +1,109 @@
+"""Training rows -> padded tensors, and the trainer's forward pass (token logprobs, entropies, values).
+
+Token t of a row is scored by the logits at t - 1, so `logprobs[:, t]` is log p(ids[t] | ids[:t]); the
+first column (always prompt) is 0. Logprobs use softmax(logits / temperature), the distribution the
+engine sampled from (toolgym.agents.SamplingParams), so trainer and engine logprobs are comparable.
+The loss mask is never used as the attention mask (TRL#4974): padding has its own mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from toolgym.trainers.tree import Row
+
+
+class TrainBatch(NamedTuple):
+    """Padded rows. B rows, T = longest row."""
+
+    input_ids: torch.Tensor  # [B, T] long, right-padded
+    attention_mask: torch.Tensor  # [B, T] long, 1 on real tokens
+    loss_mask: torch.Tensor  # [B, T] float, 1 on trained model tokens of kept rows
+    advantages: torch.Tensor  # [B, T] float
+    rollout_logprobs: torch.Tensor  # [B, T] float, engine logprobs (0 off the model tokens)
+    turn_ids: torch.Tensor  # [B, T] long, turn index (-1 on prompt and padding)
+    rewards: torch.Tensor  # [B] float, leaf reward of each row
+
+    def select(self, idx: torch.Tensor) -> TrainBatch:
+        """The rows `idx` (a micro-batch), trimmed to their longest row."""
+        sub = TrainBatch(*(t[idx] for t in self))
+        T = int(sub.attention_mask.sum(1).max()) if len(idx) else 0
+        return TrainBatch(*(t[:, :T] if t.dim() == 2 else t for t in sub))
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        return TrainBatch(*(t.to(device) for t in self))
+
+
+def collate(
+    rows: Sequence[Row],
+    advantages: Sequence[Sequence[float]],
+    rewards: Sequence[float],
+    keep: Sequence[bool],
+    pad_id: int,
+) -> TrainBatch:
+    """Pads `rows`; rows with keep False get a zero loss mask (they stay for the batch statistics)."""
+    B, T = len(rows), max(len(r.token_ids) for r in rows)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)  # [B, T]
+    attn = torch.zeros((B, T), dtype=torch.long)  # [B, T]
+    mask = torch.zeros((B, T))  # [B, T]
+    adv = torch.zeros((B, T))  # [B, T]
+    roll = torch.zeros((B, T))  # [B, T]
+    turns = torch.full((B, T), -1, dtype=torch.long)  # [B, T]
+    for i, r in enumerate(rows):
+        n = len(r.token_ids)
+        ids[i, :n] = torch.tensor(r.token_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float) * float(keep[i])
+        adv[i, :n] = torch.tensor(advantages[i], dtype=torch.float)
+        roll[i, :n] = torch.tensor(r.logprobs, dtype=torch.float)
+        turns[i, :n] = torch.tensor(r.turn_ids)
+    return TrainBatch(ids, attn, mask, adv, roll, turns, torch.tensor(list(rewards), dtype=torch.float))
+
+
+def forward(
+    model: Any,
+    batch: TrainBatch,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    value_head: torch.nn.Module | None = None,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(logprobs [B, T], entropy [B, T] or None, values [B, T] or None), aligned with the tokens.
+
+    The entropy carries a gradient only with `entropy_grad` (an entropy bonus); otherwise it is a statistic.
+    """
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        output_hidden_states=value_head is not None,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)  # [B, T-1, V]
+    logp_all = torch.log_softmax(logits, dim=-1)  # [B, T-1, V]
+    target = batch.input_ids[:, 1:]  # [B, T-1]
+    logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, T-1]
+    logp = torch.nn.functional.pad(logp, (1, 0))  # [B, T]
+    ent = None
+    if entropy:
+        la = logp_all if entropy_grad else logp_all.detach()  # [B, T-1, V]
+        ent = -(la.exp() * la).sum(-1)  # [B, T-1]
+        ent = torch.nn.functional.pad(ent, (1, 0))  # [B, T]
+    values = None
+    if value_head is not None:
+        hidden = out.hidden_states[-1][:, :-1]  # [B, T-1, H]
+        values = value_head(hidden.to(next(value_head.parameters()).dtype)).squeeze(-1).float()  # [B, T-1]
+        values = torch.nn.functional.pad(values, (1, 0))  # [B, T]
+    return logp, ent, values
+
+
+def micro_batches(n_rows: int, size: int, order: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Row indices in chunks of `size` (in `order` when given).
+
+    >>> [t.tolist() for t in micro_batches(5, 2)]
+    [[0, 1], [2, 3], [4]]
+    """
+    idx = order if order is not None else torch.arange(n_rows)
+    return [idx[i : i + size] for i in range(0, n_rows, size)]

@@ -1,0 +1,89 @@
+"""Loading the model to train: the policy behind the rollout engine, LoRA, the reference, the value head."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from toolgym.errors import ConfigError
+from toolgym.trainers.config import RunConfig
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} asked for but CUDA is not available; use --device cpu")
+    return torch.device(name)
+
+
+def build_policy(cfg: RunConfig, device: torch.device, model: Any = None, tokenizer: Any = None) -> Any:
+    """An `HFPolicy` on `device` with fp32 weights (bf16 comes from autocast), LoRA applied when asked.
+
+    `model`/`tokenizer` may be passed already loaded (tests build a tiny one); otherwise `cfg.model`.
+    """
+    from toolgym.agents.hf import HFPolicy, load_model
+
+    if model is None:
+        model, tokenizer = load_model(cfg.model, device=str(device), dtype="float32")
+    model = model.to(device=device, dtype=torch.float32)
+    if cfg.lora_r > 0:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as exc:
+            raise ConfigError("lora_r > 0 needs peft: pip install peft") from exc
+        lora = LoraConfig(
+            r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_targets), lora_dropout=0.0
+        )
+        model = get_peft_model(model, lora)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+    return HFPolicy(model, tokenizer, batch_size=256)
+
+
+def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on CUDA when asked; nothing on CPU."""
+    if device.type == "cuda" and bf16:
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class Reference:
+    """Logprobs of the initial policy for the KL term: the base model with adapters off (LoRA), or a frozen copy."""
+
+    def __init__(self, model: Any) -> None:
+        self.lora = hasattr(model, "disable_adapter")
+        self.frozen = None if self.lora else copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Any]:
+        """The model to call for reference logprobs (use under torch.no_grad)."""
+        if self.frozen is not None:
+            yield self.frozen
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
+
+def value_head(model: Any) -> torch.nn.Module:
+    """A linear value head on the last hidden state, zero-initialised (V = 0 at the start)."""
+    hidden = (
+        model.config.get_text_config().hidden_size
+        if hasattr(model.config, "get_text_config")
+        else model.config.hidden_size
+    )
+    head = torch.nn.Linear(hidden, 1)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    return head
+
+
+def trainable_parameters(*modules: Any) -> list[torch.nn.Parameter]:
+    return [p for m in modules if m is not None for p in m.parameters() if p.requires_grad]

@@ -1,0 +1,238 @@
+"""PPO with a value head and GAE over model tokens, for multi-turn tool agents: one config, then the loop.
+
+Each step: draw tasks -> sample `budget` independent rollouts per task -> flatten to rows -> one no-grad
+pass for old logprobs and values -> GAE over model tokens (tool/env tokens skipped) and whitening ->
+`epochs` passes of `minibatches` optimizer steps on the clipped policy loss + clipped value loss.
+
+Departures from the papers:
+1. The value head is a linear layer on the policy's last hidden state (shared trunk, as cleanrl's
+   Atari agent; verl uses a separate critic model). It is zero-initialised and has its own learning rate.
+2. GAE skips tool/env tokens (verl since PR #2337): value and running advantage pass through them.
+3. The outcome reward sits on the last model token of each rollout; there is no per-token KL in the
+   reward (the k3 KL term of the loss replaces it when `kl_coef > 0`).
+4. Old logprobs are the trainer's (recomputed); engine/trainer mismatch is corrected by TIS (see grpo.py).
+5. Rollouts are independent samples (no branching): trees of depth one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolgym.trainers import checkpoint
+from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards
+from toolgym.trainers.batch import TrainBatch, collate, forward, micro_batches
+from toolgym.trainers.config import RunConfig
+from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
+from toolgym.trainers.loss import LossConfig, PolicyBatch, denominator, policy_loss, value_loss
+from toolgym.trainers.modeling import (
+    Reference,
+    autocast,
+    build_policy,
+    pick_device,
+    trainable_parameters,
+    value_head,
+)
+from toolgym.trainers.rollout import RolloutConfig, TreeRollout
+from toolgym.trainers.runlog import RunLog
+from toolgym.trainers.tree import flatten, leaf_rewards
+
+
+@dataclass
+class PPOConfig(RunConfig):
+    epochs: int = field(default=2, metadata={"help": "optimization passes over each rollout batch"})
+    minibatches: int = field(default=1, metadata={"help": "optimizer steps per epoch (rows split evenly)"})
+    gamma: float = field(default=1.0, metadata={"help": "GAE discount over model tokens"})
+    lam: float = field(default=0.95, metadata={"help": "GAE lambda"})
+    whiten_advantages: bool = field(default=True, metadata={"help": "normalise advantages over the batch"})
+    value_lr: float = field(default=1e-4, metadata={"help": "learning rate of the value head"})
+    vf_coef: float = field(default=0.5, metadata={"help": "weight of the value loss"})
+    vf_clip: float = field(default=0.5, metadata={"help": "value clipping around the old values (0: off)"})
+    eps_low: float = field(default=0.2, metadata={"help": "lower clip range"})
+    eps_high: float = field(default=0.2, metadata={"help": "upper clip range"})
+    dual_clip: float = field(default=3.0, metadata={"help": "dual-clip constant for A < 0 (0: off)"})
+    is_mode: str = field(default="token_truncate", metadata={"help": "engine/trainer mismatch correction"})
+    is_max: float = field(default=2.0, metadata={"help": "TIS cap"})
+    kl_coef: float = field(default=0.0, metadata={"help": "k3 KL to the initial policy (0: off)"})
+    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus"})
+    agg: str = field(
+        default="token_mean", metadata={"help": "loss aggregation: token_mean | seq_mean | constant"}
+    )
+
+    def loss_config(self) -> LossConfig:
+        return LossConfig(
+            eps_low=self.eps_low, eps_high=self.eps_high, dual_clip=self.dual_clip or None,
+            is_mode=self.is_mode, is_max=self.is_max, kl_coef=self.kl_coef,  # type: ignore[arg-type]
+            entropy_coef=self.entropy_coef, agg=self.agg, max_tokens=self.max_total_tokens,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+
+def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
+    """Runs (or resumes) PPO as configured; returns the last step's metrics."""
+    cfg.validate()
+    loss_cfg = cfg.loss_config()
+    rollout_cfg = RolloutConfig(
+        budget=cfg.budget, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+        max_total_tokens=cfg.max_total_tokens,
+    )  # fmt: skip
+    device = pick_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    policy = build_policy(cfg, device, model, tokenizer)
+    model = policy.model
+    head = value_head(model).to(device)
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": trainable_parameters(model), "lr": cfg.lr},
+            {"params": list(head.parameters()), "lr": cfg.value_lr},
+        ],
+        weight_decay=cfg.weight_decay,
+    )
+    out = Path(cfg.output_dir)
+    modules = {"model": model, "value_head": head}
+    progress = (
+        checkpoint.load(out / "checkpoint", modules, optimizer) if cfg.resume else checkpoint.Progress()
+    )
+    log = RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
+    (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
+    ref = Reference(model) if cfg.kl_coef > 0 else None
+    roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs)
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=progress.step, desc="ppo", unit="step", dynamic_ncols=True)
+    metrics: dict[str, float] = {}
+    for step in range(progress.step + 1, cfg.steps + 1):
+        t_step = time.perf_counter()
+        # 1. rollout: `budget` independent samples per task
+        tasks = next_tasks(cfg.env_ids, cfg.seed, progress.data_pos, cfg.prompts_per_step)
+        model.eval()
+        with torch.no_grad(), autocast(device, cfg.bf16):
+            forest, stats = roller.run(tasks, seed=cfg.seed * 100_003 + step)
+        progress.data_pos += len(tasks)
+        metrics = episode_metrics(forest, stats)
+        rows = flatten(forest)
+        rewards = leaf_rewards(forest, rows)
+        zeros = [[0.0] * len(r.token_ids) for r in rows]
+        batch = collate(rows, zeros, rewards, [True] * len(rows), policy.pad_id).to(device)
+
+        # 2. old logprobs and values (no grad), then GAE over model tokens and whitening
+        old_logp, old_values, ref_logp = _no_grad_pass(model, head, ref, batch, cfg, device)
+        token_rewards = terminal_rewards(batch.loss_mask, batch.rewards)  # [B, T]
+        adv, returns = gae(token_rewards, old_values, batch.loss_mask, cfg.gamma, cfg.lam)  # [B, T], [B, T]
+        if cfg.whiten_advantages:
+            adv = masked_whiten(adv, batch.loss_mask)  # [B, T]
+        batch = batch._replace(advantages=adv)
+        metrics["train/value_mean"] = float(
+            (old_values * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
+        )
+
+        # 3. epochs x minibatches of clipped policy + value loss
+        model.train()
+        sums: dict[str, float] = {}
+        g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
+        t_train, trained_tokens = time.perf_counter(), 0
+        for _epoch in range(cfg.epochs):
+            order = torch.randperm(len(rows), generator=g)
+            per_mb = -(-len(rows) // cfg.minibatches)
+            for mb_rows in micro_batches(len(rows), per_mb, order):
+                chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows)
+                denom = sum(denominator(batch.loss_mask[i], loss_cfg) for i in chunks)
+                if denom == 0:
+                    continue
+                optimizer.zero_grad(set_to_none=True)
+                for idx in chunks:
+                    mb = batch.select(idx)
+                    T = mb.input_ids.shape[1]
+                    with autocast(device, cfg.bf16):
+                        logp, ent, values = forward(
+                            model,
+                            mb,
+                            cfg.temperature,
+                            entropy=True,
+                            value_head=head,
+                            entropy_grad=cfg.entropy_coef > 0,
+                        )
+                    pb = PolicyBatch(
+                        logprobs=logp, old_logprobs=old_logp[idx, :T], advantages=mb.advantages, mask=mb.loss_mask,
+                        rollout_logprobs=mb.rollout_logprobs, entropy=ent, turn_ids=mb.turn_ids,
+                        ref_logprobs=ref_logp[idx, :T] if ref_logp is not None else None,
+                    )  # fmt: skip
+                    pl, st = policy_loss(pb, loss_cfg, denom)
+                    assert values is not None
+                    vl, vst = value_loss(
+                        values,
+                        old_values[idx, :T],
+                        returns[idx, :T],
+                        mb.loss_mask,
+                        loss_cfg,
+                        cfg.vf_clip or None,
+                        denom,
+                    )
+                    (pl + cfg.vf_coef * vl).backward()
+                    w = float(mb.loss_mask.sum())
+                    trained_tokens += int(mb.attention_mask.sum())
+                    for k, v in (st | vst).items():
+                        sums[k] = sums.get(k, 0.0) + v * w
+                    sums["_w"] = sums.get("_w", 0.0) + w
+                params = trainable_parameters(model, head)
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
+                optimizer.step()
+                metrics["losses/grad_norm"] = float(grad_norm)
+        w = sums.pop("_w", 0.0)
+        metrics |= {f"losses/{k}": v / w for k, v in sums.items()} if w else {}
+        metrics["train/tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
+        metrics["time/step_s"] = time.perf_counter() - t_step
+        progress.step = step
+
+        # 4. evaluate, log, save
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            model.eval()
+            with torch.no_grad(), autocast(device, cfg.bf16):
+                metrics |= evaluate(policy, cfg.env_ids, cfg.env_kwargs, rollout_cfg, cfg.eval_episodes)
+        log.log(step, metrics)
+        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+            checkpoint.save(out / "checkpoint", modules, optimizer, progress)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{metrics['charts/episode_reward']:.3f}", success=f"{metrics['charts/success']:.2f}"
+            )
+    roller.close()
+    if bar is not None:
+        bar.close()
+    log.plot()
+    log.close()
+    return metrics
+
+
+def _no_grad_pass(
+    model: Any,
+    head: torch.nn.Module,
+    ref: Reference | None,
+    batch: TrainBatch,
+    cfg: PPOConfig,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Old logprobs, old values and reference logprobs of the whole batch, [B, T] each (micro-batched)."""
+    B, T = batch.input_ids.shape
+    old_logp = torch.zeros(B, T, device=device)  # [B, T]
+    old_values = torch.zeros(B, T, device=device)  # [B, T]
+    ref_logp = torch.zeros(B, T, device=device) if ref is not None else None  # [B, T]
+    with torch.no_grad(), autocast(device, cfg.bf16):
+        for idx in micro_batches(B, cfg.micro_batch_rows):
+            mb = batch.select(idx)
+            t = mb.input_ids.shape[1]
+            logp, _, values = forward(model, mb, cfg.temperature, value_head=head)
+            old_logp[idx, :t] = logp.float()
+            assert values is not None
+            old_values[idx, :t] = values.float() * mb.attention_mask
+            if ref is not None and ref_logp is not None:
+                with ref.active() as ref_model:
+                    ref_logp[idx, :t] = forward(ref_model, mb, cfg.temperature)[0].float()
+    return old_logp, old_values, ref_logp
