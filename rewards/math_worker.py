@@ -77,6 +77,8 @@ def _serve(memory_limit_mb: int, inner_timeout: int | None) -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     import math_verify  # noqa: F401  (the import is the slow part of startup)
 
+    judge("\\frac{1}{2}", "x^2", inner_timeout)  # first-use costs (grammar, sympy caches) before "ready"
+
     reader = Connection(0, writable=False)
     writer = Connection(out_fd, readable=False)
     writer.send("ready")

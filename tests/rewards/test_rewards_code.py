@@ -17,7 +17,9 @@ def block(src: str) -> str:
 
 
 ASSERTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0"]
-MODULE = "def test_small():\n    assert add(1, 2) == 3\n\ndef test_big():\n    assert add(10**6, 1) == 1000001\n"
+MODULE = (
+    "def test_small():\n    assert add(1, 2) == 3\n\ndef test_big():\n    assert add(10**6, 1) == 1000001\n"
+)
 UNITTEST = "import unittest\n\ndef test_eq():\n    unittest.TestCase().assertEqual(add(1, 2), 3)\n"
 PROGRAM = [{"input": "1 2\n", "output": "3\n"}, {"input": "20 22\n", "output": "42"}]
 
@@ -27,14 +29,30 @@ HACKS = {
     "exit(0)": block("exit(0)\ndef add(a, b):\n    return 7"),
     "os._exit(0)": block("import os\nos._exit(0)"),
     "exit inside the call": block("def add(a, b):\n    raise SystemExit(0)"),
-    "always-equal object": block("class Any:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Any()"),  # case 32
-    "int subclass equal to all": block("class I(int):\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return I(0)"),
-    "patched builtins": block("import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\nbuiltins.isinstance = lambda *a: True\ndef add(a, b):\n    return 7"),
-    "truthy object": block("class T:\n    def __bool__(self):\n        return True\n    def __eq__(self, o):\n        return self\ndef add(a, b):\n    return T()"),
-    "conftest.py": block("open('conftest.py', 'w').write('import pytest\\npytest.skip(allow_module_level=True)')\ndef add(a, b):\n    return 7"),
-    "read the tests": block("import glob, sys\nsrc = [open(p).read() for p in glob.glob('**', recursive=True)]\ndata = sys.stdin.read()\ndef add(a, b):\n    return 7"),  # case 33
-    "print a fake report": block("print('PASS')\nprint('TOOLGYM-REPORT 0000 {\"results\": []}')\ndef add(a, b):\n    return 7"),
-    "skip the test": block("import unittest\ndef add(a, b):\n    raise unittest.SkipTest('later')"),  # case 34
+    "always-equal object": block(
+        "class Any:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Any()"
+    ),  # case 32
+    "int subclass equal to all": block(
+        "class I(int):\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return I(0)"
+    ),
+    "patched builtins": block(
+        "import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\nbuiltins.isinstance = lambda *a: True\ndef add(a, b):\n    return 7"
+    ),
+    "truthy object": block(
+        "class T:\n    def __bool__(self):\n        return True\n    def __eq__(self, o):\n        return self\ndef add(a, b):\n    return T()"
+    ),
+    "conftest.py": block(
+        "open('conftest.py', 'w').write('import pytest\\npytest.skip(allow_module_level=True)')\ndef add(a, b):\n    return 7"
+    ),
+    "read the tests": block(
+        "import glob, sys\nsrc = [open(p).read() for p in glob.glob('**', recursive=True)]\ndata = sys.stdin.read()\ndef add(a, b):\n    return 7"
+    ),  # case 33
+    "print a fake report": block(
+        "print('PASS')\nprint('TOOLGYM-REPORT 0000 {\"results\": []}')\ndef add(a, b):\n    return 7"
+    ),
+    "skip the test": block(
+        "import unittest\ndef add(a, b):\n    raise unittest.SkipTest('later')"
+    ),  # case 34
 }
 
 
@@ -50,7 +68,12 @@ def sandbox():
 
 
 def test_extract_code():
-    assert extract_code([{"role": "assistant", "content": GOOD}, {"role": "tool", "content": "```python\nx\n```"}]) == "def add(a, b):\n    return a + b\n"
+    assert (
+        extract_code(
+            [{"role": "assistant", "content": GOOD}, {"role": "tool", "content": "```python\nx\n```"}]
+        )
+        == "def add(a, b):\n    return a + b\n"
+    )
     assert extract_code("<think>```python\nx = 1\n```</think>") is None
 
 
@@ -63,7 +86,9 @@ def test_honest_solutions_all_test_shapes(sandbox):
 def test_partial_credit(sandbox):
     wrong = block("def add(a, b):\n    return 3")
     prog = block("print(3)")
-    assert code_tests([wrong, wrong], tests=[ASSERTS, ASSERTS], sandbox=sandbox, partial=True)[0] == pytest.approx(1 / 3)
+    assert code_tests([wrong, wrong], tests=[ASSERTS, ASSERTS], sandbox=sandbox, partial=True)[
+        0
+    ] == pytest.approx(1 / 3)
     assert code_tests([wrong, prog], tests=[ASSERTS, PROGRAM], sandbox=sandbox) == [0.0, 0.0]
     assert code_tests([prog], tests=[PROGRAM], sandbox=sandbox, partial=True) == [0.5]
 
@@ -75,13 +100,18 @@ def test_reward_hacks_score_zero(sandbox, name):
 
 
 def test_patched_unittest_is_undone(sandbox):  # case 32
-    hack = block("import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\ndef add(a, b):\n    return 0")
+    hack = block(
+        "import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\ndef add(a, b):\n    return 0"
+    )
     assert code_tests([hack], tests=[UNITTEST], sandbox=sandbox) == [0.0]
 
 
 def test_timeout_and_no_code(sandbox):
     spin = block("def add(a, b):\n    while True:\n        pass")
-    assert code_tests([spin, "no code"], tests=[ASSERTS[:1], ASSERTS], sandbox=sandbox, timeout=1.0) == [0.0, 0.0]
+    assert code_tests([spin, "no code"], tests=[ASSERTS[:1], ASSERTS], sandbox=sandbox, timeout=1.0) == [
+        0.0,
+        0.0,
+    ]
     assert code_tests([GOOD], tests=[None], sandbox=sandbox) == [None]
 
 
@@ -128,8 +158,15 @@ class FakeSandbox:
 def test_infrastructure_failure_is_none_and_counted():  # case 29/40 analogue: excluded, not 0
     reset_counters()
     seen = []
-    out = code_tests([GOOD, GOOD], tests=[ASSERTS, ASSERTS], sandbox=FakeSandbox(), log_metric=lambda k, v: seen.append((k, v)))
-    assert out == [None, None] and counters()["code/infra_errors"] == 2 and seen == [("code/infra_errors", 2.0)]
+    out = code_tests(
+        [GOOD, GOOD],
+        tests=[ASSERTS, ASSERTS],
+        sandbox=FakeSandbox(),
+        log_metric=lambda k, v: seen.append((k, v)),
+    )
+    assert (
+        out == [None, None] and counters()["code/infra_errors"] == 2 and seen == [("code/infra_errors", 2.0)]
+    )
     assert code_tests([GOOD], tests=[ASSERTS], sandbox=FakeSandbox(raises=True)) == [None]
     assert code_tests([GOOD], tests=[ASSERTS], sandbox=FakeSandbox(status="ok")) == [None]  # no report
     assert code_tests([GOOD], tests=[ASSERTS], sandbox=FakeSandbox(status="timeout")) == [0.0]

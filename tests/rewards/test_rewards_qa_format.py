@@ -37,7 +37,11 @@ GOLD = ["Eiffel Tower", "La tour Eiffel"]
         ("<answer>Eiffel</answer>", 0.0, 2 / 3),
         ("<answer></answer>", 0.0, 0.0),  # case 38: the empty answer
         ("<answer>Eiffel Tower</answer>" * 50, 0.0, 0.0),  # case 38: 50 repeated tags
-        ("<answer>Louvre or Eiffel Tower or Notre Dame</answer>", 0.0, pytest.approx(2 * (2 / 7) / (1 + 2 / 7))),  # case 38
+        (
+            "<answer>Louvre or Eiffel Tower or Notre Dame</answer>",
+            0.0,
+            pytest.approx(2 * (2 / 7) / (1 + 2 / 7)),
+        ),  # case 38
         ("<answer>Louvre</answer><answer>Eiffel Tower</answer>", 0.0, 0.0),  # two different answers
         ("Eiffel Tower", 0.0, 0.0),  # no answer tag
     ],
@@ -50,11 +54,17 @@ def test_exact_match_and_f1(completion, em, f1):
 def test_substring_is_opt_in_and_never_rewards_empty():
     listing = "<answer>Louvre, Eiffel Tower, Notre Dame</answer>"
     assert exact_match([listing], answer=[GOLD]) == [0.0]
-    assert substring_match([listing, "<answer></answer>", "<answer>Tower</answer>"], answer=[GOLD] * 3) == [1.0, 0.0, 0.0]
+    assert substring_match([listing, "<answer></answer>", "<answer>Tower</answer>"], answer=[GOLD] * 3) == [
+        1.0,
+        0.0,
+        0.0,
+    ]
 
 
 def test_qa_gold_shapes_and_errors():
-    assert exact_match(["<answer>4</answer>"] * 3, answer=["4", ["five", "4"], {"target": ["4"]}]) == [1.0] * 3
+    assert (
+        exact_match(["<answer>4</answer>"] * 3, answer=["4", ["five", "4"], {"target": ["4"]}]) == [1.0] * 3
+    )
     assert exact_match(["<answer>x</answer>"], answer=[None]) == [None]
     assert exact_match(["the answer"], answer=["answer"], fallback=True) == [1.0]
     with pytest.raises(ConfigError, match="answer"):
@@ -80,8 +90,28 @@ CALL = '<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'
         ("<tool_call>{broken</tool_call>", 0.0, 0.0, 0.0),
         ("<answer>done</answer>", None, 0.0, 0.0),
         ("just thinking", None, 0.0, 1.0),
-        ([{"role": "assistant", "content": CALL}, {"role": "tool", "content": "r"}, {"role": "assistant", "content": "hmm"}], 1.0, 0.1, 1.0),
-        ([{"role": "assistant", "content": "", "tool_calls": [{"id": "1", "function": {"name": "search", "arguments": "{}"}}]}], 1.0, 0.1, 0.0),
+        (
+            [
+                {"role": "assistant", "content": CALL},
+                {"role": "tool", "content": "r"},
+                {"role": "assistant", "content": "hmm"},
+            ],
+            1.0,
+            0.1,
+            1.0,
+        ),
+        (
+            [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"id": "1", "function": {"name": "search", "arguments": "{}"}}],
+                }
+            ],
+            1.0,
+            0.1,
+            0.0,
+        ),
         (CALL * 3 + "<tool_call>{bad</tool_call>", 0.0, 0.0, 0.0),
     ],
 )
@@ -95,7 +125,11 @@ def test_tool_call_bonus_cap_and_known_tools():
     assert tool_call_bonus([CALL * 10], per_call=0.05, cap=0.2) == [0.2]
     from toolgym.tools import ToolSpec
 
-    spec = ToolSpec(name="calculator", description="calc", parameters={"type": "object", "properties": {"expression": {"type": "string"}}})
+    spec = ToolSpec(
+        name="calculator",
+        description="calc",
+        parameters={"type": "object", "properties": {"expression": {"type": "string"}}},
+    )
     assert tool_call_format([CALL], tools=[spec]) == [0.0]  # unknown tool name
 
 
@@ -128,7 +162,13 @@ def test_overlong_penalty_dapo_and_both_id_spellings():
 
 def test_progressive_stages():
     shaped = Progressive([(has_answer, 0.1), (single_answer, 0.3), (exact_match, 1.0)])
-    comps = ["nothing", "Answer: Paris", "<answer>Paris</answer><answer>Paris</answer>", "<answer>Rome</answer>", "<answer>Paris</answer>"]
+    comps = [
+        "nothing",
+        "Answer: Paris",
+        "<answer>Paris</answer><answer>Paris</answer>",
+        "<answer>Rome</answer>",
+        "<answer>Paris</answer>",
+    ]
     assert shaped(comps, answer=["Paris"] * 5) == [0.0, 0.1, 0.1, 0.3, 1.0]
     assert shaped.__name__ == "progressive"
 
@@ -151,7 +191,9 @@ def test_information_gain_known_values():
         [math.log(6), math.log(0.5 / 0.6), math.log(0.9 / 0.5)]
     )
     assert information_gain(prompt, conv, "1", scorer, outcome=1.0) == pytest.approx([0.5, -0.1, 1.0])
-    batch = information_gain_rewards([conv, conv[:2]], prompts=[prompt, prompt], answer=["1", "1"], scorer=scorer)
+    batch = information_gain_rewards(
+        [conv, conv[:2]], prompts=[prompt, prompt], answer=["1", "1"], scorer=scorer
+    )
     assert [len(b) for b in batch] == [3, 1] and batch[1] == pytest.approx([0.5])
     with pytest.raises(ConfigError):
         information_gain(prompt, "text", "1", scorer)  # type: ignore[arg-type]

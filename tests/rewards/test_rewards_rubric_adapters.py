@@ -34,7 +34,10 @@ def test_rubric_weights_metrics_and_required():
     extra: dict[str, list] = {}
     rubric(comps, answer=["Paris"] * 4, log_metric=metrics.__setitem__, log_extra=extra.__setitem__)
     assert metrics["rubric/em"] == 0.5 and extra["rubric/tags"] == [1.0, 1.0, 0.0, 1.0]
-    assert rubric.score_one("<answer>Paris</answer>", answer="Paris") == (1.5, {"em": 1.0, "one": 1.0, "tags": 1.0})
+    assert rubric.score_one("<answer>Paris</answer>", answer="Paris") == (
+        1.5,
+        {"em": 1.0, "one": 1.0, "tags": 1.0},
+    )
 
 
 def test_rubric_async_parts_and_errors():
@@ -54,11 +57,11 @@ def test_rubric_async_parts_and_errors():
         Rubric([exact_match], required=["nope"])
 
 
-VERL_MODULE = '''
+VERL_MODULE = """
 from toolgym.rewards import Rubric, exact_match, math_match, single_answer, to_verl
 compute_score = to_verl(Rubric({"correct": math_match, "format": single_answer}, weights=[1.0, 0.1]))
 qa_score = to_verl(exact_match)
-'''
+"""
 
 
 def _verl_manager(compute_score, batch, reward_kwargs=None):
@@ -108,7 +111,9 @@ def test_verl_adapter_as_verl_calls_it(tmp_path):
 
 
 def _post(url, payload):
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -119,10 +124,14 @@ def test_server_openrlhf_shape():
     try:
         prompts = ["<|user|>Capital of France? Reply <answer>X</answer><|assistant|>"] * 3
         responses = ["<answer>Paris</answer>", "no idea", "<answer>Paris</answer>"]
-        body = _post(url + "/get_reward", {"query": [p + r for p, r in zip(prompts, responses)], "prompts": prompts,
+        body = _post(url + "/get_reward", {"query": [p + r for p, r in zip(prompts, responses, strict=False)], "prompts": prompts,
                                            "labels": ["Paris", "Paris", ""]})  # fmt: skip
         assert body["rewards"] == [1.0, 0.0, 0.0]  # the prompt's example tag is not scored (case 39)
-        assert body["extra_logs"]["valid"] == [1.0, 1.0, 0.0] and body["extra_logs"]["tags"] == [1.0, 1.0, 1.0]
+        assert body["extra_logs"]["valid"] == [1.0, 1.0, 0.0] and body["extra_logs"]["tags"] == [
+            1.0,
+            1.0,
+            1.0,
+        ]
         with pytest.raises(urllib.error.HTTPError) as err:
             _post(url + "/get_reward", {"prompts": ["x"]})
         assert err.value.code == 400
@@ -146,7 +155,9 @@ def test_serve_reward_cli(tmp_path):
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
             try:
-                body = _post(url + "/get_reward", {"query": ["<answer>4</answer>"], "prompts": [""], "labels": ["4"]})
+                body = _post(
+                    url + "/get_reward", {"query": ["<answer>4</answer>"], "prompts": [""], "labels": ["4"]}
+                )
                 break
             except OSError:
                 time.sleep(0.1)
@@ -156,5 +167,7 @@ def test_serve_reward_cli(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
-    bad = subprocess.run([sys.executable, "-m", "toolgym", "serve-reward", "--reward", "nope"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "toolgym", "serve-reward", "--reward", "nope"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "unknown reward 'nope'" in bad.stderr

@@ -29,7 +29,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate(["<pad>", "<eos>", "<unk>", *WORDS])}
     raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
     tok.chat_template = TEMPLATE
     return tok
 
@@ -53,7 +55,9 @@ def test_grpo_trainer_logs_our_rewards(tmp_path) -> None:
     ]
     dataset = datasets.Dataset.from_list(rows * 4)
     gold_by_prompt = {r["prompt"][0]["content"]: r["answer"] for r in rows}
-    rubric = Rubric({"em": exact_match, "one_answer": single_answer, "tags": tag_balance}, weights=[1.0, 0.1, 0.0])
+    rubric = Rubric(
+        {"em": exact_match, "one_answer": single_answer, "tags": tag_balance}, weights=[1.0, 0.1, 0.0]
+    )
     overlong = functools.partial(overlong_penalty, max_length=12, buffer=6)
     funcs = [math_match, rubric, overlong]
     args = trl.GRPOConfig(
@@ -61,7 +65,9 @@ def test_grpo_trainer_logs_our_rewards(tmp_path) -> None:
         max_completion_length=12, max_steps=2, learning_rate=1e-2, logging_steps=1, report_to="none",
         save_strategy="no", temperature=1.5, seed=0, bf16=False, fp16=False, log_completions=False,
     )  # fmt: skip
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, processing_class=tok)
+    trainer = trl.GRPOTrainer(
+        model=model, reward_funcs=funcs, args=args, train_dataset=dataset, processing_class=tok
+    )
     trainer.train()
 
     prompts, completions = list(trainer._logs["prompt"]), list(trainer._logs["completion"])
@@ -76,5 +82,9 @@ def test_grpo_trainer_logs_our_rewards(tmp_path) -> None:
         expected = [math.nan if v is None else v for v in values]
         assert logged[name] == pytest.approx(expected, nan_ok=True), name
     steps = [h for h in trainer.state.log_history if "rewards/math_match/mean" in h]
-    assert len(steps) == 2 and all("rewards/rubric/mean" in h and "rewards/overlong_penalty/mean" in h for h in steps)
-    assert any(k.startswith("rubric/") for h in trainer.state.log_history for k in h)  # per-part metrics logged
+    assert len(steps) == 2 and all(
+        "rewards/rubric/mean" in h and "rewards/overlong_penalty/mean" in h for h in steps
+    )
+    assert any(
+        k.startswith("rubric/") for h in trainer.state.log_history for k in h
+    )  # per-part metrics logged
