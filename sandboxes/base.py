@@ -12,10 +12,10 @@ from typing import Any
 
 from toolgym.errors import ToolgymError
 from toolgym.sandboxes.box import Box, BoxFailure, to_result
+from toolgym.sandboxes.inside.frames import Blobs
 from toolgym.sandboxes.limits import Limits
 from toolgym.sandboxes.pool import Pool
 from toolgym.sandboxes.result import ExecResult
-from toolgym.sandboxes.runner import Blobs
 from toolgym.sandboxes.session import Session
 
 

@@ -1,4 +1,4 @@
-"""One live sandbox instance on the host side: a runner server behind a channel, and what it lives in.
+"""One live sandbox instance on the host side: the supervisor behind a channel, and what it lives in.
 
 A box turns channel faults into typed outcomes. The server enforces each call's wall clock; the host waits
 ``timeout + grace_s`` more and then gives up on the whole box. When the stream closes, the box asks its
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from toolgym.sandboxes.channel import Channel, ChannelClosed, ChannelTimeout
+from toolgym.sandboxes.inside.frames import Blobs
 from toolgym.sandboxes.result import ExecResult, Status
-from toolgym.sandboxes.runner import Blobs
 
 
 class BoxFailure(Exception):
@@ -117,7 +117,7 @@ class Box:
 
 
 def to_result(reply: dict[str, Any], out: Blobs, restarted: bool = False, detail: str = "") -> ExecResult:
-    """A runner exec reply as an ExecResult; bytes are decoded as UTF-8 with replacement characters."""
+    """A supervisor exec reply as an ExecResult; bytes are decoded as UTF-8 with replacement characters."""
     return ExecResult(
         status=reply["status"],
         stdout=out.get("stdout", b"").decode("utf-8", "replace"),

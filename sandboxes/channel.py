@@ -1,6 +1,6 @@
-"""Byte channels from the host to a runner server: a docker exec stream or a child process's pipes.
+"""Byte channels from the host to the supervisor: a docker exec stream or a child process's pipes.
 
-Both carry the runner's frames (see `toolgym.sandboxes.runner`); this module only moves bytes and keeps
+Both carry the supervisor's frames (see `toolgym.sandboxes.inside`); this module only moves bytes and keeps
 the host's deadline. A closed stream raises `ChannelClosed`, a missed deadline `ChannelTimeout`.
 """
 
@@ -13,7 +13,7 @@ import socket
 import time
 from typing import Any
 
-from toolgym.sandboxes.runner import FRAME, Blobs, decode, encode
+from toolgym.sandboxes.inside.frames import FRAME, Blobs, decode, encode
 
 
 class ChannelClosed(Exception):
@@ -93,7 +93,7 @@ class PipeChannel(Channel):
 
 class DockerExecChannel(Channel):
     """A hijacked ``docker exec`` socket. Without a tty docker multiplexes the streams: each piece comes
-    after an 8-byte header (stream id, 3 zero bytes, big-endian size). Stdout pieces are the runner's frames;
+    after an 8-byte header (stream id, 3 zero bytes, big-endian size). Stdout pieces are the supervisor's frames;
     stderr pieces are kept (bounded) for error messages."""
 
     STDERR_KEEP = 4096

@@ -1,18 +1,18 @@
-"""The docker backend: one hardened container per box, the runner server on a ``docker exec`` stream.
+"""The docker backend: one hardened container per box, the supervisor on a ``docker exec`` stream.
 
 Container settings (each from `Limits`): ``network_mode=none``; read-only root file system; a tmpfs
 ``/tmp`` (``tmp_mb``, ``tmp_inodes``, nosuid, nodev) as the only writable place besides a 16 MiB
 ``/dev/shm``; memory = memory+swap = ``memory_mb``; ``pids``; CPU quota ``cpus``; user ``65534:65534``;
-``cap_drop=ALL``; ``no-new-privileges``; ulimits ``nofile`` and ``fsize``; no host mounts except the runner
-script, read-only; an environment of a few fixed variables. PID 1 is the runner in ``init`` mode rather
-than docker's ``--init`` (see `toolgym.sandboxes.runner`).
+``cap_drop=ALL``; ``no-new-privileges``; ulimits ``nofile`` and ``fsize``; no host mounts except the supervisor
+package (`toolgym.sandboxes.inside`), read-only; an environment of a few fixed variables. PID 1 is the supervisor in ``init`` mode rather
+than docker's ``--init`` (see `toolgym.sandboxes.inside`).
 
 What is covered: everything in the hostile-input suite (tests/sandboxes): fork/thread/memory bombs, CPU
 spin, sleeps, floods, disk/inode/fd exhaustion, network egress and DNS, host sockets, writes outside the
 work dir, host secrets, privilege escalation, killing the supervisor, setsid escapes, cross-session
 isolation, a container killed mid-call; the host's wall clock (``timeout + grace_s``) as the last resort.
 What is not covered: kernel exploits (containers share the host kernel; use gVisor or a VM for adversarial
-code); seccomp is docker's default profile only if the daemon has one; a remote daemon (the runner script
+code); seccomp is docker's default profile only if the daemon has one; a remote daemon (the supervisor package
 is bind-mounted from this machine's file system); disk I/O bandwidth.
 """
 
@@ -30,10 +30,11 @@ from toolgym.errors import InfrastructureError
 from toolgym.sandboxes.base import Sandbox
 from toolgym.sandboxes.box import Box
 from toolgym.sandboxes.channel import DockerExecChannel
+from toolgym.sandboxes.inside import launch_args
 from toolgym.sandboxes.limits import Limits
 
-RUNNER = Path(__file__).with_name("runner.py")
-RUNNER_IN = "/opt/toolgym/runner.py"
+INSIDE = Path(__file__).with_name("inside")  # the supervisor package, mounted read-only
+INSIDE_ROOT = "/opt/toolgym"
 LABEL = "toolgym.sandbox"
 ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -82,7 +83,7 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
     mem = f"{lim.memory_mb}m"
     return {
         "image": lim.image,
-        "command": ["python3", RUNNER_IN, "init"],
+        "command": ["python3", *launch_args(INSIDE_ROOT, "init")],
         "name": name,
         "hostname": "sandbox",
         "detach": True,
@@ -104,7 +105,7 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
             Ulimit(name="fsize", soft=lim.fsize_mb << 20, hard=lim.fsize_mb << 20),
             Ulimit(name="core", soft=0, hard=0),
         ],
-        "volumes": {str(RUNNER): {"bind": RUNNER_IN, "mode": "ro"}},
+        "volumes": {str(INSIDE): {"bind": f"{INSIDE_ROOT}/inside", "mode": "ro"}},
         "environment": ENV,
         "working_dir": "/tmp",
         "labels": {LABEL: "1"},
@@ -161,8 +162,7 @@ class DockerSandbox(Sandbox):
         try:
             cmd = [
                 "python3",
-                RUNNER_IN,
-                "serve",
+                *launch_args(INSIDE_ROOT, "serve"),
                 "--contained",
                 "--scratch=/tmp",
                 "--scratch=/dev/shm",

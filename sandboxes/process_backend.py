@@ -1,6 +1,6 @@
 """The process backend: the fallback where no docker daemon answers.
 
-Each box is a runner server started as a child process: its own session and process group, a private temp
+Each box is the supervisor (`toolgym.sandboxes.inside`) started as a child process: its own session and process group, a private temp
 dir as working dir, TMPDIR and HOME, a scrubbed environment, rlimits (address space = ``memory_mb``,
 ``nofile``, ``fsize_mb``, no core files), and its own network namespace (``unshare -n``) when that works
 here (as root, or with user namespaces allowed).
@@ -33,9 +33,10 @@ from typing import Any
 from toolgym.sandboxes.base import Sandbox
 from toolgym.sandboxes.box import Box
 from toolgym.sandboxes.channel import PipeChannel
+from toolgym.sandboxes.inside import launch_args
 from toolgym.sandboxes.limits import Limits
 
-RUNNER = Path(__file__).with_name("runner.py")
+SANDBOXES_DIR = str(Path(__file__).parent)  # holds the `inside` supervisor package
 MARK = "TOOLGYM_SANDBOX_ID"  # inherited by everything the code starts: lets cleanup find escaped processes
 
 
@@ -125,8 +126,7 @@ class ProcessSandbox(Sandbox):
 
         cmd = [
             sys.executable,
-            str(RUNNER),
-            "serve",
+            *launch_args(SANDBOXES_DIR, "serve"),
             f"--scratch={workdir}",
             f"--max-output={lim.output_bytes}",
         ]

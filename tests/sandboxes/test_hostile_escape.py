@@ -84,7 +84,7 @@ def test_17_localhost_works_and_ports_do_not_clash(docker_sb: Sandbox) -> None:
 WRITE_OUTSIDE = """
 import glob, json
 out = {}
-for path in ["/etc/passwd", glob.glob("/usr/lib/python3*/os.py")[0], "/bin/bash", "/opt/toolgym/runner.py", "/x"]:
+for path in ["/etc/passwd", glob.glob("/usr/lib/python3*/os.py")[0], "/bin/bash", "/opt/toolgym/inside/main.py", "/x"]:
     try:
         open(path, "a").write("pwned")
         out[path] = "written"

@@ -11,7 +11,7 @@ import pytest
 from toolgym.errors import ConfigError
 from toolgym.sandboxes import Limits, get_sandbox
 from toolgym.sandboxes.channel import DockerExecChannel
-from toolgym.sandboxes.runner import decode, encode, split
+from toolgym.sandboxes.inside.frames import decode, encode, split
 
 
 def test_frames_round_trip_binary_blobs() -> None:

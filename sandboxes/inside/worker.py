@@ -1,0 +1,121 @@
+"""A worker: one persistent Python interpreter, forked from the supervisor (or from another worker).
+
+It reads ``exec`` and ``fork`` frames on fd 3 (a socket to the supervisor); the code's stdout and stderr are
+fds 1 and 2 (pipes the supervisor reads and caps); fd 0 is /dev/null or the call's stdin. Nothing here
+enforces limits: the supervisor does, from outside this process.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import linecache
+import os
+import socket
+import sys
+import traceback
+from typing import Any
+
+from .frames import FRAME, Blobs, decode, encode, read_exact, write_all
+
+
+def _recv_frame(sock: socket.socket) -> tuple[dict[str, Any], Blobs, list[int]]:
+    """Reads one frame from the server; file descriptors ride on its first bytes (fork only)."""
+    prefix, fds, _flags, _addr = socket.recv_fds(sock, FRAME.size, 4)
+    while len(prefix) < FRAME.size:
+        more = sock.recv(FRAME.size - len(prefix))
+        if not more:
+            raise EOFError
+        prefix += more
+    n, m = FRAME.unpack(prefix)
+    header, blobs = decode(read_exact(sock.fileno(), n), read_exact(sock.fileno(), m))
+    return header, blobs, list(fds)
+
+
+def _set_stdin(data: bytes | None) -> None:
+    """fd 0 is /dev/null unless the call brings stdin, which then sits in an anonymous memory file."""
+    if data is None:
+        fd = os.open(os.devnull, os.O_RDONLY)
+    else:
+        fd = os.memfd_create("stdin")
+        write_all(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    os.dup2(fd, 0)
+    os.close(fd)
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "rb", closefd=False)), errors="replace")
+
+
+def _exec_code(code: str, stdin: bytes | None, namespace: dict[str, Any], name: str) -> dict[str, Any]:
+    _set_stdin(stdin)
+    # Registering the source lets tracebacks show the offending lines, as a file would.
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    exc_name = None
+    exit_code = 0
+    try:
+        exec(compile(code, name, "exec"), namespace)
+    except SystemExit as exc:
+        code_ = exc.code
+        exit_code = code_ if isinstance(code_, int) else (0 if code_ is None else 1)
+        if not isinstance(code_, int | None):
+            print(code_, file=sys.stderr)
+    except BaseException as exc:
+        exc_name = type(exc).__name__
+        exit_code = 1
+        # The first frame is this function: show the code's frames only, as a script's traceback would.
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    return {"exc": exc_name, "exit_code": exit_code}
+
+
+def become_worker(ctrl: int, out: int, err: int) -> socket.socket:
+    """Puts the three channel ends on fds 1, 2, 3 and closes everything else the worker inherited."""
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.dup2(ctrl, 3)
+    os.closerange(4, 65536)
+    null = os.open(os.devnull, os.O_RDONLY)  # fd 0 was the host's request stream: never leave it to the code
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), errors="backslashreplace"
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), errors="backslashreplace", line_buffering=True
+    )
+    return socket.socket(fileno=3)
+
+
+def worker_main(sock: socket.socket) -> None:
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    calls = 0
+    while True:
+        try:
+            header, blobs, fds = _recv_frame(sock)
+        except (EOFError, OSError):
+            os._exit(0)  # the server is gone
+        if header["op"] == "exec":
+            calls += 1
+            reply = _exec_code(
+                blobs["code"].decode("utf-8", "replace"), blobs.get("stdin"), namespace, f"<cell {calls}>"
+            )
+            sock.sendall(encode(reply))
+        elif header["op"] == "fork":
+            first = os.fork()
+            if first == 0:
+                # Double fork: the grandchild is orphaned at once and adopted by the server (a subreaper),
+                # so the server can wait for it like any worker it spawned itself.
+                if os.fork() != 0:
+                    os._exit(0)
+                os.setsid()
+                sock.close()
+                sock = become_worker(*fds)
+                sock.sendall(encode({"pid": os.getpid()}))
+                continue
+            for fd in fds:
+                os.close(fd)
+            os.waitpid(first, 0)
+            sock.sendall(encode({"ok": True}))
