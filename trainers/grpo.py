@@ -21,28 +21,15 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from toolgym.trainers import checkpoint
-from toolgym.trainers.advantages import entropy_scaled, estimate, token_advantages
-from toolgym.trainers.batch import collate, forward, micro_batches
-from toolgym.trainers.branching import make_policy
 from toolgym.trainers.config import RunConfig
-from toolgym.trainers.episodes import episode_metrics, evaluate, leaf_episodes, next_tasks
-from toolgym.trainers.loss import (
-    LossConfig,
-    PolicyBatch,
-    denominator,
-    overlong_penalty,
-    policy_loss,
-    zero_variance_keep,
-)
-from toolgym.trainers.modeling import Reference, autocast, build_policy, pick_device, trainable_parameters
-from toolgym.trainers.rollout import RolloutConfig, TreeRollout
-from toolgym.trainers.runlog import RunLog
-from toolgym.trainers.tree import flatten, leaf_rewards
+
+if TYPE_CHECKING:
+    import torch
+
+    from toolgym.trainers.loss import LossConfig
+    from toolgym.trainers.rollout import RolloutConfig
 
 
 @dataclass
@@ -115,6 +102,8 @@ class GRPOConfig(RunConfig):
     overlong_penalty: float = field(default=1.0, metadata={"help": "reward penalty at max_total_tokens"})
 
     def loss_config(self) -> LossConfig:
+        from toolgym.trainers.loss import LossConfig
+
         return LossConfig(
             eps_low=self.eps_low, eps_high=self.eps_high, ratio_level=self.ratio_level,  # type: ignore[arg-type]
             dual_clip=self.dual_clip or None, aepo_clip=self.aepo_clip, is_mode=self.is_mode,  # type: ignore[arg-type]
@@ -123,12 +112,16 @@ class GRPOConfig(RunConfig):
         )  # fmt: skip
 
     def rollout_config(self) -> RolloutConfig:
+        from toolgym.trainers.rollout import RolloutConfig
+
         return RolloutConfig(
             budget=self.budget, max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
             max_total_tokens=self.max_total_tokens, entropies=self.branching in ("turn_entropy", "branching_score"),
         )  # fmt: skip
 
     def branch_policy(self) -> Any:
+        from toolgym.trainers.branching import make_policy
+
         kwargs = dict(self.branch_kwargs)
         if self.branching != "none":
             kwargs.setdefault("initial", self.initial_samples or max(1, self.budget // 2))
@@ -137,6 +130,24 @@ class GRPOConfig(RunConfig):
 
 def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
     """Runs (or resumes) GRPO as configured; returns the last step's metrics."""
+    import torch
+
+    from toolgym.trainers import checkpoint
+    from toolgym.trainers.advantages import entropy_scaled, estimate, token_advantages
+    from toolgym.trainers.batch import collate, forward, micro_batches
+    from toolgym.trainers.episodes import episode_metrics, evaluate, leaf_episodes, next_tasks
+    from toolgym.trainers.loss import (
+        PolicyBatch,
+        denominator,
+        overlong_penalty,
+        policy_loss,
+        zero_variance_keep,
+    )
+    from toolgym.trainers.modeling import Reference, autocast, build_policy, pick_device, trainable_parameters
+    from toolgym.trainers.rollout import TreeRollout
+    from toolgym.trainers.runlog import RunLog
+    from toolgym.trainers.tree import flatten, leaf_rewards
+
     cfg.validate()
     loss_cfg, rollout_cfg, branch = cfg.loss_config(), cfg.rollout_config(), cfg.branch_policy()
     device = pick_device(cfg.device)
@@ -265,6 +276,9 @@ def _old_logprobs(
     model: Any, batch: Any, chunks: list[torch.Tensor], cfg: RunConfig, device: torch.device
 ) -> list[torch.Tensor]:
     """Logprobs of the policy that sampled the batch, per micro-batch (for epochs > 1)."""
+    from toolgym.trainers.batch import forward
+    from toolgym.trainers.modeling import autocast
+
     out = []
     with torch.no_grad(), autocast(device, cfg.bf16):
         for idx in chunks:

@@ -20,27 +20,16 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from toolgym.trainers import checkpoint
-from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards
-from toolgym.trainers.batch import TrainBatch, collate, forward, micro_batches
 from toolgym.trainers.config import RunConfig
-from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
-from toolgym.trainers.loss import LossConfig, PolicyBatch, denominator, policy_loss, value_loss
-from toolgym.trainers.modeling import (
-    Reference,
-    autocast,
-    build_policy,
-    pick_device,
-    trainable_parameters,
-    value_head,
-)
-from toolgym.trainers.rollout import RolloutConfig, TreeRollout
-from toolgym.trainers.runlog import RunLog
-from toolgym.trainers.tree import flatten, leaf_rewards
+
+if TYPE_CHECKING:
+    import torch
+
+    from toolgym.trainers.batch import TrainBatch
+    from toolgym.trainers.loss import LossConfig
+    from toolgym.trainers.modeling import Reference
 
 
 @dataclass
@@ -65,6 +54,8 @@ class PPOConfig(RunConfig):
     )
 
     def loss_config(self) -> LossConfig:
+        from toolgym.trainers.loss import LossConfig
+
         return LossConfig(
             eps_low=self.eps_low, eps_high=self.eps_high, dual_clip=self.dual_clip or None,
             is_mode=self.is_mode, is_max=self.is_max, kl_coef=self.kl_coef,  # type: ignore[arg-type]
@@ -74,6 +65,25 @@ class PPOConfig(RunConfig):
 
 def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
     """Runs (or resumes) PPO as configured; returns the last step's metrics."""
+    import torch
+
+    from toolgym.trainers import checkpoint
+    from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards
+    from toolgym.trainers.batch import collate, forward, micro_batches
+    from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
+    from toolgym.trainers.loss import PolicyBatch, denominator, policy_loss, value_loss
+    from toolgym.trainers.modeling import (
+        Reference,
+        autocast,
+        build_policy,
+        pick_device,
+        trainable_parameters,
+        value_head,
+    )
+    from toolgym.trainers.rollout import RolloutConfig, TreeRollout
+    from toolgym.trainers.runlog import RunLog
+    from toolgym.trainers.tree import flatten, leaf_rewards
+
     cfg.validate()
     loss_cfg = cfg.loss_config()
     rollout_cfg = RolloutConfig(
@@ -220,6 +230,11 @@ def _no_grad_pass(
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Old logprobs, old values and reference logprobs of the whole batch, [B, T] each (micro-batched)."""
+    import torch
+
+    from toolgym.trainers.batch import forward, micro_batches
+    from toolgym.trainers.modeling import autocast
+
     B, T = batch.input_ids.shape
     old_logp = torch.zeros(B, T, device=device)  # [B, T]
     old_values = torch.zeros(B, T, device=device)  # [B, T]
