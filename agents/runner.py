@@ -250,6 +250,8 @@ class EpisodeRunner:
 
     def _finish(self, ep: _Live) -> Trajectory:
         ep.traj.duration_s = time.perf_counter() - ep.started
+        if ep.traj.entropies:  # aligned with token_ids, 0.0 off the sampled tokens
+            ep.traj.entropies += [0.0] * (len(ep.traj.token_ids) - len(ep.traj.entropies))
         if ep.env is not None:
             self._pool.setdefault((ep.spec.env_id, ep.spec.kwargs), []).append(ep.env)
         if self.on_episode is not None:

@@ -97,6 +97,11 @@ def tiny_model(vocab_size: int, seed: int = 0) -> Any:
 
 
 @pytest.fixture(scope="session")
+def make_tiny_model() -> Any:
+    return tiny_model
+
+
+@pytest.fixture(scope="session")
 def tiny_policy(chatml_tokenizer: Any) -> Any:
     from toolgym.agents import HFPolicy
 

@@ -1,0 +1,108 @@
+"""The hf backend on a tiny random Llama: exact ids, logprobs equal to a teacher-forced pass, batching."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from toolgym.agents import HFPolicy, SamplingParams, make_policy, run_episodes
+from toolgym.errors import ConfigError
+
+
+def _teacher_forced(
+    policy: HFPolicy, prompt: list[int], gen: list[int], temperature: float = 1.0
+) -> list[float]:
+    ids = torch.tensor([prompt + gen])
+    with torch.no_grad():
+        logp = torch.log_softmax(policy.model(ids).logits.float() / temperature, -1)[0]  # [T, V]
+    return [logp[len(prompt) + k - 1, t].item() for k, t in enumerate(gen)]
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]
+
+
+def test_logprobs_match_a_teacher_forced_pass(tiny_policy: HFPolicy) -> None:
+    sp = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=12, seed=3, return_entropies=True)
+    for prompt, gen in zip(PROMPTS, tiny_policy.generate(PROMPTS, sp), strict=True):
+        assert len(gen.token_ids) == len(gen.logprobs) == len(gen.entropies or []) == 12
+        assert gen.finish_reason == "length"
+        ref = _teacher_forced(tiny_policy, prompt, gen.token_ids, 0.8)
+        assert max(abs(a - b) for a, b in zip(ref, gen.logprobs, strict=True)) < 1e-4
+
+
+def test_batched_greedy_equals_one_at_a_time(tiny_policy: HFPolicy) -> None:
+    # a stop string makes rows finish at different steps, so rows leave the batch and the cache mid-way
+    sp = SamplingParams(temperature=0, max_new_tokens=10, stop=("e",))
+    batched = tiny_policy.generate(PROMPTS, sp)
+    for prompt, gen in zip(PROMPTS, batched, strict=True):
+        (alone,) = tiny_policy.generate([prompt], sp)
+        assert alone.token_ids == gen.token_ids
+        assert alone.finish_reason == gen.finish_reason
+        assert max(abs(a - b) for a, b in zip(alone.logprobs, gen.logprobs, strict=True)) < 1e-4
+        assert gen.logprobs == pytest.approx(_teacher_forced(tiny_policy, prompt, gen.token_ids), abs=1e-4)
+
+
+def test_seeded_sampling_is_reproducible(tiny_policy: HFPolicy) -> None:
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)
+    a = tiny_policy.generate(PROMPTS, sp)
+    b = tiny_policy.generate(PROMPTS, sp)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
+def test_stops_at_end_of_turn_token(chatml_tokenizer: Any, make_tiny_model: Any) -> None:
+    model = make_tiny_model(len(chatml_tokenizer))
+    stop = chatml_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    head = torch.nn.Linear(32, len(chatml_tokenizer), bias=True)  # always says <|im_end|> after 2 tokens
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[stop] = 5.0
+    model.lm_head = head
+    policy = HFPolicy(model, chatml_tokenizer)
+    (gen,) = policy.generate([[5, 6]], SamplingParams(temperature=0, max_new_tokens=5))
+    assert gen.token_ids == [stop] and gen.finish_reason == "stop"
+    assert policy.to_turn(gen, None).text == ""
+
+
+def test_act_parses_tool_calls_and_reports_usage(tiny_policy: HFPolicy) -> None:
+    conv = [{"role": "user", "content": "What is 2*3?"}]
+    (turn,) = tiny_policy.act([conv], None, sampling=SamplingParams(temperature=0, max_new_tokens=4))
+    assert turn.usage["completion_tokens"] == len(turn.token_ids) == 4
+    assert turn.message.role == "assistant" and turn.text == turn.message.content
+
+
+def test_runner_episode_logprobs_match_the_whole_sequence(tiny_policy: HFPolicy) -> None:
+    trajs = run_episodes(
+        tiny_policy,
+        "toolgym/Calculator-v0",
+        2,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=6, seed=0),
+        env_kwargs={"prompt_format": "text", "max_turns": 3},
+    )
+    for t in trajs:
+        assert t.turns == 3 and t.truncation == "turn_limit"
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
+        ids = torch.tensor([t.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny_policy.model(ids).logits.float(), -1)[0]  # [T, V]
+        for i, m in enumerate(t.loss_mask):
+            if m:
+                assert abs(logp[i - 1, t.token_ids[i]].item() - t.logprobs[i]) < 1e-4
+            else:
+                assert t.logprobs[i] == 0.0
+
+
+def test_load_from_a_local_folder(tmp_path: Any, tiny_policy: HFPolicy) -> None:
+    tiny_policy.model.save_pretrained(tmp_path)
+    tiny_policy.tokenizer.save_pretrained(tmp_path)
+    policy = make_policy(f"hf:{tmp_path}")
+    assert isinstance(policy, HFPolicy) and policy.name == f"hf:{tmp_path}"
+    sp = SamplingParams(temperature=0, max_new_tokens=5)
+    assert policy.generate([[5, 6]], sp)[0].token_ids == tiny_policy.generate([[5, 6]], sp)[0].token_ids
+
+
+def test_bad_model_name_says_what_to_do(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="cannot load model"):
+        make_policy(f"hf:{tmp_path / 'nothing-here'}")
