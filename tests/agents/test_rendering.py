@@ -38,11 +38,11 @@ class ReplayTokenPolicy:
             self.prompts.append(list(p))
             turn = self._renderer.decode(p).count("<|im_start|>assistant")
             text = (
-                '<tool_call>{"name": "calculator", "arguments": {"expression": "%d*7"}}</tool_call>' % turn
+                f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{turn}*7"}}}}</tool_call>'
                 if turn < 5
                 else "<answer>35</answer>"
             )
-            ids = self._renderer.encode(text) + [min(self._renderer.stop_ids)]
+            ids = [*self._renderer.encode(text), min(self._renderer.stop_ids)]
             out.append(Generation(ids, [-0.5] * len(ids), "stop"))
         return out
 

@@ -84,7 +84,7 @@ def test_env_faults_end_only_their_episode() -> None:
 def test_env_reported_infrastructure_error_is_recorded() -> None:
     class Reporting(gym.Wrapper):  # type: ignore[type-arg]
         def step(self, action: Any) -> Any:
-            obs, r, term, trunc, info = self.env.step(action)
+            obs, _r, _term, _trunc, info = self.env.step(action)
             return obs, 0.0, False, True, {**info, "truncation": "env_error", "infra_error": "timeout"}
 
     runner = EpisodeRunner(ScriptedPolicy(), make_env=lambda s: Reporting(gym.make(s.env_id)))
@@ -138,5 +138,5 @@ def test_jsonl_round_trip(tmp_path: Any, tiny_policy: Any) -> None:
     assert again[-1].turn_spans and isinstance(again[-1].turn_spans[0], tuple)
     assert len(again[-1].entropies) == len(again[-1].token_ids)
     (tmp_path / "bad.jsonl").write_text('{"env_id": "x", "seed": 0}\n{"trunc')
-    with pytest.raises(ConfigError, match="bad.jsonl:2"):
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:2"):
         load_trajectories(tmp_path / "bad.jsonl")
