@@ -18,7 +18,9 @@ Blobs = dict[str, bytes]
 
 
 def encode(header: dict[str, Any], blobs: Blobs | None = None) -> bytes:
-    """One frame. >>> decode(*split(encode({"op": "x"}, {"a": b"hi"})))
+    """One frame holding ``header`` and the named byte strings ``blobs``.
+
+    >>> decode(*split(encode({"op": "x"}, {"a": b"hi"})))
     ({'op': 'x'}, {'a': b'hi'})
     """
     blobs = blobs or {}

@@ -35,16 +35,23 @@ class Worker:
                 os.close(fd)
 
 
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+_oom_file: list[str] = []  # the first of OOM_FILES that was readable: read once per call, so remembered
+
+
 def oom_kills() -> int:
     """The memory cgroup's oom-kill counter (v2 memory.events, v1 memory.oom_control); -1 if unreadable."""
-    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+    for path in _oom_file or OOM_FILES:
         try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
+            with open(path, "rb") as f:
+                text = f.read()
         except OSError:
             continue
+        at = text.find(b"oom_kill ")
+        if at >= 0:
+            if not _oom_file:
+                _oom_file.append(path)
+            return int(text[at + 9 :].split(None, 1)[0])
     return -1
 
 

@@ -22,6 +22,7 @@ from .worker import become_worker, worker_main
 def _channel() -> tuple[tuple[socket.socket, int, int], tuple[int, int, int]]:
     """(server ends, worker ends) of a worker's control socket and its stdout/stderr pipes."""
     a, b = socket.socketpair()
+    a.setblocking(False)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     for fd in (out_r, err_r):
@@ -48,8 +49,10 @@ class Server(Reaper):
             os.close(mine[2])
             os.chdir(workdir)
             os.umask(0o077)
-            worker_main(become_worker(*theirs))
-            os._exit(0)
+            try:
+                worker_main(become_worker(*theirs))
+            finally:
+                os._exit(0)  # never fall back into the server's code in this process
         for fd in theirs:
             os.close(fd)
         wid = self.next_wid
@@ -67,10 +70,15 @@ class Server(Reaper):
         parent.ctrl.settimeout(10)
         try:
             head, _ = self._read_ctrl(parent.ctrl)
+            if "error" in head:
+                mine[0].close()
+                os.close(mine[1])
+                os.close(mine[2])
+                raise RuntimeError(head["error"])
             head, _ = self._read_ctrl(mine[0])
         finally:
-            parent.ctrl.settimeout(None)
-        mine[0].settimeout(None)
+            parent.ctrl.setblocking(False)  # worker sockets stay non-blocking: every wait is a select
+        mine[0].setblocking(False)
         new = self.next_wid
         self.next_wid += 1
         self.workers[new] = Worker(int(head["pid"]), *mine)
@@ -110,12 +118,7 @@ class Server(Reaper):
         status, detail, exit_code = "", "", None
         reply: dict[str, Any] | None = None
         blobs = {"code": code} if stdin is None else {"code": code, "stdin": stdin}
-        try:
-            w.ctrl.settimeout(max(timeout, 0.001))
-            w.ctrl.sendall(encode({"op": "exec"}, blobs))
-            w.ctrl.setblocking(False)
-        except OSError:
-            status = "timeout" if time.monotonic() >= deadline else "died"
+        status = self._send(w.ctrl, encode({"op": "exec"}, blobs), deadline)
         ctrl_buf = bytearray()
         watch: list[Any] = [w.ctrl, w.out, w.err]
         while not status:
@@ -188,8 +191,6 @@ class Server(Reaper):
         if not alive:
             self.kill_worker(wid)
             self.kill_strays()
-        else:
-            w.ctrl.setblocking(True)
         header = {
             "status": status,
             "exit_code": exit_code,
@@ -199,6 +200,22 @@ class Server(Reaper):
             "alive": alive,
         }
         return header, {"stdout": bytes(bufs[w.out]), "stderr": bytes(bufs[w.err])}
+
+    @staticmethod
+    def _send(sock: socket.socket, data: bytes, deadline: float) -> str:
+        """Writes a request to a worker's non-blocking socket; "" when sent, else "timeout" or "died"."""
+        view = memoryview(data)
+        try:
+            while view:
+                try:
+                    view = view[sock.send(view) :]
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([], [sock], [], left)[1]:
+                        return "timeout"
+        except OSError:
+            return "died"
+        return ""
 
     @staticmethod
     def _read_some(fd: int) -> bytes | None:

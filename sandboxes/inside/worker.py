@@ -33,8 +33,13 @@ def _recv_frame(sock: socket.socket) -> tuple[dict[str, Any], Blobs, list[int]]:
     return header, blobs, list(fds)
 
 
+_null_stdin: list[Any] = []  # the /dev/null stdin object, reused while calls bring no stdin
+
+
 def _set_stdin(data: bytes | None) -> None:
     """fd 0 is /dev/null unless the call brings stdin, which then sits in an anonymous memory file."""
+    if data is None and _null_stdin and sys.stdin is _null_stdin[0]:
+        return  # already /dev/null (a session's hot path)
     if data is None:
         fd = os.open(os.devnull, os.O_RDONLY)
     else:
@@ -44,6 +49,7 @@ def _set_stdin(data: bytes | None) -> None:
     os.dup2(fd, 0)
     os.close(fd)
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "rb", closefd=False)), errors="replace")
+    _null_stdin[:] = [sys.stdin] if data is None else []
 
 
 def _exec_code(code: str, stdin: bytes | None, namespace: dict[str, Any], name: str) -> dict[str, Any]:
@@ -92,6 +98,7 @@ def become_worker(ctrl: int, out: int, err: int) -> socket.socket:
 def worker_main(sock: socket.socket) -> None:
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     calls = 0
+    me = os.getpid()
     while True:
         try:
             header, blobs, fds = _recv_frame(sock)
@@ -99,22 +106,33 @@ def worker_main(sock: socket.socket) -> None:
             os._exit(0)  # the server is gone
         if header["op"] == "exec":
             calls += 1
-            reply = _exec_code(
-                blobs["code"].decode("utf-8", "replace"), blobs.get("stdin"), namespace, f"<cell {calls}>"
-            )
+            code = blobs["code"].decode("utf-8", "replace")
+            reply = _exec_code(code, blobs.get("stdin"), namespace, f"<cell {calls}>")
+            if os.getpid() != me:
+                os._exit(0)  # a child the code forked and let fall through: only the worker may answer
             sock.sendall(encode(reply))
         elif header["op"] == "fork":
-            first = os.fork()
-            if first == 0:
-                # Double fork: the grandchild is orphaned at once and adopted by the server (a subreaper),
-                # so the server can wait for it like any worker it spawned itself.
-                if os.fork() != 0:
-                    os._exit(0)
-                os.setsid()
-                sock.close()
-                sock = become_worker(*fds)
-                sock.sendall(encode({"pid": os.getpid()}))
+            try:
+                first = os.fork()
+            except OSError as exc:  # e.g. the pids cap: the branch fails, this interpreter lives on
+                for fd in fds:
+                    os.close(fd)
+                sock.sendall(encode({"error": f"fork failed: {exc}"}))
                 continue
+            if first == 0:
+                try:
+                    # Double fork: the grandchild is orphaned at once and adopted by the server (a subreaper),
+                    # so the server can wait for it like any worker it spawned itself.
+                    if os.fork() != 0:
+                        os._exit(0)
+                    os.setsid()
+                    sock.close()
+                    sock = become_worker(*fds)
+                    me = os.getpid()
+                    sock.sendall(encode({"pid": me}))
+                    continue
+                except BaseException:
+                    os._exit(1)
             for fd in fds:
                 os.close(fd)
             os.waitpid(first, 0)

@@ -144,3 +144,15 @@ def test_fork_of_a_timed_out_branch_leaves_siblings_alone(docker_sb: Sandbox) ->
         assert s.run("print(v)").stdout == "7\n"  # the sibling's timeout did not kill the parent branch
         f.close()
     _closed_cleanly(docker_sb)
+
+
+@pytest.mark.bound(30)
+def test_a_child_forked_by_the_code_cannot_answer_for_the_interpreter(any_sb: Sandbox) -> None:
+    with any_sb.session() as s:
+        s.run("z = 5")
+        res = s.run("import os\npid = os.fork()\nprint('parent' if pid else 'child')", timeout=5)
+        assert res.ok, res
+        for _ in range(3):  # the fallen-through child exited; replies stay in step with requests
+            out = s.run("print(z)").stdout  # (the child's own late print may land in the next call, as case 23)
+            assert out.endswith("5\n") and out.count("5") == 1, out
+    _closed_cleanly(any_sb)
