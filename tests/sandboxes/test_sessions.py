@@ -152,7 +152,9 @@ def test_a_child_forked_by_the_code_cannot_answer_for_the_interpreter(any_sb: Sa
         s.run("z = 5")
         res = s.run("import os\npid = os.fork()\nprint('parent' if pid else 'child')", timeout=5)
         assert res.ok, res
-        for _ in range(3):  # the fallen-through child exited; replies stay in step with requests
-            out = s.run("print(z)").stdout  # (the child's own late print may land in the next call, as case 23)
+        # The fallen-through child exited; replies stay in step with requests. (The child's own late print
+        # may land in the next call's output, as in case 23.)
+        for _ in range(3):
+            out = s.run("print(z)").stdout
             assert out.endswith("5\n") and out.count("5") == 1, out
     _closed_cleanly(any_sb)
