@@ -19,9 +19,12 @@ is bind-mounted from this machine's file system); disk I/O bandwidth.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import threading
 import time
 import uuid
+import weakref
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ from toolgym.sandboxes.limits import Limits
 INSIDE = Path(__file__).with_name("inside")  # the supervisor package, mounted read-only
 INSIDE_ROOT = "/opt/toolgym"
 LABEL = "toolgym.sandbox"
+OWNER = "toolgym.sandbox.owner"  # host:pid of the process whose pool made the container
 ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -108,7 +112,7 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
         "volumes": {str(INSIDE): {"bind": f"{INSIDE_ROOT}/inside", "mode": "ro"}},
         "environment": ENV,
         "working_dir": "/tmp",
-        "labels": {LABEL: "1"},
+        "labels": {LABEL: "1", OWNER: f"{socket.gethostname()}:{os.getpid()}"},
         "stop_signal": "SIGKILL",
     }
 
@@ -120,6 +124,7 @@ class DockerSandbox(Sandbox):
         super().__init__(limits)
         self._prefix = f"toolgym-{uuid.uuid4().hex[:8]}"
         self._n = 0
+        weakref.finalize(self, self.pool.close)  # containers go away even if close() is forgotten
 
     def describe(self) -> dict[str, Any]:
         kw = container_kwargs(self.limits, "x")
@@ -202,9 +207,13 @@ class DockerSandbox(Sandbox):
 
 
 def remove_leftovers() -> int:
-    """Removes sandbox containers left by processes that died without closing their pool."""
+    """Removes sandbox containers whose owning process (on this host) is gone; returns how many."""
     n = 0
+    host = socket.gethostname()
     for c in client().containers.list(all=True, filters={"label": LABEL}):
+        owner_host, _, pid = str(c.labels.get(OWNER, ":")).partition(":")
+        if owner_host == host and pid.isdigit() and os.path.exists(f"/proc/{pid}"):
+            continue  # a live pool's container
         try:
             c.remove(force=True)
             n += 1

@@ -158,3 +158,12 @@ def test_a_child_forked_by_the_code_cannot_answer_for_the_interpreter(any_sb: Sa
             out = s.run("print(z)").stdout
             assert out.endswith("5\n") and out.count("5") == 1, out
     _closed_cleanly(any_sb)
+
+
+@pytest.mark.bound(30)
+def test_a_session_call_past_the_output_cap_is_truncated_but_keeps_its_state(any_sb: Sandbox) -> None:
+    with any_sb.session() as s:
+        s.run("k = 3")
+        res = s.run("print('x' * (3 << 20))", timeout=10)
+        assert res.ok and res.truncated and len(res.stdout) == any_sb.limits.output_bytes, res.status
+        assert s.run("print(k)").stdout == "3\n"

@@ -23,6 +23,7 @@ def register(subparsers: Any) -> None:
     d = sub.add_parser("doctor", help="say which backends work here, the limits in force, and what to do")
     d.add_argument("--image", default="toolgym-sandbox:latest")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--clean", action="store_true", help="remove sandbox containers left by dead processes")
     d.set_defaults(func=cmd_doctor)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -48,6 +49,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     checks = []
     problem = docker_problem(args.image)
+    if args.clean and problem is None:
+        from toolgym.sandboxes.docker_backend import remove_leftovers
+
+        print(f"removed {remove_leftovers()} leftover sandbox container(s)")
     checks.append(
         _check(
             "docker backend",
@@ -87,12 +92,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "run as root or enable unprivileged user namespaces",
         )
     )
+    root = os.geteuid() == 0
     checks.append(
         _check(
-            "running as root",
-            os.geteuid() == 0,
-            f"euid {os.geteuid()}",
-            "fine for sandboxes; `toolgym sandbox build` with debootstrap needs root",
+            "debootstrap build possible",
+            root,
+            "running as root" if root else f"euid {os.geteuid()}",
+            "`toolgym sandbox build` without a registry needs root (sudo)",
         )
     )
     if args.json:
