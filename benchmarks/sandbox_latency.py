@@ -127,6 +127,7 @@ def main() -> None:
     lines = [
         f"Sandbox latency, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores "
         f"({platform.processor() or platform.machine()}), docker {cli.version()['Version']}, image {lim.image}, "
+        f"load average {os.getloadavg()[0]:.1f} (the machine is shared), "
         f"`python benchmarks/sandbox_latency.py{' --quick' if args.quick else ''}`.",
         "",
         "| what | n | p50 ms | p99 ms | per second | p50 vs docker run |",
