@@ -6,7 +6,8 @@
 - Equivalence: Math-Verify in a worker process with a hard timeout (:class:`MathJudgePool`); a timeout scores
   0 and is counted. A gold answer that does not parse gives None (skipped by the trainer) and is counted.
 - Fast path: a candidate that is the same number as the gold (or a different integer) is settled without
-  sympy; set ``fast_path=False`` to send everything to Math-Verify.
+  sympy; set ``fast_path=False`` to send everything to Math-Verify. Repeated (gold, answer) pairs in a batch
+  (common within a GRPO group) are judged once.
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ def math_match(
         slow.append(i)
         pairs.append((gold, cand, raw))
     if pairs:
-        scores = (pool or default_pool()).judge(pairs)
-        for i, score in zip(slow, scores, strict=True):
-            results[i] = score
+        unique = list(dict.fromkeys(pairs))  # a GRPO group often repeats an answer: judge it once
+        judged = dict(zip(unique, (pool or default_pool()).judge(unique), strict=True))
+        for i, pair in zip(slow, pairs, strict=True):
+            results[i] = judged[pair]
     count("math/gold_unparseable", sum(r is None for r in results), kwargs.get("log_metric"))
     return results
 
