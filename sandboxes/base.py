@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from typing import Any
 
 from toolgym.errors import ToolgymError
@@ -31,6 +32,8 @@ class Sandbox:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.pool = Pool(self._new_box, limits.size)
+        # Boxes go away at interpreter exit even if close() is forgotten (the pool keeps this object alive).
+        weakref.finalize(self, self.pool.close)
 
     def _new_box(self) -> Box:
         raise NotImplementedError

@@ -24,7 +24,6 @@ import socket
 import threading
 import time
 import uuid
-import weakref
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -124,7 +123,6 @@ class DockerSandbox(Sandbox):
         super().__init__(limits)
         self._prefix = f"toolgym-{uuid.uuid4().hex[:8]}"
         self._n = 0
-        weakref.finalize(self, self.pool.close)  # containers go away even if close() is forgotten
 
     def describe(self) -> dict[str, Any]:
         kw = container_kwargs(self.limits, "x")
@@ -171,6 +169,7 @@ class DockerSandbox(Sandbox):
                 "--contained",
                 "--scratch=/tmp",
                 "--scratch=/dev/shm",
+                "--scratch=/dev/mqueue",
                 f"--max-output={lim.output_bytes}",
             ]
             cmd += [f"--preload={m}" for m in lim.preload]

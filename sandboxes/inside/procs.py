@@ -164,3 +164,24 @@ class Reaper:
                     with contextlib.suppress(OSError):
                         os.unlink(e.path)
         return all(not os.path.isdir(r) or not os.listdir(r) for r in paths)
+
+    @staticmethod
+    def wipe_ipc() -> bool:
+        """Removes System V shared memory, semaphores and message queues (they outlive processes and
+        would carry data and memory from one run to the next); True when none is left."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        ipc_rmid = 0
+        removers = {"shm": libc.shmctl, "sem": libc.semctl, "msg": libc.msgctl}
+        left = 0
+        for kind, remove in removers.items():
+            try:
+                with open(f"/proc/sysvipc/{kind}") as f:
+                    rows = f.read().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                ipc_id = int(row.split()[1])
+                args = (ipc_id, 0, ipc_rmid, None) if kind == "sem" else (ipc_id, ipc_rmid, None)
+                if remove(*args) != 0:
+                    left += 1
+        return left == 0

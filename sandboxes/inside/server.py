@@ -275,7 +275,7 @@ class Server(Reaper):
             self.kill_worker(wid)
             clean = self.kill_strays()
             if self.contained:
-                clean &= self.wipe(self.scratch)
+                clean &= self.wipe(self.scratch) and (not self.contained or self.wipe_ipc())
             else:
                 self.wipe([workdir])
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -299,7 +299,7 @@ class Server(Reaper):
             for wid in list(self.workers):
                 self.kill_worker(wid)
             clean = self.kill_strays()
-            clean &= self.wipe(self.scratch)
+            clean &= self.wipe(self.scratch) and (not self.contained or self.wipe_ipc())
             return {"clean": clean}, {}
         raise ValueError(f"unknown op {op!r}")
 

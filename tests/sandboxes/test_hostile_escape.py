@@ -233,3 +233,32 @@ def test_29_container_killed_mid_call(docker_sb: Sandbox) -> None:
     contained(docker_sb, res, {"sandbox_error"}, 8, t0)
     after = {c.id for c in client().containers.list(filters={"name": docker_sb._prefix})}  # type: ignore[attr-defined]
     assert after - before, "the pool replaced the dead container"
+
+
+LEAVE_IPC = """
+import ctypes, os
+from multiprocessing import shared_memory
+libc = ctypes.CDLL(None)
+seg = libc.shmget(0x7047, 1 << 20, 0o1666)  # IPC_CREAT | 0666: a System V segment outlives processes
+posix = shared_memory.SharedMemory(name="tg_left", create=True, size=4096)
+posix.buf[:5] = b"taint"
+open("/tmp/taint", "w").write("x")
+print(seg >= 0)
+"""
+
+FIND_IPC = """
+import os
+print(open("/proc/sysvipc/shm").read().count("\\n") - 1, sorted(os.listdir("/dev/shm")), sorted(os.listdir("/tmp")))
+"""
+
+
+@pytest.mark.bound(30)
+def test_27_one_shot_runs_leave_nothing_for_the_next_run(docker_sb: Sandbox) -> None:
+    t0 = time.monotonic()
+    res = docker_sb.run(LEAVE_IPC, timeout=T)
+    assert res.ok and res.stdout == "True\n", res
+    for _ in range(docker_sb.limits.size + 1):  # whichever container the next runs land on
+        again = docker_sb.run(FIND_IPC, timeout=T)
+        assert again.ok and again.stdout.startswith("0 [] ["), again
+        assert "taint" not in again.stdout
+    contained(docker_sb, res, {"ok"}, BOUND + 5, t0)

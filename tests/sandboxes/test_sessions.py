@@ -167,3 +167,13 @@ def test_a_session_call_past_the_output_cap_is_truncated_but_keeps_its_state(any
         res = s.run("print('x' * (3 << 20))", timeout=10)
         assert res.ok and res.truncated and len(res.stdout) == any_sb.limits.output_bytes, res.status
         assert s.run("print(k)").stdout == "3\n"
+
+
+@pytest.mark.bound(30)
+def test_the_survivor_check_sees_a_live_worker(any_sb: Sandbox) -> None:
+    """Guards the suite itself: `survivors` must notice processes, or every 'no survivor' check is vacuous."""
+    s = any_sb.session()
+    s.run("import subprocess\np = subprocess.Popen(['sleep', '30'])")
+    assert survivors(any_sb), "an open session's worker and its child were not seen"
+    s.close()
+    _closed_cleanly(any_sb)

@@ -68,3 +68,12 @@ def test_importing_toolgym_does_not_import_docker() -> None:
     code = "import toolgym, toolgym.sandboxes, toolgym.cli, sys; print('docker' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_preload_is_shared_by_every_run() -> None:
+    sb = get_sandbox("process", preload="json,fractions", pool_size=1)
+    try:
+        res = sb.run("import sys\nprint('fractions' in sys.modules)", timeout=10)
+        assert res.stdout == "True\n", res
+    finally:
+        sb.close()
