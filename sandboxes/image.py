@@ -3,7 +3,7 @@
 Two ways, same content: ``dockerfile`` builds ``sandboxes/docker/Dockerfile`` (needs a registry for the
 Debian base image); ``debootstrap`` builds a minimal Debian root file system from the Debian mirror apt
 already uses and ``docker import``s it (no registry needed: our machines and air-gapped users). ``auto``
-uses the Dockerfile when the base image is present locally, else debootstrap. The image carries the label
+uses the Dockerfile when the base image is present or can be pulled, else debootstrap. The image carries the label
 ``toolgym.sandbox.version``; a build is skipped when an image with the current version exists.
 """
 
@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,32 @@ def apt_mirror() -> str:
             if "security" not in uri:
                 return uri
     return "http://deb.debian.org/debian"
+
+
+def registry_reachable(cli: Any, log: Callable[[str], None], wait_s: float = 30.0) -> bool:
+    """Whether the Dockerfile's base image is here or can be pulled within ``wait_s`` seconds."""
+    if image_version(cli, BASE_IMAGE) is not None:
+        return True
+    outcome: list[str] = []
+
+    def pull() -> None:
+        try:
+            repo, _, tag = BASE_IMAGE.partition(":")
+            cli.images.pull(repo, tag=tag)
+            outcome.append("")
+        except Exception as exc:
+            outcome.append(str(exc).splitlines()[0][:200])
+
+    worker = threading.Thread(target=pull, daemon=True)
+    worker.start()
+    worker.join(wait_s)
+    if outcome and not outcome[0]:
+        return True
+    log(
+        f"no registry ({outcome[0] if outcome else f'pull of {BASE_IMAGE} still running after {wait_s:g} s'}); "
+        "building offline with debootstrap"
+    )
+    return False
 
 
 def build_debootstrap(cli: Any, tag: str, log: Callable[[str], None], mirror: str | None = None) -> None:
@@ -126,7 +153,7 @@ def build(
     if have == IMAGE_VERSION and not force:
         return f"{tag} is up to date (version {IMAGE_VERSION}); nothing to do"
     if method == "auto":
-        method = "dockerfile" if image_version(cli, BASE_IMAGE) is not None else "debootstrap"
+        method = "dockerfile" if registry_reachable(cli, log) else "debootstrap"
     if method == "dockerfile":
         build_dockerfile(cli, tag, log)
     else:
