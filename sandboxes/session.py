@@ -8,6 +8,11 @@ When the last branch closes, the box is reset (workers killed, scratch wiped) an
 A call that kills the interpreter (timeout, OOM, crash, ``os._exit``) returns that status; the next call on
 the session starts a fresh interpreter and says so with ``restarted=True``. If the whole box dies, the
 session takes a new one from the pool the same way.
+
+What is covered: state across turns, branching by fork, recovery from any interpreter death, isolation
+from other sessions (each session has its own container). What is not covered: branches of one session
+run one call at a time and share a file system; a fork copies only the calling thread (threads the code
+started keep running in the parent branch only), as ``os.fork`` does.
 """
 
 from __future__ import annotations
