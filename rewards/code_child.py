@@ -122,6 +122,10 @@ def main() -> None:
             report(False, f"{exact_type(exc).__name__}: {exc}")
         sys.stdout.flush()
         report(True)
+    try:  # compiled before the candidate runs: the code object cannot be edited afterwards
+        test_code = compile_test(test["source"], "test.py")
+    except SyntaxError as exc:
+        report(False, f"the test does not compile: {exc}")
     saved_builtins = dict(builtins.__dict__)
     saved_modules = set(sys.modules)
     module = types.ModuleType("solution")
@@ -139,7 +143,7 @@ def main() -> None:
     namespace = dict(module.__dict__)
     namespace.update({"__name__": "__test__", "__tg_cmp": tg_cmp, "__tg_truth": tg_truth})
     try:
-        exec(compile_test(test["source"], "test.py"), namespace)
+        exec(test_code, namespace)
         function = test.get("function")
         if function:
             fn = namespace.get(function)
