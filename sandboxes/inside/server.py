@@ -109,85 +109,30 @@ class Server(Reaper):
         """Runs code in a worker; returns the reply header and {stdout, stderr}. Kills the worker when it
         times out, dies, floods output (one-shot) or misbehaves; ``alive`` says whether it still serves."""
         w = self.workers[wid]
-        cap = self.max_output
         oom_before = oom_kills()
-        bufs = {w.out: bytearray(), w.err: bytearray()}
-        truncated = False
         t0 = time.monotonic()
         deadline = t0 + timeout
-        status, detail, exit_code = "", "", None
-        reply: dict[str, Any] | None = None
+        bufs = {w.out: bytearray(), w.err: bytearray()}
         blobs = {"code": code} if stdin is None else {"code": code, "stdin": stdin}
         status = self._send(w.ctrl, encode({"op": "exec"}, blobs), deadline)
-        ctrl_buf = bytearray()
-        watch: list[Any] = [w.ctrl, w.out, w.err]
-        while not status:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                status = "timeout"
-                break
-            ready, _, _ = select.select(watch, [], [], left)
-            for r in ready:
-                if r is w.ctrl:
-                    try:
-                        data = w.ctrl.recv(65536)
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        data = b""
-                    if not data:
-                        status = "died"
-                        break
-                    ctrl_buf += data
-                    if len(ctrl_buf) > MAX_CTRL_REPLY:
-                        status, detail = "error", "the code wrote garbage on the supervisor's channel"
-                        break
-                    if len(ctrl_buf) >= FRAME.size:
-                        n, m = FRAME.unpack_from(ctrl_buf)
-                        if len(ctrl_buf) >= FRAME.size + n + m:
-                            try:
-                                reply, _ = decode(*split(bytes(ctrl_buf)))
-                                status = "done"
-                            except ValueError:
-                                status, detail = "error", "the code wrote garbage on the supervisor's channel"
-                            break
-                else:
-                    data = self._read_some(r)
-                    if data is None:
-                        watch.remove(r)  # the code closed its stdout/stderr
-                        continue
-                    truncated |= self._keep(bufs[r], data, cap)
-            if truncated and oneshot and not status:
-                status = "output_limit"
+        detail, reply, truncated = "", None, False
+        if not status:
+            status, detail, reply, truncated = self._collect(w, bufs, deadline, oneshot)
         for fd in (w.out, w.err):  # what was written before the reply is still in the pipes
-            while (data := self._read_some(fd)) and len(bufs[fd]) <= cap:
-                truncated |= self._keep(bufs[fd], data, cap)
+            while (data := self._read_some(fd)) and len(bufs[fd]) <= self.max_output:
+                truncated |= self._keep(bufs[fd], data, self.max_output)
         alive = status == "done"
+        exit_code: int | None = None
         if status == "done" and reply is not None:
             exc = reply.get("exc")
             exit_code = int(reply.get("exit_code") or 0)
             status = "oom" if exc == "MemoryError" else ("ok" if exit_code == 0 and exc is None else "error")
         elif status == "died":
-            raw = self.wait_status(w.pid, 0.5)
-            if raw is None:  # it closed the channel yet lives on: treat as a broken interpreter
-                status, detail = "error", "the code closed the supervisor's channel"
-            elif os.WIFSIGNALED(raw):
-                exit_code = -os.WTERMSIG(raw)
-                oom = oom_before >= 0 and oom_kills() > oom_before
-                status = "oom" if oom else "error"
-                detail = (
-                    "killed by the out-of-memory killer"
-                    if oom
-                    else f"the interpreter died (signal {-exit_code})"
-                )
-            else:
-                exit_code = os.WEXITSTATUS(raw) if os.WIFEXITED(raw) else 1
-                status = "ok" if exit_code == 0 and oneshot else "error"
-                detail = f"the interpreter exited with code {exit_code}"
+            status, detail, exit_code = self._death(w.pid, oom_before, oneshot)
         elif status == "timeout":
             detail = f"wall clock of {timeout:g} s exceeded"
         elif status == "output_limit":
-            detail = f"output over {cap} bytes; the run was stopped"
+            detail = f"output over {self.max_output} bytes; the run was stopped"
         if not alive:
             self.kill_worker(wid)
             self.kill_strays()
@@ -200,6 +145,62 @@ class Server(Reaper):
             "alive": alive,
         }
         return header, {"stdout": bytes(bufs[w.out]), "stderr": bytes(bufs[w.err])}
+
+    def _collect(
+        self, w: Worker, bufs: dict[int, bytearray], deadline: float, oneshot: bool
+    ) -> tuple[str, str, dict[str, Any] | None, bool]:
+        """Reads output and the worker's reply until it answers, dies or the deadline passes:
+        (status: done | died | timeout | output_limit | error, detail, reply, truncated)."""
+        ctrl_buf = bytearray()
+        watch: list[Any] = [w.ctrl, w.out, w.err]
+        truncated = False
+        garbage = "the code wrote garbage on the supervisor's channel"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout", "", None, truncated
+            ready, _, _ = select.select(watch, [], [], left)
+            for r in ready:
+                if r is not w.ctrl:
+                    data = self._read_some(r)
+                    if data is None:
+                        watch.remove(r)  # the code closed its stdout/stderr
+                    else:
+                        truncated |= self._keep(bufs[r], data, self.max_output)
+                    continue
+                try:
+                    data = w.ctrl.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    return "died", "", None, truncated
+                ctrl_buf += data
+                if len(ctrl_buf) > MAX_CTRL_REPLY:
+                    return "error", garbage, None, truncated
+                if len(ctrl_buf) >= FRAME.size:
+                    n, m = FRAME.unpack_from(ctrl_buf)
+                    if len(ctrl_buf) >= FRAME.size + n + m:
+                        try:
+                            return "done", "", decode(*split(bytes(ctrl_buf)))[0], truncated
+                        except ValueError:
+                            return "error", garbage, None, truncated
+            if truncated and oneshot:
+                return "output_limit", "", None, truncated
+
+    def _death(self, pid: int, oom_before: int, oneshot: bool) -> tuple[str, str, int | None]:
+        """(status, detail, exit code) of a worker whose channel closed."""
+        raw = self.wait_status(pid, 0.5)
+        if raw is None:  # it closed the channel yet lives on: treat as a broken interpreter
+            return "error", "the code closed the supervisor's channel", None
+        if os.WIFSIGNALED(raw):
+            sig = os.WTERMSIG(raw)
+            if oom_before >= 0 and oom_kills() > oom_before:
+                return "oom", "killed by the out-of-memory killer", -sig
+            return "error", f"the interpreter died (signal {sig})", -sig
+        code = os.WEXITSTATUS(raw) if os.WIFEXITED(raw) else 1
+        return ("ok" if code == 0 and oneshot else "error"), f"the interpreter exited with code {code}", code
 
     @staticmethod
     def _send(sock: socket.socket, data: bytes, deadline: float) -> str:
