@@ -23,6 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from toolgym.errors import InfrastructureError
 from toolgym.sandboxes.box import Box, BoxFailure, to_result
 from toolgym.sandboxes.result import ExecResult
 
@@ -128,9 +129,9 @@ class Session:
                 wid, _ = self._worker(box)
                 reply, _ = box.call({"op": "fork", "wid": wid})
             except BoxFailure as exc:
-                from toolgym.errors import InfrastructureError
-
                 raise InfrastructureError(f"could not fork the session: {exc.detail}") from exc
+            if "fork_error" in reply:
+                raise InfrastructureError(f"could not fork the session: {reply['fork_error']}")
             return Session(self._sandbox, self._family, int(reply["wid"]))
 
     def close(self) -> None:

@@ -181,6 +181,8 @@ class Server(Reaper):
                     return "error", garbage, None, truncated
                 if len(ctrl_buf) >= FRAME.size:
                     n, m = FRAME.unpack_from(ctrl_buf)
+                    if n + m > MAX_CTRL_REPLY:
+                        return "error", garbage, None, truncated
                     if len(ctrl_buf) >= FRAME.size + n + m:
                         try:
                             return "done", "", decode(*split(bytes(ctrl_buf)))[0], truncated
@@ -292,7 +294,10 @@ class Server(Reaper):
                 header["wid"], blobs["code"], blobs.get("stdin"), header["timeout"], oneshot=False
             )
         if op == "fork":
-            return {"wid": self.fork(header["wid"])}, {}
+            try:
+                return {"wid": self.fork(header["wid"])}, {}
+            except (RuntimeError, OSError, EOFError) as exc:  # e.g. the code used up the pids cap
+                return {"fork_error": f"{type(exc).__name__}: {exc}"}, {}
         if op == "kill":
             self.kill_worker(header["wid"])
             return {"clean": self.kill_strays()}, {}

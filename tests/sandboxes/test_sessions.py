@@ -177,3 +177,24 @@ def test_the_survivor_check_sees_a_live_worker(any_sb: Sandbox) -> None:
     assert survivors(any_sb), "an open session's worker and its child were not seen"
     s.close()
     _closed_cleanly(any_sb)
+
+
+@pytest.mark.bound(30)
+def test_garbage_on_the_supervisor_channel_is_the_codes_error(any_sb: Sandbox) -> None:
+    with any_sb.session() as s:
+        t0 = time.monotonic()
+        res = s.run("import os\nos.write(3, b'\\xff' * 64)\nimport time\ntime.sleep(5)", timeout=10)
+        assert res.status == "error" and "garbage" in res.detail and time.monotonic() - t0 < 3, res
+        assert s.run("print(1)").restarted
+    _closed_cleanly(any_sb)
+
+
+@pytest.mark.bound(30)
+def test_killing_the_supervisor_from_a_session(docker_sb: Sandbox) -> None:
+    with docker_sb.session() as s:
+        s.run("x = 1")
+        res = s.run("import os\nos.kill(os.getppid(), 9)", timeout=5)
+        assert res.status == "error" and "supervisor" in res.detail, res
+        nxt = s.run("print('x' in dir())")
+        assert nxt.ok and nxt.restarted and nxt.stdout == "False\n", nxt
+    _closed_cleanly(docker_sb)
