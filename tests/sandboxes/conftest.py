@@ -6,6 +6,7 @@ Under CI (``CI`` set) the docker tests fail when docker is missing; elsewhere th
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import time
@@ -108,8 +109,19 @@ def survivors(sb: Sandbox) -> list[str]:
     return left
 
 
+HOST_PIDS_AT_START = host_pids()
+
+
+def host_unaffected() -> None:
+    """Files the hostile code writes (all named /tmp/tg-hostile-*) never appear on the host, and the host's
+    process count stays near where it was (a leaked fork bomb would blow it up)."""
+    assert not glob.glob("/tmp/tg-hostile-*"), glob.glob("/tmp/tg-hostile-*")
+    assert host_pids() < HOST_PIDS_AT_START + 400, (host_pids(), HOST_PIDS_AT_START)
+
+
 def contained(sb: Sandbox, res: ExecResult, statuses: set[str], max_s: float, t0: float) -> None:
-    """The checks every hostile case ends with: typed status, elapsed bound, no survivors, still serving."""
+    """The checks every hostile case ends with: typed status, elapsed bound, host unaffected, no survivors,
+    still serving."""
     elapsed = time.monotonic() - t0
     assert res.status in statuses, res
     assert elapsed < max_s, f"took {elapsed:.1f} s (bound {max_s} s): {res}"
@@ -117,5 +129,6 @@ def contained(sb: Sandbox, res: ExecResult, statuses: set[str], max_s: float, t0
     while (left := survivors(sb)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"processes survived the call: {left}"
+    host_unaffected()
     after = sb.run("print(6 * 7)", timeout=10)
     assert after.status == "ok" and after.stdout == "42\n", after

@@ -97,7 +97,7 @@ print(json.dumps(out))
 @pytest.mark.bound(30)
 def test_18_writes_outside_the_work_dir_fail_and_later_runs_see_a_pristine_fs(docker_sb: Sandbox) -> None:
     t0 = time.monotonic()
-    res = docker_sb.run(WRITE_OUTSIDE + "open('/tmp/left-behind', 'w').write('x')", timeout=T)
+    res = docker_sb.run(WRITE_OUTSIDE + "open('/tmp/tg-hostile-left', 'w').write('x')", timeout=T)
     contained(docker_sb, res, {"ok"}, BOUND, t0)
     out = json.loads(res.stdout)
     assert "written" not in out.values(), out
@@ -105,7 +105,7 @@ def test_18_writes_outside_the_work_dir_fail_and_later_runs_see_a_pristine_fs(do
         again = docker_sb.run(
             "import os\nprint(os.listdir('/tmp'), 'pwned' in open('/etc/passwd').read())", timeout=T
         )
-        assert again.stdout.split("] ")[1].strip() == "False" and "left-behind" not in again.stdout, again
+        assert again.stdout.split("] ")[1].strip() == "False" and "tg-hostile-left" not in again.stdout, again
 
 
 SECRETS = """
@@ -242,7 +242,7 @@ libc = ctypes.CDLL(None)
 seg = libc.shmget(0x7047, 1 << 20, 0o1666)  # IPC_CREAT | 0666: a System V segment outlives processes
 posix = shared_memory.SharedMemory(name="tg_left", create=True, size=4096)
 posix.buf[:5] = b"taint"
-open("/tmp/taint", "w").write("x")
+open("/tmp/tg-hostile-taint", "w").write("x")
 print(seg >= 0)
 """
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.sandboxes.conftest import survivors
+from tests.sandboxes.conftest import host_unaffected, survivors
 from toolgym.sandboxes import Sandbox
 
 
@@ -15,6 +15,7 @@ def _closed_cleanly(sb: Sandbox) -> None:
     while (left := survivors(sb)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, left
+    host_unaffected()
     assert sb.run("print(1)", timeout=10).stdout == "1\n"
 
 
@@ -101,8 +102,12 @@ def test_23_background_writer_does_not_flood_the_next_turn(any_sb: Sandbox) -> N
 @pytest.mark.bound(30)
 def test_27_sessions_are_isolated(docker_sb: Sandbox) -> None:
     with docker_sb.session() as a, docker_sb.session() as b:
-        assert a.run("secret = 's3'\nopen('/tmp/a', 'w').write('a')\nopen('mine', 'w').write('x')").ok
-        res = b.run("import os\nprint('secret' in dir(), os.path.exists('/tmp/a'), os.path.exists('mine'))")
+        assert a.run(
+            "secret = 's3'\nopen('/tmp/tg-hostile-a', 'w').write('a')\nopen('mine', 'w').write('x')"
+        ).ok
+        res = b.run(
+            "import os\nprint('secret' in dir(), os.path.exists('/tmp/tg-hostile-a'), os.path.exists('mine'))"
+        )
         assert res.stdout == "False False False\n", res
     _closed_cleanly(docker_sb)
 
@@ -110,10 +115,12 @@ def test_27_sessions_are_isolated(docker_sb: Sandbox) -> None:
 @pytest.mark.bound(30)
 def test_27_a_returned_session_box_is_reset(docker_sb: Sandbox) -> None:
     with docker_sb.session() as a:
-        a.run("open('/tmp/trace', 'w').write('x')\nimport subprocess\nsubprocess.Popen(['sleep', '1000'])")
+        a.run(
+            "open('/tmp/tg-hostile-trace', 'w').write('x')\nimport subprocess\nsubprocess.Popen(['sleep', '1000'])"
+        )
     for _ in range(docker_sb.limits.size):
         with docker_sb.session() as b:
-            assert b.run("import os\nprint(os.path.exists('/tmp/trace'))").stdout == "False\n"
+            assert b.run("import os\nprint(os.path.exists('/tmp/tg-hostile-trace'))").stdout == "False\n"
     _closed_cleanly(docker_sb)
 
 
