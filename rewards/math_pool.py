@@ -31,8 +31,8 @@ STARTUP_TIMEOUT_S = 120.0
 
 
 class _Worker:
-    def __init__(self, memory_limit_mb: int, inner_timeout: int) -> None:
-        cmd = [sys.executable, "-m", "toolgym.rewards.math_worker", str(memory_limit_mb), str(inner_timeout)]
+    def __init__(self, memory_limit_mb: int, soft_timeout: float) -> None:
+        cmd = [sys.executable, "-m", "toolgym.rewards.math_worker", str(memory_limit_mb), str(soft_timeout)]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
@@ -64,7 +64,9 @@ class _Worker:
 class MathJudgePool:
     """Judge ``(gold, candidate)`` pairs in ``workers`` processes, each answer within ``timeout`` seconds.
 
-    A pair that runs out of time scores 0.0 and counts ``math/timeouts``; its worker is killed and replaced.
+    A pair that runs out of time scores 0.0 and counts ``math/timeouts``: the worker stops it itself at
+    ``timeout / 2`` (an interval timer); code no signal can interrupt is killed at ``timeout`` and the worker
+    replaced by a warm spare.
     """
 
     def __init__(self, workers: int | None = None, timeout: float = 5.0, memory_limit_mb: int = 2048) -> None:
@@ -77,7 +79,8 @@ class MathJudgePool:
         self.workers = min(2, os.cpu_count() or 1) if workers is None else workers
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
-        self.inner_timeout = max(1, int(timeout // 3))
+        self.soft_timeout = timeout / 2  # the worker's own timer; the hard kill at `timeout` is the backstop
+        self.inner_timeout = max(1, int(timeout // 3))  # Math-Verify's SIGALRM, in-process mode only
         self.timeouts = 0
         self.restarts = 0
         self._lock = threading.Lock()
@@ -96,7 +99,7 @@ class MathJudgePool:
             if self._closed:
                 raise InfrastructureError("this MathJudgePool was closed; create a new one.")
             while len(self._all) < self.workers:
-                worker = _Worker(self.memory_limit_mb, self.inner_timeout)
+                worker = _Worker(self.memory_limit_mb, self.soft_timeout)
                 self._all.append(worker)
                 self._idle.put(worker)
 
@@ -104,8 +107,8 @@ class MathJudgePool:
         worker.kill()
         with self._lock:
             self.restarts += 1
-            fresh = self._spare or _Worker(self.memory_limit_mb, self.inner_timeout)
-            self._spare = _Worker(self.memory_limit_mb, self.inner_timeout)
+            fresh = self._spare or _Worker(self.memory_limit_mb, self.soft_timeout)
+            self._spare = _Worker(self.memory_limit_mb, self.soft_timeout)
             if worker in self._all:
                 self._all[self._all.index(worker)] = fresh
             self._idle.put(fresh)
@@ -176,6 +179,10 @@ class MathJudgePool:
                     results[index] = 0.0
                     self._replace(worker)
                     continue
+                if message == "timeout":
+                    message = 0.0
+                    self.timeouts += 1
+                    count("math/timeouts")
                 results[index] = message
                 self._idle.put(worker)
             now = time.monotonic()

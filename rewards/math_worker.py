@@ -2,7 +2,9 @@
 
 The worker speaks pickled frames (``multiprocessing.connection``) on stdin/stdout: it sends ``"ready"`` once
 Math-Verify is imported, then answers each ``(gold, pred)`` with a score; ``None`` stops it. Anything a library
-prints goes to stderr, so it cannot corrupt the protocol. The worker caps its own address space.
+prints goes to stderr, so it cannot corrupt the protocol. The worker caps its own address space, and stops an
+answer itself at ``soft_timeout`` seconds (an interval timer in its main thread; it answers ``"timeout"``),
+so the pool's hard kill is only for code that no signal can interrupt.
 """
 
 from __future__ import annotations
@@ -61,7 +63,16 @@ def judge(gold: str, pred: str | None, inner_timeout: int | None = None, raw: bo
     return 1.0 if verify(gold_parsed, pred_parsed, timeout_seconds=inner_timeout) else 0.0
 
 
-def _serve(memory_limit_mb: int, inner_timeout: int | None) -> None:
+class _SoftTimeout(BaseException):
+    """Raised by the worker's own interval timer; a BaseException, so no ``except Exception`` swallows it."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _SoftTimeout
+
+
+def _serve(memory_limit_mb: int, soft_timeout: float) -> None:
+    import signal
     from multiprocessing.connection import Connection
 
     out_fd = os.dup(1)
@@ -77,7 +88,8 @@ def _serve(memory_limit_mb: int, inner_timeout: int | None) -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     import math_verify  # noqa: F401  (the import is the slow part of startup)
 
-    judge("\\frac{1}{2}", "x^2", inner_timeout)  # first-use costs (grammar, sympy caches) before "ready"
+    judge("\\frac{1}{2}", "x^2")  # first-use costs (grammar, sympy caches) before "ready"
+    signal.signal(signal.SIGALRM, _on_alarm)  # one timer for the whole answer, sub-second if asked
 
     reader = Connection(0, writable=False)
     writer = Connection(out_fd, readable=False)
@@ -90,14 +102,20 @@ def _serve(memory_limit_mb: int, inner_timeout: int | None) -> None:
         if task is None:
             return
         gold, pred, *rest = task
+        result: float | str | None
         try:
-            result: float | str | None = judge(gold, pred, inner_timeout, bool(rest and rest[0]))
+            signal.setitimer(signal.ITIMER_REAL, soft_timeout)
+            result = judge(gold, pred, None, bool(rest and rest[0]))
+        except _SoftTimeout:
+            result = "timeout"
         except MemoryError:
             result = "memory"
         except Exception:  # Math-Verify raises many types on odd input: all mean "no match"
             result = 0.0
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         writer.send(result)
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]) or None)
+    _serve(int(sys.argv[1]), float(sys.argv[2]))

@@ -4,6 +4,8 @@ thread and from asyncio, the hard timeout, and agreement with labels on a pool o
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import threading
 import time
@@ -140,14 +142,45 @@ def test_pathological_latex_from_asyncio(pool):
     assert asyncio.run(main()) == [[0.0], [1.0]]
 
 
-def test_hard_timeout_kills_and_replaces_the_worker():
-    pool = MathJudgePool(workers=1, timeout=0.5)  # shorter than Math-Verify's own 1 s alarm
+def test_soft_timeout_stops_the_answer_without_a_restart():
+    pool = MathJudgePool(workers=1, timeout=0.6)  # the worker's own timer fires at 0.3 s
     try:
         pool.judge([("1", "2")])  # warm up
         start = time.monotonic()
         assert pool.judge([("1", "10^{10^{10^{10}}}"), ("2", "2")]) == [0.0, 1.0]
+        assert pool.timeouts == 1 and pool.restarts == 0
+        assert time.monotonic() - start < 5
+    finally:
+        pool.close()
+
+
+def test_many_threads_share_one_pool():
+    pool = MathJudgePool(workers=2, timeout=1.0)
+    pairs = [("\\frac{1}{2}", "0.5"), ("3", "4"), ("1", "10^{10^{10^{10}}}"), ("x^2-1", "(x-1)(x+1)")]
+    out: dict[int, list] = {}
+    try:
+        threads = [
+            threading.Thread(target=lambda k=k: out.__setitem__(k, pool.judge(pairs))) for k in range(3)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert out == {k: [1.0, 0.0, 0.0, 1.0] for k in range(3)}
+        assert pool.timeouts == 3 and pool.restarts == 0
+    finally:
+        pool.close()
+
+
+def test_hard_timeout_kills_and_replaces_a_stuck_worker():
+    pool = MathJudgePool(workers=1, timeout=0.5)
+    try:
+        pool.judge([("1", "2")])  # warm up
+        os.kill(pool._all[0].proc.pid, signal.SIGSTOP)  # stuck where no signal handler runs
+        start = time.monotonic()
+        assert pool.judge([("1", "1"), ("2", "2")]) == [0.0, 1.0]
         assert pool.timeouts == 1 and pool.restarts == 1
-        assert time.monotonic() - start < 10
+        assert time.monotonic() - start < 30
     finally:
         pool.close()
 
