@@ -135,8 +135,13 @@ class HFPolicy:
         """Sample one continuation per prompt (ids in, ids + logprobs out), in chunks of ``batch_size``."""
         sampling = sampling or self.sampling
         out: list[Generation] = []
-        for start in range(0, len(prompts), self.batch_size):
-            out += self._generate_batch(prompts[start : start + self.batch_size], sampling)
+        was_training = bool(getattr(self.model, "training", False))
+        self.model.eval()  # dropout off, and the KV cache on even with gradient checkpointing
+        try:
+            for start in range(0, len(prompts), self.batch_size):
+                out += self._generate_batch(prompts[start : start + self.batch_size], sampling)
+        finally:
+            self.model.train(was_training)
         return out
 
     def _generate_batch(self, prompts: Sequence[list[int]], sp: SamplingParams) -> list[Generation]:
@@ -181,6 +186,10 @@ class HFPolicy:
                     **kwargs,
                 )
                 cache = getattr(out, self._cache_arg, None) or out.past_key_values
+                if cache is None:
+                    raise ConfigError(
+                        f"{type(self.model).__name__} returned no KV cache; generation needs one"
+                    )
                 logp = torch.log_softmax(out.logits[:, -1, :].float() / temp, dim=-1)  # [b, V]
                 nxt = self._sample(logp, sp, gen)  # [b]
                 chosen = logp.gather(-1, nxt[:, None]).squeeze(-1)  # [b]
@@ -218,7 +227,10 @@ class HFPolicy:
         if self._cache_name is None:
             import inspect
 
-            params = inspect.signature(self.model.forward).parameters
+            base = (
+                self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            )  # peft
+            params = inspect.signature(base.forward).parameters
             self._cache_name = "cache" if "cache" in params else "past_key_values"
         return self._cache_name
 

@@ -23,7 +23,9 @@ Such templates usually ignore ``tools=`` too: make the env describe its tools in
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -92,6 +94,7 @@ class ChatRenderer:
         self.tool_role: Literal["native", "user"] = tool_role
         self.renders_tools = "tools" in self.chat_template
         self.stop_ids = self._stop_ids()
+        self._setup_encoder()
         closed = self.render_text(_DUMMY)
         opened = self.render_text(_DUMMY[:1], add_generation_prompt=True)
         reply = _DUMMY[1]["content"]
@@ -130,7 +133,58 @@ class ChatRenderer:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of rendered text, special tokens included (no BOS added).
+
+        Text is cut before each special token and the pieces are encoded separately, with a cache: tokenizers
+        split on special tokens before anything else, so this is exact (checked at construction; off when
+        not), and the system prompt or the generation prompt are encoded once per run, not once per turn.
+        """
+        if self._split is None:
+            return self._encode_raw(text)
+        ids: list[int] = []
+        for chunk in self._split.split(text):
+            if not chunk:
+                continue
+            got = self._cache.get(chunk)
+            if got is None:
+                if len(self._cache) >= 8192:
+                    self._cache.clear()
+                got = self._cache[chunk] = self._encode_raw(chunk)
+            ids += got
+        return ids
+
+    def _encode_raw(self, text: str) -> list[int]:
+        fast = getattr(self.tokenizer, "_tokenizer", None)
+        if self._use_fast and fast is not None:
+            return list(fast.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _setup_encoder(self) -> None:
+        """Chunked, cached encoding when it gives the same ids as encoding the whole text."""
+        self._cache: dict[str, list[int]] = {}
+        self._split: re.Pattern[str] | None = None
+        self._use_fast = False
+        sample = self.render_text(
+            [{"role": "system", "content": " Sys tem\n\n"}, *_DUMMY, {"role": "user", "content": "x  \n y"}],
+            add_generation_prompt=True,
+        )
+        reference = list(self.tokenizer.encode(sample, add_special_tokens=False))
+        fast = getattr(self.tokenizer, "_tokenizer", None)
+        if fast is not None and hasattr(fast, "encode"):
+            with contextlib.suppress(Exception):
+                self._use_fast = list(fast.encode(sample, add_special_tokens=False).ids) == reference
+        specials = []
+        for token in getattr(self.tokenizer, "added_tokens_decoder", {}).values():
+            content = getattr(token, "content", "")
+            if getattr(token, "special", False) and not getattr(token, "lstrip", False) and content in sample:
+                specials.append(content)
+        if specials:
+            self._split = re.compile(
+                "(?=" + "|".join(re.escape(t) for t in sorted(specials, key=len)[::-1]) + ")"
+            )
+            if self.encode(sample) != reference:
+                self._split = None
+        self._cache.clear()
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))

@@ -106,3 +106,17 @@ def test_load_from_a_local_folder(tmp_path: Any, tiny_policy: HFPolicy) -> None:
 def test_bad_model_name_says_what_to_do(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="cannot load model"):
         make_policy(f"hf:{tmp_path / 'nothing-here'}")
+
+
+def test_generate_in_train_mode_with_checkpointing(tiny_policy: HFPolicy) -> None:
+    sp = SamplingParams(temperature=0, max_new_tokens=5)
+    ref = tiny_policy.generate(PROMPTS, sp)
+    tiny_policy.model.gradient_checkpointing_enable()
+    tiny_policy.model.train()
+    try:
+        got = tiny_policy.generate(PROMPTS, sp)
+        assert tiny_policy.model.training
+    finally:
+        tiny_policy.model.gradient_checkpointing_disable()
+        tiny_policy.model.eval()
+    assert [g.token_ids for g in got] == [g.token_ids for g in ref]
