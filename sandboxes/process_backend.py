@@ -1,18 +1,21 @@
 """The process backend: the fallback where no docker daemon answers.
 
-Each box is the supervisor (`toolgym.sandboxes.inside`) started as a child process: its own session and process group, a private temp
-dir as working dir, TMPDIR and HOME, a scrubbed environment, rlimits (address space = ``memory_mb``,
-``nofile``, ``fsize_mb``, no core files), and its own network namespace (``unshare -n``) when that works
-here (as root, or with user namespaces allowed).
+Each box is the supervisor (`toolgym.sandboxes.inside`) started as a child process: its own session and
+process group, a private temp dir as working dir, TMPDIR and HOME, a scrubbed environment, rlimits
+(address space = ``memory_mb``, ``nofile``, ``fsize_mb``, 8 MiB stack, no core files). Where ``unshare``
+works (as root, or with user namespaces) it also gets its own network, pid, mount and IPC namespaces: the
+supervisor is then PID 1 there, so the code cannot kill it, ``kill(-1)`` reaches only the sandbox's own
+processes, and ``/proc`` lists only them.
 
 What is covered: wall-clock timeouts (CPU spin, sleep, blocking stdin), memory bombs (``MemoryError`` at
 the address-space cap), output floods and invalid UTF-8, big files (``fsize``), fd exhaustion (``nofile``),
-deep recursion, 5 MB payloads, persistent sessions with fork, setsid/double-fork escapes (the server is a
-child subreaper and kills strays), network egress only when the network namespace could be made.
+deep recursion, 5 MB payloads, persistent sessions with fork, setsid/double-fork escapes (the supervisor
+is a subreaper and kills strays); with namespaces also network egress, killing the supervisor, other
+processes in ``/proc``, System V IPC left between runs.
 What is not covered (use the docker backend for untrusted code): fork and thread bombs (no pids cap);
-reading or writing anything the host user can reach (the host file system, other sandboxes' temp dirs,
-``/proc``); privilege escalation when the host user has privileges (running as root is root); CPU quotas;
-disk use outside TMPDIR; network egress when ``unshare -n`` is unavailable.
+reading or writing anything the host user can reach on the file system (other sandboxes' temp dirs, the
+host's secrets); privileges: the code runs as the host user, so as root it is root on the host's files;
+CPU quotas; disk use outside TMPDIR; any of the namespace items where ``unshare`` does not work.
 """
 
 from __future__ import annotations
@@ -40,22 +43,34 @@ SANDBOXES_DIR = str(Path(__file__).parent)  # holds the `inside` supervisor pack
 MARK = "TOOLGYM_SANDBOX_ID"  # inherited by everything the code starts: lets cleanup find escaped processes
 
 
+NAMESPACES = ("--pid", "--fork", "--mount", "--ipc", "--mount-proc", "--kill-child=SIGKILL")
+
+
 @cache
-def _netns_prefix() -> tuple[str, ...]:
+def _works(flags: tuple[str, ...]) -> bool:
+    try:
+        return subprocess.run(["unshare", *flags, "true"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@cache
+def isolation(network: bool) -> tuple[tuple[str, ...], bool, bool]:
+    """(command prefix, own pid+mount+ipc namespaces?, own network namespace?) that work here, best first:
+    as root plain ``unshare``, otherwise with a user namespace (``-r``); nothing if neither works."""
     if not shutil.which("unshare"):
-        return ()
-    for flags in ("-n", "-rn"):
-        try:
-            if subprocess.run(["unshare", flags, "true"], capture_output=True, timeout=5).returncode == 0:
-                return ("unshare", flags, "--")
-        except (OSError, subprocess.SubprocessError):
-            continue
-    return ()
+        return (), False, False
+    net = () if network else ("--net",)
+    for user in ((), ("--map-root-user",)):
+        for flags, pidns in ((*user, *net, *NAMESPACES), True), ((*user, *net), False):
+            if flags and _works(flags):
+                return ("unshare", *flags, "--"), pidns, bool(net)
+    return (), False, False
 
 
 def netns_available() -> bool:
-    """Whether ``unshare -n`` works here (root, or unprivileged user namespaces)."""
-    return bool(_netns_prefix())
+    """Whether the process backend gets its own network namespace here."""
+    return isolation(False)[2]
 
 
 def _kill_marked(mark: str) -> None:
@@ -86,15 +101,17 @@ class ProcessSandbox(Sandbox):
         lim = self.limits
         return {
             "backend": self.backend,
-            "isolation": "child process with rlimits, own process group and temp dir",
-            "network_namespace": bool(_netns_prefix()) and not lim.network,
+            "isolation": "child process with rlimits, own process group and temp dir"
+            + (", own pid/mount/ipc namespaces" if isolation(lim.network)[1] else ""),
+            "network_namespace": isolation(lim.network)[2],
+            "pid_namespace": isolation(lim.network)[1],
             "memory_mb (RLIMIT_AS)": lim.memory_mb,
             "nofile": lim.nofile,
             "fsize_mb": lim.fsize_mb,
             "output_bytes": lim.output_bytes,
             "timeout_s": lim.timeout_s,
             "pool_size": lim.size,
-            "not covered": "fork bombs, host file system and /proc, privileges of the host user, CPU quota",
+            "not covered": "fork bombs, the host file system, privileges of the host user, CPU quota",
         }
 
     def _new_box(self) -> Box:
@@ -131,7 +148,9 @@ class ProcessSandbox(Sandbox):
             f"--max-output={lim.output_bytes}",
         ]
         cmd += [f"--preload={m}" for m in lim.preload]
-        prefix = () if lim.network else _netns_prefix()
+        prefix, pidns, _ = isolation(lim.network)
+        if pidns:  # the supervisor is PID 1 of its own namespaces: killing everything there is safe
+            cmd.append("--contained")
         proc = subprocess.Popen(
             [*prefix, *cmd],
             stdin=subprocess.PIPE,

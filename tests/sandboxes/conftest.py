@@ -102,6 +102,8 @@ def survivors(sb: Sandbox) -> list[str]:
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
+            if cmd.startswith(b"unshare\0"):  # the namespace launcher in front of the supervisor
+                continue
             for var in env:
                 if var.startswith(f"{MARK}=".encode()):
                     groups.setdefault(var, []).append(f"{entry} {cmd.decode(errors='replace')}")
