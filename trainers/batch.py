@@ -82,14 +82,15 @@ def forward(
         use_cache=False,
     )
     logits = out.logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)  # [B, T-1, V]
-    logp_all = torch.log_softmax(logits, dim=-1)  # [B, T-1, V]
+    lse = torch.logsumexp(logits, dim=-1)  # [B, T-1]
     target = batch.input_ids[:, 1:]  # [B, T-1]
-    logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, T-1]
+    logp = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - lse  # [B, T-1]
     logp = torch.nn.functional.pad(logp, (1, 0))  # [B, T]
     ent = None
     if entropy:
-        la = logp_all if entropy_grad else logp_all.detach()  # [B, T-1, V]
-        ent = -(la.exp() * la).sum(-1)  # [B, T-1]
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            probs = torch.softmax(logits, dim=-1)  # [B, T-1, V]
+            ent = lse - (probs * logits).sum(-1)  # [B, T-1]  H = logsumexp - E_p[logit]
         ent = torch.nn.functional.pad(ent, (1, 0))  # [B, T]
     values = None
     if value_head is not None:

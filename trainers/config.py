@@ -37,6 +37,10 @@ class RunConfig:
         metadata={"help": "model: smollm2-135m (embedded), a local folder or a hub id"},
     )
     device: str = field(default="auto", metadata={"help": "cuda | cpu | auto"})
+    threads: int = field(
+        default=0,
+        metadata={"help": "CPU threads for torch (0: torch's default; 1 is fastest on a busy machine)"},
+    )
     bf16: bool = field(
         default=True, metadata={"help": "on GPU: bf16 autocast over fp32 master weights (ignored on CPU)"}
     )

@@ -150,7 +150,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
 
     cfg.validate()
     loss_cfg, rollout_cfg, branch = cfg.loss_config(), cfg.rollout_config(), cfg.branch_policy()
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.device, cfg.threads)
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device, model, tokenizer)
     model = policy.model

@@ -13,7 +13,10 @@ from toolgym.errors import ConfigError
 from toolgym.trainers.config import RunConfig
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, threads: int = 0) -> torch.device:
+    """The device to train on; also sets torch's CPU thread count when `threads` > 0."""
+    if threads > 0:
+        torch.set_num_threads(threads)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

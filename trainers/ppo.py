@@ -90,7 +90,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         budget=cfg.budget, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         max_total_tokens=cfg.max_total_tokens,
     )  # fmt: skip
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.device, cfg.threads)
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device, model, tokenizer)
     model = policy.model

@@ -87,7 +87,10 @@ def register_fake_env() -> None:
         def reset(self, *, seed: int | None = None, options: object = None):  # type: ignore[no-untyped-def,override]
             gym.Env.reset(self, seed=seed)
             self.turn, self.done = 0, False
-            return [{"role": "user", "content": f"Say vowels. Task {seed}."}], {"task_id": str(seed), "tools": []}
+            return [{"role": "user", "content": f"Say vowels. Task {seed}."}], {
+                "task_id": str(seed),
+                "tools": [],
+            }
 
         def step(self, action):  # type: ignore[no-untyped-def,override]
             text = str(action)

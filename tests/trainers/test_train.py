@@ -58,7 +58,9 @@ def test_grpo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) ->
     a, b = records(straight)[-1], records(split)[-1]
     assert a["step"] == b["step"] == 2
     for k in a:
-        if not k.startswith(("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s", "train/tokens")):
+        if not k.startswith(
+            ("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s", "train/tokens")
+        ):
             assert a[k] == b[k], k
     for (n, p1), p2 in zip(m1.named_parameters(), m2.parameters(), strict=True):
         assert torch.equal(p1, p2), n
@@ -81,3 +83,22 @@ def test_ppo_two_steps_move_every_parameter(tmp_path: Path, tokenizer: Any) -> N
     after = snapshot(model)
     assert not [n for n in before if torch.equal(before[n], after[n])]
     assert "losses/value" in metrics and "losses/policy" in metrics
+
+
+def test_forward_aligns_logprobs_and_entropy(tokenizer: Any) -> None:
+    from toolgym.trainers.batch import collate, forward
+    from toolgym.trainers.tree import Row
+
+    model = tiny_model(len(tokenizer))
+    rows = [Row(0, 1, (0, 1), [5, 6, 7, 8], [0, 1, 1, 1], [0, 1, 1, 1], [-1, 0, 0, 0], [0.0] * 4, [0.0] * 4),
+            Row(0, 2, (0, 2), [5, 9], [0, 1], [0, 2], [-1, 0], [0.0] * 2, [0.0] * 2)]  # fmt: skip
+    batch = collate(rows, [[0.0] * 4, [0.0] * 2], [1.0, 0.0], [True, False], pad_id=0)
+    assert batch.loss_mask[1].tolist() == [0.0, 0.0, 0.0, 0.0]  # dropped row keeps no loss mask
+    logp, ent, _ = forward(model, batch, temperature=0.5, entropy=True)
+    logits = model(input_ids=batch.input_ids[:1]).logits[0].float() / 0.5  # [T, V]
+    ref = torch.log_softmax(logits, -1)
+    expect = [0.0] + [ref[t - 1, batch.input_ids[0, t]].item() for t in range(1, 4)]
+    assert logp[0].tolist() == pytest.approx(expect, abs=1e-5)
+    assert ent is not None and ent[0, 2].item() == pytest.approx(
+        -(ref[1].exp() * ref[1]).sum().item(), abs=1e-4
+    )
