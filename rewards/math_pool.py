@@ -28,6 +28,7 @@ from toolgym.rewards.counters import count
 from toolgym.rewards.math_worker import judge
 
 STARTUP_TIMEOUT_S = 120.0
+CHUNK = 16  # answers sent to a worker at once; it streams a result back for each
 
 
 class _Worker:
@@ -134,7 +135,8 @@ class MathJudgePool:
         self._ensure_started()
         results: list[float | None] = [None] * len(pairs)
         pending = list(range(len(pairs)))[::-1]
-        active: dict[Connection, tuple[_Worker, int, float]] = {}  # rx -> (worker, index, deadline)
+        # rx -> (worker, indices sent and not yet answered, deadline of the first of them)
+        active: dict[Connection, tuple[_Worker, list[int], float]] = {}
         while pending or active:
             while pending:
                 try:
@@ -145,38 +147,42 @@ class MathJudgePool:
                     raise InfrastructureError(
                         "no math judge worker came free; is the machine overloaded?"
                     ) from None
-                index = pending.pop()
+                size = max(1, min(CHUNK, -(-len(pending) // self.workers)))
+                chunk = [pending.pop() for _ in range(min(size, len(pending)))]
                 try:
-                    worker.tx.send(pairs[index])
+                    worker.tx.send([pairs[i] for i in chunk])
                 except (OSError, ValueError):
                     self._replace(worker)
-                    pending.append(index)
+                    pending.extend(reversed(chunk))
                     continue
                 start = time.monotonic() if worker.ready else worker.started
                 limit = self.timeout if worker.ready else STARTUP_TIMEOUT_S
-                active[worker.rx] = (worker, index, start + limit)
+                active[worker.rx] = (worker, chunk, start + limit)
             now = time.monotonic()
             next_deadline = min(d for _, _, d in active.values())
             for ready_obj in wait(list(active), timeout=max(0.0, next_deadline - now)):
                 rx = ready_obj if isinstance(ready_obj, Connection) else None
                 if rx is None or rx not in active:
                     continue
-                worker, index, deadline = active[rx]
+                worker, chunk, _ = active[rx]
                 try:
                     message: Any = rx.recv()
                 except (EOFError, OSError):
                     del active[rx]
                     self._replace(worker)
-                    results[index] = 0.0  # the worker died on this input (memory cap, crash)
+                    results[chunk[0]] = 0.0  # the worker died on this input (memory cap, crash)
+                    pending.extend(reversed(chunk[1:]))
                     count("math/worker_crashes")
                     continue
                 if message == "ready":
                     worker.ready = True
-                    active[rx] = (worker, index, time.monotonic() + self.timeout)
+                    active[rx] = (worker, chunk, time.monotonic() + self.timeout)
                     continue
-                del active[rx]
+                index, rest = chunk[0], chunk[1:]
                 if message == "memory":
+                    del active[rx]
                     results[index] = 0.0
+                    pending.extend(reversed(rest))
                     self._replace(worker)
                     continue
                 if message == "timeout":
@@ -184,9 +190,13 @@ class MathJudgePool:
                     self.timeouts += 1
                     count("math/timeouts")
                 results[index] = message
-                self._idle.put(worker)
+                if rest:
+                    active[rx] = (worker, rest, time.monotonic() + self.timeout)
+                else:
+                    del active[rx]
+                    self._idle.put(worker)
             now = time.monotonic()
-            for rx, (worker, index, deadline) in list(active.items()):
+            for rx, (worker, chunk, deadline) in list(active.items()):
                 if now >= deadline:
                     del active[rx]
                     if not worker.ready:
@@ -195,7 +205,8 @@ class MathJudgePool:
                             f"a math judge worker did not start within {STARTUP_TIMEOUT_S:.0f}s; "
                             "check that `python -m toolgym.rewards.math_worker` runs."
                         )
-                    results[index] = 0.0
+                    results[chunk[0]] = 0.0
+                    pending.extend(reversed(chunk[1:]))
                     self.timeouts += 1
                     count("math/timeouts")
                     self._replace(worker)

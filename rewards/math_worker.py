@@ -1,7 +1,7 @@
 """The math judge, and the worker process that runs it (``python -m toolgym.rewards.math_worker``).
 
 The worker speaks pickled frames (``multiprocessing.connection``) on stdin/stdout: it sends ``"ready"`` once
-Math-Verify is imported, then answers each ``(gold, pred)`` with a score; ``None`` stops it. Anything a library
+Math-Verify is imported, then answers each chunk (a list of ``(gold, pred)``) with one score frame per answer; ``None`` stops it. Anything a library
 prints goes to stderr, so it cannot corrupt the protocol. The worker caps its own address space, and stops an
 answer itself at ``soft_timeout`` seconds (an interval timer in its main thread; it answers ``"timeout"``),
 so the pool's hard kill is only for code that no signal can interrupt.
@@ -101,20 +101,22 @@ def _serve(memory_limit_mb: int, soft_timeout: float) -> None:
             return
         if task is None:
             return
-        gold, pred, *rest = task
-        result: float | str | None
-        try:
-            signal.setitimer(signal.ITIMER_REAL, soft_timeout)
-            result = judge(gold, pred, None, bool(rest and rest[0]))
-        except _SoftTimeout:
-            result = "timeout"
-        except MemoryError:
-            result = "memory"
-        except Exception:  # Math-Verify raises many types on odd input: all mean "no match"
-            result = 0.0
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        writer.send(result)
+        for gold, pred, *rest in task:  # a chunk of answers: one result frame each, in order
+            result: float | str | None
+            try:
+                signal.setitimer(signal.ITIMER_REAL, soft_timeout)
+                result = judge(gold, pred, None, bool(rest and rest[0]))
+            except _SoftTimeout:
+                result = "timeout"
+            except MemoryError:
+                result = "memory"
+            except Exception:  # Math-Verify raises many types on odd input: all mean "no match"
+                result = 0.0
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            writer.send(result)
+            if result == "memory":
+                return  # the pool replaces this worker; a fresh heap is safer than a fragmented one
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ def test_pathological_latex_from_asyncio(pool):
 
 
 def test_soft_timeout_stops_the_answer_without_a_restart():
-    pool = MathJudgePool(workers=1, timeout=0.6)  # the worker's own timer fires at 0.3 s
+    pool = MathJudgePool(workers=1, timeout=2.0)  # the worker's own timer fires at 1 s
     try:
         pool.judge([("1", "2")])  # warm up
         start = time.monotonic()
@@ -155,7 +155,7 @@ def test_soft_timeout_stops_the_answer_without_a_restart():
 
 
 def test_many_threads_share_one_pool():
-    pool = MathJudgePool(workers=2, timeout=1.0)
+    pool = MathJudgePool(workers=2, timeout=3.0)  # generous: the test machine's cores are shared
     pairs = [("\\frac{1}{2}", "0.5"), ("3", "4"), ("1", "10^{10^{10^{10}}}"), ("x^2-1", "(x-1)(x+1)")]
     out: dict[int, list] = {}
     try:
@@ -173,7 +173,7 @@ def test_many_threads_share_one_pool():
 
 
 def test_hard_timeout_kills_and_replaces_a_stuck_worker():
-    pool = MathJudgePool(workers=1, timeout=0.5)
+    pool = MathJudgePool(workers=1, timeout=2.0)
     try:
         pool.judge([("1", "2")])  # warm up
         os.kill(pool._all[0].proc.pid, signal.SIGSTOP)  # stuck where no signal handler runs
