@@ -68,11 +68,6 @@ def isolation(network: bool) -> tuple[tuple[str, ...], bool, bool]:
     return (), False, False
 
 
-def netns_available() -> bool:
-    """Whether the process backend gets its own network namespace here."""
-    return isolation(False)[2]
-
-
 def _kill_marked(mark: str) -> None:
     """SIGKILLs every process whose environment carries this box's mark (escaped daemons included)."""
     needle = f"{MARK}={mark}".encode()

@@ -45,7 +45,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from toolgym.sandboxes.docker_backend import docker_problem
     from toolgym.sandboxes.factory import get_sandbox
-    from toolgym.sandboxes.process_backend import netns_available
+    from toolgym.sandboxes.process_backend import isolation
 
     checks = []
     problem = docker_problem(args.image)
@@ -84,12 +84,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             checks.append(
                 _check(f"{backend} smoke run", False, f"{type(exc).__name__}: {exc}", "see the error")
             )
+    _, pidns, netns = isolation(False)
     checks.append(
         _check(
-            "process backend network namespace",
-            netns_available(),
-            "unshare -n works" if netns_available() else "unshare -n fails: process runs keep the network",
-            "run as root or enable unprivileged user namespaces",
+            "process backend namespaces",
+            pidns and netns,
+            ("own network, pid, mount and ipc namespaces" if pidns else "no pid namespace")
+            + ("" if netns else "; no network namespace: process runs keep the network"),
+            "run as root or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)",
         )
     )
     root = os.geteuid() == 0
