@@ -37,11 +37,14 @@ class GRPOConfig(RunConfig):
     # --- credit
     estimator: str = field(
         default="grpo",
-        metadata={"help": "advantage estimator: grpo | dr_grpo | rloo | gigpo | tree | treerl"},
+        metadata={"help": "advantage estimator: grpo | dr_grpo | rloo | gigpo | tree | treerl | igpo"},
     )
     shared: str = field(
         default="repeat",
         metadata={"help": "shared prefixes: repeat (in every row) | once (trained once, mean advantage)"},
+    )
+    igpo_kind: str = field(
+        default="prob_diff", metadata={"help": "IGPO info gain: prob_diff | log_prob_diff"}
     )
     gigpo_omega: float = field(default=1.0, metadata={"help": "GiGPO weight of the step-level advantage"})
     gigpo_gamma: float = field(default=0.95, metadata={"help": "GiGPO discount of step rewards"})
@@ -136,6 +139,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     from toolgym.trainers.advantages import entropy_scaled, estimate, token_advantages
     from toolgym.trainers.batch import collate, forward, micro_batches
     from toolgym.trainers.episodes import episode_metrics, evaluate, leaf_episodes, next_tasks
+    from toolgym.trainers.igpo import igpo_advantages
     from toolgym.trainers.loss import (
         PolicyBatch,
         denominator,
@@ -186,7 +190,12 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
                     pen = overlong_penalty(n, cfg.max_total_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
                     tree.set_reward(leaf, (tree.nodes[leaf].reward or 0.0) + pen)
         rewards = leaf_rewards(forest, rows)
-        node_adv = estimate(cfg.estimator, forest, rows, omega=cfg.gigpo_omega, gamma=cfg.gigpo_gamma)
+        if cfg.estimator == "igpo":  # turn rewards from the model's belief in the gold answer
+            node_adv = igpo_advantages(
+                model, policy.renderer, forest, rows, policy.pad_id, device, cfg.igpo_kind
+            )
+        else:
+            node_adv = estimate(cfg.estimator, forest, rows, omega=cfg.gigpo_omega, gamma=cfg.gigpo_gamma)
         advantages = token_advantages(rows, node_adv, cfg.shared)  # type: ignore[arg-type]
 
         # 3. filters: zero-variance groups (DAPO), void rollouts (SimpleTIR)

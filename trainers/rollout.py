@@ -71,6 +71,15 @@ class RolloutStats:
     forks: dict[str, int] = field(default_factory=dict)
 
 
+def _gold(env: Any) -> str | None:
+    """The env's hidden answer (for IGPO's info-gain scorer), when it has one."""
+    try:
+        answer = env.task.answer
+    except Exception:  # an env without tasks or answers: IGPO falls back to outcome-only rewards
+        return None
+    return None if answer is None else str(answer)
+
+
 def state_key(messages: list[dict[str, Any]]) -> str:
     """A short stable hash of the env messages a turn acts from (the GiGPO anchor).
 
@@ -113,7 +122,7 @@ class TreeRollout:
             tree = RolloutTree(
                 f"{task.env_id}#{task.seed}", self.renderer.prompt_ids(obs, tools), state_key(obs)
             )
-            tree.meta.update(env_id=task.env_id, seed=task.seed, tools=tools)
+            tree.meta.update(env_id=task.env_id, seed=task.seed, tools=tools, answer=_gold(env))
             if self.snapshots and env.supports_fork:
                 tree.nodes[tree.root].info["snapshot"] = env.get_state()
             forest.append(tree)

@@ -147,3 +147,27 @@ def test_whiten_and_entropy_scaling() -> None:
     a = torch.ones(1, 4)
     scaled = adv.entropy_scaled(a, x, m, alpha=0.2)
     assert scaled[0, :3].tolist() == approx([0.8, 1.0, 1.2])
+
+
+def test_igpo_with_a_scorer(tree3: RolloutTree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """P(gold) is 0.1 after the prompt (2 tokens) and 0.4 after the tool node (5 tokens): turn 0 of rows
+    0 and 1 gains 0.3; last turns earn the outcome."""
+    from toolgym.trainers import igpo as igpo_mod
+
+    def fake_scores(
+        model: object, prefixes: list[list[int]], gold: list[list[int]], pad: int, dev: object
+    ) -> list[float]:
+        assert all(g == [7, 7] for g in gold)
+        return [math.log({2: 0.1, 5: 0.4}[len(p)]) for p in prefixes]
+
+    class Renderer:
+        def encode(self, text: str) -> list[int]:
+            assert text == "<answer>42</answer>"
+            return [7, 7]
+
+    monkeypatch.setattr(igpo_mod, "gold_logprobs", fake_scores)
+    tree3.meta["answer"] = "42"
+    rows = flatten([tree3])
+    got = igpo_mod.igpo_advantages(None, Renderer(), [tree3], rows, 0, torch.device("cpu"))
+    want = adv.turn_to_nodes([tree3], rows, adv.igpo([[0.3, 1.0], [0.3, 0.0], [1.0]], [0, 0, 0]))
+    assert got == [approx(w) for w in want]
