@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import traceback
+import types
 from typing import Any
 
 from .frames import FRAME, Blobs, decode, encode, read_exact, write_all
@@ -96,7 +97,11 @@ def become_worker(ctrl: int, out: int, err: int) -> socket.socket:
 
 
 def worker_main(sock: socket.socket) -> None:
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    # The code's globals are a real __main__ module, so pickle (and multiprocessing) find what it defines.
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
+    namespace: dict[str, Any] = main.__dict__
     calls = 0
     me = os.getpid()
     while True:

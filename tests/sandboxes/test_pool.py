@@ -114,3 +114,16 @@ def test_30_payload_over_the_limit_is_a_clear_error(any_sb: Sandbox) -> None:
     too_big = "#" * (any_sb.limits.payload_bytes + 1)
     res = any_sb.run(too_big, timeout=5)
     assert res.status == "error" and "payload_bytes" in res.detail and res.exit_code is None
+
+
+@pytest.mark.bound(60)
+def test_pickle_and_multiprocessing_find_what_the_code_defines(docker_sb: Sandbox) -> None:
+    code = (
+        "import multiprocessing, pickle\n"
+        "class Point:\n    pass\n"
+        "def square(x):\n    return x * x\n"
+        "pickle.loads(pickle.dumps(Point()))\n"
+        "with multiprocessing.Pool(2) as pool:\n    print(pool.map(square, range(4)))\n"
+    )
+    res = docker_sb.run(code, timeout=20)
+    assert res.ok and res.stdout == "[0, 1, 4, 9]\n", res
