@@ -101,6 +101,9 @@ def worker_main(sock: socket.socket) -> None:
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
+    sys.argv[:] = [
+        "-c"
+    ]  # as `python -c CODE` would have it: the supervisor's own arguments are not the code's
     namespace: dict[str, Any] = main.__dict__
     calls = 0
     me = os.getpid()

@@ -22,6 +22,12 @@ def test_run_basics_files_and_stdin(any_sb: Sandbox) -> None:
         stdin="line\n",
     )
     assert res.ok and res.stdout == "42 2 line\n" and res.exit_code == 0, res
+    res = any_sb.run(
+        "import argparse, sol\nargparse.ArgumentParser().parse_args()\nprint(sol.f(2))",
+        timeout=10,
+        files={"sol.py": "def f(x):\n    return x * 2\n"},
+    )
+    assert res.ok and res.stdout == "4\n", res
     res = any_sb.run("import sys\nsys.exit(3)", timeout=10)
     assert res.status == "error" and res.exit_code == 3
 
