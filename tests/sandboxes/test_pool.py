@@ -133,3 +133,12 @@ def test_pickle_and_multiprocessing_find_what_the_code_defines(docker_sb: Sandbo
     )
     res = docker_sb.run(code, timeout=20)
     assert res.ok and res.stdout == "[0, 1, 4, 9]\n", res
+
+
+@pytest.mark.bound(30)
+@pytest.mark.parametrize("exit_call", ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "exit(0)"])
+def test_31_an_early_exit_is_reported_faithfully(any_sb: Sandbox, exit_call: str) -> None:
+    """Case 31 belongs to the code reward (it must look for a sentinel); the sandbox's part is to report an
+    early exit as exactly that: exit code 0, and nothing the code did not print."""
+    res = any_sb.run(exit_call + "\nprint('ALL TESTS PASSED')", timeout=10)
+    assert res.status == "ok" and res.exit_code == 0 and "ALL TESTS PASSED" not in res.stdout, res
