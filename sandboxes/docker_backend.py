@@ -84,7 +84,9 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
     from docker.types import Ulimit
 
     mem = f"{lim.memory_mb}m"
+    extra = {"runtime": lim.runtime} if lim.runtime else {}
     return {
+        **extra,
         "image": lim.image,
         "command": ["python3", *launch_args(INSIDE_ROOT, "init")],
         "name": name,
@@ -141,6 +143,7 @@ class DockerSandbox(Sandbox):
             "security_opt",
         )
         info = {"backend": self.backend, **{k: kw[k] for k in keep}}
+        info["runtime"] = self.limits.runtime or "default"
         info["ulimits"] = {u["Name"]: u["Hard"] for u in kw["ulimits"]}
         info["output_bytes"] = self.limits.output_bytes
         info["timeout_s"] = self.limits.timeout_s

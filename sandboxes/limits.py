@@ -28,6 +28,7 @@ class Limits:
     image: str = "toolgym-sandbox:latest"  # docker image (`toolgym sandbox build`)
     user: str = "65534:65534"  # uid:gid inside the container (nobody)
     network: bool = False  # docker: network_mode "none" unless True; process: own netns when possible
+    runtime: str | None = None  # docker runtime, e.g. "runsc" (gVisor) where installed; None: the default
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "memory_mb", "cpus", "pids", "tmp_mb", "tmp_inodes", "nofile", "fsize_mb"):

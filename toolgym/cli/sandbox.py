@@ -61,6 +61,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "start dockerd and run `toolgym sandbox build`",
         )
     )
+    if problem is None:
+        from toolgym.sandboxes.docker_backend import client
+
+        info = client().info()
+        security = ", ".join(o.split(",")[0].removeprefix("name=") for o in info.get("SecurityOptions") or [])
+        runtimes = ", ".join(sorted(info.get("Runtimes") or {}))
+        checks.append(
+            _check(
+                "docker seccomp",
+                "seccomp" in security,
+                f"daemon security options: {security or 'none'}; runtimes: {runtimes}",
+                "containers run without a seccomp filter here; the other limits still hold (see docs/sandboxes.md)",
+            )
+        )
     limits: dict[str, Any] = {}
     for backend in ("docker", "process"):
         if backend == "docker" and problem is not None:
