@@ -5,6 +5,10 @@ id works too, as does an already loaded ``(model, tokenizer)``. The sampling loo
 one forward per token), so the ids are exactly the sampled ones and each logprob is computed from the same
 logits that were sampled from. A row stops at its end-of-turn token (``renderer.stop_ids``), at a stop
 string, or after ``max_new_tokens``.
+
+The prefix that all prompts of a batch share (the system prompt; the whole prompt of a GRPO group) is run
+once and its KV cache copied to every row; the rows' own tokens follow it, left-padded (padding may sit
+in the middle of a row: the attention mask and position ids skip it).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class HFPolicy:
         tool_role: ToolRole = "auto",
         chat_template: str | None = None,
         batch_size: int = 64,
+        min_shared_prefix: int = 16,
     ) -> None:
         if isinstance(model, str):
             self.name = f"hf:{model}"
@@ -88,6 +93,7 @@ class HFPolicy:
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingParams()
         self.batch_size = batch_size
+        self.min_shared_prefix = min_shared_prefix
         self._renderer = ChatRenderer(tokenizer, tool_role=tool_role, chat_template=chat_template)
         pad = getattr(tokenizer, "pad_token_id", None)
         self._cache_name: str | None = None
@@ -152,14 +158,32 @@ class HFPolicy:
         if any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
         device = self.device
-        B, P = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((B, P), self.pad_id, dtype=torch.long)  # [B, P] left-padded
-        mask = torch.zeros((B, P), dtype=torch.long)  # [B, P]
-        for i, p in enumerate(prompts):
-            ids[i, P - len(p) :] = torch.tensor(p)
-            mask[i, P - len(p) :] = 1
+        B = len(prompts)
+        shared = _common_prefix(prompts) if B > 1 else 0
+        shared = shared if shared >= self.min_shared_prefix else 0
+        rests = [p[shared:] for p in prompts]
+        P = max(len(r) for r in rests)
+        ids = torch.full((B, P), self.pad_id, dtype=torch.long)  # [B, P] left-padded after the shared prefix
+        mask = torch.zeros((B, shared + P), dtype=torch.long)  # [B, S+P]
+        mask[:, :shared] = 1
+        for i, r in enumerate(rests):
+            ids[i, P - len(r) :] = torch.tensor(r)
+            mask[i, shared + P - len(r) :] = 1
         ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]  # [B, P]
+        cache: Any = None
+        if shared:  # one forward for the prefix all prompts share (system prompt, GRPO group), then copies
+            head = torch.tensor([prompts[0][:shared]], device=device)  # [1, S]
+            with torch.inference_mode():
+                out = self.model(
+                    input_ids=head,
+                    attention_mask=torch.ones_like(head),
+                    position_ids=torch.arange(shared, device=device)[None],
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            cache = getattr(out, self._cache_arg, None) or out.past_key_values
+            cache.batch_repeat_interleave(B)
         gen = torch.Generator(device=device)
         if sp.seed is not None:
             gen.manual_seed(sp.seed)
@@ -171,7 +195,6 @@ class HFPolicy:
         ents: list[list[float]] = [[] for _ in range(B)]
         finish: list[FinishReason] = ["length"] * B
         rows = list(range(B))  # the rows still sampling; finished rows leave the batch and the cache
-        cache: Any = None
         step_ids, step_pos = ids, positions
         temp = sp.temperature if sp.temperature > 0 else 1.0
         with torch.inference_mode():
@@ -251,3 +274,17 @@ class HFPolicy:
     def _hit_stop_string(self, row: list[int], stops: tuple[str, ...]) -> bool:
         tail = self._renderer.decode(row[-16:])
         return any(s in tail for s in stops)
+
+
+def _common_prefix(prompts: Sequence[list[int]]) -> int:
+    """Length of the prefix all prompts share, leaving each at least one token of its own.
+
+    >>> _common_prefix([[1, 2, 3], [1, 2, 4, 5]]), _common_prefix([[1, 2], [1, 2]])
+    (2, 1)
+    """
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for i in range(n):
+        t = first[i]
+        if any(p[i] != t for p in prompts):
+            return i
+    return max(n, 0)

@@ -120,3 +120,24 @@ def test_generate_in_train_mode_with_checkpointing(tiny_policy: HFPolicy) -> Non
         tiny_policy.model.gradient_checkpointing_disable()
         tiny_policy.model.eval()
     assert [g.token_ids for g in got] == [g.token_ids for g in ref]
+
+
+def test_shared_prefix_is_computed_once_with_the_same_result(
+    chatml_tokenizer: Any, make_tiny_model: Any
+) -> None:
+    shared = list(range(20, 60))
+    prompts = [[*shared, 5, 6, 7], [*shared, 8], [*shared, 9, 10, 11, 12, 13]]
+    sp = SamplingParams(temperature=0, max_new_tokens=8, stop=("e",))
+    once = HFPolicy(make_tiny_model(len(chatml_tokenizer)), chatml_tokenizer)
+    calls: list[int] = []
+    once.model.register_forward_pre_hook(
+        lambda m, a, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    got = once.generate(prompts, sp)
+    assert calls[0] == 40 and calls[1] == 5  # the prefix alone, then the rows' own tokens
+    plain = HFPolicy(once.model, chatml_tokenizer, min_shared_prefix=10_000)
+    ref = plain.generate(prompts, sp)
+    for g, r, p in zip(got, ref, prompts, strict=True):
+        assert g.token_ids == r.token_ids and g.finish_reason == r.finish_reason
+        assert g.logprobs == pytest.approx(r.logprobs, abs=1e-4)
+        assert g.logprobs == pytest.approx(_teacher_forced(plain, p, g.token_ids), abs=1e-4)
