@@ -130,10 +130,11 @@ def test_shared_prefix_is_computed_once_with_the_same_result(
     sp = SamplingParams(temperature=0, max_new_tokens=8, stop=("e",))
     once = HFPolicy(make_tiny_model(len(chatml_tokenizer)), chatml_tokenizer)
     calls: list[int] = []
-    once.model.register_forward_pre_hook(
+    hook = once.model.register_forward_pre_hook(
         lambda m, a, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True
     )
     got = once.generate(prompts, sp)
+    hook.remove()
     assert calls[0] == 40 and calls[1] == 5  # the prefix alone, then the rows' own tokens
     plain = HFPolicy(once.model, chatml_tokenizer, min_shared_prefix=10_000)
     ref = plain.generate(prompts, sp)
