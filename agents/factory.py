@@ -35,8 +35,23 @@ def make_policy(spec: str, **kwargs: Any) -> Policy:
     if kind == "openai" and rest:
         from toolgym.agents.openai_client import OpenAIPolicy
 
-        url, model = rest, None
-        if "@" in rest.rsplit("/", 1)[-1]:
-            url, _, model = rest.rpartition("@")
+        url, model = split_openai_spec(rest)
         return OpenAIPolicy(url, model=model, api_key=os.environ.get("OPENAI_API_KEY"), **kwargs)
     raise ConfigError(f"unknown agent {spec!r}; expected {AGENT_HELP}")
+
+
+def split_openai_spec(rest: str) -> tuple[str, str | None]:
+    """``URL[@MODEL]`` into its parts (the model name may hold slashes).
+
+    >>> split_openai_spec("http://localhost:8000/v1@Qwen/Qwen2.5-7B-Instruct")
+    ('http://localhost:8000/v1', 'Qwen/Qwen2.5-7B-Instruct')
+    >>> split_openai_spec("http://localhost:8000")
+    ('http://localhost:8000', None)
+    """
+    scheme, sep, after = rest.partition("://")
+    if not sep:
+        scheme, after = "", rest
+    if "@" not in after:
+        return rest, None
+    address, _, model = after.partition("@")
+    return f"{scheme}{sep}{address}", model or None
