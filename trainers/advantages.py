@@ -274,9 +274,9 @@ def terminal_rewards(mask: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     [[0.0, 0.0, 2.0, 0.0]]
     """
     T = mask.shape[1]
-    pos = torch.arange(T).expand_as(mask)  # [B, T]
+    pos = torch.arange(T, device=mask.device).expand_as(mask)  # [B, T]
     last = torch.where(mask.bool(), pos, -1).amax(dim=1)  # [B]
-    out = torch.zeros(mask.shape, dtype=rewards.dtype)  # [B, T]
+    out = torch.zeros(mask.shape, dtype=rewards.dtype, device=mask.device)  # [B, T]
     rows = (last >= 0).nonzero().squeeze(1)  # [B']
     out[rows, last[rows]] = rewards[rows]
     return out
@@ -292,8 +292,8 @@ def gae(
     B, T = rewards.shape
     m = mask.to(values.dtype)  # [B, T]
     adv = torch.zeros_like(values)  # [B, T]
-    next_v = torch.zeros(B, dtype=values.dtype)  # [B]
-    next_gae = torch.zeros(B, dtype=values.dtype)  # [B]
+    next_v = torch.zeros(B, dtype=values.dtype, device=values.device)  # [B]
+    next_gae = torch.zeros(B, dtype=values.dtype, device=values.device)  # [B]
     for t in range(T - 1, -1, -1):
         delta = rewards[:, t] + gamma * next_v - values[:, t]  # [B]
         g = delta + gamma * lam * next_gae  # [B]

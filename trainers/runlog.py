@@ -60,10 +60,14 @@ class RunLog:
 
     def plot(self) -> list[Path]:
         """One PNG per entry of PLOTS that has data; returns the files written."""
-        import matplotlib
+        try:
+            import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:  # plots are optional: metrics.jsonl and tensorboard hold the same numbers
+            print("toolgym train: matplotlib is not installed, no PNG plots (pip install matplotlib)")
+            return []
 
         records = self.read()
         written = []
