@@ -117,3 +117,22 @@ def test_cli_resolves_yaml_then_flags(tmp_path: Path) -> None:
     cfg_file.write_text("stepz: 3\n")
     with pytest.raises(ConfigError, match="unknown config keys"):
         resolve(argparse.Namespace(config=str(cfg_file), algorithm=None, print_config=False))
+
+
+def test_token_level_forks_continue_the_cut_turn() -> None:
+    from toolgym.trainers.branching import TokenEntropyTopK
+
+    pol = TokenEntropyTopK(initial=2, n_forks=1, n_children=2)
+    roller = TreeRollout(FakePolicy(), pol, RolloutConfig(budget=8, max_new_tokens=5), {})
+    forest, stats = roller.run([Task(FAKE_ENV, 0)], seed=0)
+    t = forest[0]
+    assert len(t.leaves()) == 4 and stats.forks == {"token": 2}
+    for leaf in t.leaves():
+        assert t.nodes[leaf].reward is not None and t.nodes[leaf].info["episode"]["turns"] == 2
+    # the forked continuations are pieces of a cut model turn: the env saw the whole turn's text
+    forked = [n for n in t.nodes if n.branch_reason == "token"]
+    for n in forked:
+        parent = t.nodes[n.parent]  # type: ignore[index]
+        assert parent.kind == "model" and parent.turn == n.turn
+        assert len(n.token_ids) <= 5 - len(parent.token_ids)  # the turn's token allowance is shared
+        assert n.info["action"] == FakeRenderer().decode(parent.token_ids + n.token_ids)
