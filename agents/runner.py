@@ -116,6 +116,9 @@ class EpisodeRunner:
         finally:
             if executor is not None:
                 executor.shutdown(wait=True)
+            for ep in live.values():  # the run was interrupted: nothing may leak
+                if ep.env is not None:
+                    _close_quietly(ep.env)
             self.stats["total_s"] += time.perf_counter() - t0
         return [r for r in results if r is not None]
 
