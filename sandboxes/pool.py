@@ -26,6 +26,7 @@ class Pool:
         self._count = 0  # idle + busy + being created
         self._cond = threading.Condition()
         self._closed = False
+        self._warm_target = 0  # boxes to keep idle: replacements are started in the background
         self.created = 0
         self.replaced = 0
 
@@ -81,6 +82,21 @@ class Pool:
         with self._cond:
             self._count -= 1
             self._cond.notify()
+            refill = not self._closed and len(self._idle) < self._warm_target
+        if refill:
+            threading.Thread(target=self._refill, name="pool-refill", daemon=True).start()
+
+    def _refill(self) -> None:
+        """Starts one replacement box so a dead one does not cost the next caller a cold start."""
+        with self._cond:
+            if self._closed or self._count >= self.size or len(self._idle) >= self._warm_target:
+                return
+            self._count += 1
+        try:
+            box = self._create()
+        except Exception:
+            return  # _create gave the slot back; the next acquire retries and reports the fault
+        self.release(box)
 
     def warm(self, n: int) -> None:
         """Starts boxes until ``n`` are idle (bounded by the pool size), in parallel."""
@@ -94,6 +110,7 @@ class Pool:
                 errors.append(exc)
 
         with self._cond:
+            self._warm_target = max(self._warm_target, min(n, self.size))
             need = min(n, self.size) - len(self._idle)
         threads = [threading.Thread(target=one) for _ in range(max(0, need))]
         for t in threads:

@@ -241,6 +241,10 @@ def test_29_container_killed_mid_call(docker_sb: Sandbox) -> None:
     contained(docker_sb, res, {"sandbox_error"}, 8, t0)
     after = {c.id for c in client().containers.list(filters={"name": docker_sb._prefix})}  # type: ignore[attr-defined]
     assert after - before, "the pool replaced the dead container"
+    deadline = time.monotonic() + 15
+    while docker_sb.pool.stats()["idle"] < docker_sb.limits.size and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert docker_sb.pool.stats()["idle"] == docker_sb.limits.size, docker_sb.pool.stats()  # warm again
 
 
 LEAVE_IPC = """
