@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hostile_checks import host_unaffected, survivors
 
-from tests.sandboxes.conftest import host_unaffected, survivors
 from toolgym.sandboxes import Sandbox
 
 
