@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from toolgym.errors import ConfigError
 from toolgym.trainers.config import RunConfig
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     from toolgym.trainers import checkpoint
     from toolgym.trainers.advantages import entropy_scaled, estimate, token_advantages
     from toolgym.trainers.batch import collate, forward, micro_batches
+    from toolgym.trainers.distributed import Dist
     from toolgym.trainers.episodes import episode_metrics, evaluate, leaf_episodes, next_tasks
     from toolgym.trainers.igpo import igpo_advantages
     from toolgym.trainers.loss import (
@@ -154,7 +156,12 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
 
     cfg.validate()
     loss_cfg, rollout_cfg, branch = cfg.loss_config(), cfg.rollout_config(), cfg.branch_policy()
-    device = pick_device(cfg.device, cfg.threads)
+    dist = Dist.from_env(cfg.device)  # torchrun: one rank per GPU (or CPU process); else world 1
+    if cfg.prompts_per_step % dist.world:
+        raise ConfigError(
+            f"prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {dist.world} ranks"
+        )
+    device = pick_device(dist.device_name(cfg.device), cfg.threads)
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device, model, tokenizer)
     model = policy.model
@@ -165,20 +172,25 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         if cfg.resume
         else checkpoint.Progress()
     )
-    log = RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
-    (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
+    trainer = dist.wrap(model, device)  # DDP under torchrun: averages gradients over ranks
+    log = (
+        RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None) if dist.main else None
+    )
+    if dist.main:
+        (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
     ref = Reference(model) if cfg.kl_coef > 0 else None
     roller = TreeRollout(policy, branch, rollout_cfg, cfg.env_kwargs)
-    bar = _progress_bar(cfg, progress.step)
+    bar = _progress_bar(cfg, progress.step) if dist.main else None
+    per_rank = cfg.prompts_per_step // dist.world
     metrics: dict[str, float] = {}
     for step in range(progress.step + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         # 1. rollout: one tree per task, drawn at the data position
-        tasks = next_tasks(cfg.env_ids, cfg.seed, progress.data_pos, cfg.prompts_per_step)
+        tasks = next_tasks(cfg.env_ids, cfg.seed, progress.data_pos + dist.rank * per_rank, per_rank)
         model.eval()
         with torch.no_grad(), autocast(device, cfg.bf16):
-            forest, stats = roller.run(tasks, seed=cfg.seed * 100_003 + step)
-        progress.data_pos += len(tasks)
+            forest, stats = roller.run(tasks, seed=cfg.seed * 100_003 + step + 7919 * dist.rank)
+        progress.data_pos += cfg.prompts_per_step
         metrics = episode_metrics(forest, stats)
 
         # 2. rows, shaped rewards, advantages (groups = trees)
@@ -214,7 +226,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         # 4. optimize: micro-batches share one global denominator; epochs > 1 need old logprobs first
         model.train()
         chunks = micro_batches(len(rows), cfg.micro_batch_rows)
-        denom = sum(denominator(batch.select(i).loss_mask, loss_cfg) for i in chunks)
+        denom = dist.sum(sum(denominator(batch.select(i).loss_mask, loss_cfg) for i in chunks))  # all ranks
         old = _old_logprobs(model, batch, chunks, cfg, device) if cfg.epochs > 1 else None
         sums: dict[str, float] = {}
         t_train, trained_tokens = time.perf_counter(), 0
@@ -224,11 +236,12 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             optimizer.zero_grad(set_to_none=True)
             for i, idx in enumerate(chunks):
                 mb = batch.select(idx)
-                if mb.loss_mask.sum() == 0:
-                    continue
-                with autocast(device, cfg.bf16):
+                if mb.loss_mask.sum() == 0 and dist.world == 1:
+                    continue  # (under DDP every rank runs every micro-batch: the last one syncs gradients)
+                sync = dist.no_sync(trainer, sync=i == len(chunks) - 1)
+                with sync, autocast(device, cfg.bf16):
                     logp, ent, _ = forward(
-                        model, mb, cfg.temperature, entropy=True, entropy_grad=cfg.entropy_coef > 0
+                        trainer, mb, cfg.temperature, entropy=True, entropy_grad=cfg.entropy_coef > 0
                     )
                     ref_logp = None
                     if ref is not None:
@@ -243,7 +256,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
                     turn_ids=mb.turn_ids,
                 )  # fmt: skip
                 loss, st = policy_loss(pb, loss_cfg, denom)
-                loss.backward()
+                with dist.no_sync(trainer, sync=i == len(chunks) - 1):
+                    (loss * dist.world).backward()
                 w = float(mb.loss_mask.sum())
                 trained_tokens += int(mb.attention_mask.sum())
                 for k, v in st.items():
@@ -255,16 +269,20 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             optimizer.step()
             metrics["losses/grad_norm"] = float(grad_norm)
         w = sums.pop("_w", 0.0)
-        metrics |= {f"losses/{k}": v / w for k, v in sums.items()} if w else {}
+        metrics |= {f"losses/{k}": v / w if w else 0.0 for k, v in sums.items()}
         metrics["train/tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
         metrics["time/step_s"] = time.perf_counter() - t_step
+        metrics = dist.mean_metrics(metrics)  # (rank means; tokens_per_s is then per rank)
         progress.step = step
+        if not dist.main:
+            continue  # rank 0 evaluates, logs and saves
 
         # 5. evaluate, log, save
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             model.eval()
             with torch.no_grad(), autocast(device, cfg.bf16):
                 metrics |= evaluate(policy, cfg.env_ids, cfg.env_kwargs, rollout_cfg, cfg.eval_episodes)
+        assert log is not None
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
             checkpoint.save(out / "checkpoint", {"model": model}, optimizer, progress)
@@ -276,8 +294,11 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     roller.close()
     if bar is not None:
         bar.close()
-    log.plot()
-    log.close()
+    if log is not None:
+        log.plot()
+        log.close()
+    dist.barrier()
+    dist.close()
     return metrics
 
 
