@@ -206,3 +206,15 @@ def test_killing_the_supervisor_from_a_session(docker_sb: Sandbox) -> None:
         nxt = s.run("print('x' in dir())")
         assert nxt.ok and nxt.restarted and nxt.stdout == "False\n", nxt
     _closed_cleanly(docker_sb)
+
+
+@pytest.mark.bound(60)
+def test_01_fork_bomb_inside_a_session_and_the_episode_goes_on(docker_sb: Sandbox) -> None:
+    with docker_sb.session() as s:
+        s.run("import os")
+        t0 = time.monotonic()
+        res = s.run("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass", timeout=2)
+        assert res.status == "timeout" and time.monotonic() - t0 < 2 + 4, res
+        nxt = s.run("print('alive')")
+        assert nxt.ok and nxt.restarted, nxt
+    _closed_cleanly(docker_sb)
