@@ -16,13 +16,12 @@ from .server import Server
 
 
 def init_main() -> None:
+    """Reaps whatever is orphaned to PID 1 (only happens if the supervisor itself died)."""
     prctl(PR_SET_DUMPABLE, 0)
     while True:
         try:
             os.wait()
-        except ChildProcessError:
-            time.sleep(0.5)
-        except OSError:
+        except OSError:  # no children yet (ChildProcessError) or an interrupted wait
             time.sleep(0.5)
 
 
