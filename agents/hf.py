@@ -8,7 +8,8 @@ string, or after ``max_new_tokens``.
 
 The prefix that all prompts of a batch share (the system prompt; the whole prompt of a GRPO group) is run
 once and its KV cache copied to every row; the rows' own tokens follow it, left-padded (padding may sit
-in the middle of a row: the attention mask and position ids skip it).
+in the middle of a row: the attention mask and position ids skip it). With ``reuse_kv=True`` a prompt
+that extends an earlier call's prompt + generation starts from that call's cache (``kv_reuse``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from toolgym.agents.kv_reuse import KVStore, build_cache, row_layers, weights_version
 from toolgym.agents.policy import (
     AssistantTurn,
     Conversation,
@@ -78,6 +80,7 @@ class HFPolicy:
         chat_template: str | None = None,
         batch_size: int = 64,
         min_shared_prefix: int = 16,
+        reuse_kv: bool = False,
     ) -> None:
         if isinstance(model, str):
             self.name = f"hf:{model}"
@@ -94,6 +97,8 @@ class HFPolicy:
         self.sampling = sampling or SamplingParams()
         self.batch_size = batch_size
         self.min_shared_prefix = min_shared_prefix
+        self.reuse_kv = reuse_kv
+        self._store = KVStore(capacity=max(batch_size, 64))
         self._renderer = ChatRenderer(tokenizer, tool_role=tool_role, chat_template=chat_template)
         pad = getattr(tokenizer, "pad_token_id", None)
         self._cache_name: str | None = None
@@ -159,19 +164,30 @@ class HFPolicy:
             raise ConfigError("every prompt needs at least one token")
         device = self.device
         B = len(prompts)
-        shared = _common_prefix(prompts) if B > 1 else 0
-        shared = shared if shared >= self.min_shared_prefix else 0
-        rests = [p[shared:] for p in prompts]
+        store = self._kv_store()
+        hits = [store.take(p) for p in prompts] if store is not None else [None] * B
+        cache: Any = None
+        if any(h is not None for h in hits):  # continue earlier turns from their kept caches
+            known = [len(h.ids) if h is not None else 0 for h in hits]
+            width = max(known)
+            cache, head_mask = build_cache(self.model, hits, width)
+            rests = [p[k:] for p, k in zip(prompts, known, strict=True)]
+            shared = 0
+        else:
+            shared = _common_prefix(prompts) if B > 1 else 0
+            shared = shared if shared >= self.min_shared_prefix else 0
+            rests = [p[shared:] for p in prompts]
+            width = shared
+            head_mask = torch.ones((B, shared), dtype=torch.long, device=device)
         P = max(len(r) for r in rests)
-        ids = torch.full((B, P), self.pad_id, dtype=torch.long)  # [B, P] left-padded after the shared prefix
-        mask = torch.zeros((B, shared + P), dtype=torch.long)  # [B, S+P]
-        mask[:, :shared] = 1
+        ids = torch.full((B, P), self.pad_id, dtype=torch.long)  # [B, P] left-padded after the known prefix
+        tail_mask = torch.zeros((B, P), dtype=torch.long)  # [B, P]
         for i, r in enumerate(rests):
             ids[i, P - len(r) :] = torch.tensor(r)
-            mask[i, shared + P - len(r) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]  # [B, P]
-        cache: Any = None
+            tail_mask[i, P - len(r) :] = 1
+        ids = ids.to(device)
+        mask = torch.cat([head_mask.to(device), tail_mask.to(device)], dim=1)  # [B, W+P]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, width:]  # [B, P]
         if shared:  # one forward for the prefix all prompts share (system prompt, GRPO group), then copies
             head = torch.tensor([prompts[0][:shared]], device=device)  # [1, S]
             with torch.inference_mode():
@@ -225,10 +241,15 @@ class HFPolicy:
                     logps[i].append(chosen_l[j])
                     if ent is not None:
                         ents[i].append(ent[j])
-                    if is_stop[j] or (sp.stop and self._hit_stop_string(tokens[i], sp.stop)):
+                    stopped = bool(is_stop[j]) or bool(sp.stop and self._hit_stop_string(tokens[i], sp.stop))
+                    if stopped:
                         finish[i] = "stop"
                     else:
                         keep.append(j)
+                    if store is not None and (stopped or len(tokens[i]) == sp.max_new_tokens):
+                        layers = row_layers(cache, j, mask[j].bool())  # prompt + sampled ids but the last
+                        if layers is not None:
+                            store.put([*prompts[i], *tokens[i][:-1]], layers)
                 if not keep:
                     break
                 if len(keep) < len(rows):
@@ -243,6 +264,16 @@ class HFPolicy:
             Generation(tokens[i], logps[i], finish[i], ents[i] if sp.return_entropies else None)
             for i in range(B)
         ]
+
+    def _kv_store(self) -> KVStore | None:
+        if not self.reuse_kv:
+            return None
+        self._store.check_version(weights_version(self.model))
+        return self._store
+
+    def clear_kv(self) -> None:
+        """Drop the kept caches (they are also dropped by themselves when the weights change)."""
+        self._store.clear()
 
     @property
     def _cache_arg(self) -> str:

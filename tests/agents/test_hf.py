@@ -142,3 +142,22 @@ def test_shared_prefix_is_computed_once_with_the_same_result(
         assert g.token_ids == r.token_ids and g.finish_reason == r.finish_reason
         assert g.logprobs == pytest.approx(r.logprobs, abs=1e-4)
         assert g.logprobs == pytest.approx(_teacher_forced(plain, p, g.token_ids), abs=1e-4)
+
+
+def test_reuse_kv_across_turns_gives_the_same_episodes(chatml_tokenizer: Any, make_tiny_model: Any) -> None:
+    model = make_tiny_model(len(chatml_tokenizer))
+    sp = SamplingParams(temperature=0, max_new_tokens=6, stop=("e",))
+    kw = {"prompt_format": "text", "max_turns": 4}
+    plain = run_episodes(
+        HFPolicy(model, chatml_tokenizer), "toolgym/Calculator-v0", 3, sampling=sp, env_kwargs=kw
+    )
+    reuse = HFPolicy(model, chatml_tokenizer, reuse_kv=True)
+    again = run_episodes(reuse, "toolgym/Calculator-v0", 3, sampling=sp, env_kwargs=kw)
+    assert reuse._store.hits == 9  # turns 2-4 of 3 episodes started from a kept cache
+    for a, b in zip(plain, again, strict=True):
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    with torch.no_grad():
+        reuse.model.model.norm.weight.add_(0.0)  # an in-place change of the weights drops the kept caches
+    reuse.generate([[5, 6]], sp)
+    assert len(reuse._store.entries) == 1

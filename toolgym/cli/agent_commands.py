@@ -94,7 +94,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     unknown = [e for e in args.env_ids if e not in ENVS and "/" not in e]
     if unknown:
         raise ConfigError(f"unknown env id(s) {unknown}; see `toolgym list`")
-    policy = make_policy(args.agent)
+    # hf: keep each episode's KV cache between its turns (only the new tokens run each turn)
+    policy = (
+        make_policy(args.agent, reuse_kv=True) if args.agent.startswith("hf") else make_policy(args.agent)
+    )
     fmt = args.prompt_format
     if fmt == "auto":
         fmt = "text" if isinstance(policy, TokenPolicy) and not policy.renderer.renders_tools else None
