@@ -61,7 +61,8 @@ class EpisodeRunner:
     """Runs ``EpisodeSpec``s with up to ``concurrency`` episodes live at once.
 
     ``make_env(spec)`` builds an env (default: ``gym.make(spec.env_id, **kwargs)``); envs are reused across
-    episodes of the same spec kwargs. ``on_episode(trajectory)`` is called as each episode ends.
+    episodes of the same spec kwargs. ``on_episode(trajectory)`` is called as each episode ends,
+    ``on_round(n, live)`` before each batched policy call.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class EpisodeRunner:
         env_workers: int = 0,
         max_prompt_tokens: int | None = None,
         on_episode: Callable[[Trajectory], None] | None = None,
+        on_round: Callable[[int, int], None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
@@ -84,6 +86,7 @@ class EpisodeRunner:
         self.env_workers = env_workers
         self.max_prompt_tokens = max_prompt_tokens
         self.on_episode = on_episode
+        self.on_round = on_round  # (round number, live episodes) before each batched policy call
         self.token_level = isinstance(policy, TokenPolicy)
         self.stats = {"policy_s": 0.0, "env_s": 0.0, "policy_calls": 0, "model_turns": 0, "total_s": 0.0}
         self._pool: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Any]] = {}
@@ -95,6 +98,7 @@ class EpisodeRunner:
         results: list[Trajectory | None] = [None] * len(specs)
         queue = list(enumerate(specs))[::-1]
         live: dict[int, _Live] = {}
+        rounds = 0
         executor = ThreadPoolExecutor(self.env_workers) if self.env_workers > 0 else None
         try:
             while queue or live:
@@ -108,6 +112,9 @@ class EpisodeRunner:
                 if not live:
                     continue
                 order = list(live)
+                rounds += 1
+                if self.on_round is not None:
+                    self.on_round(rounds, len(order))
                 turns = self._act([live[i] for i in order])
                 done = self._step_all([live[i] for i in order], turns, executor)
                 for i, finished in zip(order, done, strict=True):

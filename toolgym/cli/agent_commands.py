@@ -118,10 +118,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
             bar.update(1)
             bar.set_postfix_str(f"success {solved[0]}/{solved[1]}")
 
+    def on_round(n: int, live: int) -> None:
+        if bar is not None:
+            bar.set_postfix_str(f"round {n}: {live} episodes generating; success {solved[0]}/{solved[1]}")
+
     t0 = time.perf_counter()
     try:
         with EpisodeRunner(
-            policy, concurrency=args.concurrency, sampling=sampling, on_episode=on_episode
+            policy, concurrency=args.concurrency, sampling=sampling, on_episode=on_episode, on_round=on_round
         ) as runner:
             trajs = runner.run(specs)
     finally:
