@@ -154,7 +154,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from toolgym.agents import make_policy
     from toolgym.agents.server import PolicyServer
 
-    policy = make_policy(args.agent)
+    # hf: a follow-up request whose prompt extends an earlier prompt + reply reuses that KV cache
+    policy = (
+        make_policy(args.agent, reuse_kv=True) if args.agent.startswith("hf") else make_policy(args.agent)
+    )
     if policy.name == "scripted":
         from toolgym.errors import ConfigError
 
