@@ -67,7 +67,9 @@ class KVStore:
         n = len(prompt)
         for key, e in self.entries.items():
             m = len(e.ids)
-            if m < n and (best is None or m > len(best.ids)) and tuple(prompt[:m]) == e.ids:
+            if m >= n or (best is not None and m <= len(best.ids)) or prompt[m - 1] != e.ids[-1]:
+                continue  # cheap checks first: most entries belong to other episodes
+            if tuple(prompt[max(0, m - 16) : m]) == e.ids[-16:] and tuple(prompt[:m]) == e.ids:
                 best_key, best = key, e
         if best_key is not None and best is not None:
             del self.entries[best_key]
