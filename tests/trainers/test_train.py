@@ -102,3 +102,16 @@ def test_forward_aligns_logprobs_and_entropy(tokenizer: Any) -> None:
     assert ent is not None and ent[0, 2].item() == pytest.approx(
         -(ref[1].exp() * ref[1]).sum().item(), abs=1e-4
     )
+
+
+def test_ppo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) -> None:
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    m1 = tiny_model(len(tokenizer))
+    train_ppo(PPOConfig(steps=2, output_dir=str(straight), **SMALL), m1, tokenizer)
+    train_ppo(PPOConfig(steps=1, output_dir=str(split), **SMALL), tiny_model(len(tokenizer)), tokenizer)
+    m2 = tiny_model(len(tokenizer), seed=7)
+    train_ppo(PPOConfig(steps=2, output_dir=str(split), resume=True, **SMALL), m2, tokenizer)
+    a, b = records(straight)[-1], records(split)[-1]
+    assert a["losses/policy"] == b["losses/policy"] and a["losses/value"] == b["losses/value"]
+    for (n, p1), p2 in zip(m1.named_parameters(), m2.parameters(), strict=True):
+        assert torch.equal(p1, p2), n
