@@ -127,11 +127,27 @@ def parse_turn(text: str, tools: ToolDicts | None, fmt: ActionFormat = "hermes")
     >>> parse_turn("hello", None).tool_calls is None
     True
     """
-    specs = [ToolSpec.from_dict(t) for t in tools] if tools else None
-    parsed = parse_action(text, specs, fmt)
+    parsed = parse_action(text, _specs(tools), fmt)
     if parsed.ok and parsed.tool_calls:
         return Message(role="assistant", content=text, tool_calls=parsed.tool_calls)
     return Message(role="assistant", content=text)
+
+
+_SPECS: dict[int, tuple[ToolDicts, list[ToolSpec]]] = {}
+
+
+def _specs(tools: ToolDicts | None) -> list[ToolSpec] | None:
+    """ToolSpecs of a tool list; envs hand out the same list object every turn, so it is converted once."""
+    if not tools:
+        return None
+    hit = _SPECS.get(id(tools))
+    if hit is not None and hit[0] is tools:
+        return hit[1]
+    specs = [ToolSpec.from_dict(t) for t in tools]
+    if len(_SPECS) > 1024:
+        _SPECS.clear()
+    _SPECS[id(tools)] = (tools, specs)
+    return specs
 
 
 def broadcast_tools(tools: Sequence[ToolDicts | None] | None, n: int) -> list[ToolDicts | None]:
