@@ -73,16 +73,19 @@ def test_act_parses_tool_calls_and_reports_usage(tiny_policy: HFPolicy) -> None:
     assert turn.message.role == "assistant" and turn.text == turn.message.content
 
 
-def test_runner_episode_logprobs_match_the_whole_sequence(tiny_policy: HFPolicy) -> None:
+@pytest.mark.parametrize("which", ["tiny_policy", "qwen_policy"])
+def test_runner_episode_logprobs_match_the_whole_sequence(which: str, request: Any) -> None:
+    tiny_policy = request.getfixturevalue(which)
+    fmt = "tools" if tiny_policy.renderer.renders_tools else "text"
     trajs = run_episodes(
         tiny_policy,
         "toolgym/Calculator-v0",
         2,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=6, seed=0),
-        env_kwargs={"prompt_format": "text", "max_turns": 3},
+        env_kwargs={"prompt_format": fmt, "max_turns": 5},
     )
     for t in trajs:
-        assert t.turns == 3 and t.truncation == "turn_limit"
+        assert t.turns == 5 and t.truncation == "turn_limit"
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
         ids = torch.tensor([t.token_ids])
         with torch.no_grad():
