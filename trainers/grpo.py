@@ -306,6 +306,8 @@ def _old_logprobs(
     model: Any, batch: Any, chunks: list[torch.Tensor], cfg: RunConfig, device: torch.device
 ) -> list[torch.Tensor]:
     """Logprobs of the policy that sampled the batch, per micro-batch (for epochs > 1)."""
+    import torch
+
     from toolgym.trainers.batch import forward
     from toolgym.trainers.modeling import autocast
 

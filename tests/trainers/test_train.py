@@ -68,12 +68,13 @@ def test_grpo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) ->
 
 def test_grpo_with_arpo_branching_and_gigpo(tmp_path: Path, tokenizer: Any) -> None:
     cfg = GRPOConfig(
-        steps=1, output_dir=str(tmp_path), branching="turn_entropy", estimator="gigpo", budget=6,
+        steps=1, output_dir=str(tmp_path), branching="turn_entropy", estimator="gigpo", budget=6, epochs=2,
         branch_kwargs={"entropy_weight": 0.0, "tau": 0.0}, **{k: v for k, v in SMALL.items() if k != "budget"},
     )  # fmt: skip
     metrics = train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)
     assert metrics["rollout/branches_per_tree"] == 3.0  # tau 0: every tool boundary forks until 6 leaves
     assert metrics["rollout/episodes"] == 12.0
+    assert metrics["losses/approx_kl"] > 0  # the second epoch sees a moved policy
 
 
 def test_ppo_two_steps_move_every_parameter(tmp_path: Path, tokenizer: Any) -> None:
@@ -115,3 +116,24 @@ def test_ppo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) -> 
     assert a["losses/policy"] == b["losses/policy"] and a["losses/value"] == b["losses/value"]
     for (n, p1), p2 in zip(m1.named_parameters(), m2.parameters(), strict=True):
         assert torch.equal(p1, p2), n
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(kl_coef=0.01, filter_void=True, overlong_buffer=100, estimator="tree", shared="once", ratio_level="turn",
+             llds_coef=0.2, entropy_advantage=0.2, entropy_coef=0.01, agg="seq_mean", is_mode="sequence_mask",
+             aepo_clip=True),
+        dict(branching="token_entropy", estimator="treerl", agg="constant", dual_clip=0.0, epochs=2),
+        dict(branching="branching_score", estimator="rloo", ratio_level="sequence"),
+        dict(estimator="igpo", filter_zero_variance=False),
+    ],
+    ids=["many-loss-options", "treerl", "appo", "igpo"],
+)  # fmt: skip
+def test_grpo_options_run_one_step(tmp_path: Path, tokenizer: Any, options: dict[str, Any]) -> None:
+    metrics = train_grpo(
+        GRPOConfig(steps=1, output_dir=str(tmp_path), **SMALL, **options),
+        tiny_model(len(tokenizer)),
+        tokenizer,
+    )
+    assert metrics["rollout/episodes"] >= 8 and "losses/policy" in metrics
