@@ -137,3 +137,17 @@ def test_grpo_options_run_one_step(tmp_path: Path, tokenizer: Any, options: dict
         tokenizer,
     )
     assert metrics["rollout/episodes"] >= 8 and "losses/policy" in metrics
+
+
+def test_toolgym_train_command(tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from toolgym.cli import main
+
+    model_dir = tmp_path / "tiny"
+    tiny_model(len(tokenizer)).save_pretrained(model_dir)  # type: ignore[attr-defined]
+    tokenizer.save_pretrained(model_dir)
+    argv = ["train", "--model", str(model_dir), "--env-ids", FAKE_ENV, "--env-kwargs", "{}", "--steps", "1",
+            "--prompts-per-step", "2", "--budget", "2", "--max-new-tokens", "4", "--device", "cpu",
+            "--eval-episodes", "1", "--no-tensorboard", "--no-progress", "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 0
+    assert "charts/episode_reward=" in capsys.readouterr().out
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
