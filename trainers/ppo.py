@@ -12,16 +12,19 @@ Departures from the papers:
    reward (the k3 KL term of the loss replaces it when `kl_coef > 0`).
 4. Old logprobs are the trainer's (recomputed); engine/trainer mismatch is corrected by TIS (see grpo.py).
 5. Rollouts are independent samples (no branching): trees of depth one.
+6. Single process only (torchrun data parallel is in the GRPO loop).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from toolgym.errors import ConfigError
 from toolgym.trainers.config import RunConfig
 
 if TYPE_CHECKING:
@@ -85,6 +88,8 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     from toolgym.trainers.tree import flatten, leaf_rewards
 
     cfg.validate()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("PPO runs in one process; for torchrun data parallel use --algorithm grpo")
     loss_cfg = cfg.loss_config()
     rollout_cfg = RolloutConfig(
         budget=cfg.budget, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
