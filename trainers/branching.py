@@ -29,6 +29,7 @@ Departures from the papers / official code (ALGORITHMS.md §4, §5.1, §8):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -276,4 +277,9 @@ def make_policy(name: str, **kwargs: object) -> BranchPolicy:
     """A branching policy by name (`none | turn_entropy | token_entropy | branching_score`)."""
     if name not in POLICIES:
         raise ConfigError(f"unknown branching policy {name!r}; choose one of {sorted(POLICIES)}")
-    return POLICIES[name](**kwargs)  # type: ignore[no-any-return, arg-type]
+    cls = POLICIES[name]
+    known = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ConfigError(f"branching policy {name!r} has no option {unknown}; its options: {sorted(known)}")
+    return cls(**kwargs)  # type: ignore[no-any-return, arg-type]

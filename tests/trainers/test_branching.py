@@ -169,3 +169,5 @@ def test_helpers_and_registry() -> None:
     assert isinstance(make_policy("turn_entropy", initial=3), TurnBoundaryEntropy)
     with pytest.raises(ConfigError, match="choose one of"):
         make_policy("beam")
+    with pytest.raises(ConfigError, match="has no option"):
+        make_policy("turn_entropy", entropy_wieght=0.2)
