@@ -202,6 +202,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
                     pen = overlong_penalty(n, cfg.max_total_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
                     tree.set_reward(leaf, (tree.nodes[leaf].reward or 0.0) + pen)
         rewards = leaf_rewards(forest, rows)
+        metrics["charts/trained_reward"] = sum(rewards) / len(rewards)  # after shaping (what advantages see)
         if cfg.estimator == "igpo":  # turn rewards from the model's belief in the gold answer
             node_adv = igpo_advantages(
                 model, policy.renderer, forest, rows, policy.pad_id, device, cfg.igpo_kind

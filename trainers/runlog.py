@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 PLOTS = {
-    "reward.png": ["charts/episode_reward", "eval/episode_reward"],
+    "reward.png": ["charts/episode_reward", "charts/trained_reward", "eval/episode_reward"],
     "success.png": ["charts/success", "eval/success"],
     "length.png": ["charts/tokens_per_episode", "charts/turns"],
     "kl.png": ["losses/approx_kl", "losses/kl_ref"],
