@@ -28,5 +28,12 @@ test: install system lint typecheck pytest
 
 demo: install
 	toolgym list
-	toolgym check toolgym/Calculator-v0
+	toolgym check
 	$(PY) examples/scripted_episode.py
+	toolgym train --config trainers/configs/cpu_demo.yaml
+
+bench: install system
+	$(PY) benchmarks/env_step.py --out benchmarks/results/env_step.md
+	$(PY) benchmarks/runner.py --out benchmarks/results/runner.md
+	$(PY) benchmarks/reward_throughput.py
+	$(PY) benchmarks/sandbox_latency.py --out benchmarks/results/sandbox_latency.md
