@@ -13,7 +13,8 @@ from typing import Any
 PLOTS = {
     "reward.png": ["charts/episode_reward", "charts/trained_reward", "eval/episode_reward"],
     "success.png": ["charts/success", "eval/success"],
-    "length.png": ["charts/tokens_per_episode", "charts/turns"],
+    "length.png": ["charts/tokens_per_episode", "eval/tokens_per_episode"],
+    "turns.png": ["charts/turns", "charts/tool_calls"],
     "kl.png": ["losses/approx_kl", "losses/kl_ref"],
     "entropy.png": ["losses/entropy"],
     "tokens_per_s.png": ["rollout/tokens_per_s", "train/tokens_per_s"],
