@@ -133,6 +133,7 @@ class TurnBoundaryEntropy:
     consecutive_penalty: float = 0.05  # AEPO c_pen; 0 gives ARPO
     k_tokens: int = 20  # tokens whose entropy define a round's entropy
     vocab_size: int | None = None  # normalise entropies by ln|V| when given
+    top_up: bool = True  # ARPO: fill a tree that ended below the budget with fresh global samples
     name: str = "turn_entropy"
 
     def global_samples(self, budget: int) -> int:

@@ -5,7 +5,8 @@ pending turns of all trees are generated in one `policy.generate` call (ids in, 
 prompt of a turn is the tree's token prefix, never re-rendered), the branching policy may fork after
 the round (`on_turns`), every new turn is stepped in its env, and each continuing path gets an env node
 (the template's end of turn + the env messages + the next generation prompt, loss mask 0). When every
-path has ended, `on_complete` may fork inside finished turns (TreeRL/APPO) and the loop runs again.
+path has ended, a policy with `top_up` (ARPO) fills trees that ended below the budget with fresh global
+samples, and `on_complete` may fork inside finished turns (TreeRL/APPO); the loop runs again for them.
 
 Forking an env: a forkable env (`env.unwrapped.supports_fork`) is snapshotted with `get_state()` on every
 env node while a branching policy is active, and a fork restores the snapshot into a pooled env with
@@ -132,6 +133,13 @@ class TreeRollout:
                 for i in range(n)
             ]
         self._rounds(forest, reqs, rng, stats)
+        if getattr(self.branch, "top_up", False):  # ARPO: fresh global samples up to the budget
+            reqs = [
+                _Req(ti, tree.root, "global", self._env_at(tree, tree.root))
+                for ti, tree in enumerate(forest)
+                for _ in range(self.cfg.budget - len(tree.leaves()))
+            ]
+            self._rounds(forest, reqs, rng, stats)
         for it in range(64):  # on_complete iterations (TreeRL's L); 64 is a safety net
             reqs = []
             for ti, tree in enumerate(forest):

@@ -136,3 +136,18 @@ def test_token_level_forks_continue_the_cut_turn() -> None:
         assert parent.kind == "model" and parent.turn == n.turn
         assert len(n.token_ids) <= 5 - len(parent.token_ids)  # the turn's token allowance is shared
         assert n.info["action"] == FakeRenderer().decode(parent.token_ids + n.token_ids)
+
+
+def test_arpo_tops_up_with_global_samples() -> None:
+    # entropy falls after the first turn: no fork, so the tree is filled with fresh samples up to the budget
+    pol = TurnBoundaryEntropy(initial=2, entropy_weight=-10.0)
+    forest, stats = TreeRollout(FakePolicy(), pol, RolloutConfig(budget=5, entropies=True), {}).run(
+        [Task(FAKE_ENV, 0)], 0
+    )
+    t = forest[0]
+    assert len(t.leaves()) == 5 and len(t.nodes[t.root].children) == 5 and not stats.forks
+    pol.top_up = False
+    forest, _ = TreeRollout(FakePolicy(), pol, RolloutConfig(budget=5, entropies=True), {}).run(
+        [Task(FAKE_ENV, 0)], 0
+    )
+    assert len(forest[0].leaves()) == 2
