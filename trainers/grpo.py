@@ -13,6 +13,7 @@ Departures from the papers:
    refill the batch (the step is smaller instead; `train/zero_variance_fraction` says by how much).
 4. Overlong shaping counts the whole path (prompt, turns and env messages) against `max_total_tokens`.
 5. With `epochs == 1` the old logprobs come from the same forward pass (ratio exactly 1), as TRL does.
+6. Under torchrun the loop is data parallel with DDP, not FSDP2 (distributed.py says why).
 """
 
 from __future__ import annotations
