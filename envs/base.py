@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,24 @@ class CommandOutcome:
     success: bool = False
 
 
+_ANSWER_IS = re.compile(r"answer is\s*:?\s*\$?(-?[\d,]*\.?\d+)", re.I)
+
+
+def lenient_answer(parsed: ParseResult) -> ParseResult:
+    """For small models that never learned the tags: an "Answer: X" line, a boxed answer or "the answer is N"
+    counts as the final answer (``lenient_answers=True``); otherwise the parse error stands."""
+    from toolgym.rewards.extract import extract_answer, strip_reasoning
+
+    text = strip_reasoning(parsed.text)
+    found = extract_answer(text)
+    if found is None:
+        matches = _ANSWER_IS.findall(text)
+        found = matches[-1] if matches else None
+    if found is None or not found.strip():
+        return parsed
+    return ParseResult(text=parsed.text, answer=found.strip())
+
+
 def _whitespace_tokens(text: str) -> int:
     return len(text.split())
 
@@ -77,6 +96,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         token_counter: Callable[[str], int] | None = None,
         time_limit_s: float | None = None,
         system_prompt: str | None = None,
+        lenient_answers: bool = False,
         render_mode: str | None = None,
     ) -> None:
         from toolgym.errors import ConfigError
@@ -96,6 +116,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self.token_counter = token_counter or _whitespace_tokens
         self.time_limit_s = time_limit_s
         self.custom_system_prompt = system_prompt
+        self.lenient_answers = lenient_answers
         self.render_mode = render_mode
         self.observation_space = Messages()
         self.action_space = ActionText()
@@ -149,6 +170,10 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         """The task-specific part of the system prompt."""
         return "Solve the task."
 
+    def example(self) -> str | None:
+        """A short worked exchange shown in the text prompt format (small models copy its syntax)."""
+        return None
+
     def extra_state(self) -> Any:
         """World state beyond the transcript, for forking (deep-copied)."""
         return None
@@ -186,6 +211,9 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
                     "the result comes back in the next message."
                 )
             parts.append("When you know the final answer, write it as <answer>ANSWER</answer>.")
+            example = self.example() if self.prompt_format == "text" else None
+            if example:
+                parts.append(f"Example:\n{example}")
         elif self.action_format == "tags":
             for t in self._tools.values():
                 first = next(iter(t.spec.parameters.get("properties", {})), "input")
@@ -227,6 +255,8 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         if self._task is None or self._done:
             raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
         parsed = parse_action(action, self._specs, self.action_format, self._call_counter)
+        if self.lenient_answers and parsed.error_kind == "no_action":
+            parsed = lenient_answer(parsed)
         if parsed.message is None:
             self._call_counter += len(parsed.tool_calls)
         self._turn += 1

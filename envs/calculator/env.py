@@ -70,7 +70,9 @@ class CalculatorEnv(ToolEnv):
 
     ## Arguments
     ``digits`` (2), ``num_ops`` (1), ``max_turns`` (4), ``tool_bonus`` (0.0), ``tool_bonus_cap`` (0.2),
-    ``format_penalty`` (-0.1), ``prompt_format`` ("tools" or "text"), ``action_format`` ("hermes" or "tags").
+    ``format_penalty`` (-0.1), ``prompt_format`` ("tools" or "text"; "text" also shows a worked example),
+    ``action_format`` ("hermes" or "tags"), ``lenient_answers`` (False: when True, "Answer: N", a boxed N or
+    "the answer is N" also end the episode, for small models that have not learned the tags yet).
 
     ## Version History
     - v0: first version.
@@ -108,6 +110,14 @@ class CalculatorEnv(ToolEnv):
         return (
             "You solve arithmetic word problems. Use the calculator tool for the arithmetic, "
             "then give the final answer as a number."
+        )
+
+    def example(self) -> str:
+        return (
+            "user: A bag holds 12 packs of 7 pens. How many pens are in the bag?\n"
+            'assistant: <tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>\n'
+            "tool: 84\n"
+            "assistant: <answer>84</answer>"
         )
 
     def make_task(self) -> Task:

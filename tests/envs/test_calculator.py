@@ -155,3 +155,30 @@ def test_render_ansi():
     env.step(env.unwrapped.expert_action())
     text = env.render()
     assert "[user]" in text and "calculator(" in text
+
+
+def test_lenient_answers():
+    strict = gym.make("toolgym/Calculator-v0")
+    lenient = gym.make("toolgym/Calculator-v0", lenient_answers=True)
+    for env in (strict, lenient):
+        env.reset(seed=7)
+    gold = lenient.unwrapped.task.answer
+    reply = f"Adding them up, the answer is {gold}."
+    *_, info = strict.step(reply)
+    assert info["invalid_action"]
+    _, reward, term, _, info = lenient.step(reply)
+    assert term and reward == 1.0 and info["success"]
+    lenient.reset(seed=7)
+    _, reward, term, _, info = lenient.step(f"<think>the answer is {gold}</think> no idea")
+    assert info["invalid_action"] and not term  # reasoning never counts
+    lenient.reset(seed=7)
+    *_, term, _, info = lenient.step(f"Answer: {gold + 1}")
+    assert term and not info["success"]
+
+
+def test_text_prompt_shows_an_example():
+    env = gym.make("toolgym/Calculator-v0", prompt_format="text")
+    obs, _ = env.reset(seed=0)
+    assert "Example:" in obs[0]["content"] and "<answer>84</answer>" in obs[0]["content"]
+    obs, _ = gym.make("toolgym/Calculator-v0").reset(seed=0)
+    assert "Example:" not in obs[0]["content"]
