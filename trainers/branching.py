@@ -181,15 +181,11 @@ def _top(scored: list[tuple[float, int, int]], n: int) -> list[tuple[int, int]]:
     return [(nid, pos) for _, nid, pos in sorted(scored, key=lambda s: (-s[0], s[1], s[2]))[:n]]
 
 
-@dataclass
-class TokenEntropyTopK:
-    """TreeRL (EPTree): after the chains end, fork at the top-N surprisal tokens, T continuations each, L times."""
+class _ForkAfterCompletion:
+    """Token-level policies: ``initial`` independent chains, no forks while turns are produced; forks are
+    chosen in ``on_complete`` once the chains have ended."""
 
-    initial: int = 4  # M independent chains
-    n_forks: int = 2  # N fork points per tree per iteration
-    n_children: int = 2  # T continuations per fork point
-    iterations: int = 1  # L
-    name: str = "token_entropy"
+    initial: int
 
     def global_samples(self, budget: int) -> int:
         return max(1, min(self.initial, budget))
@@ -198,6 +194,17 @@ class TokenEntropyTopK:
         self, tree: RolloutTree, new_turns: list[int], room: int, rng: np.random.Generator
     ) -> list[Fork]:
         return []
+
+
+@dataclass
+class TokenEntropyTopK(_ForkAfterCompletion):
+    """TreeRL (EPTree): after the chains end, fork at the top-N surprisal tokens, T continuations each, L times."""
+
+    initial: int = 4  # M independent chains
+    n_forks: int = 2  # N fork points per tree per iteration
+    n_children: int = 2  # T continuations per fork point
+    iterations: int = 1  # L
+    name: str = "token_entropy"
 
     def on_complete(
         self, tree: RolloutTree, iteration: int, room: int, rng: np.random.Generator
@@ -212,7 +219,7 @@ class TokenEntropyTopK:
 
 
 @dataclass
-class BranchingScore:
+class BranchingScore(_ForkAfterCompletion):
     """APPO: fork at the top positions of Norm(entropy) * Norm(likelihood gain of the continuation)."""
 
     initial: int = 4  # independent samples
@@ -221,14 +228,6 @@ class BranchingScore:
     iterations: int = 1
     gamma: float = 0.9  # discount of the likelihood gain along the continuation
     name: str = "branching_score"
-
-    def global_samples(self, budget: int) -> int:
-        return max(1, min(self.initial, budget))
-
-    def on_turns(
-        self, tree: RolloutTree, new_turns: list[int], room: int, rng: np.random.Generator
-    ) -> list[Fork]:
-        return []
 
     def on_complete(
         self, tree: RolloutTree, iteration: int, room: int, rng: np.random.Generator
