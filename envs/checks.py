@@ -54,31 +54,38 @@ def _gym_check_env(env_id: str) -> None:
         env.close()
 
 
-def _episode(env: Any, seed: int, actions: list[str]) -> tuple[Any, list[Any]]:
-    obs, info = env.reset(seed=seed)
+def _replay(env: Any, seed: int, actions: list[Any]) -> tuple[Any, list[Any]]:
+    env.reset(seed=seed)
     steps = []
     for action in actions:
-        obs, reward, term, trunc, info = env.step(action)
-        steps.append((obs, reward, term, trunc, {k: v for k, v in info.items() if k != "elapsed_s"}))
-        if term or trunc:
+        step = env.step(action)
+        steps.append(step)
+        if step[2] or step[3]:
             break
     return tool_env(env).transcript, steps
+
+
+def _play_expert(env: Any, seed: int) -> tuple[list[str], dict[str, Any]]:
+    """One episode of the scripted expert: its actions and the last step's info."""
+    env.reset(seed=seed)
+    inner = tool_env(env)
+    actions: list[str] = []
+    info: dict[str, Any] = {}
+    for _ in range(inner.max_turns):
+        actions.append(inner.expert_action())
+        _, _, term, trunc, info = env.step(actions[-1])
+        if term or trunc:
+            break
+    return actions, info
 
 
 def _determinism(env_id: str, seeds: int = 5) -> None:
     env = gym.make(env_id)
     try:
         for seed in range(seeds):
-            env.reset(seed=seed)
-            actions = []
-            for _ in range(tool_env(env).max_turns):
-                a = tool_env(env).expert_action()
-                actions.append(a)
-                _, _, term, trunc, _ = env.step(a)
-                if term or trunc:
-                    break
-            first = _episode(env, seed, actions)
-            second = _episode(env, seed, actions)
+            actions, _ = _play_expert(env, seed)
+            first = _replay(env, seed, actions)
+            second = _replay(env, seed, actions)
             if first != second:
                 raise AssertionError(f"seed {seed}: two runs of the same actions differ")
         a = env.reset(seed=1)[0]
@@ -86,7 +93,7 @@ def _determinism(env_id: str, seeds: int = 5) -> None:
         c = env.reset(seed=1)[0]
         if a != c:
             raise AssertionError("reset(seed=1) twice gave different tasks")
-        if a == b and env_id != "":
+        if a == b:
             warnings.warn(f"{env_id}: seeds 1 and 2 gave the same task", stacklevel=2)
     finally:
         env.close()
@@ -137,12 +144,7 @@ def expert_success_rate(env_id: str, episodes: int = 20, **kwargs: Any) -> float
     wins = 0
     try:
         for seed in range(episodes):
-            env.reset(seed=1000 + seed)
-            info: dict[str, Any] = {}
-            for _ in range(tool_env(env).max_turns):
-                _, _, term, trunc, info = env.step(tool_env(env).expert_action())
-                if term or trunc:
-                    break
+            _, info = _play_expert(env, 1000 + seed)
             wins += bool(info.get("success"))
     finally:
         env.close()
