@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from toolgym.envs.spaces import ActionText, Messages
-from toolgym.errors import EpisodeOverError, InfrastructureError
+from toolgym.errors import ConfigError, EpisodeOverError, InfrastructureError
 from toolgym.messages import Message, ToolCall
 from toolgym.parsing import ANSWER_TOOL, ActionFormat, ParseResult, parse_action
 from toolgym.tools import Tool, ToolSpec
@@ -99,8 +99,6 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         lenient_answers: bool = False,
         render_mode: str | None = None,
     ) -> None:
-        from toolgym.errors import ConfigError
-
         if max_turns < 1:
             raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         if prompt_format not in ("tools", "text"):
@@ -397,8 +395,6 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
 
 def tool_env(env: gym.Env[Any, Any]) -> ToolEnv:
     """The ``ToolEnv`` under any wrappers, or a ConfigError naming what was passed."""
-    from toolgym.errors import ConfigError
-
     inner = env.unwrapped
     if not isinstance(inner, ToolEnv):
         raise ConfigError(f"expected a toolgym environment, got {type(inner).__name__}")
