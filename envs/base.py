@@ -5,6 +5,7 @@ A subclass fills in small named hooks, and the loop in ``step`` is never overrid
 - ``make_task()``: draw a task with ``self.np_random`` (required).
 - ``tools()``: the tools the model may call (``Tool`` objects).
 - ``run_tool(call)``: run one call and return the observation text (default: call the tool's function).
+- ``parse(action)``: read one model turn into a ``ParseResult`` (default: the action format's parser).
 - ``check_answer(answer)``: the reward components of a final answer (required unless command format).
 - ``run_command(command)``: for command-format envs (household): advance the world.
 - ``tool_reward(call, output)``: optional shaping for a tool call.
@@ -164,6 +165,14 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
     def expert_action(self) -> str:
         raise NotImplementedError
 
+    def parse(self, action: Any) -> ParseResult:
+        """Read one model turn; never raises. Envs that accept more syntax (a ``\\boxed{}`` answer, a tool
+        that ends the episode) override it and start from ``super().parse(action)``."""
+        parsed = parse_action(action, self._specs, self.action_format, self._call_counter)
+        if self.lenient_answers and parsed.error_kind == "no_action":
+            parsed = lenient_answer(parsed)
+        return parsed
+
     def instructions(self) -> str:
         """The task-specific part of the system prompt."""
         return "Solve the task."
@@ -252,9 +261,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
     def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
         if self._task is None or self._done:
             raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
-        parsed = parse_action(action, self._specs, self.action_format, self._call_counter)
-        if self.lenient_answers and parsed.error_kind == "no_action":
-            parsed = lenient_answer(parsed)
+        parsed = self.parse(action)
         if parsed.message is None:
             self._call_counter += len(parsed.tool_calls)
         self._turn += 1
