@@ -1,0 +1,104 @@
+"""Seeded lexicons of invented names, so that no answer can be recalled from pretraining.
+
+Every entity gets a unique name by a bijection from its index onto a product of word lists (an affine map
+modulo the product's size, then mixed-radix digits), so a million names need no set of seen names and cost
+one integer operation each.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+ONSETS = (
+    "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
+    "br", "dr", "gr", "kr", "tr", "th", "st", "sh", "ch", "fl", "gl", "pr", "sk", "sl", "j", "y",
+)  # fmt: skip
+VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ae", "ei", "ou", "ia", "y")
+CODAS = ("", "", "", "n", "r", "l", "s", "th", "m", "nd", "rk", "st", "v", "x", "ll", "rn")
+
+ADJECTIVES = (
+    "Amber", "Ashen", "Azure", "Bitter", "Black", "Broken", "Burning", "Carved", "Cinder", "Copper", "Crimson",
+    "Crooked", "Distant", "Drowned", "Dusky", "Eastern", "Echoing", "Empty", "Evening", "Faded", "Fallen",
+    "Final", "Forgotten", "Frozen", "Gilded", "Glass", "Golden", "Gray", "Green", "Hidden", "Hollow", "Idle",
+    "Iron", "Ivory", "Last", "Lesser", "Lonely", "Lost", "Low", "Marble", "Midnight", "Misty", "Narrow",
+    "Northern", "Oaken", "Pale", "Quiet", "Red", "Restless", "Rusted", "Salt", "Scarlet", "Secret", "Silent",
+    "Silver", "Sleeping", "Slow", "Southern", "Stone", "Sunken", "Tall", "Thin", "Twin", "Velvet", "Violet",
+    "Wandering", "Western", "White", "Wild", "Winter", "Woven", "Yellow", "Hundredth", "Patient", "Copper",
+)  # fmt: skip
+NOUNS = (
+    "Anchor", "Archive", "Atlas", "Bell", "Bridge", "Candle", "Canal", "Cartographer", "Cathedral", "Chorus",
+    "Clock", "Coast", "Compass", "Crown", "Current", "Delta", "Dial", "Door", "Dune", "Ember", "Estuary",
+    "Feather", "Ferry", "Field", "Fountain", "Garden", "Gate", "Glacier", "Harbor", "Harvest", "Heron",
+    "Horizon", "Hourglass", "Island", "Lantern", "Ledger", "Lighthouse", "Loom", "Map", "Market", "Meridian",
+    "Mill", "Mirror", "Monsoon", "Orchard", "Pilgrim", "Quarry", "Reef", "River", "Road", "Sail", "Shepherd",
+    "Signal", "Songbird", "Staircase", "Star", "Tide", "Tower", "Valley", "Vessel", "Voyage", "Well", "Willow",
+    "Window", "Wolf", "Citadel", "Furnace", "Kite", "Oracle", "Prism", "Sextant", "Telescope", "Weaver",
+)  # fmt: skip
+CITY_FORMS = (
+    "{}", "{}", "{}", "Port {}", "New {}", "{}ford", "{}holm", "{}mark", "{} Falls", "Upper {}", "{}wick",
+    "{}ton", "{}burg", "San {}", "{} Bay", "Lower {}",
+)  # fmt: skip
+COUNTRY_FORMS = ("{}ia", "{}land", "{}a", "{}ora", "{}istan", "Republic of {}", "{}mar", "{}ovia")
+COMPANY_WORDS = (
+    "Instruments", "Shipping", "Textiles", "Press", "Mining", "Ironworks", "Glassworks", "Bank", "Railways",
+    "Brewery", "Telegraph Company", "Pharmaceuticals", "Observatory", "Trading Company", "Foundry",
+    "Publishing House", "Porcelain", "Aircraft", "Optics", "Insurance",
+)  # fmt: skip
+SOCIETY_WORDS = ("Philharmonic", "Geographical Society", "Academy of Arts", "Botanical Society", "Chess Club")
+UNIVERSITY_FORMS = ("University of {}", "{} University", "{} Institute of Technology", "{} College")
+
+
+def _words(rng: np.random.Generator, n: int, syllables: tuple[int, ...], banned: set[str]) -> list[str]:
+    """``n`` distinct capitalised pseudo-words of the given syllable counts (drawn in vectorised batches)."""
+    out: dict[str, None] = {}
+    while len(out) < n:
+        m = 2 * n
+        counts = rng.choice(np.array(syllables), size=m)
+        onsets = rng.integers(len(ONSETS), size=(m, 3)).tolist()
+        vowels = rng.integers(len(VOWELS), size=(m, 3)).tolist()
+        codas = rng.integers(len(CODAS), size=m).tolist()
+        for k, on, vo, co in zip(counts.tolist(), onsets, vowels, codas, strict=True):
+            word = "".join(ONSETS[on[s]] + VOWELS[vo[s]] for s in range(k)) + CODAS[co]
+            if 4 <= len(word) <= 11 and word not in banned:
+                out[word.capitalize()] = None
+                if len(out) == n:
+                    break
+    return list(out)
+
+
+class Lexicon:
+    """Word lists for one world seed: first names, surnames and roots for places and organisations."""
+
+    def __init__(self, seed: int) -> None:
+        rng = np.random.default_rng([seed, 7919])
+        used: set[str] = set()
+        self.first = _words(rng, 400, (2,), used)
+        used.update(w.lower() for w in self.first)
+        self.last = _words(rng, 8000, (2, 3), used)
+        used.update(w.lower() for w in self.last)
+        self.place = _words(rng, 12000, (2, 3), used)
+        used.update(w.lower() for w in self.place)
+        self.org = _words(rng, 10000, (2, 3), used)
+
+
+def _coprime(m: int, rng: np.random.Generator) -> int:
+    while True:
+        a = int(rng.integers(m // 3, max(m // 3 + 2, m - 1))) | 1
+        if math.gcd(a, m) == 1:
+            return a
+
+
+def scatter(n: int, space: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` distinct integers in ``[0, space)``, spread out by an affine bijection (no sets needed).
+
+    >>> v = scatter(1000, 5000, np.random.default_rng(0))
+    >>> len(set(v.tolist())), int(v.max()) < 5000
+    (1000, True)
+    """
+    if n > space:
+        raise ValueError(f"cannot draw {n} distinct names from a space of {space}")
+    a = _coprime(space, rng)
+    c = int(rng.integers(space))
+    return (np.arange(n, dtype=np.int64) * a + c) % space
