@@ -1,42 +1,36 @@
-"""Code reward: run the completion's program against unit tests in a sandbox (``toolgym.sandboxes``).
+"""Code reward: run the completion's program against the row's tests (``toolgym.sandboxes`` for the candidate).
 
-Tests (the ``tests`` column, one value per completion) come in three shapes:
+Tests (the ``tests`` column, one value per completion) come in four shapes:
 - a list of assert statements: ``["assert add(1, 2) == 3", ...]``, one test case each;
 - a test module (a string) with ``def test_*():`` functions, one test case each (plain ``assert``, no pytest);
+- HumanEval's row: ``{"test": "def check(candidate): ...", "entry_point": "add", "prelude": prompt}`` (or a
+  ``check`` source with the ``entry_point`` column beside it; ``prelude`` optional), one test case;
 - a list of program cases ``[{"input": "1 2\\n", "output": "3\\n"}, ...]``: the solution runs as ``__main__``
-  on that stdin and its stdout is compared line by line (trailing spaces ignored).
+  on that stdin and its stdout is compared on the host, line by line (trailing spaces ignored).
 
-How the result is kept honest (see :mod:`toolgym.rewards.code_harness` and :mod:`toolgym.rewards.code_child`):
-tests never touch the disk and are unreadable by the candidate; each case runs in its own process from the
-pristine test text; the verdict comes from the harness's report (a nonce-tagged line), never from an exit
-code; ``exit(0)``, ``os._exit``, patched builtins/unittest, always-equal ``__eq__`` and ``conftest.py`` all
-score 0; every expected test id must pass (a skipped test is a failed one).
-
-The score is 1.0 when every test passes, else 0.0; ``partial=True`` gives the fraction passed. A completion
-without a code block scores 0. An infrastructure fault (``sandbox_error``, a harness that did not report)
-gives None and counts ``code/infra_errors``, never 0.
+The candidate runs in its own sandbox session and the tests in a separate clean process; only plain data
+crosses between them (:mod:`toolgym.rewards.code_grader`), so no object, frame, memory or file descriptor
+of the candidate's reaches the verdict. The score is 1.0 when every test passes, else 0.0; ``partial=True``
+gives the fraction passed. A completion without a code block scores 0. None only for what the candidate
+cannot cause (the sandbox failing before its code ran, a broken test), counted as ``code/infra_errors``.
 """
 
 from __future__ import annotations
 
-import ast
-import json
-import re
-import secrets
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from toolgym.errors import ConfigError, InfrastructureError
-from toolgym.rewards.code_harness import REPORT_TAG
+from toolgym.errors import ConfigError
+from toolgym.rewards.code_grader import Grade, grade_function, grade_program
 from toolgym.rewards.counters import count
 from toolgym.rewards.extract import assistant_turns, strip_reasoning
 
-_FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.S)
-_HERE = Path(__file__).parent
+_PYTHON_LABELS = ("", "python", "py", "python3")
 _SANDBOX: Any = None
 _SANDBOX_LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def extract_code(completion: Any) -> str | None:
@@ -48,38 +42,31 @@ def extract_code(completion: Any) -> str | None:
     True
     """
     for turn in reversed(assistant_turns(completion)):
-        blocks = _FENCE.findall(strip_reasoning(turn))
+        blocks = _fenced_blocks(strip_reasoning(turn))
         if blocks:
-            return str(blocks[-1])
+            return blocks[-1]
     return None
 
 
-def _cases(tests: Any) -> list[dict[str, Any]]:
-    """Test cases with ids, from any of the three shapes (see the module docstring)."""
-    if isinstance(tests, str):
-        try:
-            tree = ast.parse(tests)
-        except SyntaxError as exc:
-            raise ConfigError(f"the test module does not parse: {exc}") from exc
-        names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
-        if names:
-            return [{"id": n, "run": {"source": tests, "function": n}} for n in names]
-        return [{"id": "module", "run": {"source": tests}}]
-    if isinstance(tests, (list, tuple)):
-        cases: list[dict[str, Any]] = []
-        for i, t in enumerate(tests):
-            if isinstance(t, dict):
-                if "input" not in t or "output" not in t:
-                    raise ConfigError('a program test case needs "input" and "output".')
-                cases.append(
-                    {"id": f"case_{i}", "run": {"stdin": str(t["input"])}, "expected": str(t["output"])}
-                )
-            else:
-                cases.append({"id": f"assert_{i}", "run": {"source": str(t)}})
-        return cases
-    raise ConfigError(
-        "tests must be a test module (str), a list of asserts, or a list of {input, output} cases."
-    )
+def _fenced_blocks(text: str) -> list[str]:
+    """The contents of every fenced block labelled python/py/python3 or unlabelled, in order. Fences pair up
+    left to right (a ``js`` block's closing fence never opens a Python block); one pass, linear time."""
+    out: list[str] = []
+    pos = 0
+    while True:
+        i = text.find("```", pos)
+        if i < 0:
+            return out
+        eol = text.find("\n", i + 3)
+        if eol < 0:
+            return out
+        python = text[i + 3 : eol].strip().lower() in _PYTHON_LABELS
+        j = text.find("```", eol + 1)
+        if j < 0:
+            return out
+        if python:
+            out.append(text[eol + 1 : j])
+        pos = j + 3
 
 
 def default_sandbox() -> Any:
@@ -93,37 +80,55 @@ def default_sandbox() -> Any:
         return _SANDBOX
 
 
+def grade(
+    code: str,
+    tests: Any,
+    sandbox: Any,
+    timeout: float = 5.0,
+    entry_point: str | None = None,
+    prelude: str = "",
+) -> Grade:
+    """Grades one solution against one row's tests, any shape (see the module docstring)."""
+    if isinstance(tests, dict):
+        if "test" not in tests:
+            raise ConfigError('a HumanEval-style test row needs "test" (and "entry_point").')
+        entry_point = tests.get("entry_point", entry_point)
+        prelude = str(tests.get("prelude", tests.get("prompt", prelude)) or "")
+        tests = tests["test"]
+    if hasattr(tests, "tolist"):  # numpy arrays, as verl's batches hold them
+        tests = tests.tolist()
+    if isinstance(tests, (list, tuple)) and tests and all(isinstance(t, dict) for t in tests):
+        return grade_program(code, list(tests), sandbox=sandbox, timeout=timeout)
+    return grade_function(
+        code, tests, entry_point=entry_point, prelude=prelude, sandbox=sandbox, timeout=timeout
+    )
+
+
 def run_tests(
     code: str, tests: Any, sandbox: Any, timeout: float = 5.0, strict: bool = True
 ) -> tuple[int, int] | None:
-    """``(passed, total)`` for one solution, or None on an infrastructure failure."""
-    cases = _cases(tests)
-    if not cases:
-        return None
-    nonce = secrets.token_hex(16)
-    payload = {
-        "nonce": nonce,
-        "tests": cases,
-        "solution": code,
-        "child": (_HERE / "code_child.py").read_text(),
-        "timeout": timeout,
-        "strict": strict,
-    }
-    harness = (_HERE / "code_harness.py").read_text() + "\nmain()\n"
-    budget = len(cases) * (timeout + 2.0) + 10.0
-    try:
-        result = sandbox.run(harness, timeout=budget, stdin=json.dumps(payload))
-    except InfrastructureError:
-        return None
-    marker = f"{REPORT_TAG} {nonce} "
-    for line in result.stdout.splitlines():
-        if line.startswith(marker):
-            report = json.loads(line[len(marker) :])
-            by_id = {r["id"]: bool(r["passed"]) for r in report["results"]}
-            return sum(by_id.get(c["id"], False) for c in cases), len(cases)
-    if result.status in ("timeout", "oom", "output_limit"):
-        return 0, len(cases)  # the candidate took the whole harness down
-    return None
+    """``(passed, total)`` for one solution, or None on an infrastructure failure (kept for callers of the
+    earlier API; :func:`grade` gives the reasons too)."""
+    result = grade(code, tests, sandbox, timeout)
+    return None if result.infra_error else (result.passed, result.total)
+
+
+def _column(kwargs: dict[str, Any], key: str, n: int) -> list[Any]:
+    values = kwargs.get(key)
+    if values is None:
+        return [None] * n
+    values = list(values)
+    if len(values) != n:
+        raise ConfigError(f"got {n} completions but {len(values)} values of '{key}'.")
+    return values
+
+
+def _present(tests: Any) -> bool:
+    if tests is None:
+        return False
+    if hasattr(tests, "tolist"):
+        tests = tests.tolist()
+    return bool(tests)
 
 
 def code_tests(
@@ -137,8 +142,10 @@ def code_tests(
     **kwargs: Any,
 ) -> list[float | None]:
     """1.0 when the completion's last code block passes every test of its row (``partial``: the fraction
-    passed), 0.0 otherwise; None when the row has no tests or the sandbox failed. Runs in ``sandbox`` (a
-    ``toolgym.sandboxes`` Sandbox; default ``get_sandbox("auto")``), ``timeout`` seconds per test case.
+    passed), 0.0 otherwise; None when the row has no tests or the infrastructure failed. The candidate runs
+    in ``sandbox`` (a ``toolgym.sandboxes`` Sandbox; default ``get_sandbox("auto")``), ``timeout`` seconds
+    of its time per test case. Optional columns ``entry_point`` and ``prelude`` serve HumanEval-style rows.
+    ``strict`` is accepted for compatibility: values always cross as plain data now.
 
     >>> code_tests(["no code here"], tests=[["assert True"]])
     [0.0]
@@ -147,24 +154,34 @@ def code_tests(
     """
     if tests is None:
         raise ConfigError("code_tests needs a 'tests' column: asserts, a test module, or input/output cases.")
-    if len(tests) != len(completions):
-        raise ConfigError(f"got {len(completions)} completions but {len(tests)} rows of tests.")
+    tests = list(tests)
+    n = len(completions)
+    if len(tests) != n:
+        raise ConfigError(f"got {n} completions but {len(tests)} rows of tests.")
+    entry_points, preludes = _column(kwargs, "entry_point", n), _column(kwargs, "prelude", n)
     codes = [extract_code(c) for c in completions]
-    todo = [i for i, (code, t) in enumerate(zip(codes, tests, strict=True)) if code is not None and t]
-    out: list[float | None] = [None if not t else 0.0 for t in tests]
+    present = [_present(t) for t in tests]
+    todo = [i for i in range(n) if codes[i] is not None and present[i]]
+    out: list[float | None] = [0.0 if ok else None for ok in present]
     if not todo:
         return out
     box = sandbox if sandbox is not None else default_sandbox()
     workers = max(1, min(len(todo), int(getattr(getattr(box, "limits", None), "size", 2))))
+
+    def one(i: int) -> Grade | None:
+        try:
+            return grade(str(codes[i]), tests[i], box, timeout, entry_points[i], str(preludes[i] or ""))
+        except ConfigError:
+            raise
+        except Exception as exc:  # a fault of ours: never the candidate's score, never the batch's crash
+            log.warning("code_tests: grading failed: %s: %s", type(exc).__name__, exc)
+            return None
+
     with ThreadPoolExecutor(workers) as pool:
-        runs = list(pool.map(lambda i: run_tests(str(codes[i]), tests[i], box, timeout, strict), todo))
+        grades = list(pool.map(one, todo))
     infra = 0
-    for i, run in zip(todo, runs, strict=True):
-        if run is None:
-            out[i] = None
-            infra += 1
-            continue
-        passed, total = run
-        out[i] = passed / total if partial else float(passed == total)
+    for i, result in zip(todo, grades, strict=True):
+        out[i] = None if result is None else result.score(partial)
+        infra += out[i] is None
     count("code/infra_errors", infra, kwargs.get("log_metric"))
     return out

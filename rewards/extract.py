@@ -11,26 +11,70 @@ into no answer at all.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 Several = Literal["last", "first", "reject"]
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S)
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
-_ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is)?\s*[:：]\s*(.+)", re.I)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
+_BOX_TOKEN = re.compile(r"[^\s$]+")
+# "answer" ... ":" lines; one character class between "answer" and the colon, so backtracking stays linear
+_ANSWER_COLON = re.compile(r"answer[\s*]*(?:is[\s*]*)?[:：]", re.I)
+_ANSWER_IS = re.compile(r"\banswer\s+is\b", re.I)
+_ANSWER_PREFIX = re.compile(r"^\W*(?:the\s+)?(?:final\s+)?answer\s+is\b", re.I)
+MAX_ANSWER_CHARS = 10_000  # a longer "final answer" is not one (keeps every verifier's input small)
+
+
+def _spans(text: str, opener: str, closer: str) -> list[str]:
+    """The texts between each ``opener`` and the next ``closer``, scanning left to right without overlap
+    (what ``re.findall(opener + "(.*?)" + closer, text, re.S)`` gives), in linear time: an opener that is
+    never closed ends the scan instead of being retried from every later opener."""
+    out: list[str] = []
+    pos = 0
+    while True:
+        i = text.find(opener, pos)
+        if i < 0:
+            return out
+        j = text.find(closer, i + len(opener))
+        if j < 0:
+            return out
+        out.append(text[i + len(opener) : j])
+        pos = j + len(closer)
+
+
+def answer_blocks(text: str) -> list[str]:
+    """The contents of every ``<answer>…</answer>`` block, in order (linear time).
+
+    >>> answer_blocks("<answer>1</answer> x <answer>2</answer><answer>open")
+    ['1', '2']
+    """
+    return _spans(text, "<answer>", "</answer>")
 
 
 def message_text(message: Any) -> str:
-    """The text of one chat message (``content`` as a string or as a list of text parts)."""
-    if isinstance(message, str):
-        return message
-    if not isinstance(message, dict):
-        return str(getattr(message, "content", message) or "")
-    content = message.get("content") or ""
-    if isinstance(content, str):
-        return content
-    return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    """The text of one chat message (``content`` as a string or as a list of text parts); "" for anything
+    that has no readable text (a value whose ``str()`` raises included): rewards never raise on a completion.
+
+    >>> message_text({"content": [{"type": "text", "text": "a"}, "b"]}), message_text(None), message_text(3)
+    ('a b', '', '3')
+    """
+    try:
+        if isinstance(message, str):
+            return message
+        content = (
+            message.get("content") if isinstance(message, dict) else getattr(message, "content", message)
+        )
+        if content is None:
+            return ""
+        if isinstance(content, str):
+            return content
+        if isinstance(content, (list, tuple)):
+            parts = [p.get("text", "") if isinstance(p, dict) else p for p in content]
+            return " ".join(p for p in parts if isinstance(p, str))
+        text = str(content)
+        return text if isinstance(text, str) else ""
+    except Exception:
+        return ""
 
 
 def assistant_turns(completion: Any) -> list[str]:
@@ -44,15 +88,13 @@ def assistant_turns(completion: Any) -> list[str]:
     """
     if isinstance(completion, str):
         return [completion]
-    if isinstance(completion, dict):
-        return [message_text(completion)]
     if isinstance(completion, (list, tuple)):
-        return [
-            message_text(m)
-            for m in completion
-            if not isinstance(m, dict) or m.get("role", "assistant") == "assistant"
-        ]
-    return [str(completion)]
+        return [message_text(m) for m in completion if not isinstance(m, dict) or _role(m) == "assistant"]
+    return [message_text(completion)]
+
+
+def _role(message: dict[str, Any]) -> Any:
+    return message.get("role", "assistant")
 
 
 def completion_text(completion: Any) -> str:
@@ -77,73 +119,134 @@ def strip_reasoning(text: str) -> str:
     >>> strip_reasoning("<think>\\\\boxed{3} and I ran out of tokens")
     ''
     """
-    if "</think>" in text and "<think>" not in text.split("</think>", 1)[0]:
-        text = text.rsplit("</think>", 1)[1]
-    text = _THINK_BLOCK.sub("", text)
-    start = text.find("<think>")
-    return text if start < 0 else text[:start]
+    first_close = text.find("</think>")
+    if first_close >= 0 and text.find("<think>", 0, first_close) < 0:
+        text = text[text.rfind("</think>") + len("</think>") :]
+    out, pos = [], 0
+    while True:  # closed blocks removed, an unclosed one hides the rest: one left-to-right pass
+        i = text.find("<think>", pos)
+        if i < 0:
+            out.append(text[pos:])
+            break
+        out.append(text[pos:i])
+        j = text.find("</think>", i + len("<think>"))
+        if j < 0:
+            break
+        pos = j + len("</think>")
+    return "".join(out)
 
 
 def extract_boxed(text: str) -> list[str]:
-    """The contents of every ``\\boxed{…}`` / ``\\fbox{…}`` (nested braces kept), in order.
+    """The contents of every outermost ``\\boxed{…}`` / ``\\fbox{…}`` (nested braces kept; a box inside a
+    box is part of the outer one's content), in order; one pass over the text, so linear in its length.
 
     >>> extract_boxed(r"so \\boxed{\\frac{1}{2}} and \\boxed{3}")
     ['\\\\frac{1}{2}', '3']
     >>> extract_boxed(r"\\boxed 7 then \\boxed{unclosed")
     ['7']
     """
-    out: list[str] = []
-    for m in _BOXED.finditer(text):
+    out: list[tuple[int, str]] = []
+    pos, n = 0, len(text)
+    while True:
+        m = _BOXED.search(text, pos)
+        if m is None:
+            break
         i = m.end()
-        if i < len(text) and text[i] == "{":
+        if i < n and text[i] == "{":
             depth, j = 0, i
-            while j < len(text):
-                if text[j] == "{":
+            while j < n:  # to the matching brace; the next search starts after it, so no text is read twice
+                c = text[j]
+                if c == "{":
                     depth += 1
-                elif text[j] == "}":
+                elif c == "}":
                     depth -= 1
                     if depth == 0:
-                        out.append(text[i + 1 : j].strip())
                         break
                 j += 1
-        elif m.group(0) != m.group(0).rstrip() or (i < len(text) and not text[i].isalpha()):
-            token = re.match(r"[^\s$]+", text[i:])
+            if j >= n:
+                break  # unclosed: neither it nor anything after it is a complete box
+            out.append((m.start(), text[i + 1 : j].strip()))
+            pos = j + 1
+            continue
+        if m.group(0) != m.group(0).rstrip() or (i < n and not text[i].isalpha()):
+            token = _BOX_TOKEN.match(text, i)
             if token:
-                out.append(token.group(0).rstrip(".,"))
+                out.append((m.start(), token.group(0).rstrip(".,")))
+                pos = token.end()
+                continue
+        pos = max(i, m.start() + 1)
+    return [c for _, c in out]
+
+
+def answer_lines(text: str) -> list[str]:
+    """Candidates from "Answer: …" / "Final answer is: …" / "**Final answer:** …" lines, then, when there
+    are none, from "the answer is …" sentences; each runs to the end of its line (markdown bold, ``$`` kept,
+    a trailing period dropped). Linear: the scan resumes at the end of each matched line.
+
+    >>> answer_lines("**Final answer:** 64"), answer_lines("So the answer is 42."), answer_lines("Answer:")
+    (['64'], ['42'], [])
+    """
+    out: list[str] = []
+    for pattern in (_ANSWER_COLON, _ANSWER_IS):
+        pos = 0
+        while True:
+            m = pattern.search(text, pos)
+            if m is None:
+                break
+            end = text.find("\n", m.end())
+            end = len(text) if end < 0 else end
+            value = text[m.end() : end].strip().strip("*").strip()
+            value = _ANSWER_PREFIX.sub("", value).strip()  # "Final Answer: The final answer is $5$"
+            if value.endswith("I hope it is correct."):
+                value = value[: -len("I hope it is correct.")].strip()
+            value = value.rstrip(" .")
+            if value:
+                out.append(value)
+            pos = end
+        if out:
+            break
     return out
 
 
-def _pick(candidates: list[str], several: Several) -> str | None:
+def _pick(candidates: list[str], several: Several, same: Callable[[str], str] | None = None) -> str | None:
     if not candidates:
         return None
-    if several == "reject" and len({c.strip() for c in candidates}) > 1:
+    if several == "reject" and len({(same or str.strip)(c) for c in candidates}) > 1:
         return None
     return candidates[0] if several == "first" else candidates[-1]
 
 
-def extract_answer(text: str, several: Several = "last") -> str | None:
+def extract_answer(
+    text: str, several: Several = "last", same: Callable[[str], str] | None = None
+) -> str | None:
     """The single final-answer candidate of a reply (see the module docstring for the policy), or None.
+    ``several`` says which candidate counts when the winning kind holds several: the ``"last"`` (default),
+    the ``"first"``, or none when they differ (``"reject"``; ``same`` normalises them before comparing).
 
     >>> extract_answer("<think>\\\\boxed{1}</think> so \\\\boxed{2}")
     '2'
     >>> extract_answer("Answer: 12 apples") is None, extract_answer("no answer here") is None
     (False, True)
     """
+    if not isinstance(text, str):
+        return None
     body = strip_reasoning(text)
-    tags = _ANSWER_TAG.findall(body)
+    tags = answer_blocks(body)
     if tags:
-        inner = _pick(tags, several)
+        inner = _pick(tags, several, same)
         if inner is None:
             return None
         boxed = extract_boxed(inner)
-        chosen = _pick(boxed, several) if boxed else inner
-        return chosen.strip() if chosen is not None else None
+        chosen = _pick(boxed, several, same) if boxed else inner
+        return _bounded(chosen.strip() if chosen is not None else None)
     boxed = extract_boxed(body)
     if boxed:
-        return _pick(boxed, several)
-    lines = _ANSWER_LINE.findall(body)
-    picked = _pick([ln.strip() for ln in lines], several)
-    return picked.rstrip(" .") if picked is not None else None
+        return _bounded(_pick(boxed, several, same))
+    return _bounded(_pick(answer_lines(body), several, same))
+
+
+def _bounded(answer: str | None) -> str | None:
+    return answer if answer is None or len(answer) <= MAX_ANSWER_CHARS else None
 
 
 def final_answer_text(text: str) -> str:
@@ -156,5 +259,5 @@ def final_answer_text(text: str) -> str:
     'it is 9'
     """
     body = strip_reasoning(text)
-    tags = _ANSWER_TAG.findall(body)
+    tags = answer_blocks(body)
     return tags[-1] if tags else body

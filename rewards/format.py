@@ -12,18 +12,43 @@ import re
 from typing import Any
 
 from toolgym.errors import ConfigError
-from toolgym.parsing import ActionFormat, parse_action
-from toolgym.rewards.extract import assistant_turns, strip_reasoning
+from toolgym.parsing import ActionFormat, ParseResult, parse_action
+from toolgym.rewards.extract import answer_blocks, assistant_turns, message_text, strip_reasoning
 
 _BAD_CALL = {"bad_json", "bad_arguments", "unknown_tool", "bad_message"}
-_ANSWER = re.compile(r"<answer>.*?</answer>", re.S)
 
 
-def _messages(completion: Any) -> list[Any]:
-    """Assistant turns as they came: dicts keep structured ``tool_calls``; a string is one turn."""
-    if isinstance(completion, (list, tuple)):
-        return [m for m in completion if not isinstance(m, dict) or m.get("role", "assistant") == "assistant"]
-    return [completion]
+MAX_TAGS = 64  # a turn with more tool-call, answer or fence openers than this is not parsed (it is abuse)
+_OPENERS = ("<tool_call>", "<answer>", "```")
+
+
+def _messages(completion: Any) -> list[dict[str, Any] | str]:
+    """Assistant turns as they came: dicts keep structured ``tool_calls``; a string is one turn; anything
+    else becomes its text."""
+    items = list(completion) if isinstance(completion, (list, tuple)) else [completion]
+    out: list[dict[str, Any] | str] = []
+    for m in items:
+        if isinstance(m, dict):
+            if m.get("role", "assistant") == "assistant":
+                out.append(m)
+        else:
+            out.append(message_text(m))
+    return out
+
+
+def _text(message: dict[str, Any] | str) -> str:
+    return message if isinstance(message, str) else message_text(message)
+
+
+def _parse(message: dict[str, Any] | str, tools: Any, fmt: ActionFormat) -> ParseResult | None:
+    """The parsed turn, or None for one that cannot be parsed in bounded time or at all (a bad turn)."""
+    text = _text(message)
+    if any(text.count(tag) > MAX_TAGS for tag in _OPENERS):
+        return None
+    try:
+        return parse_action(message, tools, fmt)
+    except Exception:  # a malformed message (odd content types): a bad turn, never a crashed batch
+        return None
 
 
 def tool_call_format(
@@ -41,11 +66,14 @@ def tool_call_format(
     for completion in completions:
         calling = good = 0
         for message in _messages(completion):
-            text = message if isinstance(message, str) else str((message or {}).get("content") or "")
+            text = _text(message)
             structured = isinstance(message, dict) and bool(message.get("tool_calls"))
             if not structured and "<tool_call>" not in strip_reasoning(text) and fmt == "hermes":
                 continue
-            result = parse_action(message, kwargs.get("tools"), fmt)
+            result = _parse(message, kwargs.get("tools"), fmt)
+            if result is None:
+                calling += 1  # unparseable: a bad call
+                continue
             if (
                 fmt != "hermes"
                 and not structured
@@ -71,9 +99,9 @@ def single_answer(completions: list[Any], **kwargs: Any) -> list[float | None]:
     out: list[float | None] = []
     for completion in completions:
         bodies = [strip_reasoning(turn) for turn in assistant_turns(completion)]
-        blocks = [b for body in bodies for b in _ANSWER.findall(body)]
+        blocks = [b for body in bodies for b in answer_blocks(body)]
         tags = sum(body.count("<answer>") + body.count("</answer>") for body in bodies)
-        ok = len(blocks) == 1 and tags == 2 and blocks[0][len("<answer>") : -len("</answer>")].strip()
+        ok = len(blocks) == 1 and tags == 2 and blocks[0].strip()
         out.append(1.0 if ok else 0.0)
     return out
 
@@ -131,7 +159,8 @@ def tool_call_bonus(
     """
     out: list[float | None] = []
     for completion in completions:
-        calls = sum(len(parse_action(m, kwargs.get("tools"), fmt).tool_calls) for m in _messages(completion))
+        parsed = [_parse(m, kwargs.get("tools"), fmt) for m in _messages(completion)]
+        calls = sum(len(r.tool_calls) for r in parsed if r is not None)
         out.append(round(min(cap, per_call * calls), 10))
     return out
 
@@ -182,6 +211,7 @@ def void_turn(completions: list[Any], fmt: ActionFormat = "hermes", **kwargs: An
     """
     out: list[float | None] = []
     for completion in completions:
-        void = any(parse_action(m, None, fmt).error_kind == "no_action" for m in _messages(completion))
+        parsed = [_parse(m, None, fmt) for m in _messages(completion)]
+        void = any(r is not None and r.error_kind == "no_action" for r in parsed)
         out.append(1.0 if void else 0.0)
     return out

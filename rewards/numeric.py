@@ -6,6 +6,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from toolgym.errors import ConfigError
 from toolgym.rewards.extract import completion_text, final_answer_text
 
 __all__ = ["completion_text", "final_answer_text", "numeric_match", "parse_number"]
@@ -31,28 +32,47 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
+def _gold_values(answer: list[Any] | None, kwargs: dict[str, Any], n: int) -> list[Any]:
+    if answer is None:
+        answer = next((kwargs[k] for k in ("solution", "ground_truth") if kwargs.get(k) is not None), None)
+    if answer is None:
+        raise ConfigError("numeric_match needs the gold numbers as a column named 'answer' or 'solution'.")
+    golds = list(answer)
+    if len(golds) != n:
+        raise ConfigError(f"got {n} completions but {len(golds)} gold values; pass one per completion.")
+    return golds
+
+
+def _safe_number(text: Any) -> Fraction | None:
+    try:
+        return parse_number(str(text))
+    except Exception:  # a value whose str() fails, a number too long for int()
+        return None
+
+
 def numeric_match(
-    completions: list[Any], answer: list[Any], tolerance: float = 1e-6, **kwargs: Any
+    completions: list[Any], answer: list[Any] | None = None, tolerance: float = 1e-6, **kwargs: Any
 ) -> list[float | None]:
     """1.0 when the completion's final number equals the gold number (relative ``tolerance``), else 0.0;
-    None when the gold answer has no number. The number is the last one of the last ``<answer>`` block, or of
-    the text outside ``<think>`` when there is no block.
+    None when the gold answer has no number. The gold is the column ``answer`` (or ``solution``). The number
+    is the last one of the last ``<answer>`` block, or of the text outside ``<think>`` when there is no block.
 
     >>> numeric_match(["<answer>2146</answer>", "<answer>2,147</answer>"], answer=[2146, "2146"])
     [1.0, 0.0]
-    >>> numeric_match(["7"], answer=["n/a"])
+    >>> numeric_match(["7"], solution=["n/a"])
     [None]
     """
     out: list[float | None] = []
-    for completion, gold in zip(completions, answer, strict=True):
-        gold_value = parse_number(str(gold))
+    tol = Fraction(tolerance)
+    for completion, gold in zip(completions, _gold_values(answer, kwargs, len(completions)), strict=True):
+        gold_value = _safe_number(gold)
         if gold_value is None:
             out.append(None)
             continue
-        value = parse_number(final_answer_text(completion_text(completion)))
+        value = _safe_number(final_answer_text(completion_text(completion)))
         if value is None:
             out.append(0.0)
             continue
-        scale = max(1.0, abs(float(gold_value)))
-        out.append(1.0 if abs(float(value - gold_value)) <= tolerance * scale else 0.0)
+        # exact arithmetic: a 4000-digit number cannot overflow a float conversion here
+        out.append(1.0 if abs(value - gold_value) <= tol * max(Fraction(1), abs(gold_value)) else 0.0)
     return out

@@ -35,6 +35,13 @@ def normalize_answer(text: str) -> str:
 
 
 def _aliases(gold: Any) -> list[str]:
+    try:
+        return _alias_list(gold)
+    except Exception:  # a gold whose str() fails has no usable alias: the reward is None
+        return []
+
+
+def _alias_list(gold: Any) -> list[str]:
     if gold is None:
         return []
     if isinstance(gold, dict):
@@ -66,7 +73,7 @@ def _prediction(completion: Any, several: Several, max_answer_tags: int, fallbac
     text = completion_text(completion)
     if strip_reasoning(text).count(_ANSWER_OPEN) > max_answer_tags:
         return None
-    answer = extract_answer(text, several)
+    answer = extract_answer(text, several, same=normalize_answer)  # "Paris" and "paris" are one answer
     if answer is None and fallback:
         answer = strip_reasoning(text)
     return answer
