@@ -1,0 +1,180 @@
+"""Seeded households: layouts (which receptacles stand in which rooms), goals, and object placements.
+
+Splits, as ALFWorld's: ``train`` and ``seen`` share layouts but never a goal (a goal is its type, object type
+and receptacle type in a layout: one in eight is held out for ``seen``); ``unseen`` uses held-out layouts.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from toolgym.envs.household.catalog import GOAL_TEXT, LAMPS, NEEDS, OBJECTS, ROOMS, STACKABLE, TASK_TYPES
+from toolgym.envs.household.world import Goal, Scene
+from toolgym.errors import ConfigError
+
+LAYOUTS = 120  # per (rooms, receptacles) setting
+UNSEEN_FROM = 100  # layouts 100..119 are held out for the "unseen" split
+SEEN_BUCKETS = 8  # one goal in eight (by hash) is held out for the "seen" split
+SPLITS = ("train", "seen", "unseen")
+ROOM_TYPES = tuple(ROOMS)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Rooms and their receptacles, with every goal the layout supports, grouped by split and task type."""
+
+    index: int
+    room_names: tuple[str, ...]
+    rec_types: tuple[str, ...]
+    rec_rooms: tuple[int, ...]
+    goals: dict[str, dict[str, tuple[tuple[str, str], ...]]]  # split -> task type -> (object, target)
+
+
+def _room_receptacles(rng: np.random.Generator, room: str, count: int | None) -> list[str]:
+    spec = ROOMS[room]
+    if count is None:
+        counts = {t: int(rng.integers(nat, most + 1)) for t, _, nat, most in spec}
+    else:
+        counts = {t: fewest for t, fewest, _, _ in spec}
+        room_for = [t for t, _, _, most in spec]
+        while sum(counts.values()) < count:
+            t = room_for[int(rng.integers(len(room_for)))]
+            most = next(m for name, _, _, m in spec if name == t)
+            if counts[t] < most or t in STACKABLE:
+                counts[t] += 1
+    return [t for t, _, _, _ in spec for _ in range(counts[t])]
+
+
+def min_receptacles(rooms: int) -> int:
+    """The fewest receptacles a room can have (the ``receptacles`` knob may not go below it)."""
+    return max(sum(f for _, f, _, _ in spec) for spec in ROOMS.values())
+
+
+def _goal_split(index: int, kind: str, obj: str, target: str) -> str:
+    h = zlib.crc32(f"{index}|{kind}|{obj}|{target}".encode()) % SEEN_BUCKETS
+    return "seen" if h == 0 else "train"
+
+
+@lru_cache(maxsize=4096)
+def layout(index: int, rooms: int, receptacles: int | None) -> Layout:
+    """Layout ``index`` of a setting (cached: a layout is the same every time it is asked for)."""
+    rng = np.random.default_rng([7919, rooms, receptacles if receptacles is not None else 0, index])
+    if rooms == 1:
+        names: tuple[str, ...] = (ROOM_TYPES[index % len(ROOM_TYPES)],)
+    else:
+        order = rng.permutation(len(ROOM_TYPES))[:rooms]
+        names = tuple(ROOM_TYPES[int(i)] for i in order)
+    rec_types: list[str] = []
+    rec_rooms: list[int] = []
+    for k, room in enumerate(names):
+        for t in _room_receptacles(rng, room, receptacles):
+            rec_types.append(t)
+            rec_rooms.append(k)
+    present = set(rec_types)
+    goals: dict[str, dict[str, list[tuple[str, str]]]] = {s: {k: [] for k in TASK_TYPES} for s in SPLITS}
+    split_of_layout = "unseen" if index >= UNSEEN_FROM else None
+    lamp_types = [lamp for lamp, hosts in LAMPS.items() if present & set(hosts)]
+    for obj, (caps, places) in OBJECTS.items():
+        starts = present & set(places)
+        if not starts:
+            continue
+        for kind in TASK_TYPES:
+            need, tools = NEEDS[kind]
+            if caps & need != need or (tools and not present & set(tools)):
+                continue
+            if kind == "look_at_obj_in_light":
+                targets = lamp_types
+            else:
+                # a target is a receptacle type the object may be in, other than the tool of the task, and
+                # the object must have somewhere else to start
+                targets = [t for t in sorted(starts) if t not in tools and starts - {t}]
+            for target in targets:
+                split = split_of_layout or _goal_split(index, kind, obj, target)
+                goals[split][kind].append((obj, target))
+    frozen = {s: {k: tuple(v) for k, v in d.items()} for s, d in goals.items()}
+    return Layout(index, names, tuple(rec_types), tuple(rec_rooms), frozen)
+
+
+def _layout_range(split: str) -> range:
+    return range(UNSEEN_FROM, LAYOUTS) if split == "unseen" else range(UNSEEN_FROM)
+
+
+def make_scene(
+    rng: np.random.Generator,
+    *,
+    rooms: int,
+    receptacles: int | None,
+    distractors: int | None,
+    task_types: tuple[str, ...],
+    split: str,
+) -> tuple[Scene, list[int], int, int]:
+    """Draw an episode: the scene, where each object starts, the starting room, and the layout index."""
+    span = _layout_range(split)
+    for _ in range(200):
+        index = span[int(rng.integers(len(span)))]
+        lay = layout(index, rooms, receptacles)
+        kinds = [k for k in task_types if lay.goals[split][k]]
+        if kinds:
+            break
+    else:
+        raise ConfigError(
+            f"no layout of split {split!r} supports task types {list(task_types)} with rooms={rooms}; "
+            "allow more task types or rooms"
+        )
+    kind = kinds[int(rng.integers(len(kinds)))]
+    options = lay.goals[split][kind]
+    obj_type, target_type = options[int(rng.integers(len(options)))]
+    template = GOAL_TEXT[kind][int(rng.integers(len(GOAL_TEXT[kind])))]
+    goal = Goal(kind, obj_type, target_type, template.format(o=obj_type, r=target_type))
+
+    by_type: dict[str, list[int]] = {}
+    for i, t in enumerate(lay.rec_types):
+        by_type.setdefault(t, []).append(i)
+    obj_types: list[str] = []
+    where: list[int] = []
+
+    def place(t: str, spots: list[int]) -> None:
+        obj_types.append(t)
+        where.append(spots[int(rng.integers(len(spots)))])
+
+    # the goal objects: never where the goal wants them
+    avoid = () if kind == "look_at_obj_in_light" else (target_type,)
+    starts = [i for t in OBJECTS[obj_type][1] if t not in avoid for i in by_type.get(t, ())]
+    low = 2 if kind == "pick_two_obj_and_place" else 1
+    for _ in range(int(rng.integers(low, 4))):
+        place(obj_type, starts)
+    # lamps: one on some host of the goal's lamp type (look tasks), else on a host by chance
+    for lamp, hosts in LAMPS.items():
+        spots = [i for t in hosts for i in by_type.get(t, ())]
+        if spots and (target_type == lamp or rng.random() < 0.5):
+            place(lamp, spots)
+    # distractors: other object types that fit the room
+    for k, _room in enumerate(lay.room_names):
+        present = {t for t, r in zip(lay.rec_types, lay.rec_rooms, strict=True) if r == k}
+        fits = [t for t, (_, places) in OBJECTS.items() if t != obj_type and present & set(places)]
+        n = int(rng.integers(6, 15)) if distractors is None else distractors
+        for _ in range(n):
+            t = fits[int(rng.integers(len(fits)))]
+            spots = [i for p in OBJECTS[t][1] for i in by_type.get(p, ()) if lay.rec_rooms[i] == k]
+            place(t, spots)
+    counts: dict[str, int] = {}
+    names = []
+    for t in obj_types:
+        counts[t] = counts.get(t, 0) + 1
+        names.append(f"{t} {counts[t]}")
+    scene = Scene(
+        room_names=lay.room_names,
+        rec_types=lay.rec_types,
+        rec_rooms=lay.rec_rooms,
+        obj_types=tuple(obj_types),
+        obj_names=tuple(names),
+        obj_caps=tuple(OBJECTS[t][0] if t in OBJECTS else 0 for t in obj_types),
+        obj_is_lamp=tuple(t in LAMPS for t in obj_types),
+        goal=goal,
+    )
+    start_room = int(rng.integers(len(lay.room_names)))
+    return scene, where, start_room, index
