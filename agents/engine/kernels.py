@@ -1,0 +1,209 @@
+"""Triton kernels of the decode step (CUDA only; ``model.py`` has the plain-torch versions used on CPU).
+
+- ``add_rms_norm``: residual add and RMSNorm in one pass over a row.
+- ``rope_kv_write``: rotary embedding of q and k from the fused qkv row, k and v written into the slotted
+  cache at each row's position, rotated q written out.
+- ``decode_attention``: one query token per row against its slot's cache, read up to the row's length only;
+  one program per (row, KV head, split) holds the whole GQA group of query heads, so every K/V element is
+  read once per step. With few rows the cache is split along time (flash-decoding) and a second kernel
+  merges the partial softmaxes.
+- ``silu_mul``: the gated MLP's ``silu(gate) * up``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_kernel(X, Dlt, W, Y, n, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    m = cols < n
+    x = tl.load(X + row * n + cols, mask=m, other=0.0).to(tl.float32)
+    if HAS_D:
+        x = x + tl.load(Dlt + row * n + cols, mask=m, other=0.0).to(tl.float32)
+        x = x.to(X.dtype.element_ty)
+        tl.store(X + row * n + cols, x, mask=m)
+        x = x.to(tl.float32)
+    var = tl.sum(x * x, axis=0) / n
+    y = (x * tl.rsqrt(var + eps)).to(X.dtype.element_ty).to(tl.float32)
+    w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(Y + row * n + cols, (y * w).to(Y.dtype.element_ty), mask=m)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x += delta`` in place (when given), then RMSNorm(x)·w.  x, delta: [B, n]."""
+    y = torch.empty_like(x)
+    n = x.shape[-1]
+    _add_rms_kernel[(x.shape[0],)](
+        x, delta if delta is not None else x, w, y, n, eps, HAS_D=delta is not None,
+        BLOCK=triton.next_power_of_2(n), num_warps=4,
+    )  # fmt: skip
+    return y
+
+
+@triton.jit
+def _rope_kv_kernel(
+    QKV, COS, SIN, POS, SLOT, KC, VC, QO,
+    s_kslot, s_khead, s_kt,
+    H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, HP: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    pos = tl.load(POS + row)
+    slot = tl.load(SLOT + row)
+    d = tl.arange(0, HALF)
+    hh = tl.arange(0, HP)
+    cos = tl.load(COS + pos * HALF + d)[None, :]
+    sin = tl.load(SIN + pos * HALF + d)[None, :]
+    base = QKV + row * (H + 2 * HKV) * D
+    # q heads
+    qm = hh[:, None] < H
+    q1 = tl.load(base + hh[:, None] * D + d[None, :], mask=qm, other=0.0).to(tl.float32)
+    q2 = tl.load(base + hh[:, None] * D + HALF + d[None, :], mask=qm, other=0.0).to(tl.float32)
+    qo = QO + row * H * D + hh[:, None] * D + d[None, :]
+    tl.store(qo, (q1 * cos - q2 * sin).to(QO.dtype.element_ty), mask=qm)
+    tl.store(qo + HALF, (q2 * cos + q1 * sin).to(QO.dtype.element_ty), mask=qm)
+    # k heads (rotated) and v heads into the cache
+    km = hh[:, None] < HKV
+    kb = base + H * D
+    k1 = tl.load(kb + hh[:, None] * D + d[None, :], mask=km, other=0.0).to(tl.float32)
+    k2 = tl.load(kb + hh[:, None] * D + HALF + d[None, :], mask=km, other=0.0).to(tl.float32)
+    dst = slot.to(tl.int64) * s_kslot + hh[:, None] * s_khead + pos.to(tl.int64) * s_kt + d[None, :]
+    tl.store(KC + dst, (k1 * cos - k2 * sin).to(KC.dtype.element_ty), mask=km)
+    tl.store(KC + dst + HALF, (k2 * cos + k1 * sin).to(KC.dtype.element_ty), mask=km)
+    vb = base + (H + HKV) * D
+    v1 = tl.load(vb + hh[:, None] * D + d[None, :], mask=km, other=0.0)
+    v2 = tl.load(vb + hh[:, None] * D + HALF + d[None, :], mask=km, other=0.0)
+    tl.store(VC + dst, v1.to(VC.dtype.element_ty), mask=km)
+    tl.store(VC + dst + HALF, v2.to(VC.dtype.element_ty), mask=km)
+
+
+def rope_kv_write(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
+) -> torch.Tensor:  # fmt: skip
+    """Rotated q [B, H, D]; rotated k and v written to ``k_cache/v_cache[slot, :, pos]`` ([S, Hkv, T, D])."""
+    B = qkv.shape[0]
+    q = torch.empty((B, heads, head_dim), device=qkv.device, dtype=qkv.dtype)
+    _rope_kv_kernel[(B,)](
+        qkv, cos, sin, pos, slots, k_cache, v_cache, q,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        H=heads, HKV=kv_heads, D=head_dim, HALF=head_dim // 2, HP=triton.next_power_of_2(max(heads, kv_heads)),
+        num_warps=2,
+    )  # fmt: skip
+    return q
+
+
+@triton.jit
+def _decode_attn_kernel(
+    Q, KC, VC, SLOT, POS, OUT, ML, sm_scale, chunk,
+    s_kslot, s_khead, s_kt,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
+    NSPLIT: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    slot = tl.load(SLOT + row).to(tl.int64)
+    length = tl.load(POS + row) + 1
+    g = tl.arange(0, GP)
+    d = tl.arange(0, D)
+    gm = g[:, None] < G
+    q = tl.load(Q + row * H * D + (kvh * G + g)[:, None] * D + d[None, :], mask=gm, other=0.0)
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, length)
+    kbase = KC + slot * s_kslot + kvh * s_khead
+    vbase = VC + slot * s_kslot + kvh * s_khead
+    for start in range(lo, hi, BT):
+        t = start + tl.arange(0, BT)
+        tm = t < hi
+        k = tl.load(kbase + t[:, None].to(tl.int64) * s_kt + d[None, :], mask=tm[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * sm_scale  # [GP, BT]
+        s = tl.where(tm[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(vbase + t[:, None].to(tl.int64) * s_kt + d[None, :], mask=tm[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    if NSPLIT == 1:
+        out = acc / l_i[:, None]
+        tl.store(
+            OUT + row * H * D + (kvh * G + g)[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty), mask=gm
+        )
+    else:
+        # partial results: acc [B, H, NSPLIT, D] (float32), (m, l) [B, H, NSPLIT, 2]
+        head = kvh * G + g
+        obase = (row * H + head)[:, None] * NSPLIT * D + split * D + d[None, :]
+        tl.store(OUT + obase, acc, mask=gm)
+        mbase = (row * H + head) * NSPLIT * 2 + split * 2
+        tl.store(ML + mbase, m_i, mask=g < G)
+        tl.store(ML + mbase + 1, l_i, mask=g < G)
+
+
+@triton.jit
+def _merge_kernel(P, ML, OUT, H: tl.constexpr, D: tl.constexpr, NSPLIT: tl.constexpr):
+    rh = tl.program_id(0)  # row * H + head
+    s = tl.arange(0, NSPLIT)
+    d = tl.arange(0, D)
+    m = tl.load(ML + rh * NSPLIT * 2 + s * 2)
+    lse = tl.load(ML + rh * NSPLIT * 2 + s * 2 + 1)
+    mx = tl.max(m, 0)
+    w = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)
+    acc = tl.load(P + rh * NSPLIT * D + s[:, None] * D + d[None, :])
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(lse * w, 0)
+    tl.store(OUT + rh * D + d, out.to(OUT.dtype.element_ty))
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor,
+    nsplit: int, capacity: int,
+) -> torch.Tensor:  # fmt: skip
+    """q [B, H, D] against ``cache[slot, :, :pos+1]`` ([S, Hkv, T, D]); returns [B, H, D]."""
+    B, H, D = q.shape
+    hkv = k_cache.shape[1]
+    G = H // hkv
+    BT = 64
+    chunk = triton.cdiv(triton.cdiv(capacity, nsplit), BT) * BT
+    out = torch.empty_like(q)
+    grid = (B, hkv, nsplit)
+    common = dict(H=H, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BT=BT, NSPLIT=nsplit, num_warps=4)
+    strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+    if nsplit == 1:
+        _decode_attn_kernel[grid](
+            q, k_cache, v_cache, slots, pos, out, out, D**-0.5, chunk, *strides, **common
+        )
+        return out
+    part = torch.empty((B, H, nsplit, D), device=q.device, dtype=torch.float32)
+    ml = torch.empty((B, H, nsplit, 2), device=q.device, dtype=torch.float32)
+    _decode_attn_kernel[grid](q, k_cache, v_cache, slots, pos, part, ml, D**-0.5, chunk, *strides, **common)
+    _merge_kernel[(B * H,)](part, ml, out, H=H, D=D, NSPLIT=nsplit, num_warps=1)
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(GU, Y, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = col < n
+    gate = tl.load(GU + row * 2 * n + col, mask=m, other=0.0).to(tl.float32)
+    up = tl.load(GU + row * 2 * n + n + col, mask=m, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(Y + row * n + col, (act * up).to(Y.dtype.element_ty), mask=m)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """``silu(gu[:, :I]) * gu[:, I:]`` for gu [B, 2I]."""
+    B, n2 = gu.shape
+    n = n2 // 2
+    y = torch.empty((B, n), device=gu.device, dtype=gu.dtype)
+    BLOCK = 1024
+    _silu_mul_kernel[(B, triton.cdiv(n, BLOCK))](gu, y, n, BLOCK=BLOCK, num_warps=4)
+    return y

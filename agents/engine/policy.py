@@ -1,0 +1,231 @@
+"""``EnginePolicy``: the engine behind the ``Policy``/``TokenPolicy`` protocols (a drop-in for ``HFPolicy``).
+
+``generate(prompts, sampling)`` takes plain prompt ids like ``HFPolicy``. Before anything runs, each
+prompt is matched against the sequences the engine still holds: a prompt that extends an earlier turn
+(its prompt + sampled ids + the env's reply) continues that turn's cache and prefills only the new ids; a
+prompt that shares a prefix with a held sequence (a branch of a rollout tree) forks it (the prefix is
+copied, not recomputed). Prompts that match nothing but repeat one another (a GRPO group) or share a
+long prefix (a system prompt) run that prefix once and fork it. The engine's own handles
+(``engine.new / fork / extend / submit / step``) serve callers that track their sequences themselves
+(the episode runner's continuous batching).
+
+Logprobs: those of the distribution each token was drawn from (see ``sampling.py``); with the default
+``top_p=1`` (and ``top_k=0``) that is ``softmax(logits / temperature)``, as ``HFPolicy`` reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from toolgym.agents.engine.engine import Engine, Seq
+from toolgym.agents.engine.prefix import PrefixIndex
+from toolgym.agents.engine.sampling import SampleMode
+from toolgym.agents.policy import (
+    AssistantTurn,
+    Conversation,
+    Generation,
+    SamplingParams,
+    ToolDicts,
+    broadcast_tools,
+    parse_turn,
+)
+from toolgym.agents.rendering import ChatRenderer, ToolRole
+from toolgym.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from toolgym.envs.base import ToolEnv
+
+
+def mode_of(sp: SamplingParams, top_k: int = 0) -> SampleMode:
+    return SampleMode(
+        temperature=max(sp.temperature, 0.0), top_p=sp.top_p, top_k=top_k, entropies=sp.return_entropies
+    )
+
+
+class EnginePolicy:
+    """A Llama/Qwen2 HF model served by our ``Engine``; ``model``/``tokenizer`` as for ``HFPolicy``.
+
+    ``slots`` sequences of up to ``capacity`` tokens are held at once (the KV cache is allocated up front:
+    ``engine.cache.nbytes()``). ``min_shared_prefix``: the shortest common prefix of unrelated prompts
+    that is prefilled once and forked.
+    """
+
+    def __init__(
+        self,
+        model: str | Any = "smollm2-135m",
+        tokenizer: Any = None,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        sampling: SamplingParams | None = None,
+        tool_role: ToolRole = "auto",
+        chat_template: str | None = None,
+        slots: int = 64,
+        capacity: int = 2048,
+        top_k: int = 0,
+        min_shared_prefix: int = 32,
+        cuda_graphs: bool | None = None,
+        engine_dtype: torch.dtype | None = None,
+    ) -> None:
+        from toolgym.agents.engine.weights import unsupported
+
+        if isinstance(model, str):
+            from toolgym.agents.hf import load_model
+
+            self.name = f"engine:{model}"
+            model, loaded = load_model(model, device, dtype)
+            tokenizer = tokenizer or loaded
+        else:
+            self.name = f"engine:{getattr(getattr(model, 'config', None), '_name_or_path', '') or type(model).__name__}"
+            if tokenizer is None:
+                raise ConfigError("EnginePolicy(model=<a loaded model>) also needs tokenizer=")
+        why = unsupported(model)
+        if why is not None:
+            raise ConfigError(f"the fast engine cannot run this model: {why}; use the hf backend")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling or SamplingParams()
+        self.top_k = top_k
+        self.min_shared_prefix = min_shared_prefix
+        self._renderer = ChatRenderer(tokenizer, tool_role=tool_role, chat_template=chat_template)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad if pad is not None else min(self._renderer.stop_ids or {0}))
+        self.engine = Engine(
+            model, slots=slots, capacity=capacity, stop_ids=self._renderer.stop_ids,
+            decode_text=self._renderer.decode, cuda_graphs=cuda_graphs, dtype=engine_dtype,
+        )  # fmt: skip
+        self.index = PrefixIndex()
+        self.engine.on_evict = self.index.remove
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        return self._renderer
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    # ----- Policy ------------------------------------------------------------------------------------------
+    def act(
+        self,
+        conversations: Sequence[Conversation],
+        tools: Sequence[ToolDicts | None] | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        envs: Sequence[ToolEnv | None] | None = None,
+    ) -> list[AssistantTurn]:
+        tool_lists = broadcast_tools(tools, len(conversations))
+        prompts = [self._renderer.prompt_ids(c, t) for c, t in zip(conversations, tool_lists, strict=True)]
+        gens = self.generate(prompts, sampling)
+        return [self.to_turn(g, t, len(p)) for g, t, p in zip(gens, tool_lists, prompts, strict=True)]
+
+    def to_turn(self, gen: Generation, tools: ToolDicts | None, prompt_len: int = 0) -> AssistantTurn:
+        """An ``AssistantTurn`` from token-level output (decoded text, stop token removed, parsed message)."""
+        text = self._renderer.decode(self._renderer.strip_stop(gen.token_ids))
+        return AssistantTurn(
+            text=text, message=parse_turn(text, tools), token_ids=gen.token_ids, logprobs=gen.logprobs,
+            finish_reason=gen.finish_reason, entropies=gen.entropies,
+            usage={"prompt_tokens": prompt_len, "completion_tokens": len(gen.token_ids)},
+        )  # fmt: skip
+
+    # ----- tokens ------------------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Pick up new weights (after an optimizer step); held caches are then dropped."""
+        if self.engine.refresh():
+            self.index.clear()
+
+    def generation(self, seq: Seq) -> Generation:
+        return Generation(
+            list(seq.out), list(seq.logprobs), seq.finish,  # type: ignore[arg-type]
+            list(seq.entropies) if seq.mode.entropies else None,
+        )  # fmt: skip
+
+    def generate(
+        self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
+    ) -> list[Generation]:
+        """One continuation per prompt (ids in, ids + logprobs out), continuing held caches where they match."""
+        sp = sampling or self.sampling
+        if any(len(p) == 0 for p in prompts):
+            raise ConfigError("every prompt needs at least one token")
+        if not prompts:
+            return []
+        self.refresh()
+        eng = self.engine
+        if sp.seed is not None:
+            eng.seed(sp.seed)
+        seqs = self._plan([list(p) for p in prompts])
+        mode = mode_of(sp, self.top_k)
+        for s in seqs:
+            eng.submit(s, mode, sp.max_new_tokens, sp.stop)
+        while eng.busy():
+            for s in eng.step():
+                self.index.add(s)
+        return [self.generation(s) for s in seqs]
+
+    def _plan(self, prompts: list[list[int]]) -> list[Seq]:
+        """A sequence per prompt: continued or forked from held caches, or new (shared prefixes run once)."""
+        eng = self.engine
+        out: list[Seq | None] = [None] * len(prompts)
+        claims: dict[int, list[tuple[int, int]]] = {}
+        sources: dict[int, Seq] = {}
+        for i, p in enumerate(prompts):
+            src, n = self.index.match(p)
+            if src is not None and src.state == "idle":
+                claims.setdefault(src.id, []).append((i, n))
+                sources[src.id] = src
+        for sid, src in sources.items():  # taken out of the idle pool first: nothing evicts a source
+            self.index.remove(src)
+            eng.idle.pop(sid, None)
+            src.state = "new"
+        for sid, items in claims.items():
+            src = sources[sid]
+            items.sort(key=lambda x: -x[1])
+            for i, n in items[1:]:  # copies first: the first claimant then takes the source's slot itself
+                out[i] = eng.fork(src, prompts[i], n)
+            i, n = items[0]
+            src.ids, src.kv = prompts[i], min(src.kv, n)
+            out[i] = src
+        fresh = [i for i in range(len(prompts)) if out[i] is None]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i in fresh:
+            groups.setdefault(tuple(prompts[i]), []).append(i)
+        leaders = [members[0] for members in groups.values()]
+        root = None
+        if len(leaders) > 1:
+            shared = _common_prefix([prompts[i] for i in leaders])
+            if shared >= self.min_shared_prefix:
+                root = eng.new(prompts[leaders[0]][:shared])
+                eng.prefill_only([root], [shared])
+        heads = []
+        for i in leaders:
+            out[i] = (
+                eng.fork(root, prompts[i], len(prompts[i]) - 1) if root is not None else eng.new(prompts[i])
+            )
+            heads.append(out[i])
+        multi = [(out[members[0]], members) for members in groups.values() if len(members) > 1]
+        eng.prefill_only([h for h, _ in multi], [len(h.ids) - 1 for h, _ in multi])  # type: ignore[union-attr]
+        for head, members in multi:
+            for i in members[1:]:
+                out[i] = eng.fork(head, prompts[i])  # type: ignore[arg-type]
+        if root is not None:
+            eng.release(root)
+        return [s for s in out if s is not None]
+
+    def clear_kv(self) -> None:
+        """Drop every held cache."""
+        for seq in list(self.engine.idle.values()):
+            self.engine.release(seq)
+        self.index.clear()
+
+
+def _common_prefix(prompts: Sequence[list[int]]) -> int:
+    """Length of the prefix all prompts share, leaving each at least one token of its own."""
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for i in range(n):
+        t = first[i]
+        if any(p[i] != t for p in prompts):
+            return i
+    return max(n, 0)
