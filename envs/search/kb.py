@@ -33,7 +33,7 @@ from toolgym.envs.search.names import (
     NOUNS,
     SOCIETY_WORDS,
     UNIVERSITY_FORMS,
-    Lexicon,
+    lexicon,
     scatter,
 )
 from toolgym.errors import ConfigError
@@ -119,7 +119,7 @@ class World:
         self.seed = seed
         self.num_passages = n = num_passages
         rng = np.random.default_rng([seed, KB_VERSION, n])
-        self.lex = Lexicon(seed)
+        self.lex = lexicon(seed)
         self.n_country = max(6, n // 2500)
         self.n_city = max(30, n * 8 // 100)
         self.n_org = max(20, n * 15 // 100)

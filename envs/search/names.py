@@ -7,6 +7,7 @@ one integer operation each.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -66,6 +67,12 @@ def _words(rng: np.random.Generator, n: int, syllables: tuple[int, ...], banned:
                 if len(out) == n:
                     break
     return list(out)
+
+
+@functools.lru_cache(maxsize=8)
+def lexicon(seed: int) -> Lexicon:
+    """The (cached) lexicon of a world seed."""
+    return Lexicon(seed)
 
 
 class Lexicon:

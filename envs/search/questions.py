@@ -217,9 +217,7 @@ class QuestionMaker:
         return Question("", text, aliases, hops, "bridge", plan)
 
     def _single(self, rng: np.random.Generator, hops: int) -> Question | None:
-        if rng.random() < 0.5:
-            return self._composition(rng, 1)
-        q = self._bridge(rng, 1)
+        q = self._composition(rng, 1) if rng.random() < 0.5 else self._bridge(rng, 1)
         if q is not None:
             q.kind = "single"
         return q

@@ -282,7 +282,7 @@ def cached_index(
             return BM25Index.load(path)
         index = BM25Index.build(texts, total, show_progress)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
         try:
             index.save(tmp)
             os.replace(tmp, path)
