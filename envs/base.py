@@ -15,6 +15,8 @@ A subclass fills in small named hooks, and the loop in ``step`` is never overrid
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import json
 import re
 import time
@@ -71,6 +73,41 @@ def lenient_answer(parsed: ParseResult) -> ParseResult:
     return ParseResult(text=parsed.text, answer=found.strip())
 
 
+@functools.cache
+def knobs(cls: type) -> tuple[str, ...]:
+    """Every keyword argument an env class accepts, over its whole class hierarchy."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        init = getattr(init, "__wrapped__", init)
+        for p in inspect.signature(init).parameters.values():
+            if (
+                p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.name != "self"
+                and p.name not in names
+            ):
+                names.append(p.name)
+    return tuple(names)
+
+
+def _knob_checked(init: Callable[..., None]) -> Callable[..., None]:
+    """A typo in an env kwarg is a ConfigError that lists the accepted knobs, not a bare TypeError."""
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        accepted = knobs(type(self))  # type: ignore[arg-type]
+        unknown = sorted(k for k in kwargs if k not in accepted)
+        if unknown and not getattr(self, "accepts_any_kwargs", False):
+            raise ConfigError(
+                f"{type(self).__name__} got unknown argument(s) {unknown}; accepted: {', '.join(accepted)}"
+            )
+        init(self, *args, **kwargs)
+
+    return checked
+
+
 def _whitespace_tokens(text: str) -> int:
     return len(text.split())
 
@@ -84,7 +121,14 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
     supports_fork: ClassVar[bool] = True
     action_format: ActionFormat = "hermes"
     reward_keys: ClassVar[tuple[str, ...]] = ("correct", "format")
+    # True for a family that forwards arbitrary **kwargs (e.g. to an outside engine): no knob check then
+    accepts_any_kwargs: ClassVar[bool] = False
     metadata = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 (gymnasium declares it so)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _knob_checked(cls.__init__)  # type: ignore[method-assign]
 
     def __init__(
         self,

@@ -3,7 +3,9 @@
 1. gymnasium's ``check_env`` (API, spaces, seeding);
 2. seeded determinism: same seed → same task, and the same transcript for the same actions;
 3. random garbage actions are handled without an exception, each flagged ``invalid_action`` with feedback;
-4. the scripted expert's success rate is at least the rate the env declares.
+4. the scripted expert's success rate is at least the rate the env declares;
+5. forking: an episode restored with ``set_state`` in a fresh env continues exactly as the original (envs
+   with ``supports_fork``), so a per-episode field that ``get_state`` forgets shows up here, not in training.
 """
 
 from __future__ import annotations
@@ -139,6 +141,34 @@ def _garbage(env_id: str, n: int = 200, seed: int = 0) -> None:
         env.close()
 
 
+def _fork(env_id: str, seeds: int = 3) -> None:
+    """Fork at every turn of an expert episode into a second, fresh env; both must continue identically."""
+    original, copy_env = gym.make(env_id), gym.make(env_id)
+    try:
+        if not tool_env(original).supports_fork:
+            return
+        for seed in range(seeds):
+            actions, _ = _play_expert(original, 2000 + seed)
+            for cut in range(len(actions)):
+                original.reset(seed=2000 + seed)
+                for action in actions[:cut]:
+                    original.step(action)
+                state = tool_env(original).get_state()
+                copy_env.reset(seed=9999)  # a different episode first: leftovers must not survive set_state
+                tool_env(copy_env).set_state(state)
+                for action in actions[cut:]:
+                    a, b = original.step(action), copy_env.step(action)
+                    if a[:4] != b[:4]:
+                        raise AssertionError(
+                            f"seed {seed}: a fork at turn {cut} diverged at action {action!r:.80}"
+                        )
+                if tool_env(original).transcript != tool_env(copy_env).transcript:
+                    raise AssertionError(f"seed {seed}: a fork at turn {cut} ended with another transcript")
+    finally:
+        original.close()
+        copy_env.close()
+
+
 def expert_success_rate(env_id: str, episodes: int = 20, **kwargs: Any) -> float:
     env = gym.make(env_id, **kwargs)
     wins = 0
@@ -158,6 +188,7 @@ def check(env_id: str, garbage_actions: int = 200, expert_episodes: int = 20) ->
     _run_check(report, "gymnasium", lambda: _gym_check_env(env_id))
     _run_check(report, "determinism", lambda: _determinism(env_id))
     _run_check(report, "garbage", lambda: _garbage(env_id, garbage_actions))
+    _run_check(report, "fork", lambda: _fork(env_id))
 
     def expert() -> None:
         report.declared_success = _declared(env_id)

@@ -4,7 +4,7 @@ Importing toolgym registers every ``toolgym/…`` id with Gymnasium. It stays ch
 browser is imported here.
 """
 
-from toolgym.errors import ConfigError, InfrastructureError, ToolgymError
+from toolgym.errors import ConfigError, DependencyNotInstalled, InfrastructureError, ToolgymError
 from toolgym.messages import Message, ToolCall
 from toolgym.parsing import ParseResult, parse_action
 from toolgym.tools import Tool, ToolSpec
@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "DependencyNotInstalled",
     "InfrastructureError",
     "Message",
     "ParseResult",

@@ -15,3 +15,14 @@ class InfrastructureError(ToolgymError, RuntimeError):
 
 class EpisodeOverError(ToolgymError, RuntimeError):
     """`step` was called after the episode ended; call `reset` first."""
+
+
+class DependencyNotInstalled(ToolgymError, ImportError):
+    """An optional package is missing; the message names it and the command that installs it."""
+
+    def __init__(self, package: str, extra: str | None = None, *, why: str = "") -> None:
+        how = f"pip install 'toolgym[{extra}]'" if extra else f"pip install {package}"
+        reason = f" ({why})" if why else ""
+        super().__init__(f"{package} is not installed{reason}: {how}")
+        self.name = package
+        self.install = how

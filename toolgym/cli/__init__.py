@@ -15,6 +15,9 @@ COMMAND_MODULES = (
     "toolgym.cli.reward_commands",  # serve-reward
     "toolgym.cli.agent_commands",  # eval, serve
     "toolgym.cli.train",  # train
+    "toolgym.cli.sft",  # sft
+    "toolgym.cli.search",  # serve-retriever, search-index
+    "toolgym.cli.interop",  # serve-env, new, info, view
 )
 
 

@@ -88,10 +88,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--env-kwargs must be a JSON object: {exc}") from exc
     if not isinstance(env_kwargs, dict):
         raise ConfigError("--env-kwargs must be a JSON object")
-    import toolgym  # noqa: F401  (registers the ids)
-    from toolgym.envs import ENVS
+    from gymnasium.envs.registration import registry
 
-    unknown = [e for e in args.env_ids if e not in ENVS and "/" not in e]
+    import toolgym  # noqa: F401  (registers the ids)
+
+    unknown = [e for e in args.env_ids if e not in registry]
     if unknown:
         raise ConfigError(f"unknown env id(s) {unknown}; see `toolgym list`")
     # hf: keep each episode's KV cache between its turns (only the new tokens run each turn)

@@ -90,15 +90,17 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from gymnasium.envs.registration import registry
+
     import toolgym  # noqa: F401
     from toolgym.envs import ENVS
     from toolgym.envs.checks import check
     from toolgym.errors import ConfigError
 
     ids = args.env_ids or list(ENVS)
-    unknown = [i for i in ids if i not in ENVS]
+    unknown = [i for i in ids if i not in registry]
     if unknown:
-        raise ConfigError(f"unknown env id(s) {unknown}; known: {sorted(ENVS)}")
+        raise ConfigError(f"unknown env id(s) {unknown}; toolgym's own: {sorted(ENVS)} (see `toolgym list`)")
     rows = []
     failed = False
     for env_id in ids:
@@ -106,7 +108,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         failed |= not report.ok
         marks = [
             "ok" if report.passed.get(k) else "FAIL"
-            for k in ("gymnasium", "determinism", "garbage", "expert")
+            for k in ("gymnasium", "determinism", "garbage", "fork", "expert")
         ]
         rows.append(
             [
@@ -119,6 +121,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         for name, err in report.errors.items():
             print(f"{env_id} {name}: {err}", file=sys.stderr)
     print(
-        format_table(["id", "gymnasium", "determinism", "garbage", "expert", "expert success", "time"], rows)
+        format_table(
+            ["id", "gymnasium", "determinism", "garbage", "fork", "expert", "expert success", "time"], rows
+        )
     )
     return 1 if failed else 0
