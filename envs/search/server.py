@@ -11,11 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from toolgym.envs.search.retriever import Hit, Retriever
 
 MAX_QUERIES = 1024
 MAX_QUERY_CHARS = 10_000
 MAX_TOPK = 100
+
+
+class QueryRequest(BaseModel):
+    """Search-R1's request body."""
+
+    queries: list[str] = Field(max_length=MAX_QUERIES)
+    topk: int | None = Field(default=None, ge=1, le=MAX_TOPK)
+    return_scores: bool = False
 
 
 def _document(hit: Hit) -> dict[str, Any]:
@@ -26,12 +36,6 @@ def _document(hit: Hit) -> dict[str, Any]:
 def create_app(retriever: Retriever, default_topk: int = 3, num_docs: int | None = None) -> Any:
     """The FastAPI app serving ``retriever``."""
     from fastapi import FastAPI
-    from pydantic import BaseModel, Field
-
-    class QueryRequest(BaseModel):
-        queries: list[str] = Field(max_length=MAX_QUERIES)
-        topk: int | None = Field(default=None, ge=1, le=MAX_TOPK)
-        return_scores: bool = False
 
     app = FastAPI(title="toolgym retriever", description="Search-R1-compatible BM25 retrieval (bm25s)")
 
