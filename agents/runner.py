@@ -5,6 +5,12 @@ Each round, every live episode that waits for the model is put in one batch: a t
 its sampled ids + the rendered env suffix, never re-tokenized); other policies get the message lists.
 Then each env steps (in a thread pool when ``env_workers > 0``, for envs that wait on I/O).
 
+With our engine (``EnginePolicy``) there are no rounds: continuous batching over every episode. Each
+episode is one engine sequence; a turn that ends leaves the decode batch at once, its env step (and every
+reset) runs on a thread pool while the GPU keeps decoding the other episodes, and the sequence comes back
+with only the env's reply to prefill (its KV stays in its slot, unless evicted for lack of slots). Each
+model turn is decoded and parsed once (``AssistantTurn``) and that turn goes to the env.
+
 An exception from an env's ``reset``/``step`` (or an env reporting ``truncation == "env_error"``, or a
 backend turn with ``finish_reason == "error"``) ends that episode only: it is recorded with ``error`` set
 (an infrastructure failure, not the model's), the env is closed and replaced, and the run goes on.
@@ -13,9 +19,10 @@ backend turn with ``finish_reason == "error"``) ends that episode only: it is re
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,10 +97,14 @@ class EpisodeRunner:
         self.token_level = isinstance(policy, TokenPolicy)
         self.stats = {"policy_s": 0.0, "env_s": 0.0, "policy_calls": 0, "model_turns": 0, "total_s": 0.0}
         self._pool: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Any]] = {}
+        self._pool_lock = threading.Lock()
+        self.continuous = getattr(policy, "engine", None) is not None and hasattr(policy, "generation")
 
     # ----- public ------------------------------------------------------------------------------------------
     def run(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
         """Run every spec; trajectories come back in the order of ``specs``."""
+        if self.continuous:
+            return self._run_continuous(specs)
         t0 = time.perf_counter()
         results: list[Trajectory | None] = [None] * len(specs)
         queue = list(enumerate(specs))[::-1]
@@ -147,8 +158,10 @@ class EpisodeRunner:
         traj = Trajectory(env_id=spec.env_id, seed=spec.seed, agent=getattr(self.policy, "name", ""))
         ep = _Live(spec, None, traj, time.perf_counter())
         try:
-            pool = self._pool.get((spec.env_id, spec.kwargs))
-            ep.env = pool.pop() if pool else self.make_env(spec)
+            with self._pool_lock:  # reset may run on the env thread pool
+                pool = self._pool.get((spec.env_id, spec.kwargs))
+                env = pool.pop() if pool else None
+            ep.env = env if env is not None else self.make_env(spec)
             obs, info = ep.env.reset(seed=spec.seed)
         except ConfigError:
             raise
@@ -166,6 +179,108 @@ class EpisodeRunner:
             traj.loss_mask = [0] * len(prompt)
             traj.logprobs = [0.0] * len(prompt)
         return ep
+
+    def _run_continuous(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
+        """Continuous batching with the engine (see the module docstring)."""
+        from toolgym.agents.engine.policy import mode_of
+
+        policy: Any = self.policy
+        eng = policy.engine
+        policy.refresh()
+        sp = self.sampling or policy.sampling
+        mode = mode_of(sp, policy.top_k)
+        if sp.seed is not None:
+            eng.seed(sp.seed)
+        t0 = time.perf_counter()
+        results: list[Trajectory | None] = [None] * len(specs)
+        queue = list(enumerate(specs))[::-1]
+        live: dict[int, _Live | None] = {}  # None while its reset runs
+        seqs: dict[int, Any] = {}
+        pending: dict[Future[Any], tuple[str, int]] = {}
+        steps = 0
+        executor = ThreadPoolExecutor(self.env_workers if self.env_workers > 0 else 8)
+
+        def submit(idx: int) -> bool:
+            """Queue the next turn of episode ``idx``; False when it cannot fit the engine any more."""
+            seq, ep = seqs[idx], live[idx]
+            room = eng.cache.capacity - 2 - len(seq.ids)
+            if room < 1:
+                assert ep is not None
+                ep.traj.truncated, ep.traj.truncation = True, "token_budget"
+                ep.traj.reward = sum(ep.traj.rewards)
+                return False
+            eng.submit(seq, mode, min(sp.max_new_tokens, room), sp.stop)
+            return True
+
+        def end(idx: int) -> None:
+            ep = live.pop(idx)
+            assert ep is not None
+            results[idx] = self._finish(ep)
+            seq = seqs.pop(idx, None)
+            if seq is not None:
+                eng.release(seq)
+
+        try:
+            while queue or live:
+                while queue and len(live) < self.concurrency:
+                    idx, spec = queue.pop()
+                    live[idx] = None
+                    pending[executor.submit(self._start, spec)] = ("start", idx)
+                if eng.busy():
+                    steps += 1
+                    if self.on_round is not None:
+                        self.on_round(steps, len(live))
+                    t1 = time.perf_counter()
+                    for seq in eng.step():
+                        idx = seq.tag
+                        ep = live[idx]
+                        assert ep is not None
+                        gen = policy.generation(seq)
+                        turn = policy.to_turn(gen, ep.tools, len(seq.ids) - len(seq.out))
+                        self.stats["model_turns"] += 1
+                        pending[executor.submit(self._step, ep, turn)] = ("step", idx)
+                    self.stats["policy_s"] += time.perf_counter() - t1
+                    self.stats["policy_calls"] += 1
+                    ready = [f for f in pending if f.done()]
+                elif pending:
+                    t1 = time.perf_counter()
+                    done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                    self.stats["idle_s"] = self.stats.get("idle_s", 0.0) + time.perf_counter() - t1
+                    ready = list(done)
+                else:
+                    ready = []
+                for fut in ready:
+                    kind, idx = pending.pop(fut)
+                    if kind == "start":
+                        ep = fut.result()  # a ConfigError from make_env ends the run, as in rounds
+                        live[idx] = ep
+                        if ep.traj.error is not None:
+                            end(idx)
+                            continue
+                        seqs[idx] = eng.new(ep.traj.token_ids, tag=idx)
+                        if not submit(idx):
+                            end(idx)
+                        continue
+                    ep = live[idx]
+                    assert ep is not None
+                    if fut.result():
+                        end(idx)
+                        continue
+                    _extend_context(ep.traj, ep.pending)
+                    eng.extend(seqs[idx], ep.pending)
+                    ep.pending = []
+                    if not submit(idx):
+                        end(idx)
+        finally:
+            executor.shutdown(wait=True)
+            for ep in live.values():  # the run was interrupted: nothing may leak
+                if ep is not None and ep.env is not None:
+                    _close_quietly(ep.env)
+            for seq in seqs.values():
+                if seq.state in ("idle", "new"):
+                    eng.release(seq)
+            self.stats["total_s"] += time.perf_counter() - t0
+        return [r for r in results if r is not None]
 
     def _act(self, eps: list[_Live]) -> list[AssistantTurn]:
         t0 = time.perf_counter()
@@ -206,6 +321,14 @@ class EpisodeRunner:
 
     def _step(self, ep: _Live, turn: AssistantTurn) -> bool:
         """Record the turn, step the env, record what came back; True when the episode is over."""
+        t_env = time.perf_counter()
+        try:
+            return self._step_inner(ep, turn)
+        finally:
+            if self.continuous:  # (in rounds, _step_all times the whole round)
+                self.stats["env_s"] += time.perf_counter() - t_env
+
+    def _step_inner(self, ep: _Live, turn: AssistantTurn) -> bool:
         traj = ep.traj
         traj.completion_tokens += len(turn.token_ids) or int(turn.usage.get("completion_tokens", 0))
         if self.token_level:
@@ -263,7 +386,8 @@ class EpisodeRunner:
         if ep.traj.entropies:  # aligned with token_ids, 0.0 off the sampled tokens
             ep.traj.entropies += [0.0] * (len(ep.traj.token_ids) - len(ep.traj.entropies))
         if ep.env is not None:
-            self._pool.setdefault((ep.spec.env_id, ep.spec.kwargs), []).append(ep.env)
+            with self._pool_lock:
+                self._pool.setdefault((ep.spec.env_id, ep.spec.kwargs), []).append(ep.env)
         if self.on_episode is not None:
             self.on_episode(ep.traj)
         return ep.traj
