@@ -2,6 +2,8 @@
 
 A subclass fills in small named hooks, and the loop in ``step`` is never overridden:
 
+- ``new_episode()``: a fresh object holding the family's per-episode state (``self.episode``); ``reset``
+  makes it and ``get_state``/``set_state`` copy it, so a field kept there can never be forgotten by a fork.
 - ``make_task()``: draw a task with ``self.np_random`` (required).
 - ``tools()``: the tools the model may call (``Tool`` objects).
 - ``run_tool(call)``: run one call and return the observation text (default: call the tool's function).
@@ -18,7 +20,6 @@ import copy
 import functools
 import inspect
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ import gymnasium as gym
 from toolgym.envs.spaces import ActionText, Messages
 from toolgym.errors import ConfigError, EpisodeOverError, InfrastructureError
 from toolgym.messages import Message, ToolCall
-from toolgym.parsing import ANSWER_TOOL, ActionFormat, ParseResult, parse_action
+from toolgym.parsing import ANSWER_TOOL, ActionFormat, ParseResult, lenient_answer, parse_action
 from toolgym.tools import Tool, ToolSpec
 
 TRUNCATIONS = ("turn_limit", "token_budget", "timeout", "env_error")
@@ -53,24 +54,6 @@ class CommandOutcome:
     reward_components: dict[str, float] = field(default_factory=dict)
     terminated: bool = False
     success: bool = False
-
-
-_ANSWER_IS = re.compile(r"answer is\s*:?\s*\$?(-?[\d,]*\.?\d+)", re.I)
-
-
-def lenient_answer(parsed: ParseResult) -> ParseResult:
-    """For small models that never learned the tags: an "Answer: X" line, a boxed answer or "the answer is N"
-    counts as the final answer (``lenient_answers=True``); otherwise the parse error stands."""
-    from toolgym.rewards.extract import extract_answer, strip_reasoning
-
-    text = strip_reasoning(parsed.text)
-    found = extract_answer(text)
-    if found is None:
-        matches = _ANSWER_IS.findall(text)
-        found = matches[-1] if matches else None
-    if found is None or not found.strip():
-        return parsed
-    return ParseResult(text=parsed.text, answer=found.strip())
 
 
 @functools.cache
@@ -106,6 +89,11 @@ def _knob_checked(init: Callable[..., None]) -> Callable[..., None]:
         init(self, *args, **kwargs)
 
     return checked
+
+
+def _copy_episode(episode: Any) -> Any:
+    clone = getattr(episode, "clone", None)  # a family's fast copy; everything else is copied deeply
+    return clone() if callable(clone) else copy.deepcopy(episode)
 
 
 def _whitespace_tokens(text: str) -> int:
@@ -177,9 +165,18 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self._tool_calls = 0
         self._invalid = 0
         self._call_counter = 0
+        self.episode: Any = None
 
     # ----- hooks -------------------------------------------------------------------------------------------
+    def new_episode(self) -> Any:
+        """A fresh per-episode state object (a dataclass, say), made by ``reset`` before ``make_task`` and
+        kept in ``self.episode``. Forks copy it with its ``clone()`` method when it has one, else deeply.
+        Keep every field that changes during an episode here; the default (None) keeps nothing."""
+        return None
+
     def make_task(self) -> Task:
+        """Draw the episode's task with ``self.np_random``. Required. The returned ``Task`` is not changed
+        afterwards (forks share it); mutable world state belongs in ``self.episode``."""
         raise NotImplementedError
 
     def tools(self) -> list[Tool]:
@@ -226,10 +223,12 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         return None
 
     def extra_state(self) -> Any:
-        """World state beyond the transcript, for forking (deep-copied)."""
+        """World state beyond the transcript and ``self.episode``, for forking (deep-copied): for resources
+        that are not plain data, such as a sandbox session to fork. Prefer ``new_episode`` for plain data."""
         return None
 
     def load_extra_state(self, state: Any) -> None:
+        """Restore what ``extra_state`` returned (a deep copy of it)."""
         return None
 
     # ----- the contract ------------------------------------------------------------------------------------
@@ -273,11 +272,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         return "\n\n".join(parts)
 
     def _info(self, **extra: Any) -> dict[str, Any]:
-        info: dict[str, Any] = {
-            "task_id": self.task.task_id,
-            "tools": self._tool_dicts,
-            "turn": self._turn,
-        }
+        info: dict[str, Any] = {"task_id": self.task.task_id, "turn": self._turn}
         info.update(extra)
         return info
 
@@ -285,6 +280,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         super().reset(seed=seed)
+        self.episode = self.new_episode()
         self._task = self.make_task()
         self._turn = 0
         self._tokens = 0
@@ -300,7 +296,8 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
             Message(role="user", content=self._task.prompt),
         ]
         self._transcript = list(obs)
-        return [m.to_dict() for m in obs], self._info()
+        # the tool specs travel once, with the task: they do not change during an episode
+        return [m.to_dict() for m in obs], self._info(tools=self._tool_dicts)
 
     def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
         if self._task is None or self._done:
@@ -397,40 +394,40 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
 
     # ----- forking -----------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        """A deep copy of the episode, enough to continue it elsewhere with ``set_state``."""
-        return copy.deepcopy(
-            {
-                "task": self._task,
-                "transcript": self._transcript,
-                "turn": self._turn,
-                "tokens": self._tokens,
-                "done": self._done,
-                "elapsed": time.monotonic() - self._started,
-                "episode_reward": self._episode_reward,
-                "episode_components": self._episode_components,
-                "tool_calls": self._tool_calls,
-                "invalid": self._invalid,
-                "call_counter": self._call_counter,
-                "rng": self.np_random.bit_generator.state,
-                "extra": self.extra_state(),
-            }
-        )
+        """A copy of the episode, enough to continue it elsewhere with ``set_state``. Messages and the task
+        are immutable and shared; ``self.episode`` and ``extra_state()`` are copied."""
+        return {
+            "task": self._task,
+            "transcript": list(self._transcript),
+            "turn": self._turn,
+            "tokens": self._tokens,
+            "done": self._done,
+            "elapsed": time.monotonic() - self._started,
+            "episode_reward": self._episode_reward,
+            "episode_components": dict(self._episode_components),
+            "tool_calls": self._tool_calls,
+            "invalid": self._invalid,
+            "call_counter": self._call_counter,
+            "rng": copy.deepcopy(self.np_random.bit_generator.state),
+            "episode": _copy_episode(self.episode),
+            "extra": copy.deepcopy(self.extra_state()),
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        state = copy.deepcopy(state)
         self._task = state["task"]
-        self._transcript = state["transcript"]
+        self._transcript = list(state["transcript"])
         self._turn = state["turn"]
         self._tokens = state["tokens"]
         self._done = state["done"]
         self._started = time.monotonic() - state["elapsed"]
         self._episode_reward = state["episode_reward"]
-        self._episode_components = state["episode_components"]
+        self._episode_components = dict(state["episode_components"])
         self._tool_calls = state["tool_calls"]
         self._invalid = state["invalid"]
         self._call_counter = state["call_counter"]
-        self.np_random.bit_generator.state = state["rng"]
-        self.load_extra_state(state["extra"])
+        self.np_random.bit_generator.state = copy.deepcopy(state["rng"])
+        self.episode = _copy_episode(state.get("episode"))
+        self.load_extra_state(copy.deepcopy(state["extra"]))
 
     def render(self) -> str | None:  # type: ignore[override]
         if self.render_mode != "ansi":

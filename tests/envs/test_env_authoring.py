@@ -74,3 +74,46 @@ def test_dependency_not_installed_says_how():
     err = DependencyNotInstalled("bm25s", "search", why="the search index")
     assert isinstance(err, ImportError) and isinstance(err, ConfigError.__mro__[1])
     assert "pip install 'toolgym[search]'" in str(err)
+
+
+class _Counter(_Forgetful):
+    """The same env with its counter in ``self.episode``: forks carry it without any fork code."""
+
+    def new_episode(self):
+        return {"hidden": 0}
+
+    def make_task(self) -> Task:
+        return Task("t", "say go twice", answer="go")
+
+    def check_answer(self, answer: str) -> dict[str, float]:
+        return {"correct": float(self.episode["hidden"] >= 1)}
+
+    def run_tool(self, call):
+        self.episode["hidden"] += 1
+        return "ok"
+
+    def expert_action(self) -> str:
+        if self.episode["hidden"] == 0:
+            return '<tool_call>{"name": "go", "arguments": {}}</tool_call>'
+        return "<answer>go</answer>"
+
+
+def test_episode_state_forks_without_author_code():
+    gym.register("tests/Counter-v0", entry_point=_Counter, disable_env_checker=True)
+    _fork("tests/Counter-v0")
+    env = gym.make("tests/Counter-v0").unwrapped
+    env.reset(seed=0)
+    env.step(env.expert_action())
+    state = env.get_state()
+    env.step(env.expert_action())
+    assert env.episode == {"hidden": 1} and state["episode"] == {"hidden": 1}
+    env.reset(seed=0)
+    assert env.episode == {"hidden": 0}
+
+
+def test_tool_specs_only_in_reset_info():
+    env = gym.make("toolgym/Calculator-v0")
+    _, info = env.reset(seed=0)
+    assert [t["function"]["name"] for t in info["tools"]] == ["calculator", "answer"]
+    _, _, _, _, info = env.step("<answer>1</answer>")
+    assert "tools" not in info
