@@ -18,11 +18,13 @@ Several = Literal["last", "first", "reject"]
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 _BOX_TOKEN = re.compile(r"[^\s$]+")
-# "answer" ... ":" lines; one character class between "answer" and the colon, so backtracking stays linear
-_ANSWER_COLON = re.compile(r"answer[\s*]*(?:is[\s*]*)?[:：]", re.I)
-_ANSWER_IS = re.compile(r"\banswer\s+is\b", re.I)
+_BRACE = re.compile(r"[{}]")
+_ANSWER_WORD = re.compile(r"answer", re.I)
+_SKIP_STARS = re.compile(r"[\s*]*")  # matched forward only: nothing to backtrack into
+_SKIP_SPACE = re.compile(r"\s*")
 _ANSWER_PREFIX = re.compile(r"^\W*(?:the\s+)?(?:final\s+)?answer\s+is\b", re.I)
 MAX_ANSWER_CHARS = 10_000  # a longer "final answer" is not one (keeps every verifier's input small)
+MAX_CANDIDATES = 100  # more boxes, answer tags or "answer" words than this is spam: no answer at all
 
 
 def _spans(text: str, opener: str, closer: str) -> list[str]:
@@ -136,73 +138,102 @@ def strip_reasoning(text: str) -> str:
     return "".join(out)
 
 
+def _boxes(text: str) -> list[str] | None:
+    """The outermost boxes' contents; None for box spam (more than ``MAX_CANDIDATES`` boxes)."""
+    if text.count("\\boxed") + text.count("\\fbox") > MAX_CANDIDATES:
+        return None
+    out: list[str] = []
+    pos, n = 0, len(text)
+    while True:
+        m = _BOXED.search(text, pos)
+        if m is None:
+            return out
+        i = m.end()
+        if i < n and text[i] == "{":
+            depth, close, end = 0, -1, min(n, i + MAX_ANSWER_CHARS + 2)
+            for brace in _BRACE.finditer(text, i, end):  # only braces, and never past the answer cap
+                depth += 1 if brace.group() == "{" else -1
+                if depth == 0:
+                    close = brace.start()
+                    break
+            if close < 0:  # unclosed: no complete box from here on; too long: one that is no answer
+                if end < n:
+                    out.append(text[i + 1 : end])
+                return out
+            out.append(text[i + 1 : close].strip())
+            pos = close + 1
+            continue
+        if m.group(0) != m.group(0).rstrip() or (i < n and not text[i].isalpha()):
+            token = _BOX_TOKEN.match(text, i)
+            if token:
+                out.append(token.group(0).rstrip(".,"))
+                pos = token.end()
+                continue
+        pos = max(i, m.start() + 1)
+
+
 def extract_boxed(text: str) -> list[str]:
     """The contents of every outermost ``\\boxed{…}`` / ``\\fbox{…}`` (nested braces kept; a box inside a
-    box is part of the outer one's content), in order; one pass over the text, so linear in its length.
+    box is part of the outer one's content), in order; [] for box spam (more than ``MAX_CANDIDATES``). One
+    pass over the text, linear in its length.
 
     >>> extract_boxed(r"so \\boxed{\\frac{1}{2}} and \\boxed{3}")
     ['\\\\frac{1}{2}', '3']
     >>> extract_boxed(r"\\boxed 7 then \\boxed{unclosed")
     ['7']
     """
-    out: list[tuple[int, str]] = []
-    pos, n = 0, len(text)
-    while True:
-        m = _BOXED.search(text, pos)
-        if m is None:
-            break
-        i = m.end()
-        if i < n and text[i] == "{":
-            depth, j = 0, i
-            while j < n:  # to the matching brace; the next search starts after it, so no text is read twice
-                c = text[j]
-                if c == "{":
-                    depth += 1
-                elif c == "}":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                j += 1
-            if j >= n:
-                break  # unclosed: neither it nor anything after it is a complete box
-            out.append((m.start(), text[i + 1 : j].strip()))
-            pos = j + 1
-            continue
-        if m.group(0) != m.group(0).rstrip() or (i < n and not text[i].isalpha()):
-            token = _BOX_TOKEN.match(text, i)
-            if token:
-                out.append((m.start(), token.group(0).rstrip(".,")))
-                pos = token.end()
-                continue
-        pos = max(i, m.start() + 1)
-    return [c for _, c in out]
+    return _boxes(text) or []
+
+
+def _answer_words(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every "answer" (any case), or [] when there are more than ``MAX_CANDIDATES``."""
+    if len(_ANSWER_WORD.findall(text, 0, len(text))) > MAX_CANDIDATES:
+        return []
+    return [m.span() for m in _ANSWER_WORD.finditer(text)]
+
+
+def _skip(pattern: re.Pattern[str], text: str, pos: int) -> int:
+    m = pattern.match(text, pos)
+    return m.end() if m else pos
 
 
 def answer_lines(text: str) -> list[str]:
     """Candidates from "Answer: …" / "Final answer is: …" / "**Final answer:** …" lines, then, when there
     are none, from "the answer is …" sentences; each runs to the end of its line (markdown bold, ``$`` kept,
-    a trailing period dropped). Linear: the scan resumes at the end of each matched line.
+    a trailing period dropped). Linear: no backtracking, and the scan resumes at the end of each used line.
 
     >>> answer_lines("**Final answer:** 64"), answer_lines("So the answer is 42."), answer_lines("Answer:")
     (['64'], ['42'], [])
     """
+    words = _answer_words(text)
     out: list[str] = []
-    for pattern in (_ANSWER_COLON, _ANSWER_IS):
-        pos = 0
-        while True:
-            m = pattern.search(text, pos)
-            if m is None:
-                break
-            end = text.find("\n", m.end())
-            end = len(text) if end < 0 else end
-            value = text[m.end() : end].strip().strip("*").strip()
+    for colon in (True, False):
+        line_end = -1
+        for start, end in words:
+            if start < line_end:
+                continue  # inside a line already used
+            if not colon and start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+                continue  # "the answer is" needs a word boundary
+            j = _skip(_SKIP_STARS if colon else _SKIP_SPACE, text, end)
+            if colon:
+                if text.startswith("is", j):
+                    j = _skip(_SKIP_STARS, text, j + 2)
+                if j >= len(text) or text[j] not in ":：":
+                    continue
+                j += 1
+            else:
+                if j == end or not text.startswith("is", j) or text[j + 2 : j + 3].isalnum():
+                    continue
+                j += 2
+            line_end = text.find("\n", j)
+            line_end = len(text) if line_end < 0 else line_end
+            value = text[j:line_end].strip().strip("*").strip()
             value = _ANSWER_PREFIX.sub("", value).strip()  # "Final Answer: The final answer is $5$"
             if value.endswith("I hope it is correct."):
                 value = value[: -len("I hope it is correct.")].strip()
             value = value.rstrip(" .")
             if value:
                 out.append(value)
-            pos = end
         if out:
             break
     return out
@@ -231,15 +262,21 @@ def extract_answer(
     if not isinstance(text, str):
         return None
     body = strip_reasoning(text)
+    if body.count("<answer>") > MAX_CANDIDATES:
+        return None
     tags = answer_blocks(body)
     if tags:
         inner = _pick(tags, several, same)
         if inner is None:
             return None
-        boxed = extract_boxed(inner)
+        boxed = _boxes(inner)
+        if boxed is None:
+            return None
         chosen = _pick(boxed, several, same) if boxed else inner
         return _bounded(chosen.strip() if chosen is not None else None)
-    boxed = extract_boxed(body)
+    boxed = _boxes(body)
+    if boxed is None:
+        return None
     if boxed:
         return _bounded(_pick(boxed, several, same))
     return _bounded(_pick(answer_lines(body), several, same))

@@ -18,11 +18,18 @@ from typing import Any
 
 from toolgym.errors import ConfigError
 from toolgym.rewards.counters import count
-from toolgym.rewards.extract import Several, completion_text, extract_answer, strip_reasoning
+from toolgym.rewards.extract import (
+    MAX_ANSWER_CHARS,
+    Several,
+    completion_text,
+    extract_answer,
+    strip_reasoning,
+)
+from toolgym.rewards.math_normalize import free_text, mismatch, normalize, sides
 from toolgym.rewards.math_pool import MathJudgePool, default_pool
 
 _PLAIN_INT = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d{1,15})")
-_PLAIN_NUM = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:/\d+)?")
+_PLAIN_NUM = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")  # unambiguous: linear on long digit runs
 
 
 def _plain(text: str) -> str:
@@ -41,13 +48,23 @@ def fast_verdict(gold: str, pred: str) -> float | None:
     g, p = _plain(gold), _plain(pred)
     if _PLAIN_INT.fullmatch(g) and _PLAIN_INT.fullmatch(p):
         return 1.0 if int(g.replace(",", "")) == int(p.replace(",", "")) else 0.0
-    if _PLAIN_NUM.fullmatch(g) and _PLAIN_NUM.fullmatch(p):
+    if len(g) < 200 and len(p) < 200 and _PLAIN_NUM.fullmatch(g) and _PLAIN_NUM.fullmatch(p):
         try:
             if Fraction(g) == Fraction(p):
                 return 1.0
         except (ValueError, ZeroDivisionError):
             return None
     return None
+
+
+_PARSED_GOLDS: set[str] = set()  # golds a judge has parsed, so a reply without an answer needs no judge
+
+
+def _gold_parses(gold: str) -> bool:
+    g = _plain(gold)
+    return gold in _PARSED_GOLDS or bool(
+        _PLAIN_INT.fullmatch(g) or (len(g) < 200 and _PLAIN_NUM.fullmatch(g))
+    )
 
 
 def _gold_column(kwargs: dict[str, Any], n: int) -> list[Any]:
@@ -63,11 +80,14 @@ def _gold_column(kwargs: dict[str, Any], n: int) -> list[Any]:
 
 
 def _gold_text(gold: Any) -> str:
-    if hasattr(gold, "tolist"):  # numpy values, as verl's batches hold them
-        gold = gold.tolist()
-    if isinstance(gold, (list, tuple)):  # several golds: the first is the reference form
-        gold = gold[0] if gold else ""
-    return "" if gold is None else str(gold)
+    try:
+        if hasattr(gold, "tolist"):  # numpy values, as verl's batches hold them
+            gold = gold.tolist()
+        if isinstance(gold, (list, tuple)):  # several golds: the first is the reference form
+            gold = gold[0] if gold else ""
+        return "" if gold is None else normalize(str(gold))
+    except Exception:  # a value whose str() fails is no gold
+        return ""
 
 
 def math_match(
@@ -89,34 +109,45 @@ def math_match(
     [0.0, None]
     """
     golds = [_gold_text(g) for g in _gold_column(kwargs, len(completions))]
-    results: list[float | None] = [None] * len(completions)
-    slow: list[int] = []
-    pairs: list[tuple[str, str | None, bool]] = []
-    for i, (completion, gold) in enumerate(zip(completions, golds, strict=True)):
+    # each completion is settled by one or more (gold, candidate, raw) checks, all of which must pass
+    checks: list[list[tuple[str, str | None, bool]]] = []
+    for completion, gold in zip(completions, golds, strict=True):
+        if not gold.strip():
+            checks.append([])
+            continue
         text = completion_text(completion)
         cand = extract_answer(text, several)
         raw = False
         if cand is None and fallback:
-            cand, raw = strip_reasoning(text) or None, True
-        if not gold.strip():
-            results[i] = None
+            cand, raw = strip_reasoning(text)[-MAX_ANSWER_CHARS:] or None, True
+        if cand is not None:
+            cand = normalize(free_text(cand) if raw else cand)
+        if cand is None or not cand.strip() or mismatch(gold, cand):
+            checks.append([(gold, None, False)])  # 0.0, or None when the gold itself does not parse
             continue
-        if cand is None or not cand.strip():
-            results[i] = 0.0  # gold is checked for parseability below only when it matters
-            slow.append(i)
-            pairs.append((gold, None, False))
-            continue
-        verdict = fast_verdict(gold, cand) if fast_path and not raw else None
-        if verdict is not None:
-            results[i] = verdict
-            continue
-        slow.append(i)
-        pairs.append((gold, cand, raw))
-    if pairs:
-        unique = list(dict.fromkeys(pairs))  # a GRPO group often repeats an answer: judge it once
-        judged = dict(zip(unique, (pool or default_pool()).judge(unique), strict=True))
-        for i, pair in zip(slow, pairs, strict=True):
-            results[i] = judged[pair]
+        parts = sides(cand) if not raw else [cand]
+        checks.append([(gold, part, raw) for part in parts] if parts else [(gold, None, False)])
+    verdicts: dict[tuple[str, str | None, bool], float | None] = {}
+    slow: list[tuple[str, str | None, bool]] = []
+    for pair in dict.fromkeys(p for row in checks for p in row):  # a GRPO group repeats answers: judge once
+        gold, cand, raw = pair
+        if cand is None:  # no answer: 0.0 once the gold is known to parse
+            verdict = 0.0 if _gold_parses(gold) else None
+        else:
+            verdict = fast_verdict(gold, cand) if fast_path and not raw else None
+        if verdict is None:
+            slow.append(pair)
+        else:
+            verdicts[pair] = verdict
+    if slow:
+        verdicts.update(zip(slow, (pool or default_pool()).judge(slow), strict=True))
+        for (gold, _, _), verdict in zip(slow, (verdicts[p] for p in slow), strict=True):
+            if verdict is not None and len(_PARSED_GOLDS) < 65_536:
+                _PARSED_GOLDS.add(gold)  # any verdict but None means the gold parsed
+    results: list[float | None] = []
+    for row in checks:
+        values = [verdicts[p] for p in row]
+        results.append(None if not row or None in values else min(v for v in values if v is not None))
     count("math/gold_unparseable", sum(r is None for r in results), kwargs.get("log_metric"))
     return results
 

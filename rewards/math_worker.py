@@ -33,9 +33,17 @@ def _parse_gold(gold: str, inner_timeout: int | None) -> Any:
 
     source = gold if ("\\boxed" in gold or "$" in gold) else _wrap(gold)
     # no_fallback: a gold that only survives as a raw string is "unparseable", not a string to compare
-    return parse(
+    parsed = parse(
         source, extraction_mode="first_match", fallback_mode="no_fallback", parsing_timeout=inner_timeout
     )  # type: ignore[arg-type]
+    if not parsed and "$" in gold and "\\boxed" not in gold:  # "$" as a currency sign, not math delimiters
+        parsed = parse(
+            _wrap(gold.replace("$", "")),
+            extraction_mode="first_match",
+            fallback_mode="no_fallback",
+            parsing_timeout=inner_timeout,
+        )  # type: ignore[arg-type]
+    return parsed
 
 
 def judge(gold: str, pred: str | None, inner_timeout: int | None = None, raw: bool = False) -> float | None:

@@ -11,6 +11,7 @@ from toolgym.rewards.extract import completion_text, final_answer_text
 
 __all__ = ["completion_text", "final_answer_text", "numeric_match", "parse_number"]
 
+_WINDOW = 1000  # characters searched before the last digit (no number is longer)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 
 
@@ -22,7 +23,11 @@ def parse_number(text: str) -> Fraction | None:
     >>> parse_number("no digits") is None
     True
     """
-    matches = _NUMBER.findall(text)
+    last = max(text.rfind(d) for d in "0123456789")  # the last number ends at the last digit
+    if last < 0:
+        return None
+    # only the tail is searched: cost bounded whatever the text holds before it
+    matches = _NUMBER.findall(text, max(0, last - _WINDOW), last + 1)
     if not matches:
         return None
     token = matches[-1].replace(",", "").replace(" ", "")
