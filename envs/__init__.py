@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from toolgym.envs.registration import ENVS, register_all
+from toolgym.envs.registration import ENVS, ORIGINS, register_all
 
 if TYPE_CHECKING:
     from toolgym.envs.base import ToolEnv
 
-__all__ = ["ENVS", "EnvInfo", "list_envs", "register_all"]
+__all__ = ["ENVS", "ORIGINS", "EnvInfo", "list_envs", "register_all"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class EnvInfo:
     tools: tuple[str, ...]
     description: str
     expert_success_rate: float
+    origin: str = "toolgym"
 
 
 def list_envs() -> list[EnvInfo]:
@@ -33,7 +34,8 @@ def list_envs() -> list[EnvInfo]:
         finally:
             env.close()
         doc = (cls.__doc__ or "").strip().splitlines()
-        out.append(EnvInfo(env_id, cls.family, tools, doc[0] if doc else "", float(cls.expert_success_rate)))
+        first = doc[0] if doc else ""
+        out.append(EnvInfo(env_id, cls.family, tools, first, float(cls.expert_success_rate), ORIGINS[env_id]))
     return out
 
 

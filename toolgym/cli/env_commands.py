@@ -29,8 +29,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     import toolgym  # noqa: F401  (registers the ids)
     from toolgym.envs import list_envs
 
-    rows = [[e.id, e.family, ", ".join(e.tools), e.description] for e in list_envs()]
-    print(format_table(["id", "family", "tools", "description"], rows))
+    rows = [[e.id, e.family, ", ".join(e.tools), e.origin, e.description] for e in list_envs()]
+    print(format_table(["id", "family", "tools", "origin", "description"], rows))
     return 0
 
 
