@@ -150,6 +150,27 @@ OBJECTS: dict[str, tuple[int, tuple[str, ...]]] = {
 }
 LAMPS: dict[str, tuple[str, ...]] = {"desklamp": ("desk", "sidetable", "dresser")}
 
+# Which rooms an object belongs in (a bread in a bathroom cabinet would be odd); the rest default below.
+_KITCHEN = ("kitchen",)
+_HOME = ("livingroom", "bedroom")
+OBJECT_ROOMS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("apple", "bread", "egg", "lettuce", "potato", "tomato", "cup", "plate"), _KITCHEN),
+    **dict.fromkeys(("pan", "pot", "kettle", "fork", "knife", "spoon", "spatula", "ladle"), _KITCHEN),
+    **dict.fromkeys(("butterknife", "saltshaker", "peppershaker", "winebottle"), _KITCHEN),
+    **dict.fromkeys(("mug", "bowl"), ("kitchen", "bedroom", "livingroom")),
+    **dict.fromkeys(("dishsponge", "soapbottle", "spraybottle"), ("kitchen", "bathroom")),
+    **dict.fromkeys(("creditcard", "pen", "pencil", "cellphone"), ("livingroom", "bedroom", "kitchen")),
+    **dict.fromkeys(("cloth",), ("bathroom", "kitchen")),
+    **dict.fromkeys(("soapbar", "toiletpaper", "towel", "handtowel", "candle"), ("bathroom",)),
+    **dict.fromkeys(("tissuebox",), ("livingroom", "bedroom", "bathroom")),
+}
+
+
+def object_rooms(obj: str) -> tuple[str, ...]:
+    """The room types an object may start in (living and bedroom things by default)."""
+    return OBJECT_ROOMS.get(obj, _HOME)
+
+
 # The six ALFWorld task types; short aliases accepted by the ``task_types`` knob.
 TASK_TYPES = (
     "pick_and_place_simple",

@@ -12,7 +12,16 @@ from functools import lru_cache
 
 import numpy as np
 
-from toolgym.envs.household.catalog import GOAL_TEXT, LAMPS, NEEDS, OBJECTS, ROOMS, STACKABLE, TASK_TYPES
+from toolgym.envs.household.catalog import (
+    GOAL_TEXT,
+    LAMPS,
+    NEEDS,
+    OBJECTS,
+    ROOMS,
+    STACKABLE,
+    TASK_TYPES,
+    object_rooms,
+)
 from toolgym.envs.household.world import Goal, Scene
 from toolgym.errors import ConfigError
 
@@ -32,6 +41,8 @@ class Layout:
     rec_types: tuple[str, ...]
     rec_rooms: tuple[int, ...]
     goals: dict[str, dict[str, tuple[tuple[str, str], ...]]]  # split -> task type -> (object, target)
+    fits: tuple[tuple[str, ...], ...]  # per room: the object types that belong there
+    spots: dict[tuple[int, str], list[int]]  # (room, object type) -> receptacles it may start in
 
 
 def _room_receptacles(rng: np.random.Generator, room: str, count: int | None) -> list[str]:
@@ -52,6 +63,12 @@ def _room_receptacles(rng: np.random.Generator, room: str, count: int | None) ->
 def min_receptacles(rooms: int) -> int:
     """The fewest receptacles a room can have (the ``receptacles`` knob may not go below it)."""
     return max(sum(f for _, f, _, _ in spec) for spec in ROOMS.values())
+
+
+def _spot_types(names: tuple[str, ...], rec_types: list[str], rec_rooms: list[int], obj: str) -> set[str]:
+    """Receptacle types the object may start in: of its places, those standing in a room it belongs in."""
+    rooms = object_rooms(obj)
+    return {t for t, k in zip(rec_types, rec_rooms, strict=True) if names[k] in rooms}
 
 
 def _goal_split(index: int, kind: str, obj: str, target: str) -> str:
@@ -79,7 +96,7 @@ def layout(index: int, rooms: int, receptacles: int | None) -> Layout:
     split_of_layout = "unseen" if index >= UNSEEN_FROM else None
     lamp_types = [lamp for lamp, hosts in LAMPS.items() if present & set(hosts)]
     for obj, (caps, places) in OBJECTS.items():
-        starts = present & set(places)
+        starts = {t for t in _spot_types(names, rec_types, rec_rooms, obj) if t in places}
         if not starts:
             continue
         for kind in TASK_TYPES:
@@ -96,7 +113,17 @@ def layout(index: int, rooms: int, receptacles: int | None) -> Layout:
                 split = split_of_layout or _goal_split(index, kind, obj, target)
                 goals[split][kind].append((obj, target))
     frozen = {s: {k: tuple(v) for k, v in d.items()} for s, d in goals.items()}
-    return Layout(index, names, tuple(rec_types), tuple(rec_rooms), frozen)
+    fits: list[tuple[str, ...]] = []
+    spots: dict[tuple[int, str], list[int]] = {}
+    for k, room in enumerate(names):
+        here: list[str] = []
+        for obj, (_, places) in OBJECTS.items():
+            found = [i for i, t in enumerate(rec_types) if rec_rooms[i] == k and t in places]
+            if found and room in object_rooms(obj):
+                here.append(obj)
+                spots[k, obj] = found
+        fits.append(tuple(here))
+    return Layout(index, names, tuple(rec_types), tuple(rec_rooms), frozen, tuple(fits), spots)
 
 
 def _layout_range(split: str) -> range:
@@ -143,7 +170,14 @@ def make_scene(
 
     # the goal objects: never where the goal wants them
     avoid = () if kind == "look_at_obj_in_light" else (target_type,)
-    starts = [i for t in OBJECTS[obj_type][1] if t not in avoid for i in by_type.get(t, ())]
+    home = object_rooms(obj_type)
+    starts = [
+        i
+        for t in OBJECTS[obj_type][1]
+        if t not in avoid
+        for i in by_type.get(t, ())
+        if lay.room_names[lay.rec_rooms[i]] in home
+    ]
     low = 2 if kind == "pick_two_obj_and_place" else 1
     for _ in range(int(rng.integers(low, 4))):
         place(obj_type, starts)
@@ -153,14 +187,12 @@ def make_scene(
         if spots and (target_type == lamp or rng.random() < 0.5):
             place(lamp, spots)
     # distractors: other object types that fit the room
-    for k, _room in enumerate(lay.room_names):
-        present = {t for t, r in zip(lay.rec_types, lay.rec_rooms, strict=True) if r == k}
-        fits = [t for t, (_, places) in OBJECTS.items() if t != obj_type and present & set(places)]
+    for k in range(len(lay.room_names)):
+        fits = [t for t in lay.fits[k] if t != obj_type]
         n = int(rng.integers(6, 15)) if distractors is None else distractors
         for _ in range(n):
             t = fits[int(rng.integers(len(fits)))]
-            spots = [i for p in OBJECTS[t][1] for i in by_type.get(p, ()) if lay.rec_rooms[i] == k]
-            place(t, spots)
+            place(t, lay.spots[k, t])
     counts: dict[str, int] = {}
     names = []
     for t in obj_types:
