@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
+import threading
+from collections import OrderedDict
 from typing import Any, ClassVar
 
 from toolgym.envs.base import Task, ToolEnv
@@ -11,7 +14,6 @@ from toolgym.envs.coding.interpreter import (
     Interpreter,
     Snapshot,
     render,
-    resolve_sandbox,
     show_last_expression,
     truncate,
 )
@@ -26,6 +28,32 @@ from toolgym.tools import Tool
 
 SUBMIT = "submit"
 _PROBLEMS: dict[tuple[str, str, str | None], list[CodingProblem]] = {}
+
+
+class _GradeCache:
+    """Scores of (hidden tests, program) pairs already graded in this process: a GRPO group often submits
+    the same code, and the grader is deterministic for a fixed program (bounded, least recently used out)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._items: OrderedDict[bytes, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> float | None:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            return None
+
+    def put(self, key: bytes, score: float) -> None:
+        with self._lock:
+            self._items[key] = score
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+_GRADES = _GradeCache()
 
 
 def submit(code: str) -> str:
@@ -122,8 +150,7 @@ class CodingEnv(ToolEnv):
         self.call_timeout_s = call_timeout_s
         self.test_timeout_s = test_timeout_s
         self.max_output_chars = max_output_chars
-        self._sandbox = resolve_sandbox(sandbox, sandbox_options)
-        self._interpreter = Interpreter(self._sandbox, call_timeout_s)
+        self._interpreter = Interpreter(sandbox, sandbox_options, call_timeout_s)
         self._index: int | None = None
         self._pass_rate = 0.0
         super().__init__(max_turns=max_turns, **kwargs)
@@ -189,6 +216,7 @@ class CodingEnv(ToolEnv):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         self._interpreter.close()
+        self._interpreter.sandbox  # noqa: B018 (resolve it now: a missing docker fails reset, not a step)
         self._index = None if options is None else options.get("index")
         return super().reset(seed=seed, options=options)
 
@@ -234,22 +262,28 @@ class CodingEnv(ToolEnv):
                 compile(program, "solution.py", "exec")
             except (SyntaxError, ValueError):
                 return 0.0
-        completion = f"```python\n{program}\n```"
+        key = hashlib.sha256(
+            json.dumps([self.problem.hidden, program, self.test_timeout_s]).encode()
+        ).digest()
+        cached = _GRADES.get(key)
+        if cached is not None:
+            return cached
         if "```" in program:  # a fence inside the code would cut the block the grader extracts
             from toolgym.rewards.code import run_tests
 
-            counts = run_tests(program, self.problem.hidden, self._sandbox, self.test_timeout_s)
+            counts = run_tests(program, self.problem.hidden, self._interpreter.sandbox, self.test_timeout_s)
             score = None if counts is None else counts[0] / counts[1]
         else:
             score = code_tests(
-                [completion],
+                [f"```python\n{program}\n```"],
                 tests=[self.problem.hidden],
                 partial=True,
-                sandbox=self._sandbox,
+                sandbox=self._interpreter.sandbox,
                 timeout=self.test_timeout_s,
             )[0]
-        if score is None:
+        if score is None:  # not cached: the next submission tries the sandbox again
             raise InfrastructureError("the code grader could not run the hidden tests (sandbox fault)")
+        _GRADES.put(key, float(score))
         return float(score)
 
     def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:

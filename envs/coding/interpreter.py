@@ -142,12 +142,25 @@ class Snapshot:
 
 
 class Interpreter:
-    """A lazily opened session; ``run`` raises ``InfrastructureError`` on a sandbox fault."""
+    """A lazily opened session; ``run`` raises ``InfrastructureError`` on a sandbox fault. The sandbox
+    itself is resolved on first use (``toolgym list`` builds envs without needing docker)."""
 
-    def __init__(self, sandbox: Sandbox, timeout: float) -> None:
-        self.sandbox = sandbox
+    def __init__(self, sandbox: Sandbox | str | None, options: dict[str, Any] | None, timeout: float) -> None:
+        if isinstance(sandbox, Sandbox) and options:
+            raise ConfigError("pass sandbox_options only with a backend name, not with a Sandbox object")
+        if not isinstance(sandbox, (Sandbox, str)) and sandbox is not None:
+            raise ConfigError(f"sandbox must be a Sandbox or a backend name, got {type(sandbox).__name__}")
+        self._spec, self._options = sandbox, options
+        self._sandbox: Sandbox | None = None
         self.timeout = timeout
         self._session: Session | None = None
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """The sandbox (resolved now if needed: InfrastructureError when docker was asked for and is missing)."""
+        if self._sandbox is None:
+            self._sandbox = resolve_sandbox(self._spec, self._options)
+        return self._sandbox
 
     @property
     def live(self) -> bool:

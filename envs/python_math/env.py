@@ -11,7 +11,6 @@ from toolgym.envs.coding.interpreter import (
     Interpreter,
     Snapshot,
     render,
-    resolve_sandbox,
     show_last_expression,
 )
 from toolgym.envs.python_math.datasets import MathItem, load_math_dataset
@@ -143,7 +142,7 @@ class PythonMathEnv(ToolEnv):
         self.max_output_chars = max_output_chars
         self.tool_bonus = tool_bonus
         self.tool_bonus_cap = tool_bonus_cap
-        self._interpreter = Interpreter(resolve_sandbox(sandbox, sandbox_options), call_timeout_s)
+        self._interpreter = Interpreter(sandbox, sandbox_options, call_timeout_s)
         self._bonus_given = 0.0
         self._last_ok = False
         self._void_turns = 0
@@ -189,6 +188,7 @@ class PythonMathEnv(ToolEnv):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         self._interpreter.close()
+        self._interpreter.sandbox  # noqa: B018 (resolve it now: a missing docker fails reset, not a step)
         self._index = None if options is None else options.get("index")
         return super().reset(seed=seed, options=options)
 

@@ -237,7 +237,8 @@ def test_fork_and_env_error(env, monkeypatch):
     import toolgym.envs.coding.env as coding_env
 
     monkeypatch.setattr(coding_env, "code_tests", lambda *a, **k: [None])
-    _, r, term, trunc, info = env.step(tc("submit", inner.problem.canonical))
+    unseen = inner.problem.canonical + "\n# not graded before (graded pairs are cached)\n"
+    _, r, term, trunc, info = env.step(tc("submit", unseen))
     assert trunc and not term and info["truncation"] == "env_error" and r == 0.0
 
 

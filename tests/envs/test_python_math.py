@@ -134,8 +134,9 @@ def test_dataset_env_and_expert(tmp_path):
     assert term and r == 1.0 and info["success"]
     env.reset(options={"index": 0})
     inner = env.unwrapped
-    for _ in range(2):
-        _, r, term, _trunc, info = env.step(inner.expert_action())
+    obs, _, term, trunc, info = env.step(inner.expert_action())
+    assert not (term or trunc) and obs[0]["content"] == r"\frac{1}{2}", (obs, info)
+    _, r, term, _, info = env.step(inner.expert_action())
     assert term and info["success"]
     with pytest.raises(ConfigError, match="index"):
         env.reset(options={"index": 5})
@@ -288,4 +289,26 @@ def test_text_prompt_has_example():
     env = gym.make(ID, sandbox=BACKEND, prompt_format="text")
     obs, _ = env.reset(seed=0)
     assert "27405" in obs[0]["content"] and '"name": "python"' in obs[0]["content"]
+    env.close()
+
+
+def test_killed_container_is_env_error():
+    """A real fault: the episode's container dies mid-call. Not the model's failure: env_error."""
+    if BACKEND == "process":
+        pytest.skip("docker only")
+    import threading
+
+    from toolgym.sandboxes.docker_backend import client
+
+    env = gym.make(ID, sandbox=BACKEND)
+    env.reset(seed=0)
+    env.step(call("x = 1"))
+    box = env.unwrapped._interpreter._session._family.box
+    killer = threading.Timer(1.0, lambda: client().containers.get(box.name).kill())
+    killer.start()
+    obs, r, term, trunc, info = env.step(call("import time\ntime.sleep(8)"))
+    killer.join()
+    assert trunc and not term and info["truncation"] == "env_error" and obs == [] and r == 0.0
+    env.reset(seed=0)  # the next episode gets a live box
+    assert env.step(call("print(2 + 2)"))[0][0]["content"] == "4"
     env.close()
