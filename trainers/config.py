@@ -65,6 +65,10 @@ class RunConfig:
     )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature for training rollouts"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling for training rollouts"})
+    engine: str = field(
+        default="auto",
+        metadata={"help": "rollout engine: auto (fast on CUDA for Llama/Qwen2, else hf) | fast | hf"},
+    )
     # --- optimization
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})

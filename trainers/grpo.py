@@ -137,6 +137,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     """Runs (or resumes) GRPO as configured; returns the last step's metrics."""
     import torch
 
+    from toolgym.agents.engine.select import choose_engine
     from toolgym.trainers import checkpoint
     from toolgym.trainers.advantages import entropy_scaled, estimate, token_advantages
     from toolgym.trainers.batch import collate, forward, micro_batches
@@ -166,6 +167,10 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device, model, tokenizer)
     model = policy.model
+    policy = choose_engine(  # our decode engine over the same live weights (issue 12), or HFPolicy
+        policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget,
+        capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main,
+    )  # fmt: skip
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
     out = Path(cfg.output_dir)
     progress = (

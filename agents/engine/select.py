@@ -1,0 +1,68 @@
+"""Which rollout engine a trainer uses: ``engine: auto | fast | hf`` (``RunConfig.engine``).
+
+``auto`` takes our engine on CUDA for the architectures it supports and the HF path otherwise (CPU, or
+another architecture), and says which and why on stderr; ``fast`` insists on our engine (it also runs,
+slowly, on CPU; an unsupported architecture is a ``ConfigError``); ``hf`` keeps ``HFPolicy``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from toolgym.errors import ConfigError
+
+ENGINES = ("auto", "fast", "hf")
+
+
+def slots_for(rows: int, capacity: int, shape_bytes_per_token: int, device: Any) -> int:
+    """Slots for ``rows`` concurrent sequences (+ room for forks), capped at a third of free GPU memory."""
+    want = max(16, min(512, 2 * rows))
+    if getattr(device, "type", "cpu") != "cuda":
+        return want
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    fit = int(free / 3 // max(1, capacity * shape_bytes_per_token))
+    return max(1, min(want, fit))
+
+
+def choose_engine(policy: Any, engine: str, *, rows: int, capacity: int, quiet: bool = False) -> Any:
+    """``policy`` (an ``HFPolicy``) or an ``EnginePolicy`` over the same live model and tokenizer."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "hf":
+        return policy
+    from toolgym.agents.engine.weights import shape_of, unsupported
+
+    model = policy.model
+    device = next(model.parameters()).device
+    why = unsupported(model)
+    if why is None and engine == "auto" and device.type != "cuda":
+        why = "it runs on CUDA only by default (pass engine=fast to use it on CPU)"
+    if why is not None:
+        if engine == "fast":
+            raise ConfigError(f"engine=fast cannot run this model: {why}; use engine=hf")
+        if not quiet:
+            print(
+                f"toolgym: rollouts use the HF engine: the fast engine is off because {why}", file=sys.stderr
+            )
+        return policy
+    import torch
+
+    from toolgym.agents.engine.policy import EnginePolicy
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    per_token = shape_of(model).kv_bytes_per_token(dtype)
+    slots = slots_for(rows, capacity, per_token, device)
+    fast = EnginePolicy(
+        model, policy.tokenizer, slots=slots, capacity=capacity, engine_dtype=dtype,
+        chat_template=policy.renderer.chat_template, tool_role=policy.renderer.tool_role,
+    )  # fmt: skip
+    if not quiet:
+        gb = fast.engine.cache.nbytes() / 1e9
+        print(
+            f"toolgym: rollouts use the fast engine ({slots} slots x {capacity} tokens, KV cache {gb:.2f} GB)",
+            file=sys.stderr,
+        )
+    return fast
