@@ -86,12 +86,14 @@ class BM25Index:
         self.model = model
         self.vocab: dict[str, int] = model.vocab_dict
         scores = model.scores
-        self.data = scores["data"]
-        self.indices = scores["indices"]
-        self.indptr = scores["indptr"]
+        # plain ndarray views of the (memory-mapped) arrays: slicing a np.memmap costs microseconds each
+        self.data = np.asarray(scores["data"])
+        self.indices = np.asarray(scores["indices"])
+        self.indptr = np.asarray(scores["indptr"])
         self.num_docs = int(scores["num_docs"])
         self._split = bm25s.tokenization.re.compile(TOKEN_PATTERN).findall
         self._stop = frozenset(bm25s.stopwords.STOPWORDS_EN)
+        self._term_max: np.ndarray | None = None
 
     @classmethod
     def build(cls, texts: Iterable[str], total: int | None = None, show_progress: bool = True) -> BM25Index:
@@ -129,33 +131,85 @@ class BM25Index:
         words = self._split(query.lower())
         return [self.vocab[w] for w in words if w not in self._stop and w in self.vocab]
 
+    @property
+    def term_max(self) -> np.ndarray:
+        """The largest score of each term in any document (MaxScore's upper bounds)."""
+        if self._term_max is None:
+            indptr = np.asarray(self.indptr)
+            out = np.zeros(len(indptr) - 1, dtype=np.float32)
+            nonempty = np.flatnonzero(indptr[:-1] < indptr[1:])
+            if len(nonempty):
+                out[nonempty] = np.maximum.reduceat(np.asarray(self.data), indptr[nonempty])
+            self._term_max = out
+        return self._term_max
+
+    def _sum_postings(self, terms: np.ndarray, mult: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Documents holding any of ``terms`` and their summed scores (sorted by document)."""
+        slices = [(int(self.indptr[t]), int(self.indptr[t + 1])) for t in terms]
+        if len(slices) == 1:
+            s, e = slices[0]
+            return np.asarray(self.indices[s:e], dtype=np.int64), np.asarray(
+                self.data[s:e], np.float64
+            ) * mult[0]
+        docs = np.concatenate([self.indices[s:e] for s, e in slices]).astype(np.int64)
+        weights = np.concatenate(
+            [np.asarray(self.data[s:e], np.float64) * m for (s, e), m in zip(slices, mult, strict=True)]
+        )
+        if len(docs) > self.num_docs // 8:  # dense is cheaper than sorting this many postings
+            sums = np.bincount(docs, weights=weights, minlength=self.num_docs)
+            nz = np.flatnonzero(sums)
+            return nz, sums[nz]
+        docs, inverse = np.unique(docs, return_inverse=True)
+        return docs, np.bincount(inverse, weights=weights)
+
+    def _lookup(self, terms: np.ndarray, mult: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """Summed scores of ``terms`` in the given documents (binary search in each term's sorted postings)."""
+        out = np.zeros(len(docs), dtype=np.float64)
+        for t, m in zip(terms, mult, strict=True):
+            s, e = int(self.indptr[t]), int(self.indptr[t + 1])
+            postings = self.indices[s:e]
+            pos = np.minimum(np.searchsorted(postings, docs), e - s - 1)
+            hit = postings[pos] == docs
+            out[hit] += np.asarray(self.data[s:e])[pos[hit]] * m
+        return out
+
     def search(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top ``k`` (doc indices, scores), best first; ties go to the lower index."""
+        """Top ``k`` (doc indices, scores), best first; ties go to the lower index.
+
+        Exact MaxScore: the rarest terms' postings give the candidates; the common terms are only looked up
+        for those candidates, once the best ``k`` candidates already score more than any document holding
+        common terms alone could (the sum of those terms' largest scores)."""
         ids = self.tokens(query)
         if not ids or k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        starts = self.indptr[ids]
-        ends = self.indptr[np.asarray(ids) + 1]
-        total = int((ends - starts).sum())
-        if total == 0:
+        terms, mult = np.unique(np.asarray(ids, dtype=np.int64), return_counts=True)
+        lens = self.indptr[terms + 1] - self.indptr[terms]
+        keep = lens > 0
+        terms, mult, lens = terms[keep], mult[keep].astype(np.float64), lens[keep]
+        if len(terms) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        docs: np.ndarray
-        vals: np.ndarray
-        if len(ids) == 1:
-            docs = np.asarray(self.indices[starts[0] : ends[0]], dtype=np.int64)
-            vals = np.asarray(self.data[starts[0] : ends[0]], dtype=np.float64)
-        else:
-            docs = np.concatenate([self.indices[s:e] for s, e in zip(starts, ends, strict=True)]).astype(
-                np.int64
-            )
-            weights = np.concatenate([self.data[s:e] for s, e in zip(starts, ends, strict=True)])
-            if total > self.num_docs // 8:  # dense is cheaper than sorting this many postings
-                sums = np.bincount(docs, weights=weights, minlength=self.num_docs)
-                docs = np.flatnonzero(sums)
-                vals = sums[docs]
-            else:
-                docs, inverse = np.unique(docs, return_inverse=True)
-                vals = np.bincount(inverse, weights=weights)
+        order = np.argsort(lens, kind="stable")
+        terms, mult, lens = terms[order], mult[order], lens[order]
+        bounds = self.term_max[terms] * mult
+        for m in range(1, len(terms)):
+            if int(lens[:m].sum()) > self.num_docs // 8:
+                break
+            rest, rest_mult = terms[m:], mult[m:]
+            cand, partial = self._sum_postings(terms[:m], mult[:m])
+            if len(cand) < k:
+                continue
+            top = np.argpartition(-partial, k - 1)[:k]
+            floor = np.min(partial[top] + self._lookup(rest, rest_mult, cand[top]))
+            rest_bound = float(bounds[m:].sum())
+            if rest_bound < floor:
+                # only candidates that could still reach the floor need their common terms looked up
+                live = np.flatnonzero(partial + rest_bound >= floor)
+                cand, partial = cand[live], partial[live]
+                return self._top(cand, partial + self._lookup(rest, rest_mult, cand), k)
+        return self._top(*self._sum_postings(terms, mult), k)
+
+    @staticmethod
+    def _top(docs: np.ndarray, vals: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         vals = vals.astype(np.float32)  # bm25s's precision, so ties compare as bm25s sees them
         if len(docs) > k:
             cut = np.partition(vals, len(vals) - k)[len(vals) - k]
@@ -176,6 +230,7 @@ class LocalRetriever:
             )
         self.index = index
         self.store = store
+        _ = index.term_max  # computed now, not inside the first search
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         out = []
