@@ -18,7 +18,7 @@ ADVERSARIAL: dict[str, str] = {
     "<think> x14k": _fill("<think>"),
     "</think><think> pairs": _fill("</think><think>"),
     "<tool_call> x9k": _fill("<tool_call>"),
-    "```python fences": _fill("```python\n"),
+    "fence openers": _fill("```python\n"),
     "\\boxed 7 tokens": _fill("\\boxed 7 "),
     "nested braces": _fill("{", head="\\boxed{"),
     "closed deep box": "\\boxed{" + "{" * (SIZE // 2 - 8) + "}" * (SIZE // 2 - 8) + "}",
