@@ -105,6 +105,8 @@ def test_fast_topk_equals_bm25s_retrieve():
         "zzqx",
     ]
     queries += [retriever.store.get(i).title for i in range(0, 10_000, 997)]
+    maker, rng = QuestionMaker(world(0, 10_000)), np.random.default_rng(5)
+    queries += [maker.make(rng, 1 + i % 4).text for i in range(60)]  # rare and common terms: MaxScore prunes
     for q in queries:
         docs, scores = index.search(q, 10)
         ids = index.tokens(q)
