@@ -20,7 +20,7 @@ from toolgym.envs.coding.interpreter import (
 from toolgym.envs.coding.tasks import CodingProblem, load_problems
 from toolgym.envs.coding.visible import run_function_tests, run_stdio_tests
 from toolgym.errors import ConfigError, InfrastructureError
-from toolgym.parsing import ParseResult
+from toolgym.parsing import ParseResult, parse_hermes, parse_tags
 from toolgym.rewards import code_tests
 from toolgym.rewards.code import extract_code
 from toolgym.sandboxes import Sandbox
@@ -79,7 +79,8 @@ class CodingEnv(ToolEnv):
     Text (or an assistant message with ``tool_calls``). Hermes format by default:
     ``<tool_call>{"name": "run_tests", "arguments": {"code": "def f(x): ..."}}</tool_call>``; in the tags
     format ``<run_python>…</run_python>``, ``<run_tests>…</run_tests>``, ``<submit>…</submit>``. A final
-    ``<answer>…</answer>`` (its last fenced code block, or its text) is a submission too.
+    ``<answer>…</answer>`` (its last fenced code block, or its text) is a submission too. ``action_format``
+    only chooses which syntax the prompt teaches: both are read.
 
     ## Observation Space
     ``Messages``: on reset the system prompt and the problem (signature and docstring, or the statement,
@@ -229,8 +230,14 @@ class CodingEnv(ToolEnv):
         return Task(problem.task_id, _prompt(problem), None, {"index": index})
 
     def parse(self, action: Any) -> ParseResult:
-        """A ``submit`` call (alone in its turn) is the final answer; ``<answer>`` holds code too."""
+        """A ``submit`` call (alone in its turn) is the final answer; ``<answer>`` holds code too. Both
+        text formats are read whatever ``action_format`` is (it only picks what the prompt teaches)."""
         parsed = super().parse(action)
+        if parsed.error_kind == "no_action" and isinstance(action, str):
+            other = parse_hermes if self.action_format == "tags" else parse_tags
+            alt = other(action, self._specs, self._call_counter)
+            if alt.error_kind != "no_action":
+                parsed = alt
         submits = [c for c in parsed.tool_calls if c.name == SUBMIT]
         if not submits:
             return parsed

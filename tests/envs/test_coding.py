@@ -168,6 +168,8 @@ def test_partial_credit_and_tags_format():
     env.reset(options={"index": 0})
     obs, *_ = env.step("<run_python>print('hi')</run_python>")
     assert obs[0]["content"] == "hi"
+    obs, *_ = env.step(tc("run_python", "print('json too')"))  # the other format is read as well
+    assert obs[0]["content"] == "json too"
     env.close()
 
 
