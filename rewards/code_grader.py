@@ -54,7 +54,8 @@ _SESSION_BOOT = (
     "_tg_report({'ready': True})\n"
 )
 RUNNER_MEMORY_MB = 2048  # address space of the test process
-RUNNER_SLACK_S = 10.0  # the test code's own time on top of the candidate's budgets
+RUNNER_SLACK_S = 10.0
+LOAD_MIN_S = 10.0  # the least time loading the candidate's module may take  # the test code's own time on top of the candidate's budgets
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ class _Candidate:
         return ""
 
     def load(self) -> None:
-        result = self.session.run("_tg_load()", timeout=self.timeout, stdin=self.code)
+        # imports (numpy takes seconds on a busy machine) get more than one case's budget
+        result = self.session.run("_tg_load()", timeout=max(2 * self.timeout, LOAD_MIN_S), stdin=self.code)
         report = _report(result.stdout) if not result.restarted else None
         if report is None or not isinstance(report.get("names"), list):
             why = report.get("error") if report else f"{result.status}: {result.detail or 'no report'}"
