@@ -261,13 +261,11 @@ class CodingEnv(ToolEnv):
         if not code.strip():
             return 0.0
         program = self.problem.program(code)
-        if sys.version_info >= (
-            3,
-            11,
-        ):  # the sandbox's Python is 3.11+: what does not compile here fails there
+        # the sandbox's Python is 3.11+: what does not compile on a 3.11+ host fails there too
+        if sys.version_info >= (3, 11):
             try:
                 compile(program, "solution.py", "exec")
-            except (SyntaxError, ValueError):
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
                 return 0.0
         key = hashlib.sha256(
             json.dumps([self.problem.hidden, program, self.test_timeout_s]).encode()
