@@ -120,12 +120,7 @@ class HouseholdEnv(ToolEnv):
         self.subgoal_reward = subgoal_reward
         self.invalid_penalty = invalid_penalty
         self.list_commands = list_commands
-        self.world: World | None = None
-        self._layout = -1
-        self._optimal = 0
-        self._reached = 0  # subgoals reached so far (they are ordered; progress never goes back)
         self._command_ok = True
-        self._look = False
         super().__init__(max_turns=max_turns, **kwargs)
 
     # ----- hooks -------------------------------------------------------------------------------------------
@@ -165,12 +160,12 @@ class HouseholdEnv(ToolEnv):
             task_types=self.task_types,
             split=self.split,
         )
-        self.world = World(scene, where, room)
-        self._look = scene.goal.kind == "look_at_obj_in_light"
-        self._layout = index
-        self._reached = 0
+        ep = self.episode
+        ep.world = World(scene, where, room)
+        ep.look = scene.goal.kind == "look_at_obj_in_light"
+        ep.layout = index
         self._command_ok = True
-        self._optimal = len(plan(self.world))
+        ep.optimal = len(plan(ep.world))
         goal = scene.goal
         prompt = f"{WELCOME}\n\n{scene.overview(room)}\n\nYour task is to: {goal.text}"
         if self.list_commands:
@@ -203,11 +198,20 @@ class HouseholdEnv(ToolEnv):
         return f'<tool_call>{{"name": "act", "arguments": {{"command": "{command}"}}}}</tool_call>'
 
     # ----- the world ---------------------------------------------------------------------------------------
+    @property
+    def world(self) -> World | None:
+        """The episode's world (None before the first reset)."""
+        return self.episode.world if self.episode is not None else None
+
+    def new_episode(self) -> Episode:
+        return Episode()
+
     def _world(self) -> World:
-        if self.world is None:
+        world = self.world
+        if world is None:
             self.task  # noqa: B018  (raises the "call reset() first" error)
-        assert self.world is not None
-        return self.world
+        assert world is not None
+        return world
 
     def _do(self, command: str) -> CommandOutcome:
         world = self._world()
@@ -223,7 +227,8 @@ class HouseholdEnv(ToolEnv):
         else:
             self._command_ok = True
             text = world.execute(action)
-            if action[0] in _QUIET or (action[0] == GO and not self._look):
+            ep = self.episode
+            if action[0] in _QUIET or (action[0] == GO and not ep.look):
                 return self._outcome(text, components, False)
             reached = world.progress()
             done = reached[-1]
@@ -232,14 +237,14 @@ class HouseholdEnv(ToolEnv):
                 if not ok:
                     break
                 count += 1
-            if count > self._reached:
+            if count > ep.reached:
                 if self.subgoal_reward:
                     components["progress"] = self.subgoal_reward * (
-                        min(count, len(reached) - 1) - min(self._reached, len(reached) - 1)
+                        min(count, len(reached) - 1) - min(ep.reached, len(reached) - 1)
                     )
-                if done and self._reached < len(reached):
+                if done and ep.reached < len(reached):
                     components["success"] = 1.0
-                self._reached = count
+                ep.reached = count
         return self._outcome(text, components, done)
 
     def _outcome(self, text: str, components: dict[str, float], done: bool) -> CommandOutcome:
@@ -266,36 +271,35 @@ class HouseholdEnv(ToolEnv):
             self._command_ok = True
         info["admissible_commands"] = list(world.admissible())
         info["state_key"] = world.key()
-        info["optimal_steps"] = self._optimal
+        info["optimal_steps"] = self.episode.optimal
         info["task_type"] = world.scene.goal.kind
         return info
-
-    # ----- forking -----------------------------------------------------------------------------------------
-    def extra_state(self) -> Any:
-        world = self._world()
-        return _Frozen((world.scene, world.snapshot(), self._layout, self._optimal, self._reached))
-
-    def load_extra_state(self, state: Any) -> None:
-        scene, snap, self._layout, self._optimal, self._reached = state.value
-        self._look = scene.goal.kind == "look_at_obj_in_light"
-        if self.world is None or self.world.scene is not scene:
-            self.world = World(scene, list(snap[4]))
-        self.world.restore(snap)
-        self._command_ok = True
 
     _pending: dict[str, float] = {}  # noqa: RUF012  (set per step; read by tool_reward)
 
 
-class _Frozen:
-    """An immutable value that deep copies as itself (the world snapshot is tuples and a shared scene)."""
+class Episode:
+    """Everything that changes in an episode (the base class copies it for forks with ``clone``)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("layout", "look", "optimal", "reached", "world")
 
-    def __init__(self, value: tuple[Any, ...]) -> None:
-        self.value = value
+    def __init__(self) -> None:
+        self.world: World | None = None
+        self.layout = -1
+        self.optimal = 0
+        self.reached = 0  # subgoals reached so far (they are ordered; progress never goes back)
+        self.look = False
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Frozen:
-        return self
+    def clone(self) -> Episode:
+        other = Episode()
+        other.world = self.world.clone() if self.world is not None else None
+        other.layout, other.optimal, other.reached, other.look = (
+            self.layout,
+            self.optimal,
+            self.reached,
+            self.look,
+        )
+        return other
 
 
 def _task_types(value: list[str] | tuple[str, ...] | str | None) -> tuple[str, ...]:

@@ -183,6 +183,19 @@ class World:
         """The whole dynamic state as one immutable tuple (exact; usable as a key)."""
         return (self.room, self.at, self.hold, self.opened, tuple(self.where), tuple(self.flags))
 
+    def clone(self) -> World:
+        """A copy that shares the (immutable) scene."""
+        other = World.__new__(World)
+        other.scene, other.room, other.at, other.hold, other.opened = (
+            self.scene,
+            self.room,
+            self.at,
+            self.hold,
+            self.opened,
+        )
+        other.where, other.flags, other._adm = list(self.where), list(self.flags), self._adm
+        return other
+
     def restore(self, snap: tuple[Any, ...]) -> None:
         self.room, self.at, self.hold, self.opened = snap[0], snap[1], snap[2], snap[3]
         self.where = list(snap[4])
