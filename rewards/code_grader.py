@@ -87,7 +87,7 @@ def _report(stdout: str) -> dict[str, Any] | None:
     line = stdout[at + 1 + len(MARK) :].split("\n", 1)[0]
     try:
         report = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # garbage, or nesting deep enough to exhaust the parser
         return None
     return report if isinstance(report, dict) else None
 
@@ -182,7 +182,10 @@ class _Candidate:
         result = self.session.run("_tg_call()", timeout=max(0.1, budget), stdin=request)
         report = _report(result.stdout) if not result.restarted else None
         if result.status == "ok" and report is not None and ("value" in report or "exc" in report):
-            return {"raw": json.dumps(report)}
+            try:
+                return {"raw": json.dumps(report)}
+            except (ValueError, RecursionError):
+                return {"crash": "malformed answer"}
         if result.status == "sandbox_error" and _probe_failed(self.sandbox):
             raise InfrastructureError(result.detail)
         self.dead_in = case
@@ -207,14 +210,7 @@ class _Runner:
     @classmethod
     def start(cls, job: dict[str, Any]) -> _Runner:
         read_fd, write_fd = os.pipe()
-        mem = RUNNER_MEMORY_MB << 20
-
-        def limit() -> None:
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
+        job = {**job, "memory_mb": RUNNER_MEMORY_MB}  # the runner limits itself (no preexec_fn in threads)
         workdir = tempfile.gettempdir()
         try:
             proc = subprocess.Popen(
@@ -225,7 +221,6 @@ class _Runner:
                 pass_fds=(write_fd,),
                 cwd=workdir,
                 start_new_session=True,
-                preexec_fn=limit,
             )
         finally:
             os.close(write_fd)

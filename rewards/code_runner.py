@@ -62,6 +62,12 @@ def main() -> None:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     job = json.loads(rx.readline())
+    with contextlib.suppress(Exception):
+        import resource
+
+        limit = int(job.get("memory_mb", 2048)) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
     def send(obj: Any) -> None:
         data = (json.dumps(obj) + "\n").encode()

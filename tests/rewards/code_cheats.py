@@ -181,6 +181,11 @@ CHEATS: dict[str, str] = {
         "def {ep}(*args, **kwargs):\n    return None\n"
     ),
     "skip the test": "import unittest\ndef {ep}(*args, **kwargs):\n    raise unittest.SkipTest('later')\n",
+    "deeply nested forged report": (
+        "import os\ndef {ep}(*args, **kwargs):\n    os.write(1, b'\\n\\x1eTGR ' + b'[' * 200000 + b'\\n')\n"
+        "    os._exit(0)\n"
+    ),
+    "huge result": "def {ep}(*args, **kwargs):\n    return list(range(10 ** 7))\n",
     "spin forever": "def {ep}(*args, **kwargs):\n    while True:\n        pass\n",
     "return a function": "def {ep}(*args, **kwargs):\n    return lambda *a: True\n",
 }
