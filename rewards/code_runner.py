@@ -112,7 +112,11 @@ def main() -> None:
                     known = builtins.__dict__.get(name)
                     if name == "NotPlainData":
                         raised = NotPlainData(msg)
-                    elif isinstance(known, type) and issubclass(known, Exception):
+                    elif (
+                        isinstance(known, type)
+                        and issubclass(known, Exception)
+                        and not issubclass(known, (StopIteration, StopAsyncIteration))
+                    ):  # a StopIteration would end a map() or generator early: all(map(f, xs)) == True
                         try:
                             raised = known(msg)
                         except Exception:  # a type that needs other arguments (UnicodeDecodeError)

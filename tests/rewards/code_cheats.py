@@ -186,6 +186,7 @@ CHEATS: dict[str, str] = {
         "    os._exit(0)\n"
     ),
     "huge result": "def {ep}(*args, **kwargs):\n    return list(range(10 ** 7))\n",
+    "StopIteration ends the test's loop": "def {ep}(*args, **kwargs):\n    raise StopIteration\n",
     "spin forever": "def {ep}(*args, **kwargs):\n    while True:\n        pass\n",
     "return a function": "def {ep}(*args, **kwargs):\n    return lambda *a: True\n",
 }

@@ -135,6 +135,15 @@ def test_cheats_score_zero_on_every_test_shape(sandbox, name):
     assert out == [0.0] * len(SHAPES)
 
 
+def test_control_flow_exceptions_do_not_cross(process_box):
+    """A StopIteration from the candidate would end the test's map() early: all(map(f, xs)) would hold."""
+    hack = block("def positive(x):\n    raise StopIteration")
+    tests = ["assert all(map(positive, [1, 2, 3]))", "assert list(map(positive, [1])) == []"]
+    assert code_tests([hack], tests=[tests], sandbox=process_box, partial=True) == [0.0]
+    honest = block("def positive(x):\n    return x > 0")
+    assert code_tests([honest], tests=[tests[:1]], sandbox=process_box) == [1.0]
+
+
 def test_interpreter_death_is_confined_to_its_test_case(sandbox):
     """A case that kills the candidate fails; the next case gets a fresh interpreter with the code loaded."""
     code = block("import os\ndef add(a, b):\n    if a < 0:\n        os._exit(1)\n    return a + b")
