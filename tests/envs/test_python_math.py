@@ -20,6 +20,21 @@ BACKEND = os.environ.get("TOOLGYM_TEST_SANDBOX", "auto")
 ID = "toolgym/PythonMath-v0"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _warm_pool():
+    """Start the pool's containers once, before any episode (a busy daemon can time out a cold start inside a
+    step, which is an env_error). Without docker: skipped here, a failure under CI."""
+    from toolgym.envs.coding.interpreter import shared_sandbox
+    from toolgym.errors import InfrastructureError
+
+    try:
+        shared_sandbox(BACKEND).warmup()
+    except InfrastructureError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no sandbox: {exc}")
+
+
 def call(code):
     return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
 
