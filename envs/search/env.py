@@ -9,6 +9,7 @@ from toolgym.envs.base import Task, ToolEnv
 from toolgym.envs.search import expert
 from toolgym.envs.search.corpus import QAItem, load_questions
 from toolgym.envs.search.questions import KINDS_BY_HOPS, QuestionMaker
+from toolgym.envs.search.retriever import format_hits
 from toolgym.envs.search.sources import open_source
 from toolgym.errors import ConfigError
 from toolgym.rewards.qa import normalize_answer, token_f1_score
@@ -150,8 +151,6 @@ class SearchEnv(ToolEnv):
         if len(query) > MAX_QUERY_CHARS:
             return f"Error: the query is longer than {MAX_QUERY_CHARS} characters."
         hits = self.source.retriever.retrieve([query], self.topk)[0]
-        from toolgym.envs.search.retriever import format_hits
-
         text = format_hits(hits)
         return f"<information>{text}</information>" if self.action_format == "tags" else text
 
@@ -248,6 +247,3 @@ class SearchEnv(ToolEnv):
         if self.action_format == "tags":
             return f"<search>{move[1]}</search>"
         return f"<tool_call>{json.dumps({'name': 'search', 'arguments': {'query': move[1]}})}</tool_call>"
-
-    def close(self) -> None:
-        super().close()
