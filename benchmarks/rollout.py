@@ -1,0 +1,155 @@
+"""The rollout phase of ``toolgym train`` (GRPO + ARPO branching on Calculator-v0): old path vs ours.
+
+Old: ``TreeRollout`` over ``HFPolicy`` (rounds, HF forward per token). Ours: the same ``TreeRollout``
+over ``EnginePolicy`` (what ``engine: fast`` gives the trainer: cached turns, forks, CUDA graphs), and
+the episode runner's continuous batching over the engine (no rounds: env steps overlap decoding) beside
+the round-based runner. Every env step waits ``--latency`` seconds (a tool with 10 ms latency). The
+model is SmolLM2-135M's shape with random weights and its real tokenizer and chat template (pass
+``--model DIR`` with config + tokenizer files); random weights rarely write a valid tool call, so turns
+run to the token allowance and episodes to the turn limit.
+
+    python benchmarks/rollout.py --model DIR [--tasks 16 --budget 8 --latency 0.01] [--out benchmarks/results/rollout]
+
+Keys: rollout_speedup (tree rollouts, tokens/s ours / old), runner_speedup, gpu_idle_fraction (the
+continuous runner's share of wall time with nothing to decode), gpu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ENV = "toolgym/Calculator-v0"
+
+
+def slow_envs(latency: float) -> None:
+    from toolgym.envs.base import ToolEnv
+
+    original = ToolEnv.step
+
+    def step(self: Any, action: Any) -> Any:
+        time.sleep(latency)
+        return original(self, action)
+
+    ToolEnv.step = step  # type: ignore[method-assign]
+
+
+def build(folder: str, device: str) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(folder)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return model.eval(), AutoTokenizer.from_pretrained(folder)
+
+
+def tree_rollout(policy: Any, args: Any, seed: int) -> dict[str, float]:
+    from toolgym.trainers.branching import make_policy
+    from toolgym.trainers.rollout import RolloutConfig, Task, TreeRollout
+
+    branch = make_policy("turn_entropy", initial=args.budget // 2)
+    cfg = RolloutConfig(budget=args.budget, max_new_tokens=args.new, max_total_tokens=2048, entropies=True)
+    roller = TreeRollout(policy, branch, cfg, {"prompt_format": "text", "max_turns": args.turns})
+    tasks = [Task(ENV, 1000 + i) for i in range(args.tasks)]
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):
+        forest, stats = roller.run(tasks, seed=seed)
+    wall = time.perf_counter() - t0
+    roller.close()
+    leaves = sum(len(t.leaves()) for t in forest)
+    return {
+        "wall_s": wall, "tokens": stats.generated_tokens, "tok_s": stats.generated_tokens / wall,
+        "leaves": leaves, "generate_s": stats.generate_s, "env_s": stats.env_s, "calls": stats.generate_calls,
+        "forks": sum(stats.forks.values()),
+    }  # fmt: skip
+
+
+def runner(policy: Any, args: Any) -> dict[str, float]:
+    from toolgym.agents import EpisodeRunner, SamplingParams, episode_specs
+
+    specs = episode_specs(
+        [ENV], args.tasks * args.budget, first_seed=2000, prompt_format="text", max_turns=args.turns
+    )
+    sp = SamplingParams(temperature=1.0, max_new_tokens=args.new, seed=1)
+    with EpisodeRunner(policy, concurrency=len(specs), sampling=sp, env_workers=16) as r:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            trajs = r.run(specs)
+        wall = time.perf_counter() - t0
+    tokens = sum(t.completion_tokens for t in trajs)
+    out = {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "episodes": len(trajs)}
+    out["policy_s"] = r.stats["policy_s"]
+    out["idle_s"] = float(r.stats.get("idle_s", 0.0))
+    out["env_s"] = r.stats["env_s"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=".bench/smollm2")
+    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--latency", type=float, default=0.010)
+    ap.add_argument("--skip-old", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results/rollout")
+    args = ap.parse_args()
+    import sys
+
+    from toolgym.agents.engine import EnginePolicy
+    from toolgym.agents.hf import HFPolicy
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    slow_envs(args.latency)
+    model, tok = build(args.model, device)
+    res: dict[str, Any] = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                           "command": "python " + " ".join(sys.argv), "args": vars(args)}  # fmt: skip
+    fast = EnginePolicy(model, tok, slots=512, capacity=2048 + args.new + 8)
+    tree_rollout(fast, args, seed=0)  # warm-up: graph captures
+    res["tree_ours"] = tree_rollout(fast, args, seed=1)
+    print("tree ours", res["tree_ours"], flush=True)
+    fast.clear_kv()
+    runner(fast, args)  # warm-up
+    res["runner_ours"] = runner(fast, args)
+    print("runner ours", res["runner_ours"], flush=True)
+    if not args.skip_old:
+        hf = HFPolicy(model, tok, batch_size=256)
+        res["tree_old"] = tree_rollout(hf, args, seed=1)
+        print("tree old", res["tree_old"], flush=True)
+        Path(args.out).with_suffix(".partial.json").write_text(json.dumps(res, indent=2))
+        res["runner_old"] = runner(hf, args)
+        print("runner old", res["runner_old"], flush=True)
+        res["rollout_speedup"] = res["tree_ours"]["tok_s"] / res["tree_old"]["tok_s"]
+        res["runner_speedup"] = res["runner_ours"]["tok_s"] / res["runner_old"]["tok_s"]
+    res["gpu_idle_fraction"] = res["runner_ours"]["idle_s"] / res["runner_ours"]["wall_s"]
+    res["tree_gpu_idle_fraction"] = 1 - res["tree_ours"]["generate_s"] / res["tree_ours"]["wall_s"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
+    lines = ["# rollout", "", f"Command: `{res['command']}`", f"Machine: {res['gpu']}; torch {torch.__version__}", "",
+             f"{args.tasks} Calculator-v0 tasks x {args.budget} leaves, <= {args.turns} turns, <= {args.new} tokens a turn, "
+             f"{args.latency * 1e3:.0f} ms per env step; SmolLM2-135M shape, random weights, real tokenizer/template.", "",
+             "| path | wall s | generated tokens | tok/s |", "|---|---:|---:|---:|"]  # fmt: skip
+    for key in ("tree_old", "tree_ours", "runner_old", "runner_ours"):
+        if key in res:
+            r = res[key]
+            lines.append(f"| {key} | {r['wall_s']:.2f} | {r['tokens']:,} | {r['tok_s']:,.0f} |")
+    lines.append("")
+    for key in ("rollout_speedup", "runner_speedup", "gpu_idle_fraction", "tree_gpu_idle_fraction"):
+        if key in res:
+            lines.append(f"- `{key}`: {res[key]:.3f}")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
