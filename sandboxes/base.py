@@ -66,11 +66,18 @@ class Sandbox:
         timeout: float | None = None,
         stdin: str | bytes | None = None,
         files: dict[str, str | bytes] | None = None,
+        grader: bool = False,
     ) -> ExecResult:
         """Runs ``code`` once in a fresh interpreter and a fresh working dir holding ``files`` (relative
         path -> content). Nothing it leaves behind survives the call. ``timeout`` defaults to
         ``limits.timeout_s``. Never raises for anything the code does; infrastructure faults come back as
-        ``sandbox_error``."""
+        ``sandbox_error``.
+
+        ``grader=True`` is for a trusted grading harness only: the code runs as root in the box with just
+        the capabilities to start processes under the box's code uid (environment
+        ``TOOLGYM_CANDIDATE_UID``/``_GID``; e.g. ``subprocess.Popen(..., user=uid, group=gid,
+        extra_groups=[])``) and to kill them. Those processes can then neither read its memory, stdin or
+        files (mode 0600 under umask 077) nor signal or ptrace it."""
         timeout = timeout or self.limits.timeout_s
         blobs = self.payload(code, stdin, files)
         if isinstance(blobs, ExecResult):
@@ -85,12 +92,14 @@ class Sandbox:
                 "sandbox_error", "", "", None, time.monotonic() - t0, detail=f"{type(exc).__name__}: {exc}"
             )
         try:
-            reply, out = box.call({"op": "run", "timeout": timeout}, blobs, timeout)
+            reply, out = box.call({"op": "run", "timeout": timeout, "grader": grader}, blobs, timeout)
         except BoxFailure as exc:
             self.pool.release(box)
             return ExecResult(exc.status, "", "", None, time.monotonic() - t0, detail=exc.detail)
         if not reply.get("clean", True):
-            box.broken = "a run left processes or files behind"
+            box.broken = "a run left processes or files behind, or changed the box: " + "; ".join(
+                reply.get("problems") or []
+            )
         self.pool.release(box)
         return to_result(reply, out)
 
@@ -101,8 +110,11 @@ class Sandbox:
         timeout: float | None = None,
         stdin: str | bytes | None = None,
         files: dict[str, str | bytes] | None = None,
+        grader: bool = False,
     ) -> ExecResult:
-        return await asyncio.to_thread(self.run, code, timeout=timeout, stdin=stdin, files=files)
+        return await asyncio.to_thread(
+            self.run, code, timeout=timeout, stdin=stdin, files=files, grader=grader
+        )
 
     def session(self) -> Session:
         """A persistent interpreter for one episode; its box is taken from the pool on the first call."""

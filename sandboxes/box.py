@@ -1,10 +1,11 @@
 """One live sandbox instance on the host side: the supervisor behind a channel, and what it lives in.
 
-A box turns channel faults into typed outcomes. The server enforces each call's wall clock; the host waits
-``timeout + grace_s`` more and then gives up on the whole box. When the stream closes, the box asks its
-backend whether the container (or process) still runs: if it does, the code killed the supervisor (the
-code's fault, status ``error``); if not, the infrastructure failed (``sandbox_error``). Either way the box is
-marked broken and the pool replaces it.
+A box turns channel faults into typed outcomes. The supervisor enforces each call's wall clock; the host
+waits ``timeout + grace_s`` more and then gives up on the whole box. The code runs under another uid than
+the supervisor and init and cannot signal, stop or ptrace them, and the OOM killer never picks them, so a
+stream that closes or a deadline the supervisor misses is our infrastructure failing (``sandbox_error``:
+container killed, daemon gone), never something the code did. Either way the box is marked broken and
+the pool replaces it.
 """
 
 from __future__ import annotations
@@ -60,15 +61,14 @@ class Box:
             except ChannelTimeout as exc:
                 self.broken = "the supervisor stopped answering"
                 raise BoxFailure(
-                    "timeout",
-                    f"no answer within {timeout + self.grace_s:g} s (the code may have stopped the supervisor)",
+                    "sandbox_error",
+                    f"the sandbox supervisor did not answer within {timeout + self.grace_s:g} s",
                 ) from exc
             except ChannelClosed as exc:
-                running = self._safe_running()
+                running = self._safe_running(0.0)
                 self.broken = "the supervisor is gone"
-                if running:
-                    raise BoxFailure("error", "the code killed the sandbox's supervisor") from exc
-                raise BoxFailure("sandbox_error", f"sandbox {self.name} died during the call") from exc
+                what = "its supervisor exited" if running else "the sandbox died"
+                raise BoxFailure("sandbox_error", f"sandbox {self.name}: {what} during the call") from exc
             finally:
                 self.last_used = time.monotonic()
             if "error" in reply:
@@ -104,7 +104,9 @@ class Box:
         except BoxFailure:
             return False
         if not reply.get("clean"):
-            self.broken = "reset left processes or files behind"
+            self.broken = "reset left processes or files behind, or changed the box: " + "; ".join(
+                reply.get("problems") or []
+            )
         return bool(reply.get("clean"))
 
     def destroy(self) -> None:

@@ -1,19 +1,15 @@
 """The docker backend: one hardened container per box, the supervisor on a ``docker exec`` stream.
 
 Container settings (each from `Limits`): ``network_mode=none``; read-only root file system; a tmpfs
-``/tmp`` (``tmp_mb``, ``tmp_inodes``, nosuid, nodev) as the only writable place besides a 16 MiB
-``/dev/shm``; memory = memory+swap = ``memory_mb``; ``pids``; CPU quota ``cpus``; user ``65534:65534``;
-``cap_drop=ALL``; ``no-new-privileges``; ulimits ``nofile`` and ``fsize``; no host mounts except the supervisor
-package (`toolgym.sandboxes.inside`), read-only; an environment of a few fixed variables. PID 1 is the supervisor in ``init`` mode rather
-than docker's ``--init`` (see `toolgym.sandboxes.inside`).
+``/tmp`` (``tmp_mb``, ``tmp_inodes``, nosuid, nodev) as the only place the code can write besides a 16 MiB
+``/dev/shm``; memory = memory+swap = ``memory_mb``; ``pids``; CPU quota ``cpus``; ``cap_drop=ALL`` plus
+the few capabilities the root supervisor needs to drop the code to ``user`` (65534:65534) and to kill and
+clean up after it; ``no-new-privileges``; ulimits ``nofile`` and ``fsize``; **no host mounts at all**: the
+supervisor package is sent over the exec stream into a root-owned tmpfs (`toolgym.sandboxes.inside.BOOT`);
+an environment of a few fixed variables. PID 1 is our own init (`toolgym.sandboxes.inside.INIT`).
 
-What is covered: everything in the hostile-input suite (tests/sandboxes): fork/thread/memory bombs, CPU
-spin, sleeps, floods, disk/inode/fd exhaustion, network egress and DNS, host sockets, writes outside the
-work dir, host secrets, privilege escalation, killing the supervisor, setsid escapes, cross-session
-isolation, a container killed mid-call; the host's wall clock (``timeout + grace_s``) as the last resort.
-What is not covered: kernel exploits (containers share the host kernel; use gVisor or a VM for adversarial
-code); seccomp is docker's default profile only if the daemon has one; a remote daemon (the supervisor package
-is bind-mounted from this machine's file system); disk I/O bandwidth.
+What is covered and what is not: see docs/sandboxes.md ("Threat model"); each row has a test in
+tests/sandboxes/.
 """
 
 from __future__ import annotations
@@ -25,18 +21,40 @@ import threading
 import time
 import uuid
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from toolgym.errors import InfrastructureError
 from toolgym.sandboxes.base import Sandbox
 from toolgym.sandboxes.box import Box
 from toolgym.sandboxes.channel import DockerExecChannel
-from toolgym.sandboxes.inside import launch_args
+from toolgym.sandboxes.inside import INIT, boot_args, package_blobs
+from toolgym.sandboxes.inside.frames import encode
 from toolgym.sandboxes.limits import Limits
 
-INSIDE = Path(__file__).with_name("inside")  # the supervisor package, mounted read-only
-INSIDE_ROOT = "/opt/toolgym"
+INSIDE_ROOT = "/opt/toolgym"  # a root-owned tmpfs the supervisor package is written into at start
+# What the root supervisor keeps (everything else is dropped; the code itself runs with none): change
+# uid/gid to the code's, kill its processes, wipe what it wrote whatever the modes, protect itself and
+# init from the OOM killer, read /proc/PID/syscall of a session's worker (`Server.idle`).
+SUPERVISOR_CAPS = ["SETUID", "SETGID", "KILL", "DAC_OVERRIDE", "FOWNER", "SYS_PTRACE"]
+OPTIONAL_CAPS = {"SYS_NICE": 23, "SYS_RESOURCE": 24}  # supervisor priority -10; OOM score -1000
+
+
+def host_caps() -> int:
+    """This machine's capability bounding set (bits)."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(f.read().split("CapBnd:")[1].split()[0], 16)
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def supervisor_caps() -> list[str]:
+    """`SUPERVISOR_CAPS`, plus `OPTIONAL_CAPS` where this machine has them at all: runc refuses to start a
+    container asking for a capability the host lacks."""
+    have = host_caps()
+    return SUPERVISOR_CAPS + [name for name, bit in OPTIONAL_CAPS.items() if have >> bit & 1]
+
+
 LABEL = "toolgym.sandbox"
 OWNER = "toolgym.sandbox.owner"  # host:pid of the process whose pool made the container
 ENV = {
@@ -46,6 +64,7 @@ ENV = {
     "LANG": "C.UTF-8",
     "PYTHONIOENCODING": "utf-8:backslashreplace",
     "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONNOUSERSITE": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MPLBACKEND": "Agg",
 }
@@ -88,7 +107,7 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
     return {
         **extra,
         "image": lim.image,
-        "command": ["python3", *launch_args(INSIDE_ROOT, "init")],
+        "command": ["python3", "-c", INIT],
         "name": name,
         "hostname": "sandbox",
         "detach": True,
@@ -96,21 +115,22 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
         "read_only": True,
         "tmpfs": {
             "/tmp": f"rw,nosuid,nodev,size={lim.tmp_mb}m,nr_inodes={lim.tmp_inodes},mode=1777",
+            INSIDE_ROOT: "rw,nosuid,nodev,noexec,size=4m,mode=755",
         },
         "shm_size": 16 << 20,
         "mem_limit": mem,
         "memswap_limit": mem,
         "pids_limit": lim.pids,
         "nano_cpus": int(lim.cpus * 1e9),
-        "user": lim.user,
+        "user": "0:0",  # init and the supervisor; the code runs as lim.user
         "cap_drop": ["ALL"],
+        "cap_add": supervisor_caps(),
         "security_opt": ["no-new-privileges"],
         "ulimits": [
             Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile),
             Ulimit(name="fsize", soft=lim.fsize_mb << 20, hard=lim.fsize_mb << 20),
             Ulimit(name="core", soft=0, hard=0),
         ],
-        "volumes": {str(INSIDE): {"bind": f"{INSIDE_ROOT}/inside", "mode": "ro"}},
         "environment": ENV,
         "working_dir": "/tmp",
         "labels": {LABEL: "1", OWNER: f"{socket.gethostname()}:{os.getpid()}"},
@@ -138,11 +158,12 @@ class DockerSandbox(Sandbox):
             "memswap_limit",
             "pids_limit",
             "nano_cpus",
-            "user",
             "cap_drop",
+            "cap_add",
             "security_opt",
         )
         info = {"backend": self.backend, **{k: kw[k] for k in keep}}
+        info["code_user"] = self.limits.user
         info["runtime"] = self.limits.runtime or "default"
         info["ulimits"] = {u["Name"]: u["Hard"] for u in kw["ulimits"]}
         info["output_bytes"] = self.limits.output_bytes
@@ -165,11 +186,15 @@ class DockerSandbox(Sandbox):
             with contextlib.suppress(Exception):
                 container.remove(force=True)
 
+        uid, _, gid = lim.user.partition(":")
         try:
             cmd = [
                 "python3",
-                *launch_args(INSIDE_ROOT, "serve"),
+                *boot_args(INSIDE_ROOT),
+                "serve",
                 "--contained",
+                f"--uid={uid}",
+                f"--gid={gid or uid}",
                 "--scratch=/tmp",
                 "--scratch=/dev/shm",
                 "--scratch=/dev/mqueue",
@@ -183,12 +208,14 @@ class DockerSandbox(Sandbox):
                 stdout=True,
                 stderr=True,
                 tty=False,
-                user=lim.user,
+                user="0:0",
                 workdir="/tmp",
                 environment=ENV,
             )["Id"]
             sock = cli.api.exec_start(exec_id, socket=True)
             raw = getattr(sock, "_sock", sock)
+            channel = DockerExecChannel(raw)
+            channel._send(encode({}, package_blobs()))
         except Exception as exc:
             destroy()
             raise InfrastructureError(f"could not start the sandbox supervisor in {name}: {exc}") from exc
@@ -197,9 +224,7 @@ class DockerSandbox(Sandbox):
             container.reload()
             return bool(container.status == "running")
 
-        box = Box(
-            DockerExecChannel(raw), name=name, grace_s=lim.grace_s, is_running=is_running, destroy=destroy
-        )
+        box = Box(channel, name=name, grace_s=lim.grace_s, is_running=is_running, destroy=destroy)
         deadline = time.monotonic() + 30
         while not box.ping():  # the first ping also proves the exec stream is wired up
             if time.monotonic() > deadline or box.broken:

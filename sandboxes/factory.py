@@ -1,9 +1,8 @@
-"""`get_sandbox`: picks a backend (explicitly, or ``auto``: docker if a daemon answers, else the process
-backend with a warning) and applies limit overrides."""
+"""`get_sandbox`: picks a backend (``docker``, ``process``, or ``auto`` = docker, never silently anything
+weaker) and applies limit overrides."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from toolgym.errors import ConfigError
@@ -16,7 +15,8 @@ BACKENDS = ("auto", "docker", "process")
 def get_sandbox(backend: str = "auto", limits: Limits | None = None, **overrides: Any) -> Sandbox:
     """A sandbox with default limits (see `Limits`) updated by ``overrides``, e.g.
     ``get_sandbox("docker", memory_mb=256, pool_size=4)``. ``docker`` raises InfrastructureError with what
-    to do when the daemon or the image is missing; ``auto`` falls back to ``process`` with a warning.
+    to do when the daemon or the image is missing. ``auto`` is docker and raises the same error when docker is
+    unavailable: it never downgrades to the weaker ``process`` backend, which must be asked for by name.
 
     >>> get_sandbox("podman")
     Traceback (most recent call last):
@@ -27,21 +27,23 @@ def get_sandbox(backend: str = "auto", limits: Limits | None = None, **overrides
         raise ConfigError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
     lim = (limits or Limits()).updated(**overrides)
     if backend in ("auto", "docker"):
+        from toolgym.errors import InfrastructureError
         from toolgym.sandboxes.docker_backend import DockerSandbox, docker_problem
 
         problem = docker_problem(lim.image)
         if problem is None:
             return DockerSandbox(lim)
-        if backend == "docker":
-            from toolgym.errors import InfrastructureError
+        if backend == "auto":
+            problem += (
+                "; `auto` uses docker only (it never downgrades): fix that, or ask for "
+                'get_sandbox("process") explicitly (bubblewrap boxes, weaker: see docs/sandboxes.md)'
+            )
+        raise InfrastructureError(problem)
+    from toolgym.sandboxes.process_backend import ProcessSandbox, process_problem
 
-            raise InfrastructureError(problem)
-        warnings.warn(
-            f"docker sandbox unavailable ({problem}); using the process backend, which does not isolate the "
-            "file system or cap processes (see docs/sandboxes.md)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    from toolgym.sandboxes.process_backend import ProcessSandbox
+    problem = process_problem()
+    if problem is not None:
+        from toolgym.errors import InfrastructureError
 
+        raise InfrastructureError(problem)
     return ProcessSandbox(lim)

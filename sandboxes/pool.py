@@ -2,8 +2,10 @@
 
 At most ``size`` boxes exist at once (idle, busy or being created). A caller that finds none free waits:
 calls are queued, never dropped. A box comes back either clean (one-shot runs clean up after themselves)
-or with ``reset=True`` (sessions), and goes to the idle list only if it answers and is clean; otherwise it is
-destroyed in the background and a fresh one is made on the next demand. Safe from many threads.
+or with ``reset=True`` (sessions), and goes to the idle list only if it answers, is clean and passed the
+supervisor's health check (nothing persistent changed); otherwise it is destroyed (in a tracked, non-daemon
+thread that ``close()`` and interpreter exit wait for, so no container outlives the program) and a fresh
+one is made on the next demand. Safe from many threads.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Pool:
         self._warm_target = 0  # boxes to keep idle: replacements are started in the background
         self.created = 0
         self.replaced = 0
+        self._destroying: set[threading.Thread] = set()
 
     def acquire(self, wait_s: float = 600.0) -> Box:
         """A live box; raises InfrastructureError if none can be created or none frees up in ``wait_s``."""
@@ -78,13 +81,23 @@ class Pool:
         if self._closed:  # at shutdown nobody waits for a background thread: remove it now
             box.destroy()
         else:
-            threading.Thread(target=box.destroy, name=f"destroy-{box.name}", daemon=True).start()
+            t = threading.Thread(target=self._destroy, args=(box,), name=f"destroy-{box.name}")
+            with self._cond:
+                self._destroying.add(t)
+            t.start()
         with self._cond:
             self._count -= 1
             self._cond.notify()
             refill = not self._closed and len(self._idle) < self._warm_target
         if refill:
             threading.Thread(target=self._refill, name="pool-refill", daemon=True).start()
+
+    def _destroy(self, box: Box) -> None:
+        try:
+            box.destroy()
+        finally:
+            with self._cond:
+                self._destroying.discard(threading.current_thread())
 
     def _refill(self) -> None:
         """Starts one replacement box so a dead one does not cost the next caller a cold start."""
@@ -141,5 +154,7 @@ class Pool:
         threads = [threading.Thread(target=b.destroy) for b in idle]
         for t in threads:
             t.start()
+        with self._cond:
+            threads += list(self._destroying)
         for t in threads:
-            t.join(timeout=30)
+            t.join(timeout=60)

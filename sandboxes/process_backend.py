@@ -1,92 +1,144 @@
-"""The process backend: the fallback where no docker daemon answers.
+"""The process backend: each box is a bubblewrap (``bwrap``) sandbox on this machine, for hosts without a
+docker daemon. Opt in explicitly with ``get_sandbox("process")``; ``auto`` never falls back to it.
 
-Each box is the supervisor (`toolgym.sandboxes.inside`) started as a child process: its own session and
-process group, a private temp dir as working dir, TMPDIR and HOME, a scrubbed environment, rlimits
-(address space = ``memory_mb``, ``nofile``, ``fsize_mb``, 8 MiB stack, no core files). Where ``unshare``
-works (as root, or with user namespaces) it also gets its own network, pid, mount and IPC namespaces: the
-supervisor is then PID 1 there, so the code cannot kill it, ``kill(-1)`` reaches only the sandbox's own
-processes, and ``/proc`` lists only them.
+Each box: its own pid, IPC, UTS and cgroup namespaces and (unless ``network``) its own empty network
+namespace; a read-only view of the host file system with a private tmpfs ``/tmp`` (``tmp_mb``) and
+``/dev/shm``, a private ``/dev`` and ``/proc``; ``/run`` (the docker socket), ``/var/tmp``, ``/home`` and
+``/root`` replaced by empty tmpfs (the Python installation is bound back read-only where it lives there);
+``/etc/shadow``, ``/etc/gshadow`` and ``/proc/kallsyms`` masked. The supervisor runs as root inside with
+only the capabilities to drop the code, kill it and clean up after it; the code runs under a uid of its
+own (``UID_BASE`` + n, one per box, no capabilities, ``no_new_privs``) with rlimits: address space
+``memory_mb``, processes ``pids`` (counted per uid, so per box), ``nofile``, ``fsize_mb``, an 8 MiB stack,
+no core files. Needs root on the host (to start boxes and give each its own uid) and bubblewrap.
 
-What is covered: wall-clock timeouts (CPU spin, sleep, blocking stdin), memory bombs (``MemoryError`` at
-the address-space cap), output floods and invalid UTF-8, big files (``fsize``), fd exhaustion (``nofile``),
-deep recursion, 5 MB payloads, persistent sessions with fork, setsid/double-fork escapes (the supervisor
-is a subreaper and kills strays); with namespaces also network egress, killing the supervisor, other
-processes in ``/proc``, System V IPC left between runs.
-What is not covered (use the docker backend for untrusted code): fork and thread bombs (no pids cap);
-reading or writing anything the host user can reach on the file system (other sandboxes' temp dirs, the
-host's secrets); privileges: the code runs as the host user, so as root it is root on the host's files;
-CPU quotas; disk use outside TMPDIR; any of the namespace items where ``unshare`` does not work.
+What is covered and what is not: see docs/sandboxes.md ("Threat model"); each row has a test in
+tests/sandboxes/.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import resource
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import uuid
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from pathlib import Path
 from typing import Any
 
+from toolgym.errors import InfrastructureError
 from toolgym.sandboxes.base import Sandbox
 from toolgym.sandboxes.box import Box
 from toolgym.sandboxes.channel import PipeChannel
-from toolgym.sandboxes.inside import launch_args
+from toolgym.sandboxes.inside import boot_args, package_blobs
+from toolgym.sandboxes.inside.frames import encode
 from toolgym.sandboxes.limits import Limits
 
-SANDBOXES_DIR = str(Path(__file__).parent)  # holds the `inside` supervisor package
-MARK = "TOOLGYM_SANDBOX_ID"  # inherited by everything the code starts: lets cleanup find escaped processes
-
-
-NAMESPACES = ("--pid", "--fork", "--mount", "--ipc", "--mount-proc", "--kill-child=SIGKILL")
+UID_BASE = 200000  # box n's code runs as uid/gid UID_BASE + n: no host account, no files on the host
+UID_SPAN = 100000
+INSIDE_ROOT = "/run/toolgym"  # inside the box's private /run tmpfs, root-owned: the code cannot write it
+HIDDEN = ("/run", "/var/tmp", "/home", "/root")  # replaced by empty tmpfs in every box
+MASKED = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
+# (Not CAP_SYS_RESOURCE: bwrap 0.8 then keeps every capability. The OOM score is set before bwrap starts.)
+CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_PTRACE")
+ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8:backslashreplace",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONNOUSERSITE": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MPLBACKEND": "Agg",
+}
+_uids = itertools.count()
+_uid_lock = threading.Lock()
+# bwrap's --die-with-parent fires when the *thread* that started it ends, so every box is started from this
+# one long-lived thread: boxes die with the program (even on SIGKILL), not with a caller's worker thread.
+_spawner = ThreadPoolExecutor(1, thread_name_prefix="bwrap-spawner")
 
 
 @cache
-def _works(flags: tuple[str, ...]) -> bool:
+def process_problem() -> str | None:
+    """None when boxes can be made here; otherwise what is missing and what to do."""
+    if not shutil.which("bwrap"):
+        return "bubblewrap is missing: apt-get install bubblewrap (the process backend runs boxes with it)"
+    if os.geteuid() != 0:
+        return (
+            "the process backend needs root (it gives each box's code a uid of its own); run as root or use "
+            "the docker backend"
+        )
     try:
-        return subprocess.run(["unshare", *flags, "true"], capture_output=True, timeout=5).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+        probe = subprocess.run(
+            ["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--dev", "/dev", "true"],
+            capture_output=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bwrap does not run here: {exc}"
+    if probe.returncode != 0:
+        return f"bwrap cannot create namespaces here: {probe.stderr.decode(errors='replace').strip()[:300]}"
+    return None
 
 
-@cache
-def isolation(network: bool) -> tuple[tuple[str, ...], bool, bool]:
-    """(command prefix, own pid+mount+ipc namespaces?, own network namespace?) that work here, best first:
-    as root plain ``unshare``, otherwise with a user namespace (``-r``); nothing if neither works."""
-    if not shutil.which("unshare"):
-        return (), False, False
-    net = () if network else ("--net",)
-    for user in ((), ("--map-root-user",)):
-        for flags, pidns in ((*user, *net, *NAMESPACES), True), ((*user, *net), False):
-            if flags and _works(flags):
-                return ("unshare", *flags, "--"), pidns, bool(net)
-    return (), False, False
+def _protect_from_oom() -> None:
+    """In the bwrap child before exec: bwrap, its init and the supervisor inherit -1000 (never OOM-killed);
+    the code's processes raise theirs to 1000."""
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("-1000")  # refused on some kernels: the code's 1000 still makes it the OOM killer's choice
 
 
-def _kill_marked(mark: str) -> None:
-    """SIGKILLs every process whose environment carries this box's mark (escaped daemons included)."""
-    needle = f"{MARK}={mark}".encode()
-    for _ in range(20):
-        found = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = f.read()
-            except OSError:
-                continue
-            if needle in env.split(b"\0"):
-                found = True
-                with contextlib.suppress(OSError):
-                    os.kill(int(entry), signal.SIGKILL)
-        if not found:
-            return
+def _python_dirs() -> list[str]:
+    """Where this Python lives, when that is under a hidden dir (e.g. pyenv in /root): bound back read-only."""
+    dirs = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(sys.executable))}
+    keep = [d for d in sorted(dirs) if any(d == h or d.startswith(h + "/") for h in HIDDEN)]
+    return [d for d in keep if not any(d != o and d.startswith(o + "/") for o in keep)]
+
+
+def bwrap_command(lim: Limits, uid: int) -> list[str]:
+    cmd = ["bwrap", "--die-with-parent", "--new-session"]
+    cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if not lim.network:
+        cmd.append("--unshare-net")
+    cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    cmd += ["--perms", "1777", "--size", str(16 << 20), "--tmpfs", "/dev/shm"]
+    cmd += ["--perms", "1777", "--size", str(lim.tmp_mb << 20), "--tmpfs", "/tmp"]
+    for hidden in HIDDEN:
+        if os.path.isdir(hidden) and not os.path.islink(hidden):
+            cmd += ["--tmpfs", hidden]
+    for d in _python_dirs():
+        parts = d.strip("/").split("/")
+        for i in range(2, len(parts)):  # bwrap would make the parents 0700: the code's uid must pass
+            cmd += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
+        cmd += ["--ro-bind", d, d]
+    for masked in (*MASKED, "/proc/kallsyms"):
+        if os.path.exists(masked):
+            cmd += ["--ro-bind", "/dev/null", masked]
+    cmd += ["--cap-drop", "ALL"]
+    from toolgym.sandboxes.docker_backend import host_caps
+
+    for cap in CAPS + (("CAP_SYS_NICE",) if host_caps() >> 23 & 1 else ()):
+        cmd += ["--cap-add", cap]
+    cmd += ["--hostname", "sandbox", "--chdir", "/tmp", "--clearenv"]
+    for k, v in ENV.items():
+        cmd += ["--setenv", k, v]
+    limits = {
+        "RLIMIT_AS": lim.memory_mb << 20,
+        "RLIMIT_NPROC": lim.pids,
+        "RLIMIT_NOFILE": lim.nofile,
+        "RLIMIT_FSIZE": lim.fsize_mb << 20,
+        "RLIMIT_CORE": 0,
+        "RLIMIT_STACK": 8 << 20,  # deep recursion ends in a crash, fast
+    }
+    cmd += [sys.executable, *boot_args(INSIDE_ROOT), "serve", "--contained", f"--uid={uid}", f"--gid={uid}"]
+    cmd += ["--scratch=/tmp", "--scratch=/dev/shm", f"--max-output={lim.output_bytes}"]
+    cmd += [f"--limit={k}={v}" for k, v in limits.items()]
+    cmd += [f"--preload={m}" for m in lim.preload]
+    return cmd
 
 
 class ProcessSandbox(Sandbox):
@@ -96,67 +148,39 @@ class ProcessSandbox(Sandbox):
         lim = self.limits
         return {
             "backend": self.backend,
-            "isolation": "child process with rlimits, own process group and temp dir"
-            + (", own pid/mount/ipc namespaces" if isolation(lim.network)[1] else ""),
-            "network_namespace": isolation(lim.network)[2],
-            "pid_namespace": isolation(lim.network)[1],
+            "isolation": "bubblewrap: own pid/ipc/uts/cgroup"
+            + ("" if lim.network else "/network")
+            + " namespaces, read-only host file system, private /tmp /dev/shm /dev /proc /run",
+            "code uid": f"{UID_BASE}+n (one per box), no capabilities, no_new_privs",
+            "network_namespace": not lim.network,
+            "pid_namespace": True,
             "memory_mb (RLIMIT_AS)": lim.memory_mb,
+            "pids (RLIMIT_NPROC)": lim.pids,
+            "tmp_mb": lim.tmp_mb,
             "nofile": lim.nofile,
             "fsize_mb": lim.fsize_mb,
             "output_bytes": lim.output_bytes,
             "timeout_s": lim.timeout_s,
             "pool_size": lim.size,
-            "not covered": "fork bombs, the host file system, privileges of the host user, CPU quota",
+            "not covered": "CPU quota, memory cgroup (page cache, tmpfs), seccomp, kernel exploits",
         }
 
     def _new_box(self) -> Box:
-        lim = self.limits
-        mark = uuid.uuid4().hex
-        workdir = tempfile.mkdtemp(prefix="toolgym-sbx-")
-        os.chmod(workdir, 0o700)
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": workdir,
-            "TMPDIR": workdir,
-            "LANG": "C.UTF-8",
-            "PYTHONIOENCODING": "utf-8:backslashreplace",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "MPLBACKEND": "Agg",
-            MARK: mark,
-        }
-        mem = lim.memory_mb << 20
-
-        def limit_child() -> None:  # runs in the child between fork and exec
-            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-            resource.setrlimit(resource.RLIMIT_NOFILE, (lim.nofile, lim.nofile))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (lim.fsize_mb << 20, lim.fsize_mb << 20))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            resource.setrlimit(
-                resource.RLIMIT_STACK, (8 << 20, 8 << 20)
-            )  # deep recursion ends in a crash, fast
-
-        cmd = [
-            sys.executable,
-            *launch_args(SANDBOXES_DIR, "serve"),
-            f"--scratch={workdir}",
-            f"--max-output={lim.output_bytes}",
-        ]
-        cmd += [f"--preload={m}" for m in lim.preload]
-        prefix, pidns, _ = isolation(lim.network)
-        if pidns:  # the supervisor is PID 1 of its own namespaces: killing everything there is safe
-            cmd.append("--contained")
-        proc = subprocess.Popen(
-            [*prefix, *cmd],
+        problem = process_problem()
+        if problem:
+            raise InfrastructureError(problem)
+        with _uid_lock:
+            uid = UID_BASE + next(_uids) % UID_SPAN
+        proc = _spawner.submit(
+            subprocess.Popen,
+            bwrap_command(self.limits, uid),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            cwd=workdir,
-            env=env,
             start_new_session=True,
-            preexec_fn=limit_child,
             close_fds=True,
-        )
+            preexec_fn=_protect_from_oom,
+        ).result()
         assert proc.stdin is not None and proc.stdout is not None
         channel = PipeChannel(os.dup(proc.stdin.fileno()), os.dup(proc.stdout.fileno()))
         proc.stdin.close()
@@ -165,23 +189,21 @@ class ProcessSandbox(Sandbox):
         def destroy() -> None:
             channel.close()
             with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.kill(proc.pid, signal.SIGKILL)  # --die-with-parent takes the whole box down with it
             proc.wait()
-            _kill_marked(mark)
-            shutil.rmtree(workdir, ignore_errors=True)
 
         box = Box(
             channel,
-            name=f"proc-{proc.pid}",
-            grace_s=lim.grace_s,
+            name=f"bwrap-{proc.pid}",
+            grace_s=self.limits.grace_s,
             is_running=lambda: proc.poll() is None,
             destroy=destroy,
         )
+        with contextlib.suppress(OSError):  # a failure is reported by the ping below
+            channel._send(encode({}, package_blobs()))
         if not box.ping():
             box.destroy()
-            from toolgym.errors import InfrastructureError
-
-            raise InfrastructureError(f"the process sandbox did not start ({' '.join(cmd[:3])})")
+            raise InfrastructureError("the process sandbox did not start (bwrap or the supervisor failed)")
         return box
 
 

@@ -6,13 +6,17 @@ open file; branches of one session share the box and the file system, and their 
 When the last branch closes, the box is reset (workers killed, scratch wiped) and goes back to the pool.
 
 A call that kills the interpreter (timeout, OOM, crash, ``os._exit``) returns that status; the next call on
-the session starts a fresh interpreter and says so with ``restarted=True``. If the whole box dies, the
-session takes a new one from the pool the same way.
+the session starts a fresh interpreter and says so with ``restarted=True``. The same happens when the
+supervisor finds the interpreter misbehaved (garbage on its reply channel, a thread left running, code of
+an earlier call still in control when the next call comes). If the whole box dies, the session takes a
+new one from the pool the same way.
 
-What is covered: state across turns, branching by fork, recovery from any interpreter death, isolation
-from other sessions (each session has its own container). What is not covered: branches of one session
-run one call at a time and share a file system; a fork copies only the calling thread (threads the code
-started keep running in the parent branch only), as ``os.fork`` does.
+What is covered: state across turns, branching by fork, recovery from any interpreter death, fresh stdio
+and no leftover processes or threads at every call, isolation from other sessions (each session has its
+own box). What is not covered: the interpreter is the candidate's state, so code can change what later
+calls of the same session see through it (never send hidden data into a session; graders use
+``Sandbox.run(..., grader=True)``); branches of one session run one call at a time and share a file
+system; a fork copies only the calling thread, as ``os.fork`` does.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class Session:
         if self._wid is not None and self._generation == self._family.generation:
             return self._wid, False
         reply, _ = box.call({"op": "spawn"})
+        if "spawn_error" in reply:  # e.g. the session's branches used up the pids cap
+            raise BoxFailure("error", f"could not start an interpreter: {reply['spawn_error']}")
         restarted = self._lost or self._wid is not None
         self._wid, self._generation, self._lost = int(reply["wid"]), self._family.generation, False
         return self._wid, restarted
@@ -85,12 +91,13 @@ class Session:
             return blobs
         t0 = time.monotonic()
         with self._family.lock:
-            restarted = False
+            restarted, gone = False, ""
             try:
                 box = self._family.live_box()
                 wid, restarted = self._worker(box)
                 reply, out = box.call({"op": "exec", "wid": wid, "timeout": timeout}, blobs, timeout)
-                if reply.get("status") == "gone":  # should not happen: the server lost track of our worker
+                if reply.get("status") == "gone":  # the supervisor restarted the worker (it misbehaved)
+                    gone = str(reply.get("why") or LOST)
                     self._wid = None
                     wid, _ = self._worker(box)
                     reply, out = box.call({"op": "exec", "wid": wid, "timeout": timeout}, blobs, timeout)
@@ -112,7 +119,7 @@ class Session:
             if not reply.get("alive", False):
                 self._lost = True
                 self._wid = None
-            return to_result(reply, out, restarted, LOST if restarted else "")
+            return to_result(reply, out, restarted, (gone or LOST) if restarted else "")
 
     async def arun(
         self, code: str, *, timeout: float | None = None, stdin: str | bytes | None = None

@@ -7,6 +7,7 @@ need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # the sandboxes' process backend
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)  # ScienceWorld, TextWorldExpress
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"

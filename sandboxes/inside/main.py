@@ -1,49 +1,51 @@
-"""Entry points: ``init`` (PID 1 of a container) and ``serve`` (the supervisor).
+"""Entry point of the supervisor (``serve``), started by `BOOT` as root with a few capabilities.
 
-Run as ``python3 -c "import sys; sys.path.insert(0, DIR); from inside.main import main; main()" MODE ...``
-where DIR holds this package (bind-mounted read-only at /opt/toolgym in containers).
+Arguments: ``--uid=N --gid=N`` (the code's ids), ``--scratch=DIR`` (writable dirs wiped after each
+one-shot run; the first holds the work dirs), ``--max-output=BYTES``, ``--preload=MODULES``,
+``--limit=RLIMIT_NAME=VALUE`` (set on every worker), ``--contained`` (alone in its pid namespace).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import time
 
-from .procs import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, prctl
+from .procs import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, prctl, set_oom_adj
 from .server import Server
 
 
-def init_main() -> None:
-    """Reaps whatever is orphaned to PID 1 (only happens if the supervisor itself died)."""
-    prctl(PR_SET_DUMPABLE, 0)
-    while True:
-        try:
-            os.wait()
-        except OSError:  # no children yet (ChildProcessError) or an interrupted wait
-            time.sleep(0.5)
+def _values(argv: list[str], name: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
 
 
 def serve_main(argv: list[str]) -> None:
-    scratch = [a.split("=", 1)[1] for a in argv if a.startswith("--scratch=")]
-    preload = [a.split("=", 1)[1] for a in argv if a.startswith("--preload=")]
-    max_output = int(next((a.split("=", 1)[1] for a in argv if a.startswith("--max-output=")), 1 << 20))
+    scratch = _values(argv, "scratch")
+    max_output = int((_values(argv, "max-output") or [str(1 << 20)])[0])
+    limits = {}
+    for item in _values(argv, "limit"):
+        name, _, value = item.partition("=")
+        limits[name] = int(value)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)
-    for name in preload:  # imported once here, then shared copy-on-write by every worker
+    set_oom_adj(-1000)  # the OOM killer takes the code's processes, never the supervisor
+    with contextlib.suppress(OSError):  # ahead of the code's processes (a fork bomb) when it must kill them
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+    for name in _values(argv, "preload"):  # imported once here, then shared copy-on-write by every worker
         for mod in name.split(","):
             with contextlib.suppress(Exception):
                 __import__(mod)
     # Nothing is written before the first request: a docker exec stream may still be inside the HTTP
     # upgrade when the host takes the socket, and early bytes could be lost there.
-    server = Server(scratch or ["/tmp"], "--contained" in argv, max_output)
+    server = Server(
+        scratch or ["/tmp"],
+        "--contained" in argv,
+        max_output,
+        int((_values(argv, "uid") or ["65534"])[0]),
+        int((_values(argv, "gid") or ["65534"])[0]),
+        limits,
+    )
     server.serve()
 
 
-def main() -> None:
-    mode = sys.argv[1] if len(sys.argv) > 1 else "serve"
-    if mode == "init":
-        init_main()
-    else:
-        serve_main(sys.argv[2:])
+def main(argv: list[str]) -> None:
+    serve_main(argv[1:] if argv and argv[0] == "serve" else argv)

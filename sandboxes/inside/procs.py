@@ -1,7 +1,8 @@
-"""Process bookkeeping for the supervisor: reaping, finding strays, killing them, wiping scratch dirs.
+"""Process bookkeeping for the supervisor: dropping privileges, reaping, finding strays, killing them,
+wiping scratch dirs, and the health check a box passes before it is used again.
 
 The supervisor is a child subreaper, so every process the code starts stays below it even after a
-double fork; a /proc scan of that tree finds whatever outlived its worker.
+double fork; a /proc scan of that tree finds whatever outlived its call.
 """
 
 from __future__ import annotations
@@ -9,30 +10,160 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import shutil
 import signal
-import socket
 import time
 from typing import Any
 
+PR_SET_DUMPABLE = 4  # non-dumpable: other processes cannot ptrace it or read its /proc secrets
+PR_SET_KEEPCAPS = 8
 PR_SET_CHILD_SUBREAPER = 36
-PR_SET_DUMPABLE = 4  # non-dumpable: same-uid code cannot ptrace the process or read its /proc secrets
+PR_SET_NO_NEW_PRIVS = 38
+CAP_KILL, CAP_SETGID, CAP_SETUID = 5, 6, 7
+GRADER_CAPS = (1 << CAP_KILL) | (1 << CAP_SETGID) | (1 << CAP_SETUID)
+# Variables every child interpreter gets, whatever the code did to its environment: no user site dir
+# (.pth hooks), no startup file, no search path or home from outside.
+HARDEN = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+UNSET = ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONINSPECT", "PYTHONUSERBASE", "PYTHONBREAKPOINT")
+RLIMITS = ("RLIMIT_AS", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_NPROC", "RLIMIT_CORE", "RLIMIT_STACK")
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def prctl(option: int, value: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+        _libc.prctl(option, value, 0, 0, 0)
+
+
+def set_oom_adj(value: int) -> None:
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(value))
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def keep_only_caps(mask: int) -> None:
+    """Reduces this (root) process's capabilities to ``mask`` (the low 32 capability bits)."""
+    data = (_CapData * 2)()
+    data[0].effective = data[0].permitted = mask
+    if _libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def harden_env(env: Any) -> None:
+    """Re-asserts the interpreter hardening variables in ``env`` (os.environ)."""
+    for key in UNSET:
+        env.pop(key, None)
+    env.update(HARDEN)
+
+
+# seccomp: the code may not make namespaces (user namespaces would give it a root of its own to mount and
+# unshare with), mount, use kernel keyrings (kept per uid: state that outlives its processes), eBPF, perf
+# or userfaultfd. x86_64 syscall numbers; on other architectures the filter allows everything (documented).
+AUDIT_ARCH_X86_64 = 0xC000003E
+DENY_EPERM = {272: "unshare", 308: "setns", 165: "mount", 166: "umount2", 248: "add_key", 249: "request_key",
+              250: "keyctl", 321: "bpf", 298: "perf_event_open", 323: "userfaultfd", 155: "pivot_root",
+              161: "chroot"}  # fmt: skip
+NR_CLONE, NR_CLONE3 = 56, 435
+CLONE_NS_FLAGS = 0x7E020080  # NEWNS NEWCGROUP NEWUTS NEWIPC NEWUSER NEWPID NEWNET NEWTIME
+
+
+def _seccomp_program() -> bytes:
+    import struct
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+        return struct.pack("HBBI", code, jt, jf, k)
+
+    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    prog = [op(ld, 4), op(jeq, AUDIT_ARCH_X86_64, 1, 0), op(ret, allow), op(ld, 0)]
+    for nr in DENY_EPERM:
+        prog += [op(jeq, nr, 0, 1), op(ret, eperm)]
+    prog += [op(jeq, NR_CLONE3, 0, 1), op(ret, enosys)]  # libc falls back to clone, checked below
+    prog += [op(jeq, NR_CLONE, 0, 3), op(ld, 16), op(jset, CLONE_NS_FLAGS, 0, 1), op(ret, eperm)]
+    prog += [op(ret, allow)]
+    return b"".join(prog)
+
+
+def seccomp_deny() -> bool:
+    """Installs the filter above on this process (inherited by everything it starts); False if not."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        return False
+    prog = _seccomp_program()
+    buf = ctypes.create_string_buffer(prog, len(prog))
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    return _libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def drop_to(uid: int, gid: int, limits: dict[str, int]) -> None:
+    """In a freshly forked child of the (root) supervisor: the box's rlimits, the OOM killer's first
+    choice, the default priority (the supervisor's is higher), then the code's uid and gid with no
+    capabilities left."""
+    set_oom_adj(1000)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    for name, value in limits.items():
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(getattr(resource, name), (value, value))
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    seccomp_deny()
+    prctl(PR_SET_DUMPABLE, 1)  # the code's own processes behave normally (/proc/self, debuggers)
+
+
+def become_grader(limits: dict[str, int]) -> None:
+    """A trusted grading harness: stays root (so code under the box uid can neither signal nor read it)
+    with only the capabilities to start processes as the box uid and to kill them."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    for name, value in limits.items():
+        if name != "RLIMIT_NPROC":  # counted per uid: root's would cap nothing useful
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(getattr(resource, name), (value, value))
+    if os.geteuid() == 0:
+        keep_only_caps(GRADER_CAPS)
+    seccomp_deny()
 
 
 class Worker:
-    def __init__(self, pid: int, ctrl: socket.socket, out: int, err: int) -> None:
-        self.pid, self.ctrl, self.out, self.err = pid, ctrl, out, err
+    """A session's interpreter: its pid, the request socket the supervisor writes (the worker can only
+    read it), and a pidfd (or -1) that becomes readable when it exits."""
+
+    def __init__(self, pid: int, door: Any) -> None:
+        self.pid, self.door = pid, door
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            self.pidfd = -1
+        self.calls = 0
+        self.mark: tuple[str, ...] | None = None  # how its loop looks while it waits (`Server.idle`)
 
     def close(self) -> None:
-        self.ctrl.close()
-        for fd in (self.out, self.err):
+        self.door.close()
+        if self.pidfd >= 0:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                os.close(self.pidfd)
+            self.pidfd = -1
 
 
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
@@ -55,14 +186,24 @@ def oom_kills() -> int:
     return -1
 
 
+def threads_of(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
 class Reaper:
     """The part of the supervisor that tracks, kills and cleans up after processes."""
 
     def __init__(self, scratch: list[str], contained: bool) -> None:
         self.scratch = scratch
-        self.contained = contained  # inside a container of our own: kill(-1) and wiping all scratch are safe
+        self.contained = (
+            contained  # inside a pid namespace of our own: kill(-1) and wiping all scratch are safe
+        )
         self.workers: dict[int, Worker] = {}
         self.exited: dict[int, int] = {}
+        self.baseline = self.vitals()
 
     def reap(self) -> None:
         while True:
@@ -82,10 +223,10 @@ class Reaper:
                 return self.exited[pid]
             if time.monotonic() > end:
                 return None
-            time.sleep(0.001)
+            time.sleep(0.0005)
 
     def descendants(self) -> dict[int, int]:
-        """pid -> parent pid for every process below this server (orphans included: we are a subreaper)."""
+        """pid -> parent pid for every live process below this server (orphans included: we are a subreaper)."""
         parents: dict[int, int] = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
@@ -111,22 +252,19 @@ class Reaper:
         return below
 
     def kill_strays(self) -> bool:
-        """Kills every process below us outside the live workers' trees; True once none is left."""
+        """Kills every process below us except the live workers themselves (their children included: a
+        call leaves nothing running); True once none is left."""
+        keep = {w.pid for w in self.workers.values()}
         for _ in range(300):
+            if self.contained and not keep:
+                # Everything in the namespace but init and us, in one call and before any scan: a fork bomb
+                # is gone before it can take more of the CPU the scan needs.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(-1, signal.SIGKILL)
             self.reap()
-            live = {w.pid for w in self.workers.values()}
-            below = self.descendants()
-            strays = []
-            for pid in below:
-                p = pid
-                while p in below and p not in live:
-                    p = below[p]
-                if p not in live:
-                    strays.append(pid)
+            strays = [p for p in self.descendants() if p not in keep]
             if not strays:
                 return True
-            if self.contained and not live:
-                strays.append(-1)  # the whole uid except us and PID 1: catches anything the scan raced with
             for pid in strays:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -138,9 +276,8 @@ class Reaper:
         if w is None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(w.pid, signal.SIGKILL)
+            os.kill(w.pid, signal.SIGKILL)
         self.wait_status(w.pid, 1.0)
-        self.exited.pop(w.pid, None)
         w.close()
 
     def wipe(self, paths: list[str]) -> bool:
@@ -169,9 +306,8 @@ class Reaper:
     def wipe_ipc() -> bool:
         """Removes System V shared memory, semaphores and message queues (they outlive processes and
         would carry data and memory from one run to the next); True when none is left."""
-        libc = ctypes.CDLL(None, use_errno=True)
         ipc_rmid = 0
-        removers = {"shm": libc.shmctl, "sem": libc.semctl, "msg": libc.msgctl}
+        removers = {"shm": _libc.shmctl, "sem": _libc.semctl, "msg": _libc.msgctl}
         left = 0
         for kind, remove in removers.items():
             try:
@@ -185,3 +321,26 @@ class Reaper:
                 if remove(*args) != 0:
                     left += 1
         return left == 0
+
+    def vitals(self) -> dict[str, Any]:
+        """What code must not be able to change for later calls: the priority, scheduling policy, rlimits
+        and OOM score of this server and of PID 1."""
+        out: dict[str, Any] = {}
+        for who in (0, 1) if self.contained else (0,):
+            try:
+                out[f"nice[{who}]"] = os.getpriority(os.PRIO_PROCESS, who)
+                out[f"sched[{who}]"] = os.sched_getscheduler(who)
+                with open(f"/proc/{who or 'self'}/oom_score_adj") as f:
+                    out[f"oom_adj[{who}]"] = f.read().strip()
+            except OSError as exc:
+                out[f"read[{who}]"] = exc.errno
+        for name in RLIMITS:
+            out[name] = resource.getrlimit(getattr(resource, name))
+        return out
+
+    def health(self) -> list[str]:
+        """What changed since start that would carry into later calls (empty when the box is fit)."""
+        now = self.vitals()
+        return [
+            f"{k}: {self.baseline.get(k)!r} -> {v!r}" for k, v in now.items() if self.baseline.get(k) != v
+        ]

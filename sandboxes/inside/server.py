@@ -1,224 +1,229 @@
-"""The supervisor's protocol server: requests from the host on stdin, replies on stdout.
+"""The supervisor's protocol server: requests from the host on fd 0, replies on fd 1.
 
-Ops: ``ping``; ``run`` (one-shot: a fresh worker in a fresh dir, then everything it left is killed and
-wiped); ``spawn``, ``exec``, ``fork``, ``kill`` (session workers); ``reset`` (kill all, wipe all). ``exec``
-enforces the call's wall clock and the output cap here, from outside the worker.
+Ops: ``ping``; ``run`` (one-shot: a fresh worker in a fresh dir, its status from ``waitpid``, then
+everything it left is killed and wiped and the box health-checked); ``spawn``, ``exec``, ``fork``, ``kill``
+(session workers); ``reset`` (kill all, wipe all, health check). The server enforces each call's wall
+clock and the output cap from outside the code's processes. Nothing a worker sends is trusted: a session
+reply is checked field by field and anything else is the code's ``error`` (the worker is then restarted).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import select
-import shutil
+import signal
 import socket
 import time
 from typing import Any
 
-from .frames import FRAME, MAX_CTRL_REPLY, Blobs, decode, encode, read_frame, split, write_all
-from .procs import PR_SET_DUMPABLE, Reaper, Worker, oom_kills, prctl
-from .worker import become_worker, worker_main
+from .frames import Blobs, encode, read_frame, write_all
+from .procs import Reaper, Worker, become_grader, drop_to, harden_env, oom_kills, threads_of
+from .worker import run_once, session_loop
+
+MAX_REPLY = 512  # a genuine worker reply is a few dozen bytes
+MISBEHAVED = "the code wrote on the supervisor's reply channel"
 
 
-def _channel() -> tuple[tuple[socket.socket, int, int], tuple[int, int, int]]:
-    """(server ends, worker ends) of a worker's control socket and its stdout/stderr pipes."""
-    a, b = socket.socketpair()
-    a.setblocking(False)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    for fd in (out_r, err_r):
-        os.set_blocking(fd, False)
-    return (a, out_r, err_r), (b.detach(), out_w, err_w)
+def _stdin_fd(data: bytes | None) -> int:
+    """An fd holding the call's stdin (an anonymous memory file), or /dev/null."""
+    if data is None:
+        return os.open(os.devnull, os.O_RDONLY)
+    fd = os.memfd_create("stdin")
+    write_all(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _child_io(stdin: int, out: int, err: int, door: int | None = None) -> None:
+    """In a fresh child: its own session, exactly the given stdio (and request socket), nothing else."""
+    os.setsid()
+    for fd, target in ((stdin, 0), (out, 1), (err, 2)):
+        os.dup2(fd, target)
+    if door is not None:
+        os.dup2(door, 3)
+    os.closerange(3 if door is None else 4, 1 << 20)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _safe_rel(rel: str) -> bool:
+    parts = rel.replace("\\", "/").split("/")
+    return bool(rel) and not rel.startswith("/") and ".." not in parts and "\0" not in rel
 
 
 class Server(Reaper):
-    def __init__(self, scratch: list[str], contained: bool, max_output: int) -> None:
+    def __init__(
+        self,
+        scratch: list[str],
+        contained: bool,
+        max_output: int,
+        uid: int,
+        gid: int,
+        limits: dict[str, int],
+    ) -> None:
         super().__init__(scratch, contained)
         self.max_output = max_output
+        self.uid, self.gid, self.limits = uid, gid, limits
+        self.env = dict(os.environ)
+        harden_env(self.env)
         self.next_wid = 1
         self.runs = 0
 
-    # -- workers
-    def spawn(self, workdir: str) -> int:
-        mine, theirs = _channel()
-        pid = os.fork()
-        if pid == 0:
-            os.setsid()
-            prctl(PR_SET_DUMPABLE, 1)  # the code's own processes behave normally (/proc/self, debuggers)
-            mine[0].close()
-            os.close(mine[1])
-            os.close(mine[2])
-            os.chdir(workdir)
-            os.umask(0o077)
-            try:
-                worker_main(become_worker(*theirs))
-            finally:
-                os._exit(0)  # never fall back into the server's code in this process
-        for fd in theirs:
-            os.close(fd)
-        wid = self.next_wid
-        self.next_wid += 1
-        self.workers[wid] = Worker(pid, *mine)
-        return wid
-
-    def fork(self, wid: int) -> int:
-        parent = self.workers[wid]
-        mine, theirs = _channel()
-        socket.send_fds(parent.ctrl, [encode({"op": "fork"})], list(theirs))
-        for fd in theirs:
-            os.close(fd)
-        mine[0].settimeout(10)
-        parent.ctrl.settimeout(10)
-        try:
-            head, _ = self._read_ctrl(parent.ctrl)
-            if "error" in head:
-                mine[0].close()
-                os.close(mine[1])
-                os.close(mine[2])
-                raise RuntimeError(head["error"])
-            head, _ = self._read_ctrl(mine[0])
-        finally:
-            parent.ctrl.setblocking(False)  # worker sockets stay non-blocking: every wait is a select
-        mine[0].setblocking(False)
-        new = self.next_wid
-        self.next_wid += 1
-        self.workers[new] = Worker(int(head["pid"]), *mine)
-        return new
-
-    @staticmethod
-    def _read_ctrl(sock: socket.socket) -> tuple[dict[str, Any], Blobs]:
-        buf = b""
-        while len(buf) < FRAME.size:
-            more = sock.recv(FRAME.size - len(buf))
-            if not more:
-                raise EOFError("worker closed its channel")
-            buf += more
-        n, m = FRAME.unpack(buf)
-        if n + m > MAX_CTRL_REPLY:
-            raise ValueError("oversized reply")
-        rest = b""
-        while len(rest) < n + m:
-            more = sock.recv(n + m - len(rest))
-            if not more:
-                raise EOFError("worker closed its channel")
-            rest += more
-        return decode(rest[:n], rest[n:])
-
-    def execute(
-        self, wid: int, code: bytes, stdin: bytes | None, timeout: float, oneshot: bool
-    ) -> tuple[dict[str, Any], Blobs]:
-        """Runs code in a worker; returns the reply header and {stdout, stderr}. Kills the worker when it
-        times out, dies, floods output (one-shot) or misbehaves; ``alive`` says whether it still serves."""
-        w = self.workers[wid]
+    # -- one-shot runs
+    def run_once(self, header: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], Blobs]:
+        self.runs += 1
+        files = {k[len("file:") :]: v for k, v in blobs.items() if k.startswith("file:")}
+        bad = [rel for rel in files if not _safe_rel(rel)]
+        if bad:
+            msg = f"file path {bad[0]!r} must be relative and stay inside the work dir"
+            return {"status": "error", "exit_code": None, "duration_s": 0.0, "truncated": False,
+                    "detail": f"could not write files: {msg}", "clean": True}, {"stdout": b"", "stderr": msg.encode()}  # fmt: skip
+        workdir = os.path.join(self.scratch[0], f"run-{self.runs}")
+        grader = bool(header.get("grader"))
+        env = dict(self.env)
+        if grader:
+            env.update(TOOLGYM_CANDIDATE_UID=str(self.uid), TOOLGYM_CANDIDATE_GID=str(self.gid))
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        stdin = _stdin_fd(blobs.get("stdin"))
         oom_before = oom_kills()
         t0 = time.monotonic()
-        deadline = t0 + timeout
-        bufs = {w.out: bytearray(), w.err: bytearray()}
-        blobs = {"code": code} if stdin is None else {"code": code, "stdin": stdin}
-        status = self._send(w.ctrl, encode({"op": "exec"}, blobs), deadline)
-        detail, reply, truncated = "", None, False
-        if not status:
-            status, detail, reply, truncated = self._collect(w, bufs, deadline, oneshot)
-        for fd in (w.out, w.err):  # what was written before the reply is still in the pipes
-            while (data := self._read_some(fd)) and len(bufs[fd]) <= self.max_output:
-                truncated |= self._keep(bufs[fd], data, self.max_output)
-        alive = status == "done"
-        exit_code: int | None = None
-        if status == "done" and reply is not None:
-            exc = reply.get("exc")
-            exit_code = int(reply.get("exit_code") or 0)
-            status = "oom" if exc == "MemoryError" else ("ok" if exit_code == 0 and exc is None else "error")
-        elif status == "died":
-            status, detail, exit_code = self._death(w.pid, oom_before, oneshot)
-        elif status == "timeout":
-            detail = f"wall clock of {timeout:g} s exceeded"
-        elif status == "output_limit":
-            detail = f"output over {self.max_output} bytes; the run was stopped"
-        if not alive:
-            self.kill_worker(wid)
-            self.kill_strays()
-        header = {
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _child_io(stdin, out_w, err_w)
+                if grader:
+                    become_grader(self.limits)
+                else:
+                    drop_to(self.uid, self.gid, self.limits)
+                os.environ.clear()
+                os.environ.update(env)
+                os.umask(0o077)
+                run_once(blobs["code"], workdir, files)
+            finally:
+                os._exit(1)
+        for fd in (out_w, err_w, stdin):
+            os.close(fd)
+        pidfd = self._pidfd(pid)
+        bufs = {out_r: bytearray(), err_r: bytearray()}
+        how, truncated = self._pump(bufs, pid, pidfd, None, t0 + float(header["timeout"]), True)
+        raw = self.wait_status(pid, 0) if how == "exited" else None
+        if raw is None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        clean = self.kill_strays()
+        truncated |= self._drain(bufs)
+        for fd in (out_r, err_r, pidfd):
+            if fd >= 0:
+                os.close(fd)
+        self.wait_status(pid, 0.5 if raw is None else 0)
+        status, detail, exit_code = self._status(how, raw, bufs[err_r], oom_before, float(header["timeout"]))
+        clean &= self.wipe(self.scratch) and self.wipe_ipc()
+        problems = self.health()
+        reply = {
             "status": status,
             "exit_code": exit_code,
             "duration_s": time.monotonic() - t0,
             "truncated": truncated,
             "detail": detail,
-            "alive": alive,
+            "clean": clean and not problems,
+            "problems": problems,
         }
-        return header, {"stdout": bytes(bufs[w.out]), "stderr": bytes(bufs[w.err])}
+        return reply, {"stdout": bytes(bufs[out_r]), "stderr": bytes(bufs[err_r])}
 
-    def _collect(
-        self, w: Worker, bufs: dict[int, bytearray], deadline: float, oneshot: bool
-    ) -> tuple[str, str, dict[str, Any] | None, bool]:
-        """Reads output and the worker's reply until it answers, dies or the deadline passes:
-        (status: done | died | timeout | output_limit | error, detail, reply, truncated)."""
-        ctrl_buf = bytearray()
-        watch: list[Any] = [w.ctrl, w.out, w.err]
-        truncated = False
-        garbage = "the code wrote garbage on the supervisor's channel"
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return "timeout", "", None, truncated
-            ready, _, _ = select.select(watch, [], [], left)
-            for r in ready:
-                if r is not w.ctrl:
-                    data = self._read_some(r)
-                    if data is None:
-                        watch.remove(r)  # the code closed its stdout/stderr
-                    else:
-                        truncated |= self._keep(bufs[r], data, self.max_output)
-                    continue
-                try:
-                    data = w.ctrl.recv(65536)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    return "died", "", None, truncated
-                ctrl_buf += data
-                if len(ctrl_buf) > MAX_CTRL_REPLY:
-                    return "error", garbage, None, truncated
-                if len(ctrl_buf) >= FRAME.size:
-                    n, m = FRAME.unpack_from(ctrl_buf)
-                    if n + m > MAX_CTRL_REPLY:
-                        return "error", garbage, None, truncated
-                    if len(ctrl_buf) >= FRAME.size + n + m:
-                        try:
-                            return "done", "", decode(*split(bytes(ctrl_buf)))[0], truncated
-                        except ValueError:
-                            return "error", garbage, None, truncated
-            if truncated and oneshot:
-                return "output_limit", "", None, truncated
-
-    def _death(self, pid: int, oom_before: int, oneshot: bool) -> tuple[str, str, int | None]:
-        """(status, detail, exit code) of a worker whose channel closed."""
-        raw = self.wait_status(pid, 0.5)
-        if raw is None:  # it closed the channel yet lives on: treat as a broken interpreter
-            return "error", "the code closed the supervisor's channel", None
+    def _status(
+        self, how: str, raw: int | None, err: bytearray, oom_before: int, timeout: float
+    ) -> tuple[str, str, int | None]:
+        ooms = oom_before >= 0 and oom_kills() > oom_before
+        if how == "timeout":
+            return ("oom" if ooms else "timeout"), f"wall clock of {timeout:g} s exceeded", None
+        if how == "output_limit":
+            return "output_limit", f"output over {self.max_output} bytes; the run was stopped", None
+        if raw is None:
+            return "error", "the interpreter could not be waited for", None
         if os.WIFSIGNALED(raw):
             sig = os.WTERMSIG(raw)
-            if oom_before >= 0 and oom_kills() > oom_before:
+            if ooms:
                 return "oom", "killed by the out-of-memory killer", -sig
             return "error", f"the interpreter died (signal {sig})", -sig
         code = os.WEXITSTATUS(raw) if os.WIFEXITED(raw) else 1
-        return ("ok" if code == 0 and oneshot else "error"), f"the interpreter exited with code {code}", code
+        if code == 0:
+            return "ok", "", 0
+        last = bytes(err).rstrip().rsplit(b"\n", 1)[-1]
+        if ooms or last.startswith(b"MemoryError"):
+            return "oom", "out of memory", code
+        return "error", f"the interpreter exited with code {code}", code
 
     @staticmethod
-    def _send(sock: socket.socket, data: bytes, deadline: float) -> str:
-        """Writes a request to a worker's non-blocking socket; "" when sent, else "timeout" or "died"."""
-        view = memoryview(data)
+    def _pidfd(pid: int) -> int:
         try:
-            while view:
-                try:
-                    view = view[sock.send(view) :]
-                except BlockingIOError:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([], [sock], [], left)[1]:
-                        return "timeout"
-        except OSError:
-            return "died"
-        return ""
+            return os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            return -1
+
+    def _exited(self, pid: int) -> bool:
+        self.reap()
+        return pid in self.exited
+
+    def _pump(
+        self,
+        bufs: dict[int, bytearray],
+        pid: int,
+        pidfd: int,
+        reply: tuple[int, bytearray] | None,
+        deadline: float,
+        oneshot: bool,
+    ) -> tuple[str, bool]:
+        """Reads output until the process exits (or, for a session call, its reply pipe closes), the
+        deadline passes or a one-shot run floods: (exited | replied | timeout | output_limit | misbehaved,
+        truncated)."""
+        watch: list[int] = [*bufs]
+        if reply is not None:
+            watch.append(reply[0])
+        if pidfd >= 0:
+            watch.append(pidfd)
+        truncated = False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout", truncated
+            ready, _, _ = select.select(watch, [], [], left if pidfd >= 0 else min(left, 0.002))
+            if pidfd < 0 and self._exited(pid):
+                return "exited", truncated
+            for r in ready:
+                if r == pidfd:
+                    return "exited", truncated
+                data = self._read_some(r)
+                if reply is not None and r == reply[0]:
+                    if data is None:
+                        return "replied", truncated
+                    reply[1].extend(data)
+                    if len(reply[1]) > MAX_REPLY:
+                        return "misbehaved", truncated
+                elif data is None:
+                    watch.remove(r)  # the code closed its stdout/stderr
+                else:
+                    truncated |= self._keep(bufs[r], data, self.max_output)
+            if truncated and oneshot:
+                return "output_limit", truncated
+
+    def _drain(self, bufs: dict[int, bytearray], patience: float = 1.0) -> bool:
+        """Reads what is left in the pipes once every writer is gone (or ``patience`` runs out)."""
+        truncated = False
+        end = time.monotonic() + patience
+        open_fds = list(bufs)
+        while open_fds and time.monotonic() < end:
+            ready, _, _ = select.select(open_fds, [], [], max(0.0, end - time.monotonic()))
+            for r in ready:
+                data = self._read_some(r)
+                if data is None:
+                    open_fds.remove(r)
+                elif len(bufs[r]) <= self.max_output:
+                    truncated |= self._keep(bufs[r], data, self.max_output)
+                else:
+                    truncated = True
+        return truncated
 
     @staticmethod
     def _read_some(fd: int) -> bytes | None:
@@ -241,72 +246,261 @@ class Server(Reaper):
             buf += data[:room]
         return True
 
-    def write_files(self, workdir: str, files: dict[str, bytes]) -> None:
-        root = os.path.realpath(workdir)
-        for rel, data in files.items():
-            path = os.path.realpath(os.path.join(root, rel))
-            if os.path.isabs(rel) or not path.startswith(root + os.sep):
-                raise ValueError(f"file path {rel!r} must be relative and stay inside the work dir")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(data)
+    # -- session workers
+    def spawn(self) -> int:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mine.shutdown(socket.SHUT_RD)  # the worker can never write to us on it
+        workdir = os.path.join(self.scratch[0], "work")
+        env = self.env
+        pid = os.fork()
+        if pid == 0:
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                _child_io(null, null, null, door=theirs.fileno())
+                drop_to(self.uid, self.gid, self.limits)
+                os.environ.clear()
+                os.environ.update(env)
+                os.umask(0o077)
+                os.makedirs(workdir, mode=0o700, exist_ok=True)
+                os.chdir(workdir)
+                session_loop(socket.socket(fileno=3))
+            finally:
+                os._exit(0)
+        theirs.close()
+        return self._register(pid, mine)
+
+    def _register(self, pid: int, door: socket.socket, mark: tuple[str, ...] | None = None) -> int:
+        door.settimeout(5.0)
+        wid = self.next_wid
+        self.next_wid += 1
+        self.workers[wid] = Worker(pid, door)
+        self.workers[wid].mark = mark
+        return wid
+
+    def idle(self, w: Worker, patience: float = 1.0) -> bool:
+        """Whether the worker's own loop, and not code it ran, is what waits on its request socket: one
+        thread, blocked reading fd 3, with the stack pointer and return address it had the first time (code
+        still running from an earlier call sits deeper in the stack). Unchecked where /proc/PID/syscall
+        cannot be read."""
+        end = time.monotonic() + patience
+        while True:
+            if threads_of(w.pid) != 1:
+                return False
+            try:
+                with open(f"/proc/{w.pid}/syscall") as f:
+                    fields = f.read().split()
+            except OSError:
+                return True  # no ptrace access here (documented): the other checks still hold
+            if len(fields) >= 9 and fields[0] not in ("running", "-1") and fields[1] == "0x3":
+                mark = (fields[0], fields[7], fields[8])
+                if w.mark is None:
+                    w.mark = mark
+                return mark == w.mark
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.0002)
+
+    def execute(
+        self, wid: int, code: bytes, stdin: bytes | None, timeout: float
+    ) -> tuple[dict[str, Any], Blobs]:
+        """Runs one session call; ``alive`` in the reply says whether the worker still serves."""
+        w = self.workers[wid]
+        if not self.idle(w):  # code from an earlier call is still in control: it never sees this call
+            self.kill_worker(wid)
+            self.kill_strays()
+            return {
+                "status": "gone",
+                "alive": False,
+                "why": "the interpreter was restarted: code of an earlier call was still running in it",
+            }, {}
+        w.calls += 1
+        n = w.calls
+        oom_before = oom_kills()
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        code_fd = os.memfd_create("code")
+        write_all(code_fd, code)
+        os.lseek(code_fd, 0, os.SEEK_SET)
+        stdin_fd = _stdin_fd(stdin)
+        theirs = [code_fd, stdin_fd, out_w, err_w, rep_w]
+        try:
+            socket.send_fds(w.door, [b"exec %d" % n], theirs)
+            sent = True
+        except OSError:
+            sent = False
+        for fd in theirs:
+            os.close(fd)
+        bufs = {out_r: bytearray(), err_r: bytearray()}
+        reply = bytearray()
+        how, truncated = "exited", False
+        if sent:
+            how, truncated = self._pump(bufs, w.pid, w.pidfd, (rep_r, reply), deadline, False)
+        detail, exit_code, status = "", None, "error"
+        alive = how == "replied"
+        if alive:
+            parsed = self._parse_reply(bytes(reply), n)
+            if parsed is None:
+                alive, detail = (
+                    False,
+                    MISBEHAVED if reply else "the code closed the supervisor's reply channel",
+                )
+                if not reply and self.wait_status(w.pid, 0.1) is not None:  # it did not misbehave: it died
+                    how = "exited"
+            else:
+                exc, exit_code = parsed
+                status = "ok" if exc is None and exit_code == 0 else "error"
+                if status == "error" and (exc == "MemoryError" or 0 <= oom_before < oom_kills()):
+                    status = "oom"  # its own MemoryError, or the OOM killer took one of its processes
+                if threads_of(w.pid) > 1:
+                    alive = False
+                    detail = "a thread the code started outlived its call (a session keeps no threads between calls)"
+        elif how == "misbehaved":
+            detail = MISBEHAVED
+        if how == "exited":
+            raw = self.wait_status(w.pid, 0.5)
+            status, detail, exit_code = self._status("exited", raw, bufs[err_r], oom_before, timeout)
+            if status == "ok":
+                status = "error"  # a session's interpreter must not exit
+            detail = detail or "the interpreter exited"
+        elif how == "timeout":
+            status = "oom" if oom_before >= 0 and oom_kills() > oom_before else "timeout"
+            detail = f"wall clock of {timeout:g} s exceeded"
+        elif how == "misbehaved":
+            status = "error"
+        if not alive:
+            if self.contained and len(self.workers) == 1:
+                with contextlib.suppress(OSError):  # everything at once, before a fork bomb takes more CPU
+                    os.kill(-1, signal.SIGKILL)
+            self.kill_worker(wid)
+        self.kill_strays()  # a call leaves nothing running behind it
+        truncated |= self._drain(bufs, 0.5)
+        for fd in (out_r, err_r, rep_r):
+            os.close(fd)
+        header = {
+            "status": status,
+            "exit_code": exit_code,
+            "duration_s": time.monotonic() - t0,
+            "truncated": truncated,
+            "detail": detail,
+            "alive": alive,
+        }
+        return header, {"stdout": bytes(bufs[out_r]), "stderr": bytes(bufs[err_r])}
+
+    @staticmethod
+    def _parse_reply(raw: bytes, n: int) -> tuple[str | None, int] | None:
+        """(exception name or None, exit status) from a worker's reply, or None when it is not exactly
+        what a worker sends."""
+        try:
+            r = json.loads(raw)
+        except ValueError:
+            return None
+        if (
+            not isinstance(r, dict)
+            or set(r) != {"n", "exc", "exit"}
+            or r["n"] != n
+            or type(r["n"]) is not int
+        ):
+            return None
+        exc, code = r["exc"], r["exit"]
+        if exc is not None and (not isinstance(exc, str) or not exc.isidentifier() or len(exc) > 200):
+            return None
+        if type(code) is not int or not 0 <= code <= 255:
+            return None
+        return exc, code
+
+    def fork(self, wid: int) -> int:
+        parent = self.workers[wid]
+        if not self.idle(parent):
+            self.kill_worker(wid)
+            self.kill_strays()
+            raise RuntimeError(
+                "code of an earlier call was still running in the interpreter; it was restarted"
+            )
+        parent.calls += 1
+        n = parent.calls
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mine.shutdown(socket.SHUT_RD)
+        rep_r, rep_w = os.pipe()
+        try:
+            socket.send_fds(parent.door, [b"fork %d" % n], [theirs.fileno(), rep_w])
+        finally:
+            theirs.close()
+            os.close(rep_w)
+        buf = bytearray()
+        try:
+            how, _ = self._pump({}, parent.pid, parent.pidfd, (rep_r, buf), time.monotonic() + 10, False)
+        finally:
+            os.close(rep_r)
+        try:
+            r = json.loads(bytes(buf)) if how == "replied" else None
+        except ValueError:
+            r = None
+        if isinstance(r, dict) and set(r) == {"n", "error"} and r["n"] == n and isinstance(r["error"], str):
+            mine.close()
+            raise RuntimeError(r["error"][:500])
+        pid = r.get("pid") if isinstance(r, dict) and set(r) == {"n", "pid"} and r["n"] == n else None
+        if type(pid) is not int or not self._adopted(pid):
+            mine.close()
+            self.kill_worker(wid)
+            self.kill_strays()
+            raise RuntimeError(
+                "the interpreter did not branch as asked (it misbehaved or died); it was restarted"
+            )
+        # A branch is a copy of its parent, waiting in the same loop at the same stack address.
+        return self._register(pid, mine, parent.mark)
+
+    def _adopted(self, pid: int) -> bool:
+        """Whether ``pid`` is a new branch: a live orphan of ours, not already a worker."""
+        if pid <= 1 or any(w.pid == pid for w in self.workers.values()):
+            return False
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # its parent exits just after answering: wait for the reparenting
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                return False
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == os.getpid():
+                return True
+            time.sleep(0.0005)
+        return False
+
+    def reset(self) -> dict[str, Any]:
+        for wid in list(self.workers):
+            self.kill_worker(wid)
+        clean = self.kill_strays()
+        clean &= self.wipe(self.scratch) and self.wipe_ipc()
+        problems = self.health()
+        return {"clean": clean and not problems, "problems": problems}
 
     def handle(self, header: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], Blobs]:
         op = header["op"]
         if op == "ping":
             return {"ok": True, "workers": len(self.workers)}, {}
-        if op == "run":  # one-shot: fresh worker and dir, then everything it left is killed and wiped
-            self.runs += 1
-            workdir = os.path.join(self.scratch[0], f"run-{self.runs}")
-            os.makedirs(workdir, mode=0o700)
-            files = {k[len("file:") :]: v for k, v in blobs.items() if k.startswith("file:")}
-            try:
-                self.write_files(workdir, files)
-            except (ValueError, OSError) as exc:
-                self.wipe([workdir] if not self.contained else self.scratch)
-                shutil.rmtree(workdir, ignore_errors=True)
-                return {
-                    "status": "error",
-                    "exit_code": None,
-                    "duration_s": 0.0,
-                    "truncated": False,
-                    "detail": f"could not write files: {exc}",
-                    "clean": True,
-                }, {"stdout": b"", "stderr": str(exc).encode()}
-            wid = self.spawn(workdir)
-            reply, out = self.execute(wid, blobs["code"], blobs.get("stdin"), header["timeout"], oneshot=True)
-            self.kill_worker(wid)
-            clean = self.kill_strays()
-            if self.contained:
-                clean &= self.wipe(self.scratch) and (not self.contained or self.wipe_ipc())
-            else:
-                self.wipe([workdir])
-                shutil.rmtree(workdir, ignore_errors=True)
-            return {**reply, "clean": clean}, out
+        if op == "run":
+            return self.run_once(header, blobs)
         if op == "spawn":
-            workdir = os.path.join(self.scratch[0], "work")
-            os.makedirs(workdir, mode=0o700, exist_ok=True)
-            return {"wid": self.spawn(workdir)}, {}
+            try:
+                return {"wid": self.spawn()}, {}
+            except OSError as exc:  # e.g. the branches of a session used up the pids cap
+                return {"spawn_error": f"{type(exc).__name__}: {exc}"}, {}
         if op == "exec":
             if header["wid"] not in self.workers:
                 return {"status": "gone", "alive": False}, {}
-            return self.execute(
-                header["wid"], blobs["code"], blobs.get("stdin"), header["timeout"], oneshot=False
-            )
+            return self.execute(header["wid"], blobs["code"], blobs.get("stdin"), float(header["timeout"]))
         if op == "fork":
             try:
                 return {"wid": self.fork(header["wid"])}, {}
-            except (RuntimeError, OSError, EOFError) as exc:  # e.g. the code used up the pids cap
+            except (RuntimeError, OSError) as exc:
                 return {"fork_error": f"{type(exc).__name__}: {exc}"}, {}
         if op == "kill":
             self.kill_worker(header["wid"])
             return {"clean": self.kill_strays()}, {}
         if op == "reset":
-            for wid in list(self.workers):
-                self.kill_worker(wid)
-            clean = self.kill_strays()
-            clean &= self.wipe(self.scratch) and (not self.contained or self.wipe_ipc())
-            return {"clean": clean}, {}
+            return self.reset(), {}
         raise ValueError(f"unknown op {op!r}")
 
     def serve(self) -> None:
@@ -318,7 +512,7 @@ class Server(Reaper):
             header = {k: (int(v) if k == "wid" else v) for k, v in header.items()}
             try:
                 reply, out = self.handle(header, blobs)
-            except Exception as exc:  # a protocol or OS fault: reported, the server keeps serving
+            except Exception as exc:  # a fault of ours: reported (sandbox_error), the server keeps serving
                 reply, out = {"error": f"{type(exc).__name__}: {exc}"}, {}
             self.reap()
             live = {w.pid for w in self.workers.values()}

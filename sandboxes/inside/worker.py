@@ -1,15 +1,20 @@
-"""A worker: one persistent Python interpreter, forked from the supervisor (or from another worker).
+"""What runs in the code's own processes (forked from the supervisor, already under the box uid).
 
-It reads ``exec`` and ``fork`` frames on fd 3 (a socket to the supervisor); the code's stdout and stderr are
-fds 1 and 2 (pipes the supervisor reads and caps); fd 0 is /dev/null or the call's stdin. Nothing here
-enforces limits: the supervisor does, from outside this process.
+One-shot: `run_once` executes the code and ends the process; its exit status (read by the supervisor with
+``waitpid``) is the result. Sessions: `session_loop` reads each call from fd 3, a socket the supervisor
+writes and this process can only read; every call brings fresh fds for stdin, stdout, stderr and a
+one-use reply pipe. The code holds nothing the supervisor trusts: the reply pipe of a call is closed when
+the call ends, and anything odd on it is the code's error (the supervisor then restarts the worker).
 """
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import contextlib
+import gc
 import io
+import json
 import linecache
 import os
 import socket
@@ -18,130 +23,246 @@ import traceback
 import types
 from typing import Any
 
-from .frames import FRAME, Blobs, decode, encode, read_exact, write_all
+from .procs import harden_env
 
 
-def _recv_frame(sock: socket.socket) -> tuple[dict[str, Any], Blobs, list[int]]:
-    """Reads one frame from the server; file descriptors ride on its first bytes (fork only)."""
-    prefix, fds, _flags, _addr = socket.recv_fds(sock, FRAME.size, 4)
-    while len(prefix) < FRAME.size:
-        more = sock.recv(FRAME.size - len(prefix))
-        if not more:
-            raise EOFError
-        prefix += more
-    n, m = FRAME.unpack(prefix)
-    header, blobs = decode(read_exact(sock.fileno(), n), read_exact(sock.fileno(), m))
-    return header, blobs, list(fds)
+def exit_status(code: object) -> int:
+    """The process exit status CPython gives ``sys.exit(code)``.
+
+    >>> [exit_status(c) for c in (None, 0, 3, 256, -1, 2**70, True, "msg")]
+    [0, 0, 3, 0, 255, 255, 1, 1]
+    """
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return (code if -(2**63) <= code < 2**63 else -1) & 0xFF
+    return 1
 
 
-_null_stdin: list[Any] = []  # the /dev/null stdin object, reused while calls bring no stdin
-
-
-def _set_stdin(data: bytes | None) -> None:
-    """fd 0 is /dev/null unless the call brings stdin, which then sits in an anonymous memory file."""
-    if data is None and _null_stdin and sys.stdin is _null_stdin[0]:
-        return  # already /dev/null (a session's hot path)
-    if data is None:
-        fd = os.open(os.devnull, os.O_RDONLY)
-    else:
-        fd = os.memfd_create("stdin")
-        write_all(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-    os.dup2(fd, 0)
-    os.close(fd)
+def fresh_stdio() -> None:
+    """New Python objects over fds 0, 1, 2, whatever the code did to sys.stdin/stdout/stderr."""
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "rb", closefd=False)), errors="replace")
-    _null_stdin[:] = [sys.stdin] if data is None else []
-
-
-def _exec_code(code: str, stdin: bytes | None, namespace: dict[str, Any], name: str) -> dict[str, Any]:
-    _set_stdin(stdin)
-    # Registering the source lets tracebacks show the offending lines, as a file would.
-    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
-    exc_name = None
-    exit_code = 0
-    try:
-        exec(compile(code, name, "exec"), namespace)
-    except SystemExit as exc:
-        code_ = exc.code
-        exit_code = code_ if isinstance(code_, int) else (0 if code_ is None else 1)
-        if not isinstance(code_, int | None):
-            print(code_, file=sys.stderr)
-    except BaseException as exc:
-        exc_name = type(exc).__name__
-        exit_code = 1
-        # The first frame is this function: show the code's frames only, as a script's traceback would.
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-    return {"exc": exc_name, "exit_code": exit_code}
-
-
-def become_worker(ctrl: int, out: int, err: int) -> socket.socket:
-    """Puts the three channel ends on fds 1, 2, 3 and closes everything else the worker inherited."""
-    os.dup2(out, 1)
-    os.dup2(err, 2)
-    os.dup2(ctrl, 3)
-    os.closerange(4, 65536)
-    null = os.open(os.devnull, os.O_RDONLY)  # fd 0 was the host's request stream: never leave it to the code
-    os.dup2(null, 0)
-    os.close(null)
     sys.stdout = io.TextIOWrapper(
         io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), errors="backslashreplace"
     )
     sys.stderr = io.TextIOWrapper(
         io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), errors="backslashreplace", line_buffering=True
     )
-    return socket.socket(fileno=3)
 
 
-def worker_main(sock: socket.socket) -> None:
+def _main_module() -> dict[str, Any]:
     # The code's globals are a real __main__ module, so pickle (and multiprocessing) find what it defines.
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
-    sys.argv[:] = [
-        "-c"
-    ]  # as `python -c CODE` would have it: the supervisor's own arguments are not the code's
-    namespace: dict[str, Any] = main.__dict__
-    calls = 0
+    sys.argv[:] = ["-c"]  # as `python -c CODE` would have it
+    return main.__dict__
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def exec_code(code: str, namespace: dict[str, Any], name: str) -> tuple[str | None, int]:
+    """Runs ``code`` as a script would: (name of an uncaught exception or None, exit status)."""
+    # Registering the source lets tracebacks show the offending lines, as a file would.
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    try:
+        exec(compile(code, name, "exec"), namespace)
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            with contextlib.suppress(Exception):
+                print(exc.code, file=sys.stderr)
+        return None, exit_status(exc.code)
+    except BaseException as exc:
+        # The first frame is this function: show the code's frames only, as a script's traceback would.
+        with contextlib.suppress(Exception):
+            traceback.print_exception(
+                type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None
+            )
+        name = type(exc).__name__
+        return (name if isinstance(name, str) and name.isidentifier() and len(name) < 100 else "Exception"), 1
+    finally:
+        _flush()
+    return None, 0
+
+
+def _cell_runner() -> Any:
+    """`exec_code` for the session loop, built over C builtins captured now: code that later rebinds
+    names in this module or in builtins does not change how the next call's code is compiled and run."""
+    exec_, compile_, isinstance_, type_, print_exc = (
+        exec,
+        compile,
+        isinstance,
+        type,
+        traceback.print_exception,
+    )
+    setcache, status_of = linecache.cache.__setitem__, exit_status
+
+    def run_cell(code: str, namespace: dict[str, Any], name: str) -> tuple[str | None, int]:
+        setcache(name, (len(code), None, code.splitlines(True), name))
+        try:
+            exec_(compile_(code, name, "exec"), namespace)
+        except SystemExit as exc:
+            if exc.code is not None and not isinstance_(exc.code, int):
+                with contextlib.suppress(Exception):
+                    print(exc.code, file=sys.stderr)
+            return None, status_of(exc.code)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                print_exc(type_(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
+            cls = type_(exc).__name__
+            return (
+                cls if isinstance_(cls, str) and cls.isidentifier() and len(cls) < 100 else "Exception"
+            ), 1
+        finally:
+            _flush()
+        return None, 0
+
+    return run_cell
+
+
+def run_once(code: bytes, workdir: str, files: dict[str, bytes]) -> None:
+    """A one-shot run, in its own fresh process: write the files, run, then interpreter-style shutdown
+    (atexit handlers, then the globals are dropped so ``__del__`` runs), all inside the wall clock."""
+    status = 1
+    try:
+        os.makedirs(workdir, mode=0o700, exist_ok=True)
+        for rel, data in files.items():
+            path = os.path.join(workdir, rel)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        os.chdir(workdir)
+        fresh_stdio()
+        namespace = _main_module()
+        exc, status = exec_code(code.decode("utf-8", "replace"), namespace, "<string>")
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+        with contextlib.suppress(BaseException):
+            namespace.clear()
+            gc.collect()
+        _flush()
+    except BaseException as exc:  # files could not be written (disk full, fsize): the code's run failed
+        with contextlib.suppress(Exception):
+            os.write(2, f"could not prepare the run: {type(exc).__name__}: {exc}\n".encode())
+    finally:
+        os._exit(status)
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    while data := os.read(fd, 1 << 20):
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def session_loop(door: socket.socket) -> None:
+    """A session's interpreter: one call per request message on ``door`` (fd 3); never returns.
+
+    What the loop itself calls between two calls is bound here, as locals, to C functions the code cannot
+    rewrite (a module attribute or a Python function's ``__code__`` it could), so code from an earlier
+    call cannot slip into the path that receives the next call; the supervisor checks that this loop,
+    and not the code, is the one waiting on fd 3 (`toolgym.sandboxes.inside.server`)."""
+    namespace = _main_module()
     me = os.getpid()
+    null = os.open(os.devnull, os.O_RDWR)
+    recvmsg, cmsg_space = door.recvmsg, socket.CMSG_SPACE(8 * 4)
+    from_bytes, dup2, close, write, getpid, exit_ = (
+        int.from_bytes,
+        os.dup2,
+        os.close,
+        os.write,
+        os.getpid,
+        os._exit,
+    )
+    read, settrace, setprofile = os.read, sys.settrace, sys.setprofile
+    run_cell = _cell_runner()
     while True:
         try:
-            header, blobs, fds = _recv_frame(sock)
-        except (EOFError, OSError):
-            os._exit(0)  # the server is gone
-        if header["op"] == "exec":
-            calls += 1
-            code = blobs["code"].decode("utf-8", "replace")
-            reply = _exec_code(code, blobs.get("stdin"), namespace, f"<cell {calls}>")
-            if os.getpid() != me:
-                os._exit(0)  # a child the code forked and let fall through: only the worker may answer
-            sock.sendall(encode(reply))
-        elif header["op"] == "fork":
-            try:
-                first = os.fork()
-            except OSError as exc:  # e.g. the pids cap: the branch fails, this interpreter lives on
-                for fd in fds:
-                    os.close(fd)
-                sock.sendall(encode({"error": f"fork failed: {exc}"}))
-                continue
-            if first == 0:
-                try:
-                    # Double fork: the grandchild is orphaned at once and adopted by the server (a subreaper),
-                    # so the server can wait for it like any worker it spawned itself.
-                    if os.fork() != 0:
-                        os._exit(0)
-                    os.setsid()
-                    sock.close()
-                    sock = become_worker(*fds)
-                    me = os.getpid()
-                    sock.sendall(encode({"pid": me}))
-                    continue
-                except BaseException:
-                    os._exit(1)
+            data, anc, _flags, _addr = recvmsg(4096, cmsg_space)
+        except OSError:
+            exit_(0)
+        if not data:
+            exit_(0)  # the supervisor closed the request socket
+        fds = []
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += [
+                    from_bytes(raw[i : i + 4], sys.byteorder, signed=True) for i in range(0, len(raw) - 3, 4)
+                ]
+        op, _, num = data.partition(b" ")
+        n = int(num)
+        if op == b"exec" and len(fds) == 5:
+            code_fd, stdin_fd, out_fd, err_fd, reply_fd = fds
+            chunks = []
+            while chunk := read(code_fd, 1 << 20):
+                chunks.append(chunk)
+            close(code_fd)
+            for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
+                dup2(fd, target)
+                close(fd)
+            settrace(None)  # trace and profile hooks of earlier calls do not watch this one
+            setprofile(None)
+            fresh_stdio()  # stdio is re-established every call, whatever the last one did to it
+            harden_env(os.environ)
+            exc, status = run_cell(b"".join(chunks).decode("utf-8", "replace"), namespace, f"<cell {n}>")
+            if getpid() != me:
+                exit_(0)  # a child the code forked and let fall through: only the worker may answer
+            for target in (0, 1, 2):  # let go of this call's pipes before answering
+                dup2(null, target)
+            reply = b'{"n": %d, "exc": %s, "exit": %d}' % (
+                n,
+                b"null" if exc is None else b'"%s"' % exc.encode(),
+                status,
+            )
+            with contextlib.suppress(OSError):
+                write(reply_fd, reply)
+            close(reply_fd)
+        elif op == b"fork" and len(fds) == 2:
+            _fork(n, *fds)
+            if getpid() != me:  # the new branch: serve its own request socket from now on
+                me = getpid()
+                door.detach()  # fd 3 now holds the branch's own request socket
+                door = socket.socket(fileno=3)
+                recvmsg = door.recvmsg
+        else:
             for fd in fds:
-                os.close(fd)
-            os.waitpid(first, 0)
-            sock.sendall(encode({"ok": True}))
+                close(fd)
+
+
+def _answer(fd: int, reply: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        os.write(fd, json.dumps(reply).encode())
+    os.close(fd)
+
+
+def _fork(n: int, door_fd: int, reply_fd: int) -> None:
+    """Branches this interpreter: the grandchild (orphaned at once, so adopted by the supervisor, which is a
+    subreaper) becomes a new worker on ``door_fd``; the middle child tells the supervisor its pid."""
+    try:
+        first = os.fork()
+    except OSError as exc:  # e.g. the pids cap: the branch fails, this interpreter lives on
+        os.close(door_fd)
+        _answer(reply_fd, {"n": n, "error": f"fork failed: {exc}"})
+        return
+    if first == 0:
+        try:
+            second = os.fork()
+            if second != 0:
+                _answer(reply_fd, {"n": n, "pid": second})
+                os._exit(0)
+            os.close(reply_fd)
+            os.setsid()
+            os.dup2(door_fd, 3)
+            if door_fd != 3:
+                os.close(door_fd)
+            return  # back in session_loop as the new branch
+        except BaseException:
+            os._exit(1)
+    os.close(door_fd)
+    os.close(reply_fd)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(first, 0)

@@ -16,8 +16,9 @@ def host_pids() -> int:
 
 
 def survivors(sb: Sandbox) -> list[str]:
-    """Processes in this sandbox's boxes beyond PID 1 and the supervisor (call when no session is open;
-    workers are forks of the supervisor, so they are counted, not matched by name)."""
+    """The code's processes still alive in this sandbox's boxes (call when no session is open): docker,
+    anything beyond init and the supervisor (workers are forks of the supervisor, so they are counted,
+    not matched by name); process backend, anything running under a box uid."""
     left: list[str] = []
     if sb.backend == "docker":
         from toolgym.sandboxes.docker_backend import client
@@ -30,23 +31,20 @@ def survivors(sb: Sandbox) -> list[str]:
             if len(procs) > 2:
                 left += [" ".join(p) for p in procs]
     else:
-        from toolgym.sandboxes.process_backend import MARK
+        from toolgym.sandboxes.process_backend import UID_BASE, UID_SPAN
 
-        groups: dict[bytes, list[str]] = {}
-        for entry in os.listdir("/proc"):
+        for entry in os.listdir("/proc"):  # the code's processes run under the boxes' own uids
             if not entry.isdigit():
                 continue
             try:
-                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                status = Path(f"/proc/{entry}/status").read_text()
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if cmd.startswith(b"unshare\0"):  # the namespace launcher in front of the supervisor
-                continue
-            for var in env:
-                if var.startswith(f"{MARK}=".encode()):
-                    groups.setdefault(var, []).append(f"{entry} {cmd.decode(errors='replace')}")
-        left = [p for procs in groups.values() if len(procs) > 1 for p in procs]
+            uid = int(status.split("\nUid:")[1].split()[0])
+            state = status.split("\nState:")[1].split()[0]
+            if UID_BASE <= uid < UID_BASE + UID_SPAN and state != "Z":
+                left.append(f"{entry} uid {uid} {cmd.decode(errors='replace')}")
     return left
 
 

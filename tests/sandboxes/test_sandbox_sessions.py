@@ -86,16 +86,18 @@ def test_26_memory_error_in_a_process_session(process_sb: Sandbox) -> None:
 
 @pytest.mark.bound(30)
 def test_23_background_writer_does_not_flood_the_next_turn(any_sb: Sandbox) -> None:
-    cap = any_sb.limits.output_bytes
+    """A thread left running after its call restarts the interpreter (a session keeps no threads between
+    calls), so nothing it writes reaches a later call."""
     with any_sb.session() as s:
-        s.run(
+        first = s.run(
             "import threading, sys\ndef spam():\n    while True:\n        sys.stdout.write('z' * 4096)\n"
             "threading.Thread(target=spam, daemon=True).start()"
         )
+        assert "thread" in first.detail, first
         t0 = time.monotonic()
         res = s.run("print('answer')", timeout=5)
         assert time.monotonic() - t0 < 6
-        assert len(res.stdout.encode()) <= cap and res.status in ("ok", "timeout"), res.status
+        assert res.ok and res.stdout == "answer\n" and res.restarted, res
     _closed_cleanly(any_sb)
 
 
@@ -188,24 +190,14 @@ def test_the_survivor_check_sees_a_live_worker(any_sb: Sandbox) -> None:
 
 
 @pytest.mark.bound(30)
-def test_garbage_on_the_supervisor_channel_is_the_codes_error(any_sb: Sandbox) -> None:
+def test_killing_the_supervisor_from_a_session_is_refused(any_sb: Sandbox) -> None:
     with any_sb.session() as s:
-        t0 = time.monotonic()
-        res = s.run("import os\nos.write(3, b'\\xff' * 64)\nimport time\ntime.sleep(5)", timeout=10)
-        assert res.status == "error" and "garbage" in res.detail and time.monotonic() - t0 < 3, res
-        assert s.run("print(1)").restarted
-    _closed_cleanly(any_sb)
-
-
-@pytest.mark.bound(30)
-def test_killing_the_supervisor_from_a_session(docker_sb: Sandbox) -> None:
-    with docker_sb.session() as s:
         s.run("x = 1")
         res = s.run("import os\nos.kill(os.getppid(), 9)", timeout=5)
-        assert res.status == "error" and "supervisor" in res.detail, res
+        assert res.status == "error" and "PermissionError" in res.stderr, res
         nxt = s.run("print('x' in dir())")
-        assert nxt.ok and nxt.restarted and nxt.stdout == "False\n", nxt
-    _closed_cleanly(docker_sb)
+        assert nxt.ok and not nxt.restarted and nxt.stdout == "True\n", nxt
+    _closed_cleanly(any_sb)
 
 
 @pytest.mark.bound(60)

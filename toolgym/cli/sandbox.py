@@ -23,7 +23,13 @@ def register(subparsers: Any) -> None:
     d = sub.add_parser("doctor", help="say which backends work here, the limits in force, and what to do")
     d.add_argument("--image", default="toolgym-sandbox:latest")
     d.add_argument("--json", action="store_true")
-    d.add_argument("--clean", action="store_true", help="remove sandbox containers left by dead processes")
+    d.add_argument(
+        "--prune",
+        "--clean",
+        dest="prune",
+        action="store_true",
+        help="remove containers labelled toolgym.sandbox whose owning process is gone",
+    )
     d.set_defaults(func=cmd_doctor)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -45,11 +51,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from toolgym.sandboxes.docker_backend import docker_problem
     from toolgym.sandboxes.factory import get_sandbox
-    from toolgym.sandboxes.process_backend import isolation
+    from toolgym.sandboxes.process_backend import process_problem
 
     checks = []
     problem = docker_problem(args.image)
-    if args.clean and problem is None:
+    pproblem = process_problem()
+    if args.prune and problem is None:
         from toolgym.sandboxes.docker_backend import remove_leftovers
 
         print(f"removed {remove_leftovers()} leftover sandbox container(s)")
@@ -77,7 +84,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         )
     limits: dict[str, Any] = {}
     for backend in ("docker", "process"):
-        if backend == "docker" and problem is not None:
+        if (backend == "docker" and problem is not None) or (backend == "process" and pproblem is not None):
             continue
         try:
             sb = get_sandbox(backend, image=args.image, pool_size=1)
@@ -98,14 +105,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             checks.append(
                 _check(f"{backend} smoke run", False, f"{type(exc).__name__}: {exc}", "see the error")
             )
-    _, pidns, netns = isolation(False)
     checks.append(
         _check(
-            "process backend namespaces",
-            pidns and netns,
-            ("own network, pid, mount and ipc namespaces" if pidns else "no pid namespace")
-            + ("" if netns else "; no network namespace: process runs keep the network"),
-            "run as root or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)",
+            "process backend (bubblewrap)",
+            pproblem is None,
+            pproblem or "bubblewrap boxes with their own uid, namespaces and private /tmp work here",
+            "apt-get install bubblewrap and run as root, or use the docker backend",
         )
     )
     root = os.geteuid() == 0
