@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import threading
 from typing import Any
 
@@ -142,8 +143,10 @@ class Snapshot:
 
 
 class Interpreter:
-    """A lazily opened session; ``run`` raises ``InfrastructureError`` on a sandbox fault. The sandbox
-    itself is resolved on first use (``toolgym list`` builds envs without needing docker)."""
+    """An episode's session; ``run`` raises ``InfrastructureError`` on a sandbox fault. The sandbox is
+    resolved on first use (``toolgym list`` builds envs without docker). ``start()`` opens the session and
+    starts its interpreter in the background, so that the worker's start-up overlaps the model's first
+    turn instead of delaying its first call."""
 
     def __init__(self, sandbox: Sandbox | str | None, options: dict[str, Any] | None, timeout: float) -> None:
         if isinstance(sandbox, Sandbox) and options:
@@ -154,6 +157,7 @@ class Interpreter:
         self._sandbox: Sandbox | None = None
         self.timeout = timeout
         self._session: Session | None = None
+        self._used = False  # whether the model's code ran in this session (else there is nothing to fork)
 
     @property
     def sandbox(self) -> Sandbox:
@@ -162,22 +166,26 @@ class Interpreter:
             self._sandbox = resolve_sandbox(self._spec, self._options)
         return self._sandbox
 
-    @property
-    def live(self) -> bool:
-        """Whether a session is open (some code ran this episode)."""
-        return self._session is not None
+    def start(self) -> None:
+        """A new session for a new episode, its interpreter started in the background."""
+        self.close()
+        session = self._session = self.sandbox.session()
+        threading.Thread(target=_warm, args=(session,), name="interpreter-warmup", daemon=True).start()
 
     def run(self, code: str, *, stdin: str | None = None, timeout: float | None = None) -> ExecResult:
         if self._session is None:
             self._session = self.sandbox.session()
+        first, self._used = not self._used, True
         result = self._session.run(code, timeout=timeout or self.timeout, stdin=stdin)
         if result.infra_failure:
             raise InfrastructureError(f"the sandbox failed: {result.detail or 'sandbox_error'}")
+        if first and result.restarted:  # the warm-up's interpreter died: the model had nothing to lose yet
+            result = dataclasses.replace(result, restarted=False, detail="")
         return result
 
     def snapshot(self) -> Snapshot | None:
         """A branch holding this interpreter's current state (None before any code ran)."""
-        if self._session is None:
+        if self._session is None or not self._used:
             return None
         return Snapshot(self._session.fork())
 
@@ -186,8 +194,15 @@ class Interpreter:
         self.close()
         if snapshot is not None:
             self._session = snapshot.session.fork()
+            self._used = True
 
     def close(self) -> None:
+        self._used = False
         if self._session is not None:
             session, self._session = self._session, None
             session.close()
+
+
+def _warm(session: Session) -> None:
+    with contextlib.suppress(Exception):  # a failure here shows up (and is handled) at the first real call
+        session.run("pass")

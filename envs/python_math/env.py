@@ -187,8 +187,7 @@ class PythonMathEnv(ToolEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        self._interpreter.close()
-        self._interpreter.sandbox  # noqa: B018 (resolve it now: a missing docker fails reset, not a step)
+        self._interpreter.start()  # a missing docker fails here, not in a step
         self._index = None if options is None else options.get("index")
         return super().reset(seed=seed, options=options)
 
