@@ -92,7 +92,7 @@ class Engine:
         decode_text: Callable[[Sequence[int]], str] | None = None,
         cuda_graphs: bool | None = None,
         kernels: bool | None = None,
-        prefill_tokens: int = 16384,
+        prefill_tokens: int = 32768,
     ) -> None:
         if device is None:
             device = next(model.parameters()).device

@@ -59,9 +59,14 @@ def prefill(
     pos = starts[row] + offs  # [N]
     tmax = max(st + n for (_, st, _), n in zip(seqs, lens, strict=True))
     cos, sin = cache.cos[pos], cache.sin[pos]  # [N, D/2]
-    # key t may be read by query i of row b when t <= start_b + i (padded queries read junk, dropped)
-    q_abs = starts[:, None] + torch.arange(nmax, device=dev)[None, :]  # [B, nmax]
-    mask = torch.arange(tmax, device=dev)[None, None, :] <= q_abs[:, :, None]  # [B, nmax, tmax]
+    # rows with nothing cached run causal attention over their new tokens (right padding is harmless:
+    # real queries never see it); otherwise key t may be read by query i of row b when t <= start_b + i
+    # (padded queries read junk, dropped)
+    fresh = all(st == 0 for _, st, _ in seqs)
+    mask = None
+    if not fresh:
+        q_abs = starts[:, None] + torch.arange(nmax, device=dev)[None, :]  # [B, nmax]
+        mask = torch.arange(tmax, device=dev)[None, None, :] <= q_abs[:, :, None]  # [B, nmax, tmax]
     H, Hkv, D = s.heads, s.kv_heads, s.head_dim
     x = w.embed[tokens]  # [N, hidden]
     for layer in range(s.layers):
@@ -76,9 +81,17 @@ def prefill(
         vc[slots[row], :, pos] = v
         qp = q.new_zeros((B, nmax, H, D))
         qp[row, offs] = q
-        keys = kc[slots, :, :tmax].repeat_interleave(s.group, dim=1)  # [B, H, tmax, D]
-        vals = vc[slots, :, :tmax].repeat_interleave(s.group, dim=1)
-        o = F.scaled_dot_product_attention(qp.transpose(1, 2), keys, vals, attn_mask=mask[:, None])
+        if fresh:  # nothing cached before: plain causal attention over the new tokens (flash on CUDA)
+            kp, vp = k.new_zeros((B, nmax, Hkv, D)), v.new_zeros((B, nmax, Hkv, D))
+            kp[row, offs], vp[row, offs] = k, v
+            keys = kp.transpose(1, 2).repeat_interleave(s.group, dim=1)  # [B, H, nmax, D]
+            vals = vp.transpose(1, 2).repeat_interleave(s.group, dim=1)
+            o = F.scaled_dot_product_attention(qp.transpose(1, 2), keys, vals, is_causal=True)
+        else:
+            keys = kc[slots, :, :tmax].repeat_interleave(s.group, dim=1)  # [B, H, tmax, D]
+            vals = vc[slots, :, :tmax].repeat_interleave(s.group, dim=1)
+            assert mask is not None
+            o = F.scaled_dot_product_attention(qp.transpose(1, 2), keys, vals, attn_mask=mask[:, None])
         o = o.transpose(1, 2)[row, offs].reshape(-1, H * D)  # [N, H*D]
         x = x + _linear(o, w.wo[layer], _bias(w.bo, layer))
         h = rms_norm(x, w.ln2[layer], s.eps)
