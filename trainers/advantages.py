@@ -4,10 +4,16 @@ Departures from the papers (ALGORITHMS.md §9.b; each is also marked where it ha
 1. A group of one gets advantage 0 in every group-normalised estimator (GRPO, RLOO, GiGPO steps,
    IGPO): with no sibling there is no baseline. verl gives a lone GRPO sample its raw reward.
 2. GiGPO's episode level counts each trajectory once (verl-agent counts it once per step row, so long
-   trajectories weigh more). Turns without a state key form their own (singleton) step group.
-3. Tree values use the SPO form V(child) - V(parent) on every node (TreeRL's form, (V(s)-V(parent)) +
-   V(s) with LOO-normalised leaves and 1/sqrt(|leaves|), is `style="treerl"`); tool/env nodes carry a
-   value too, so a branch right after a tool result is credited against the tool node's value.
+   trajectories weigh more). Anchor key: (turn index, env state key) when the env reports a state key
+   (`info["state_key"]`); otherwise the whole history of env observations up to the turn (a fixed
+   message such as "Invalid action" then only matches after the same history). Turns without any key
+   form their own (singleton) step group. Similarity mode clusters the observation texts of one turn
+   index greedily (difflib ratio >= threshold), like verl-agent's but per turn index.
+3. Tree estimators give one advantage per segment (the chain between two branch points, tool/env
+   messages included; tree.py), as SPO and TreeRL do: `tree` is SPO's V(segment) - V(branch point),
+   `spo_std` divides that by the population std of the sibling values (unverified: SPO's code was not
+   read for which std), `treerl` is TreeRL's ((V(s) - V(p)) + V(s)) / sqrt(#leaves below s) on
+   leave-one-out rewards. `treepo` is TreePO's sub-group baseline (one scalar per row).
 4. IGPO takes the per-turn rewards as given (the info-gain scorer lives with the rewards); the
    normalisation uses the population std and std 1 for a single value, as the updated official code.
 5. GAE follows verl: tokens with mask 0 (tool/env text) are skipped, value and advantage carried through.
@@ -19,6 +25,7 @@ averages a node's advantage over the rows that hold it (ARPO's "hard" attributio
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 from collections import defaultdict
@@ -27,7 +34,7 @@ from typing import Literal
 
 import torch
 
-from toolgym.trainers.tree import RolloutTree, Row, SharedMode, row_turns
+from toolgym.trainers.tree import RolloutTree, Row, SharedMode, row_turns, segment_heads
 
 NormMode = Literal["mean_std", "mean", "none"]
 NodeAdv = list[dict[int, float]]
@@ -137,6 +144,46 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     return out
 
 
+def anchor_keys(
+    forest: list[RolloutTree], rows: list[Row], similarity: float | None = None
+) -> list[list[Hashable]]:
+    """GiGPO anchor group key of every (row, turn) (departure 2). [rows][turns]."""
+    out: list[list[Hashable]] = []
+    texts: dict[tuple[int, int], list[tuple[str, Hashable]]] = defaultdict(list)  # (tree, turn) -> clusters
+    for i, r in enumerate(rows):
+        keys: list[Hashable] = []
+        history: tuple[str | None, ...] = ()
+        for j, t in enumerate(row_turns(forest[r.tree], r)):
+            history += (t.state_key,)
+            if similarity is not None and t.state_text is not None:
+                clusters = texts[(r.tree, t.index)]
+                match = next(
+                    (
+                        k
+                        for rep, k in clusters
+                        if difflib.SequenceMatcher(None, rep, t.state_text).ratio() >= similarity
+                    ),
+                    None,
+                )
+                if match is None:
+                    match = (r.tree, t.index, "sim", len(clusters))
+                    clusters.append((t.state_text, match))
+                keys.append(match)
+            elif t.state_key is None:
+                keys.append((r.tree, "solo", i, j))
+            elif t.env_key:
+                keys.append((r.tree, t.index, t.state_key))
+            else:
+                keys.append((r.tree, history))
+        out.append(keys)
+    return out
+
+
+def step_returns(forest: list[RolloutTree], rows: list[Row], gamma: float) -> list[list[float]]:
+    """Discounted returns of the env step rewards from each turn on. [rows][turns]."""
+    return [discounted_returns([t.step_reward for t in row_turns(forest[r.tree], r)], gamma) for r in rows]
+
+
 def gigpo(
     forest: list[RolloutTree],
     rows: list[Row],
@@ -144,61 +191,143 @@ def gigpo(
     gamma: float = 0.95,
     mode: Literal["mean_norm", "mean_std_norm"] = "mean_norm",
     eps: float = 1e-6,
+    similarity: float | None = None,
 ) -> NodeAdv:
     """GiGPO: A(i, t) = A_E(i) + omega * A_S(i, t), broadcast to the nodes of turn t of row i.
 
     A_E normalises the leaf reward within the tree; A_S normalises the gamma-discounted return of the
-    step rewards from turn t on within the anchor group (same tree, same `state_key`).
+    step rewards from turn t on within the anchor group (`anchor_keys`; `similarity` a difflib ratio
+    threshold turns on the similarity mode, 0.95 in verl-agent).
     """
     norm: NormMode = "mean" if mode == "mean_norm" else "mean_std"
     episode = [forest[r.tree].nodes[r.leaf].reward or 0.0 for r in rows]
     a_e = group_norm(episode, [r.tree for r in rows], norm, "unbiased", eps)
-    keys: list[Hashable] = []
-    returns: list[float] = []
-    owner: list[tuple[int, int]] = []  # (row index, turn position) of each step entry
-    for i, r in enumerate(rows):
-        turns = row_turns(forest[r.tree], r)
-        rets = discounted_returns([t.step_reward for t in turns], gamma)
-        for j, (t, ret) in enumerate(zip(turns, rets, strict=True)):
-            keys.append((r.tree, t.state_key) if t.state_key is not None else (r.tree, "solo", i, j))
-            returns.append(ret)
-            owner.append((i, j))
-    a_s = group_norm(returns, keys, norm, "unbiased", eps)
+    keys = anchor_keys(forest, rows, similarity)
+    rets = step_returns(forest, rows, gamma)
+    flat_keys = [k for ks in keys for k in ks]
+    a_s = group_norm([x for xs in rets for x in xs], flat_keys, norm, "unbiased", eps)
+    per_turn: list[list[float]] = []
+    pos = 0
+    for i, ks in enumerate(keys):
+        per_turn.append([a_e[i] + omega * a for a in a_s[pos : pos + len(ks)]])
+        pos += len(ks)
+    return turn_to_nodes(forest, rows, per_turn)
+
+
+def hgpo(
+    forest: list[RolloutTree],
+    rows: list[Row],
+    history: int = 2,
+    gamma: float = 0.95,
+    mode: Literal["mean_norm", "mean_std_norm"] = "mean_std_norm",
+    alpha: float = 1.0,
+    base_group: bool = False,
+    eps: float = 1e-6,
+) -> NodeAdv:
+    """HGPO (ICLR 2026): for k = 1..history+1 the step at turn t is grouped (within its tree) with the
+    steps whose last k state keys equal its own; a group of two or more gives
+    a_k = (R_t - mean) / (population std + eps) (`mean_std_norm`) or R_t - mean (`mean_norm`), with R_t the
+    discounted step return. `base_group` adds k = 0: the GiGPO episode advantage. The step's advantage is
+    sum_k w_k a_k over the levels with a_k != 0, w_k = (k+1)^alpha / sum over those levels (k'+1)^alpha.
+
+    Departure: a level k longer than the history so far (t + 1 < k) is skipped, not padded.
+    """
+    norm: NormMode = "mean" if mode == "mean_norm" else "mean_std"
+    rets = step_returns(forest, rows, gamma)
+    states = [[t.state_key for t in row_turns(forest[r.tree], r)] for r in rows]
+    levels: dict[int, list[float]] = {}  # k -> flat advantage per (row, turn); None-keyed levels skipped
+    owners = [(i, j) for i, ss in enumerate(states) for j in range(len(ss))]
+    for k in range(1, history + 2):
+        keys: list[Hashable] = []
+        for i, j in owners:
+            hist = tuple(states[i][j - k + 1 : j + 1]) if j + 1 >= k else None
+            ok = hist is not None and None not in hist
+            keys.append((rows[i].tree, k, hist) if ok else ("skip", k, i, j))
+        levels[k] = group_norm([rets[i][j] for i, j in owners], keys, norm, "population", eps)
+    if base_group:
+        episode = [forest[r.tree].nodes[r.leaf].reward or 0.0 for r in rows]
+        a_e = group_norm(episode, [r.tree for r in rows], norm, "unbiased", eps)
+        levels[0] = [a_e[i] for i, _ in owners]
     per_turn: list[list[float]] = [[] for _ in rows]
-    for (i, _), a in zip(owner, a_s, strict=True):
-        per_turn[i].append(a_e[i] + omega * a)
+    for n, (i, _) in enumerate(owners):
+        items = [(k, a[n]) for k, a in levels.items() if a[n] != 0.0]
+        wsum = sum((k + 1) ** alpha for k, _ in items)
+        per_turn[i].append(sum((k + 1) ** alpha * a for k, a in items) / wsum if items else 0.0)
     return turn_to_nodes(forest, rows, per_turn)
 
 
 def tree_values(tree: RolloutTree, leaf_values: dict[int, float]) -> list[float]:
-    """V(node) = mean of `leaf_values` over the leaves below it, for every node of the tree."""
-    return [
-        sum(leaf_values[leaf] for leaf in ls) / len(ls)
-        for ls in (tree.subtree_leaves(n.id) for n in tree.nodes)
-    ]
+    """V(node) = mean of `leaf_values` over the leaves below it that have a value (0 where none)."""
+    out = []
+    for n in tree.nodes:
+        ls = [leaf for leaf in tree.subtree_leaves(n.id) if leaf in leaf_values]
+        out.append(sum(leaf_values[leaf] for leaf in ls) / len(ls) if ls else 0.0)
+    return out
 
 
-def tree_advantages(
-    forest: list[RolloutTree], rows: list[Row], style: Literal["spo", "treerl"] = "spo"
-) -> NodeAdv:
-    """Tree credit per node. `spo`: V(s) - V(parent). `treerl`: leaves LOO-normalised first, then
-    ((V(s) - V(parent)) + V(s)) / sqrt(#leaves below s). The same for every row holding the node."""
-    per_tree: list[list[float]] = []
-    for tree in forest:
-        leaves = tree.leaves()
+TreeStyle = Literal["spo", "spo_std", "treerl"]
+
+
+def tree_advantages(forest: list[RolloutTree], rows: list[Row], style: TreeStyle = "spo") -> NodeAdv:
+    """Segment credit (departure 3), the same for every row holding the node.
+
+    With s the segment of a node and p the branch point above it (tree.py `segment_heads`):
+    `spo`: V(s) - V(p); `spo_std`: (V(s) - V(p)) / (population std of V over p's children + 1e-8);
+    `treerl`: leaves leave-one-out normalised first, then ((V(s) - V(p)) + V(s)) / sqrt(#leaves below s).
+    Only leaves that have a row count (env_error leaves have none).
+    """
+    per_tree: dict[int, dict[int, float]] = {}
+    for ti in sorted({r.tree for r in rows}):
+        tree = forest[ti]
+        leaves = [r.leaf for r in rows if r.tree == ti]
         raw = {leaf: tree.nodes[leaf].reward or 0.0 for leaf in leaves}
         if style == "treerl":
-            loo = rloo(list(raw.values()), [0] * len(raw))
-            raw = dict(zip(leaves, loo, strict=True))
+            raw = dict(zip(leaves, rloo(list(raw.values()), [0] * len(raw)), strict=True))
         v = tree_values(tree, raw)
-        adv = []
-        for n in tree.nodes:
-            a = v[n.id] - (v[n.parent] if n.parent is not None else 0.0)
-            if style == "treerl":
-                a = (a + v[n.id]) / math.sqrt(len(tree.subtree_leaves(n.id)))
-            adv.append(a)
-        per_tree.append(adv)
+        heads = segment_heads(tree, set(leaves))
+        n_leaves = {h: sum(leaf in raw for leaf in tree.subtree_leaves(h)) for h in set(heads.values())}
+        adv: dict[int, float] = {}
+        for nid, h in heads.items():
+            p = tree.nodes[h].parent
+            if p is None:
+                continue
+            a = v[h] - v[p]
+            if style == "spo_std":
+                sibs = torch.tensor([v[c] for c in tree.nodes[p].children if c in heads], dtype=torch.float64)
+                a = a / (sibs.std(unbiased=False).item() + 1e-8)
+            elif style == "treerl":
+                a = (a + v[h]) / math.sqrt(n_leaves[h])
+            adv[nid] = a
+        per_tree[ti] = adv
     return [{n: per_tree[r.tree][n] for n in r.nodes if forest[r.tree].nodes[n].trainable} for r in rows]
+
+
+def treepo(
+    forest: list[RolloutTree], rows: list[Row], weight: Literal["average", "group_size"] = "average"
+) -> list[float]:
+    """TreePO's sub-group baseline, one scalar per row: for each depth d of the row's segment path
+    (d = 0 the whole tree, d >= 1 the leaves below the d-th segment head), s_d = R - mean(subgroup_d),
+    kept when the subgroup has two or more leaves (d = 0 always). `average`: mean of the kept s_d (the
+    official script); `group_size`: sum_d s_d n_d / sum_d n_d (the code's default). TreePO then whitens
+    the token advantages over the batch (the trainer's `treepo_whiten`)."""
+    out: list[float] = []
+    by_tree: dict[int, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        by_tree[r.tree][r.leaf] = forest[r.tree].nodes[r.leaf].reward or 0.0
+    heads_of = {ti: segment_heads(forest[ti], set(ls)) for ti, ls in by_tree.items()}
+    for r in rows:
+        tree, rewards = forest[r.tree], by_tree[r.tree]
+        seg_heads = list(dict.fromkeys(heads_of[r.tree][n] for n in r.nodes))  # root first
+        terms: list[tuple[float, int]] = []
+        for d, h in enumerate(seg_heads):
+            sub = [rewards[leaf] for leaf in tree.subtree_leaves(h) if leaf in rewards]
+            if d == 0 or len(sub) > 1:
+                terms.append((rewards[r.leaf] - sum(sub) / len(sub), len(sub)))
+        if weight == "group_size":
+            out.append(sum(s * n for s, n in terms) / sum(n for _, n in terms))
+        else:
+            out.append(sum(s for s, _ in terms) / len(terms))
+    return out
 
 
 def info_gain(
@@ -247,18 +376,22 @@ def igpo(
     return out
 
 
-def token_advantages(rows: list[Row], node_adv: NodeAdv, shared: SharedMode = "repeat") -> list[list[float]]:
+def token_advantages(
+    rows: list[Row], node_adv: NodeAdv, shared: SharedMode = "repeat", keep: Sequence[bool] | None = None
+) -> list[list[float]]:
     """Per-token advantages [B][T]: each trained token gets its node's advantage, 0 elsewhere.
 
-    With `shared="once"` a node's advantage is the mean over all rows of its tree that hold it.
+    With `shared="once"` a node's advantage is the mean over the kept rows of its tree that hold it
+    (tree.py says what that does to the gradient); `keep` None keeps every row.
     """
     if shared == "once":
         sums: dict[tuple[int, int], list[float]] = defaultdict(list)
-        for r, adv in zip(rows, node_adv, strict=True):
-            for n, a in adv.items():
-                sums[(r.tree, n)].append(a)
+        for i, (r, adv) in enumerate(zip(rows, node_adv, strict=True)):
+            if keep is None or keep[i]:
+                for n, a in adv.items():
+                    sums[(r.tree, n)].append(a)
         node_adv = [
-            {n: sum(sums[(r.tree, n)]) / len(sums[(r.tree, n)]) for n in adv}
+            {n: sum(sums[(r.tree, n)]) / len(sums[(r.tree, n)]) for n in adv if sums.get((r.tree, n))}
             for r, adv in zip(rows, node_adv, strict=True)
         ]
     return [
@@ -283,16 +416,28 @@ def terminal_rewards(mask: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
 
 
 def gae(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    bootstrap: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over model tokens (mask 1); mask-0 tokens are skipped: value and running GAE pass through them.
 
-    rewards, values, mask: [B, T]. Returns (advantages, returns), both [B, T] and 0 where mask is 0.
+    rewards, values, mask: [B, T]. `bootstrap` [B]: the value after the last token of each row, used
+    where the episode was truncated (turn limit, token budget, timeout), 0 where it terminated — as
+    every PPO implementation does for time-limit truncation (the return does not end, it is cut). None:
+    all rows terminated. Returns (advantages, returns), both [B, T] and 0 where mask is 0.
     """
     B, T = rewards.shape
     m = mask.to(values.dtype)  # [B, T]
     adv = torch.zeros_like(values)  # [B, T]
-    next_v = torch.zeros(B, dtype=values.dtype, device=values.device)  # [B]
+    next_v = (
+        torch.zeros(B, dtype=values.dtype, device=values.device)
+        if bootstrap is None
+        else bootstrap.to(values.dtype)
+    )  # [B]
     next_gae = torch.zeros(B, dtype=values.dtype, device=values.device)  # [B]
     for t in range(T - 1, -1, -1):
         delta = rewards[:, t] + gamma * next_v - values[:, t]  # [B]
@@ -302,6 +447,46 @@ def gae(
         next_gae = m[:, t] * g + (1 - m[:, t]) * next_gae  # [B]
     returns = (adv + values) * m  # [B, T]
     return adv, returns
+
+
+def turn_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    turn_ids: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    bootstrap: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GAE over turns (ST-PPO's turn-level critic): the state of turn k is its first model token, with
+    value V_k = values at that token; r_k = the rewards on the turn's tokens; delta_k = r_k + gamma V_{k+1}
+    - V_k (V_K = `bootstrap` of a truncated row, else 0); A_k = delta_k + gamma lam A_{k+1}.
+
+    rewards, values, mask, turn_ids: [B, T]. Returns (advantages [B, T]: A_k on every model token of turn
+    k; returns [B, T]: A_k + V_k on the turn's first token; value_mask [B, T]: 1 on those first tokens).
+    """
+    adv = torch.zeros_like(values)  # [B, T]
+    ret = torch.zeros_like(values)  # [B, T]
+    vmask = torch.zeros_like(values)  # [B, T]
+    on = mask.bool()  # [B, T]
+    for b in range(values.shape[0]):
+        pos = on[b].nonzero().squeeze(1).tolist()
+        turns: list[list[int]] = []
+        for t in pos:
+            if not turns or int(turn_ids[b, t]) != int(turn_ids[b, turns[-1][-1]]):
+                turns.append([])
+            turns[-1].append(t)
+        next_v = float(bootstrap[b]) if bootstrap is not None else 0.0
+        next_a = 0.0
+        for toks in reversed(turns):
+            v = float(values[b, toks[0]])
+            r = float(rewards[b, toks].sum())
+            a = r + gamma * next_v - v + gamma * lam * next_a
+            adv[b, toks] = a
+            ret[b, toks[0]] = a + v
+            vmask[b, toks[0]] = 1.0
+            next_v, next_a = v, a
+    return adv, ret, vmask
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -321,7 +506,7 @@ def entropy_scaled(
     return adv * (1 + alpha * z)  # [B, T]
 
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "tree", "treerl")
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "hgpo", "tree", "spo_std", "treerl", "treepo")
 
 
 def estimate(
@@ -331,20 +516,50 @@ def estimate(
     omega: float = 1.0,
     gamma: float = 0.95,
     gigpo_mode: Literal["mean_norm", "mean_std_norm"] = "mean_norm",
+    scale: Literal["group", "batch", "none"] = "group",
+    similarity: float | None = None,
+    hgpo_history: int = 2,
+    hgpo_alpha: float = 1.0,
+    hgpo_base_group: bool = False,
+    treepo_weight: Literal["average", "group_size"] = "average",
 ) -> NodeAdv:
-    """Node advantages of a critic-free estimator by name (see ESTIMATORS); groups are the trees."""
+    """Node advantages of a critic-free estimator by name (see ESTIMATORS); groups are the trees.
+
+    `scale` is GRPO's (group z-score | one batch std | none); `gigpo_mode` is also HGPO's mode.
+    """
     rewards = [forest[r.tree].nodes[r.leaf].reward or 0.0 for r in rows]
     groups = [r.tree for r in rows]
     if name == "grpo":
-        return leaf_to_nodes(forest, rows, grpo(rewards, groups))
+        return leaf_to_nodes(forest, rows, grpo(rewards, groups, scale=scale))
     if name == "dr_grpo":
         return leaf_to_nodes(forest, rows, dr_grpo(rewards, groups))
     if name == "rloo":
         return leaf_to_nodes(forest, rows, rloo(rewards, groups))
     if name == "gigpo":
-        return gigpo(forest, rows, omega=omega, gamma=gamma, mode=gigpo_mode)
-    if name in ("tree", "treerl"):
-        return tree_advantages(forest, rows, style="spo" if name == "tree" else "treerl")
+        return gigpo(forest, rows, omega=omega, gamma=gamma, mode=gigpo_mode, similarity=similarity)
+    if name == "hgpo":
+        return hgpo(forest, rows, hgpo_history, gamma, gigpo_mode, hgpo_alpha, hgpo_base_group)
+    if name in ("tree", "spo_std", "treerl"):
+        return tree_advantages(forest, rows, style="spo" if name == "tree" else name)  # type: ignore[arg-type]
+    if name == "treepo":
+        return leaf_to_nodes(forest, rows, treepo(forest, rows, treepo_weight))
     from toolgym.errors import ConfigError
 
     raise ConfigError(f"unknown estimator {name!r}; choose one of {', '.join(ESTIMATORS)} (PPO uses GAE)")
+
+
+def advantage_keep(
+    advantages: Sequence[Sequence[float]], groups: Sequence[Hashable], tol: float = 1e-6
+) -> list[bool]:
+    """DAPO's zero-variance filter on what the estimator produced: a group whose rows have every token
+    advantage within `tol` of 0 is left out of the loss (it would only add KL/entropy terms and tokens to
+    the denominator). For GRPO/RLOO/Dr.GRPO this is exactly "all rewards equal"; for IGPO, GiGPO, HGPO
+    and the tree estimators a group with equal outcomes can still carry turn-level signal and is kept.
+
+    >>> advantage_keep([[0.0, 0.0], [0.0], [0.0, 0.3], [0.0]], [0, 0, 1, 1])
+    [False, False, True, True]
+    """
+    live: dict[Hashable, bool] = defaultdict(bool)
+    for a, g in zip(advantages, groups, strict=True):
+        live[g] = live[g] or any(abs(x) > tol for x in a)
+    return [live[g] for g in groups]

@@ -7,10 +7,21 @@ env state key of the turn (the GiGPO anchor). Independent sampling is a tree of 
 the prompt, each a chain of turns). A fork inside a node splits it in two, so every branch point is a
 node boundary and a root-to-leaf path is a plain list of nodes.
 
-Flattening turns each leaf path into one training row. Shared prefixes either appear in every row that
-contains them (`shared="repeat"`, ARPO's "soft" attribution: their gradient is averaged implicitly), or
-are trained once (`shared="once"`: the first row that holds a node keeps its loss mask, the others see it
-as context only, and the estimator's advantages of a node are averaged over the rows that hold it).
+Flattening turns each leaf path into one training row. A node shared by d kept rows is trained:
+- `shared="repeat"` (ARPO's "soft" attribution): in each of the d rows, each copy with its own row's
+  advantage A_i. The node's gradient is sum_i A_i grad log p(node), and its tokens count d times in a
+  token-mean denominator.
+- `shared="once"` (ARPO's "hard" attribution): in one row only (the first KEPT row that holds it; the
+  others see it as context), with the mean advantage (1/d) sum_i A_i over the kept rows that hold it.
+  Its gradient is 1/d of the "repeat" one, and its tokens count once in the denominator.
+"Kept" means after the filters (void, truncation, zero-advantage groups): `flatten(..., keep=...)`.
+Leaves whose episode ended in an infrastructure fault (`truncation == "env_error"`) get no row at all:
+the env's failure is neither trained on nor scored against the group.
+
+Segments: a branch point is a node with two or more children (counting only children with a row below
+them); a segment is a maximal chain of nodes between branch points (model turns, tool/env messages and
+forks of one unbranched stretch). Every node of a segment has the same leaves below it, hence the same
+value; tree estimators give one advantage per segment (SPO, TreeRL).
 
 >>> t = RolloutTree(uid="q0", prompt_ids=[1, 2])
 >>> a = t.add(t.root, "model", [3, 4], turn=0)
@@ -167,51 +178,122 @@ class Row:
     entropies: list[float]  # [T] engine top-k entropies (0.0 where unknown)
 
 
-def flatten(forest: list[RolloutTree], shared: SharedMode = "repeat") -> list[Row]:
-    """One row per leaf, trees in order. See the module docstring for `shared`.
+def env_error(tree: RolloutTree, leaf: int) -> bool:
+    """True when the episode ending at `leaf` was cut by an infrastructure fault (not the model's doing)."""
+    return tree.nodes[leaf].info.get("episode", {}).get("truncation") == "env_error"
+
+
+def truncated(tree: RolloutTree, leaf: int) -> bool:
+    """True when the episode ending at `leaf` was cut (turn limit, token budget, timeout), not ended."""
+    return bool(tree.nodes[leaf].info.get("episode", {}).get("truncated"))
+
+
+def flatten(
+    forest: list[RolloutTree],
+    shared: SharedMode = "repeat",
+    keep: list[bool] | None = None,
+    drop_truncated: bool = False,
+) -> list[Row]:
+    """One row per leaf (env_error leaves excepted), trees in order. See the module docstring for `shared`.
+
+    `drop_truncated` also leaves out truncated episodes (SimpleTIR's `remove_clip`).
+
+    `keep` (one flag per row, in the order this function returns them) matters only for `shared="once"`:
+    a shared node is trained by the first kept row that holds it; a node held by no kept row by none.
 
     >>> t = RolloutTree("q", [1])
     >>> a = t.add(t.root, "model", [2, 3], turn=0)
     >>> _ = t.add(a, "model", [4], turn=0, branch_reason="split"); _ = t.add(a, "model", [5], turn=0)
     >>> [r.loss_mask for r in flatten([t], shared="once")]
     [[0, 1, 1, 1], [0, 0, 0, 1]]
+    >>> [r.loss_mask for r in flatten([t], shared="once", keep=[False, True])]
+    [[0, 0, 0, 0], [0, 1, 1, 1]]
     """
     if shared not in ("repeat", "once"):
         raise ValueError(f"shared must be 'repeat' or 'once', got {shared!r}")
+    paths = [
+        (ti, leaf)
+        for ti, tree in enumerate(forest)
+        for leaf in tree.leaves()
+        if not env_error(tree, leaf) and not (drop_truncated and truncated(tree, leaf))
+    ]
+    if keep is not None and len(keep) != len(paths):
+        raise ValueError(f"keep has {len(keep)} flags for {len(paths)} rows")
+    owner: dict[tuple[int, int], int] = {}  # (tree, node) -> index of the row that trains it ("once")
+    for i, (ti, leaf) in enumerate(paths):
+        if keep is None or keep[i]:
+            for nid in forest[ti].path(leaf):
+                owner.setdefault((ti, nid), i)
     rows: list[Row] = []
-    for ti, tree in enumerate(forest):
-        seen: set[int] = set()
-        for leaf in tree.leaves():
-            path = tree.path(leaf)
-            ids: list[int] = []
-            mask: list[int] = []
-            nids: list[int] = []
-            turns: list[int] = []
-            lps: list[float] = []
-            ents: list[float] = []
-            for nid in path:
-                n = tree.nodes[nid]
-                k = len(n.token_ids)
-                train = n.trainable and not (shared == "once" and nid in seen)
-                seen.add(nid)
-                ids += n.token_ids
-                mask += [int(train)] * k
-                nids += [nid] * k
-                turns += [n.turn] * k
-                lps += list(n.logprobs) if n.logprobs is not None else [0.0] * k
-                ents += list(n.entropies) if n.entropies is not None else [0.0] * k
-            rows.append(Row(ti, leaf, tuple(path), ids, mask, nids, turns, lps, ents))
+    for i, (ti, leaf) in enumerate(paths):
+        tree = forest[ti]
+        path = tree.path(leaf)
+        ids: list[int] = []
+        mask: list[int] = []
+        nids: list[int] = []
+        turns: list[int] = []
+        lps: list[float] = []
+        ents: list[float] = []
+        for nid in path:
+            n = tree.nodes[nid]
+            k = len(n.token_ids)
+            train = n.trainable and (shared == "repeat" or owner.get((ti, nid)) == i)
+            if shared == "repeat" and keep is not None and not keep[i]:
+                train = False
+            ids += n.token_ids
+            mask += [int(train)] * k
+            nids += [nid] * k
+            turns += [n.turn] * k
+            lps += list(n.logprobs) if n.logprobs is not None else [0.0] * k
+            ents += list(n.entropies) if n.entropies is not None else [0.0] * k
+        rows.append(Row(ti, leaf, tuple(path), ids, mask, nids, turns, lps, ents))
     return rows
+
+
+def segment_heads(tree: RolloutTree, leaves: set[int] | None = None) -> dict[int, int]:
+    """The first node of the segment each node belongs to (see the module docstring). `leaves`: the
+    leaves that have rows (default all); children without such a leaf below them do not make a branch.
+
+    >>> t = RolloutTree("q", [1])
+    >>> a = t.add(t.root, "model", [2], turn=0); e = t.add(a, "env", [3], turn=0)
+    >>> b = t.add(e, "model", [4], turn=1); c = t.add(e, "model", [5], turn=1)
+    >>> segment_heads(t)
+    {0: 0, 1: 1, 2: 1, 3: 3, 4: 4}
+    """
+    live = set(tree.leaves()) if leaves is None else leaves
+    alive: dict[int, bool] = {}
+
+    def has_live(nid: int) -> bool:
+        if nid not in alive:
+            alive[nid] = any(leaf in live for leaf in tree.subtree_leaves(nid))
+        return alive[nid]
+
+    heads = {tree.root: tree.root}
+    stack = [tree.root]
+    while stack:
+        nid = stack.pop()
+        kids = [c for c in tree.nodes[nid].children if has_live(c)]
+        for c in kids:
+            heads[c] = c if nid == tree.root or len(kids) > 1 else heads[nid]
+            stack.append(c)
+    return heads
 
 
 @dataclass(frozen=True)
 class Turn:
-    """One model turn of a row: its index, anchor state, env reward, and the nodes that hold its tokens."""
+    """One model turn of a row: its index, anchor state, env reward, and the nodes that hold its tokens.
+
+    `state_key` identifies the env state the turn acts from: the env's own key (`info["state_key"]`,
+    `env_key` True) or else a hash of the newest env messages; `state_text` is those messages as text
+    (for GiGPO's similarity mode), when the rollout recorded it.
+    """
 
     index: int
     state_key: str | None
     step_reward: float
     nodes: tuple[int, ...]
+    state_text: str | None = None
+    env_key: bool = False
 
 
 def row_turns(tree: RolloutTree, row: Row) -> list[Turn]:
@@ -222,7 +304,14 @@ def row_turns(tree: RolloutTree, row: Row) -> list[Turn]:
         if n.trainable:
             turns.setdefault(n.turn, []).append(n)
     return [
-        Turn(k, ns[0].state_key, sum(n.step_reward for n in ns), tuple(n.id for n in ns))
+        Turn(
+            k,
+            ns[0].state_key,
+            sum(n.step_reward for n in ns),
+            tuple(n.id for n in ns),
+            ns[0].info.get("state_text"),
+            bool(ns[0].info.get("env_key", False)),
+        )
         for k, ns in sorted(turns.items())
     ]
 
