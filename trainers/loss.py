@@ -9,10 +9,17 @@ Departures from the papers (ALGORITHMS.md §9.c):
    KL, entropy or LLDS terms. Mask modes zero the weight outside [is_min, is_max] and keep it inside (TRL).
 4. approx_kl is the k3 estimate of KL(old || new) on the token ratio, whatever the ratio level.
 5. Overlong shaping clamps at -penalty beyond the maximum length (DAPO's linear ramp, then flat).
+6. Importance weights are computed in log space (a summed sequence log-ratio past ~88 overflows exp in
+   float32; TRL/verl then get inf * 0 = NaN in the mask modes): mask modes test log(rho) against
+   log(bounds), truncate modes clamp log(rho) before exp.
+7. The top-entropy-quantile mask (Wang et al. 2025, TRL `top_entropy_quantile`) multiplies the policy
+   term only and keeps the denominator, as TRL; the quantile is taken over the micro-batch's trained
+   tokens (TRL: over the local batch).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -35,7 +42,12 @@ class LossConfig:
     )
     is_max: float = 2.0  # TIS cap C (or mask upper bound)
     is_min: float | None = None  # lower bound (truncate: clamp; mask: zero below); None: none
-    kl_coef: float = 0.0  # beta of the k3 KL to the reference policy
+    kl_coef: float = 0.0  # beta of the KL to the reference policy (loss term)
+    kl_estimator: Literal["k1", "k2", "k3", "k3+"] = "k3"  # Schulman's estimators; k3+: k3 value, k2 gradient
+    objective: Literal["ppo", "cispo"] = "ppo"  # clipped surrogate | CISPO (clipped IS weight REINFORCE)
+    cispo_max: float = 5.0  # CISPO: the IS weight sg(min(ratio, cispo_max)) (ScaleRL's eps_max)
+    delta: float | None = None  # two-sided clip (INTELLECT-2): the unclipped ratio is capped at delta
+    top_entropy_quantile: float = 1.0  # rho: train only the top-rho fraction of tokens by entropy; 1: all
     entropy_coef: float = 0.0  # entropy bonus (subtracted from the loss)
     llds_coef: float = 0.0  # LLDS lambda (0.2 in the paper); 0: off
     llds_gate: Literal["action", "response"] = "action"  # per turn (LLDS-A) or per row (LLDS-R)
@@ -47,6 +59,10 @@ class LossConfig:
             raise ValueError(f"dual_clip must be > 1 (3.0 is usual) or None, got {self.dual_clip}")
         if self.eps_low < 0 or self.eps_high < 0:
             raise ValueError("eps_low and eps_high must be >= 0")
+        if self.delta is not None and self.delta <= 1 + self.eps_high:
+            raise ValueError(f"delta must be > 1 + eps_high ({1 + self.eps_high}), got {self.delta}")
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise ValueError(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}")
 
 
 class PolicyBatch(NamedTuple):
@@ -106,15 +122,52 @@ def _run_sum(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def is_weights(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
-    """Truncated/masked importance weights old/rollout (no grad). [B, T] -> [B, T] (sequence modes: per row)."""
+    """Truncated/masked importance weights old/rollout (no grad), in log space (departure 6).
+    [B, T] -> [B, T] (sequence modes: one weight per row, broadcast)."""
     d = ((old - rollout) * mask).detach()  # [B, T]
-    rho = (
-        d.sum(1, keepdim=True).exp().expand_as(d) if cfg.is_mode.startswith("sequence") else d.exp()
-    )  # [B, T]
-    lo = cfg.is_min if cfg.is_min is not None else 0.0
+    log_rho = d.sum(1, keepdim=True).expand_as(d) if cfg.is_mode.startswith("sequence") else d  # [B, T]
+    log_hi = math.log(cfg.is_max)
+    log_lo = math.log(cfg.is_min) if cfg.is_min else -math.inf
     if cfg.is_mode.endswith("truncate"):
-        return rho.clamp(min=lo, max=cfg.is_max)
-    return rho * ((rho >= lo) & (rho <= cfg.is_max)).to(rho.dtype)
+        return log_rho.clamp(min=log_lo, max=log_hi).exp()
+    inside = (log_rho >= log_lo) & (log_rho <= log_hi)  # [B, T]
+    return torch.where(inside, log_rho.clamp(max=log_hi).exp(), torch.zeros_like(log_rho))
+
+
+def kl_penalty(logp: torch.Tensor, ref: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from samples of pi (Schulman 2020), with d = ref - logp:
+    k1 = -d; k2 = d^2 / 2; k3 = e^d - d - 1 (clamped to [-10, 10] as verl); k3+ = k3's value with k2's
+    gradient (verl's straight-through "+"). [B, T] -> [B, T].
+
+    >>> [round(kl_penalty(torch.tensor([0.0]), torch.tensor([1.0]), k).item(), 4) for k in ("k1", "k2", "k3")]
+    [-1.0, 0.5, 0.7183]
+    """
+    d = (ref.detach() - logp).clamp(-20.0, 20.0)  # [B, T]
+    if estimator == "k1":
+        return -d
+    k2 = 0.5 * d**2  # [B, T]
+    if estimator == "k2":
+        return k2
+    k3 = (d.exp() - d - 1).clamp(-10.0, 10.0)  # [B, T]
+    if estimator == "k3":
+        return k3
+    if estimator == "k3+":
+        return k2 + (k3 - k2).detach()
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose k1, k2, k3 or k3+")
+
+
+def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor:
+    """1 on the trained tokens whose entropy is in the top `rho` fraction (ties kept), else 0. [B, T].
+
+    >>> top_entropy_mask(torch.tensor([[0.1, 0.9, 0.5, 0.3]]), torch.ones(1, 4), 0.5).tolist()
+    [[0.0, 1.0, 1.0, 0.0]]
+    """
+    m = mask.bool()  # [B, T]
+    if rho >= 1.0 or not m.any():
+        return m.to(entropy.dtype)
+    h = entropy.detach().float()  # [B, T]
+    thr = torch.quantile(h[m], 1.0 - rho)
+    return (m & (h >= thr)).to(entropy.dtype)
 
 
 def policy_loss(
@@ -132,26 +185,34 @@ def policy_loss(
             raise ValueError("ratio_level='turn' needs PolicyBatch.turn_ids")
         log_ratio = lr - lr.detach() + group_mean(lr, m, ids).detach()  # [B, T]
     ratio = log_ratio.exp()  # [B, T]
-    clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)  # [B, T]
-    if cfg.aepo_clip:
-        above = ratio > 1 + cfg.eps_high  # [B, T]
-        clipped = torch.where(above, (1 + cfg.eps_high) * ratio / ratio.detach(), clipped)  # [B, T]
-    pg = torch.maximum(-adv * ratio, -adv * clipped)  # [B, T]
     dual = torch.zeros_like(m, dtype=torch.bool)  # [B, T]
-    if cfg.dual_clip is not None:
-        cap = -adv * cfg.dual_clip  # [B, T]
-        dual = (adv < 0) & (pg > cap)  # [B, T]
-        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)  # [B, T]
+    if cfg.objective == "cispo":  # -sg(min(r, eps_max)) * A * logp: every token keeps a gradient
+        pg = -(ratio.detach().clamp(max=cfg.cispo_max)) * adv * logp  # [B, T]
+    else:
+        clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)  # [B, T]
+        if cfg.aepo_clip:
+            above = ratio > 1 + cfg.eps_high  # [B, T]
+            clipped = torch.where(above, (1 + cfg.eps_high) * ratio / ratio.detach(), clipped)  # [B, T]
+        unclipped = ratio if cfg.delta is None else ratio.clamp(max=cfg.delta)  # [B, T]
+        pg = torch.maximum(-adv * unclipped, -adv * clipped)  # [B, T]
+        if cfg.dual_clip is not None:
+            cap = -adv * cfg.dual_clip  # [B, T]
+            dual = (adv < 0) & (pg > cap)  # [B, T]
+            pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)  # [B, T]
     w = torch.ones_like(m)  # [B, T]
     if batch.rollout_logprobs is not None and cfg.is_mode != "none":
         w = is_weights(old, batch.rollout_logprobs, m, cfg)  # [B, T]
-    per_token = pg * w  # [B, T]
+    keep = torch.ones_like(m)  # [B, T]
+    if cfg.top_entropy_quantile < 1.0:
+        if batch.entropy is None:
+            raise ValueError("top_entropy_quantile < 1 needs PolicyBatch.entropy")
+        keep = top_entropy_mask(batch.entropy, m, cfg.top_entropy_quantile)  # [B, T]
+    per_token = pg * w * keep  # [B, T]
     stats: dict[str, float] = {}
     if cfg.kl_coef and batch.ref_logprobs is not None:
-        d = (batch.ref_logprobs.detach() - logp).clamp(-20.0, 20.0)  # [B, T]
-        k3 = (d.exp() - d - 1).clamp(-10.0, 10.0)  # [B, T]
-        per_token = per_token + cfg.kl_coef * k3
-        stats["kl_ref"] = _mmean(k3, m)
+        kl = kl_penalty(logp, batch.ref_logprobs, cfg.kl_estimator)  # [B, T]
+        per_token = per_token + cfg.kl_coef * kl
+        stats["kl_ref"] = _mmean(kl, m)
     if cfg.entropy_coef and batch.entropy is not None:
         per_token = per_token - cfg.entropy_coef * batch.entropy
     if cfg.llds_coef:
@@ -162,7 +223,7 @@ def policy_loss(
         low = (adv < 0) & (r < 1 - cfg.eps_low)
         high = (adv > 0) & (r > 1 + cfg.eps_high)
         stats |= {
-            "policy": _mmean(pg * w, m),
+            "policy": _mmean(pg * w * keep, m),
             "clipfrac": _mmean((low | high).to(m.dtype), m),
             "clipfrac_low": _mmean(low.to(m.dtype), m),
             "clipfrac_high": _mmean(high.to(m.dtype), m),
@@ -236,6 +297,22 @@ def zero_variance_keep(rewards: Sequence[float], groups: Sequence[Hashable], tol
         members[g].append(r)
     spread = {g: max(v) - min(v) for g, v in members.items()}
     return [spread[g] > tol for g in groups]
+
+
+def accuracy_keep(
+    success: Sequence[bool], groups: Sequence[Hashable], low: float = 0.1, high: float = 0.9
+) -> list[bool]:
+    """SimpleTIR's `acc_filter low_high`: False for every row of a group whose success rate is outside
+    [low, high] (too easy or too hard to learn from).
+
+    >>> accuracy_keep([True, True, True, False, False, False], [0, 0, 1, 1, 2, 2], 0.1, 0.9)
+    [False, False, True, True, False, False]
+    """
+    members: dict[Hashable, list[bool]] = defaultdict(list)
+    for ok, g in zip(success, groups, strict=True):
+        members[g].append(ok)
+    rate = {g: sum(v) / len(v) for g, v in members.items()}
+    return [low <= rate[g] <= high for g in groups]
 
 
 def void_keep(void: Sequence[bool]) -> list[bool]:
