@@ -26,6 +26,7 @@ class TrainBatch(NamedTuple):
     rollout_logprobs: torch.Tensor  # [B, T] float, engine logprobs (0 off the model tokens)
     turn_ids: torch.Tensor  # [B, T] long, turn index (-1 on prompt and padding)
     rewards: torch.Tensor  # [B] float, leaf reward of each row
+    truncated: torch.Tensor  # [B] float, 1 where the episode was cut (turn limit, token budget, timeout)
 
     def select(self, idx: torch.Tensor) -> TrainBatch:
         """The rows `idx` (a micro-batch), trimmed to their longest row."""
@@ -43,6 +44,7 @@ def collate(
     rewards: Sequence[float],
     keep: Sequence[bool],
     pad_id: int,
+    truncated: Sequence[bool] | None = None,
 ) -> TrainBatch:
     """Pads `rows`; rows with keep False get a zero loss mask (they stay for the batch statistics)."""
     B, T = len(rows), max(len(r.token_ids) for r in rows)
@@ -60,7 +62,8 @@ def collate(
         adv[i, :n] = torch.tensor(advantages[i], dtype=torch.float)
         roll[i, :n] = torch.tensor(r.logprobs, dtype=torch.float)
         turns[i, :n] = torch.tensor(r.turn_ids)
-    return TrainBatch(ids, attn, mask, adv, roll, turns, torch.tensor(list(rewards), dtype=torch.float))
+    cut = torch.tensor([float(x) for x in (truncated or [False] * B)])  # [B]
+    return TrainBatch(ids, attn, mask, adv, roll, turns, torch.tensor(list(rewards), dtype=torch.float), cut)
 
 
 def forward(
@@ -71,9 +74,12 @@ def forward(
     value_head: torch.nn.Module | None = None,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(logprobs [B, T], entropy [B, T] or None, values [B, T] or None), aligned with the tokens.
+    """(logprobs [B, T], entropy [B, T] or None, values [B, T + 1] or None), aligned with the tokens.
 
-    The entropy carries a gradient only with `entropy_grad` (an entropy bonus); otherwise it is a statistic.
+    `values[:, t]` is V(first t tokens), the value of the state token t is sampled from; the extra last
+    column (and, for a shorter row, the column at its length) is the value after the row's last token:
+    the bootstrap of a truncated episode (`final_values`). The entropy carries a gradient only with
+    `entropy_grad` (an entropy bonus); otherwise it is a statistic.
     """
     out = model(
         input_ids=batch.input_ids,
@@ -94,10 +100,20 @@ def forward(
         ent = torch.nn.functional.pad(ent, (1, 0))  # [B, T]
     values = None
     if value_head is not None:
-        hidden = out.hidden_states[-1][:, :-1]  # [B, T-1, H]
-        values = value_head(hidden.to(next(value_head.parameters()).dtype)).squeeze(-1).float()  # [B, T-1]
-        values = torch.nn.functional.pad(values, (1, 0))  # [B, T]
+        hidden = out.hidden_states[-1]  # [B, T, H]
+        values = value_head(hidden.to(next(value_head.parameters()).dtype)).squeeze(-1).float()  # [B, T]
+        values = torch.nn.functional.pad(values, (1, 0))  # [B, T + 1]
     return logp, ent, values
+
+
+def final_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The value after each row's last real token: values [B, T + 1] (from `forward`) -> [B].
+
+    >>> final_values(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), torch.tensor([[1, 1, 0]])).tolist()
+    [2.0]
+    """
+    n = attention_mask.sum(1).long()  # [B]
+    return values.gather(1, n[:, None]).squeeze(1)
 
 
 def micro_batches(n_rows: int, size: int, order: torch.Tensor | None = None) -> list[torch.Tensor]:

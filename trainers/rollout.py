@@ -81,6 +81,21 @@ def _gold(env: Any) -> str | None:
     return None if answer is None else str(answer)
 
 
+def state_text(messages: list[dict[str, Any]]) -> str:
+    """The env messages' contents as one text (GiGPO's similarity mode compares these)."""
+    return "\n".join(str(m.get("content") or "") for m in messages)
+
+
+def anchor(messages: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+    """Node fields of the env state a model turn acts from: the env's own `info["state_key"]` when it
+    reports one (then `env_key` is True), else a hash of the messages; plus the messages as text."""
+    key = info.get("state_key")
+    return {
+        "state_key": str(key) if key is not None else state_key(messages),
+        "info": {"state_text": state_text(messages), "env_key": key is not None},
+    }
+
+
 def state_key(messages: list[dict[str, Any]]) -> str:
     """A short stable hash of the env messages a turn acts from (the GiGPO anchor).
 
@@ -114,24 +129,35 @@ class TreeRollout:
         """One tree per task. `seed` fixes the branching draws and the sampling of every generate call."""
         rng = np.random.default_rng(seed)
         stats = RolloutStats()
+        split = bool(getattr(self.branch, "dynamic_split", False))
         forest: list[RolloutTree] = []
         reqs: list[_Req] = []
         for ti, task in enumerate(tasks):
             env = self._acquire(task.env_id)
             obs, info = env.reset(seed=task.seed)
             tools = list(info.get("tools") or [])
+            where = anchor(obs, info)
             tree = RolloutTree(
-                f"{task.env_id}#{task.seed}", self.renderer.prompt_ids(obs, tools), state_key(obs)
+                f"{task.env_id}#{task.seed}", self.renderer.prompt_ids(obs, tools), where["state_key"]
             )
+            tree.nodes[tree.root].info.update(where["info"])
             tree.meta.update(env_id=task.env_id, seed=task.seed, tools=tools, answer=_gold(env))
             if self.snapshots and env.supports_fork:
                 tree.nodes[tree.root].info["snapshot"] = env.get_state()
             forest.append(tree)
-            n = self.branch.global_samples(self.cfg.budget)
+            n = 1 if split else self.branch.global_samples(self.cfg.budget)
+            tree.meta["probe"] = split
             reqs += [
                 _Req(ti, tree.root, "global", env if i == 0 else self._env_at(tree, tree.root))
                 for i in range(n)
             ]
+        if split:  # AEPO: one unforked pre-monitoring path per tree decides how many global samples follow
+            self._rounds(forest, reqs, rng, stats)
+            reqs = []
+            for ti, tree in enumerate(forest):
+                tree.meta["probe"] = False
+                tree.meta["global_samples"] = m = self.branch.split_budget(tree, self.cfg.budget)  # type: ignore[attr-defined]
+                reqs += [_Req(ti, tree.root, "global", self._env_at(tree, tree.root)) for _ in range(m - 1)]
         self._rounds(forest, reqs, rng, stats)
         if getattr(self.branch, "top_up", False):  # ARPO: fresh global samples up to the budget
             reqs = [
@@ -207,10 +233,15 @@ class TreeRollout:
                     else (0 if parent.kind == "prompt" else parent.turn + 1)
                 )
                 key = None if parent.kind == "model" else parent.state_key
+                info: dict[str, Any] = {"finish": g.finish_reason}
+                if parent.kind != "model":
+                    info.update(
+                        state_text=parent.info.get("state_text"), env_key=parent.info.get("env_key", False)
+                    )
                 nid = tree.add(
                     r.parent, "model", g.token_ids, turn=turn, logprobs=list(g.logprobs),
                     entropies=list(g.entropies) if g.entropies is not None else None,
-                    state_key=key, branch_reason=r.reason, info={"finish": g.finish_reason},
+                    state_key=key, branch_reason=r.reason, info=info,
                 )  # fmt: skip
                 stats.generated_tokens += len(g.token_ids)
                 out.append((r, nid))
@@ -235,12 +266,19 @@ class TreeRollout:
                 "success": bool(info.get("success", False)),
                 "truncation": info.get("truncation"),
                 "episode_reward": float(info.get("episode_reward", 0.0)),
+                # cut (turn limit, token budget, timeout, env error), not ended by the task: GAE bootstraps
+                "truncated": bool(truncated) and not terminated,
             }
         else:
             suffix = self.renderer.close_turn(turn_ids) + self.renderer.env_suffix(obs)
             if len(tree.prefix_ids(nid)) + len(suffix) + 1 > self.cfg.max_total_tokens:
                 ret = sum(tree.nodes[n].step_reward for n in tree.path(nid))
-                end = {"success": False, "truncation": "token_budget", "episode_reward": ret}
+                end = {
+                    "success": False,
+                    "truncation": "token_budget",
+                    "episode_reward": ret,
+                    "truncated": True,
+                }
         if end is not None:
             path = tree.path(nid)
             end.update(
@@ -254,7 +292,10 @@ class TreeRollout:
             self._release(tree.meta["env_id"], env)
             return None
         kind = "tool" if any(m.get("role") == "tool" for m in obs) else "user"
-        env_node = tree.add(nid, kind, suffix, turn=node.turn, state_key=state_key(obs))
+        where = anchor(obs, info)
+        env_node = tree.add(
+            nid, kind, suffix, turn=node.turn, state_key=where["state_key"], info=where["info"]
+        )
         if self.snapshots and env.supports_fork:
             tree.nodes[env_node].info["snapshot"] = env.get_state()
         return _Req(req.tree, env_node, "global", env)
