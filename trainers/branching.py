@@ -16,15 +16,29 @@ Departures from the papers / official code (ALGORITHMS.md §4, §5.1, §8):
 2. Decision timing follows the paper, not the code: the entropy that decides a fork at a tool boundary is
    that of the model turn generated right after the tool result (the code uses the turn that ended in the
    tool call, one round late). The fork then resamples that turn from the tool node.
-3. Round entropy = mean per-token (top-k) entropy of the first k tokens of the turn, divided by ln|V| when
-   the vocabulary size is given (the code pools the top-k probabilities of those tokens into one sum).
+3. Round entropy = mean per-token entropy of the first k tokens of the turn, divided by ln|V| (the
+   trainer always passes the model's |V|, as ARPO's code normalises; without `vocab_size` entropies stay
+   in nats and a weight tuned for ARPO reacts ~ln|V| times too strongly). The code pools the top-10
+   probabilities of those tokens into one sum; our engine's entropy is over the full vocabulary.
 4. AEPO's rule is used for both: p = (U + w dH) * max(0, 1 - c_pen * c), fork iff clip(p, 0, 1) >= tau;
    ARPO is c_pen = 0 (equivalent in distribution to its p = U - w dH <= tau at tau = 0.5).
 5. TreeRL forks at the top-N surprisal tokens (-log p of the sampled token) over all trained tokens of
    the tree except the first token of each node (a node start is a plain sibling, not a fork).
 6. APPO (no public code): BS_t = Norm(H_t) * Norm(Omega_t), min-max norms over the tree's candidates,
-   Omega_t = discounted mean of exp(logp_new - logp_old) over the rest of the node after t (from
-   `node.info["log_ratio"]`, 1 where absent). Exact normalisation and discount are unverified.
+   Omega_t = discounted mean of exp(logp_new - logp_old) over the rest of the node after t, read from
+   `node.info["log_ratio"]`. Nothing in the rollout loop writes it (a rollout has only the sampling
+   policy, no older one to compare with), so in `toolgym train` Omega is 1 everywhere and the score is
+   Norm(H_t) alone: an entropy top-k, not APPO's likelihood-gain weighting. Exact normalisation and
+   discount are unverified.
+7. AEPO's dynamic budget split (`dynamic_split`): the entropy pre-monitoring rollout is one complete
+   path per tree that is then kept as the first of the m global samples (the code throws its extra
+   pre-rollout away); H_root is its first turn's round entropy and H_tool the mean round entropy of its
+   turns after env messages (H_root when it made no tool call). No 50-token probe.
+8. TreePO's segment branching (`fixed_segments`): after the initial chains end, iteration d forks every
+   distinct path prefix at its (d+1)*S-th trained token (`segment_tokens` S), `n_children` new
+   continuations each; a path shorter than that falls back to the start of its last model turn (a
+   turn-boundary fork), once. TreePO decodes segment by segment with early stopping; here whole
+   continuations are sampled from each fork point.
 """
 
 from __future__ import annotations
@@ -132,16 +146,35 @@ class TurnBoundaryEntropy:
     entropy_weight: float = 0.2  # w on dH = H(turn) - H(first turn of the path)
     consecutive_penalty: float = 0.05  # AEPO c_pen; 0 gives ARPO
     k_tokens: int = 20  # tokens whose entropy define a round's entropy
-    vocab_size: int | None = None  # normalise entropies by ln|V| when given
+    vocab_size: int | None = None  # normalise entropies by ln|V| (the trainer passes the model's |V|)
     top_up: bool = True  # ARPO: fill a tree that ended below the budget with fresh global samples
+    dynamic_split: bool = False  # AEPO entropy pre-monitoring: global samples m from H_root vs H_tool
+    split_beta: float = 0.5  # AEPO's beta in m = k * sigmoid(beta (H_root - H_tool))
     name: str = "turn_entropy"
 
     def global_samples(self, budget: int) -> int:
         return max(1, min(self.initial, budget))
 
+    def split_budget(self, tree: RolloutTree, budget: int) -> int:
+        """AEPO's m for a tree that holds one finished pre-monitoring path (departure 7)."""
+        path = tree.path(tree.leaves()[0])
+        turns = [n for n in path if tree.nodes[n].kind == "model" and tree.nodes[n].entropies]
+        if not turns:
+            return self.global_samples(budget)
+        h_root = round_entropy(tree, turns[0], self.k_tokens, self.vocab_size)
+        after = [
+            round_entropy(tree, n, self.k_tokens, self.vocab_size)
+            for n in turns[1:]
+            if tree.nodes[tree.nodes[n].parent].kind in ("tool", "env", "user")  # type: ignore[index]
+        ]
+        h_tool = sum(after) / len(after) if after else h_root
+        return aepo_global_samples(budget, h_root, h_tool, self.split_beta)
+
     def on_turns(
         self, tree: RolloutTree, new_turns: list[int], room: int, rng: np.random.Generator
     ) -> list[Fork]:
+        if tree.meta.get("probe"):
+            return []  # AEPO's pre-monitoring path runs unforked
         c = int(tree.meta.get("consecutive", 0))
         forks: list[Fork] = []
         for nid in new_turns:
@@ -253,6 +286,50 @@ class BranchingScore(_ForkAfterCompletion):
         return sum(wi * math.exp(x) for wi, x in zip(w, rest, strict=True)) / sum(w)
 
 
+@dataclass
+class FixedSegments(_ForkAfterCompletion):
+    """TreePO's segment branching: fork every `segment_tokens` trained tokens, depth by depth (departure 8)."""
+
+    initial: int = 2  # independent chains
+    segment_tokens: int = 64  # S: tokens per segment
+    n_children: int = 1  # new continuations per fork point (TreePO's fixed divergence 2 = 1 new + the old)
+    iterations: int = 3  # depths forked
+    fallback: bool = True  # a path shorter than the offset forks at the start of its last model turn
+    name: str = "fixed_segments"
+
+    def on_complete(
+        self, tree: RolloutTree, iteration: int, room: int, rng: np.random.Generator
+    ) -> list[Fork]:
+        if iteration >= self.iterations:
+            return []
+        offset = (iteration + 1) * self.segment_tokens
+        points: list[tuple[int, int]] = []
+        for leaf in tree.leaves():
+            point = self._point(tree, leaf, offset)
+            if point is not None and point not in points:
+                points.append(point)
+        return _fill(points, self.n_children, room, "segment")
+
+    def _point(self, tree: RolloutTree, leaf: int, offset: int) -> tuple[int, int] | None:
+        seen = 0
+        last_turn: tuple[int, int] | None = None
+        for nid in tree.path(leaf):
+            n = tree.nodes[nid]
+            if not n.trainable:
+                continue
+            parent = tree.nodes[n.parent] if n.parent is not None else None
+            if parent is not None and parent.kind != "model":
+                last_turn = (parent.id, len(parent.token_ids))
+            if seen + len(n.token_ids) > offset:
+                pos = offset - seen
+                return (nid, pos) if pos > 0 else (n.parent, len(parent.token_ids)) if parent else None  # type: ignore[return-value]
+            seen += len(n.token_ids)
+        if self.fallback and last_turn is not None and tree.meta.get(("fallback", leaf)) is None:
+            tree.meta[("fallback", leaf)] = True  # once per path
+            return last_turn
+        return None
+
+
 def _minmax(x: list[float]) -> list[float]:
     lo, hi = min(x), max(x)
     return [1.0] * len(x) if hi - lo < 1e-12 else [(v - lo) / (hi - lo) for v in x]
@@ -270,11 +347,11 @@ def _fill(points: list[tuple[int, int]], per_point: int, room: int, reason: str)
 
 
 POLICIES = {"none": NoBranching, "turn_entropy": TurnBoundaryEntropy, "token_entropy": TokenEntropyTopK,
-            "branching_score": BranchingScore}  # fmt: skip
+            "branching_score": BranchingScore, "fixed_segments": FixedSegments}  # fmt: skip
 
 
 def make_policy(name: str, **kwargs: object) -> BranchPolicy:
-    """A branching policy by name (`none | turn_entropy | token_entropy | branching_score`)."""
+    """A branching policy by name (`none | turn_entropy | token_entropy | branching_score | fixed_segments`)."""
     if name not in POLICIES:
         raise ConfigError(f"unknown branching policy {name!r}; choose one of {sorted(POLICIES)}")
     cls = POLICIES[name]
