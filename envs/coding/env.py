@@ -21,8 +21,7 @@ from toolgym.envs.coding.tasks import CodingProblem, load_problems
 from toolgym.envs.coding.visible import run_function_tests, run_stdio_tests
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.parsing import ParseResult, parse_hermes, parse_tags
-from toolgym.rewards import code_tests
-from toolgym.rewards.code import extract_code
+from toolgym.rewards.code import extract_code, grade
 from toolgym.sandboxes import Sandbox
 from toolgym.tools import Tool
 
@@ -95,9 +94,11 @@ class CodingEnv(ToolEnv):
 
     ## Rewards
     ``correct``: 1.0 when the submission passes every hidden test, else 0.0 (``partial_credit=True``: the
-    fraction passed). Grading is :func:`toolgym.rewards.code_tests` (strict mode), run on the prompt's
-    preamble (HumanEval: imports, helpers) followed by the submission: each test in a fresh process, with
-    ``exit(0)``, patched builtins, always-equal objects and printed fake reports scoring 0.
+    fraction passed). Grading is the rewards package's code grader (:func:`toolgym.rewards.code.grade`, what
+    :func:`toolgym.rewards.code_tests` runs per completion): the candidate in its own sandbox session, the
+    tests in a separate clean process, only plain data between them, so ``exit(0)``, patched builtins,
+    always-equal objects and printed fake reports score 0. HumanEval's prompt is the grader's trusted
+    prelude (its helpers are the test's own, never the candidate's).
     ``format``: ``format_penalty`` (default -0.1) on each invalid action.
 
     ## Starting State
@@ -259,36 +260,22 @@ class CodingEnv(ToolEnv):
     def _grade(self, code: str) -> float:
         if not code.strip():
             return 0.0
-        program = self.problem.program(code)
         # the sandbox's Python is 3.11+: what does not compile on a 3.11+ host fails there too
         if sys.version_info >= (3, 11):
             try:
-                compile(program, "solution.py", "exec")
+                compile(self.problem.program(code), "solution.py", "exec")
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 return 0.0
-        key = hashlib.sha256(
-            json.dumps([self.problem.hidden, program, self.test_timeout_s]).encode()
-        ).digest()
+        key = hashlib.sha256(json.dumps([self.problem.hidden, code, self.test_timeout_s]).encode()).digest()
         cached = _GRADES.get(key)
         if cached is not None:
             return cached
-        if "```" in program:  # a fence inside the code would cut the block the grader extracts
-            from toolgym.rewards.code import run_tests
-
-            counts = run_tests(program, self.problem.hidden, self._interpreter.sandbox, self.test_timeout_s)
-            score = None if counts is None else counts[0] / counts[1]
-        else:
-            score = code_tests(
-                [f"```python\n{program}\n```"],
-                tests=[self.problem.hidden],
-                partial=True,
-                sandbox=self._interpreter.sandbox,
-                timeout=self.test_timeout_s,
-            )[0]
+        result = grade(code, self.problem.hidden, self._interpreter.sandbox, self.test_timeout_s)
+        score = result.score(partial=True)
         if score is None:  # not cached: the next submission tries the sandbox again
-            raise InfrastructureError("the code grader could not run the hidden tests (sandbox fault)")
-        _GRADES.put(key, float(score))
-        return float(score)
+            raise InfrastructureError(f"the code grader could not run the hidden tests: {result.infra_error}")
+        _GRADES.put(key, score)
+        return score
 
     def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = super().step(action)

@@ -2,9 +2,10 @@
 Hugging Face ids, and the built-in stdin/stdout programs (:mod:`toolgym.envs.coding.stdio_problems`).
 
 A problem has what the model sees (``prompt``), the ``visible`` tests it may run, the ``hidden`` tests that
-grade it (in the shapes of :func:`toolgym.rewards.code_tests`: asserts, a test module, or input/output cases),
-a ``prefix`` run before the submission (HumanEval's prompt: its imports and helper functions), and the
-``canonical`` solution when known.
+grade it (in the shapes of :func:`toolgym.rewards.code.grade`: asserts, a test module, HumanEval's row
+``{test, entry_point, prelude}``, or input/output cases), a ``prefix`` run before the submission (HumanEval's
+prompt: its imports and helper functions; for the hidden tests the grader runs it as the ``prelude``), and
+the ``canonical`` solution when known.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def humaneval_problem(row: dict[str, Any]) -> CodingProblem:
     """One HumanEval-format row (``prompt``, ``test``, ``entry_point``, optional ``canonical_solution``)."""
     prompt, test, entry = str(row["prompt"]), str(row["test"]), str(row["entry_point"])
     visible = _check_asserts(test, entry, _BUILTINS | _top_names(prompt)) or _doctest_asserts(prompt)
-    hidden = f"{test}\n\ndef test_check():\n    check({entry})\n"
+    # the grader runs the prompt (helpers such as HumanEval/32's poly) as trusted code beside the test
+    hidden = {"test": test, "entry_point": entry, "prelude": prompt}
     solution = row.get("canonical_solution")
     return CodingProblem(
         task_id=str(row.get("task_id", entry)),

@@ -53,7 +53,8 @@ def test_humaneval_problems(he):
     first = he[0]
     assert first.visible[0].startswith("assert has_close_elements(")
     assert "candidate" not in "".join(first.visible)
-    assert "def test_check():\n    check(has_close_elements)" in first.hidden
+    assert first.hidden["entry_point"] == "has_close_elements" and first.hidden["prelude"] == first.prompt
+    assert "def check(candidate)" in first.hidden["test"]
     assert first.program("def has_close_elements(n, t):\n    return 1").startswith(first.prompt)
 
 
@@ -255,8 +256,9 @@ def test_fork_and_env_error(env, monkeypatch):
     inner.set_state(state)
     assert env.step(tc("run_python", "v"))[0][0]["content"] == "'a'"
     import toolgym.envs.coding.env as coding_env
+    from toolgym.rewards.code_grader import Grade
 
-    monkeypatch.setattr(coding_env, "code_tests", lambda *a, **k: [None])
+    monkeypatch.setattr(coding_env, "grade", lambda *a, **k: Grade(0, 1, infra_error="sandbox gone"))
     unseen = inner.problem.canonical + "\n# not graded before (graded pairs are cached)\n"
     _, r, term, trunc, info = env.step(tc("submit", unseen))
     assert trunc and not term and info["truncation"] == "env_error" and r == 0.0
@@ -280,9 +282,7 @@ def test_all_164_canonical_pass_and_cheats_fail(he):
 
     sb = shared_sandbox(BACKEND)
     for name, cheat in [("canonical", None), *CHEATS.items()]:
-        completions = [
-            f"```python\n{p.program(p.canonical if cheat is None else _cheat(name, p))}\n```" for p in he
-        ]
+        completions = [f"```python\n{p.canonical if cheat is None else _cheat(name, p)}\n```" for p in he]
         scores = code_tests(completions, tests=[p.hidden for p in he], sandbox=sb, timeout=10.0)
         passed = sum(s == 1.0 for s in scores)
         assert None not in scores, name
