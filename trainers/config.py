@@ -74,6 +74,10 @@ class RunConfig:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     grad_clip: float = field(default=1.0, metadata={"help": "clip the gradient norm (0: off)"})
     epochs: int = field(default=1, metadata={"help": "optimization passes over each rollout batch (mu)"})
+    minibatches: int = field(
+        default=1,
+        metadata={"help": "optimizer steps per epoch (rows split evenly; > 1 makes clipping and LLDS act)"},
+    )
     micro_batch_rows: int = field(
         default=8, metadata={"help": "rows per forward/backward (gradient accumulation over the batch)"}
     )
@@ -97,7 +101,15 @@ class RunConfig:
     def validate(self) -> None:
         if not self.env_ids:
             raise ConfigError("env_ids is empty: name at least one env, e.g. toolgym/Calculator-v0")
-        for name in ("steps", "prompts_per_step", "budget", "max_new_tokens", "epochs", "micro_batch_rows"):
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "budget",
+            "max_new_tokens",
+            "epochs",
+            "minibatches",
+            "micro_batch_rows",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -8,8 +8,15 @@ Departures from the papers:
 1. The value head is a linear layer on the policy's last hidden state (shared trunk, as cleanrl's
    Atari agent; verl uses a separate critic model). It is zero-initialised and has its own learning rate.
 2. GAE skips tool/env tokens (verl since PR #2337): value and running advantage pass through them.
-3. The outcome reward sits on the last model token of each rollout; there is no per-token KL in the
-   reward (the k3 KL term of the loss replaces it when `kl_coef > 0`).
+3. The outcome reward sits on the last model token of each rollout. The KL to the initial policy is
+   either a loss term (`kl_coef`, estimator `kl_estimator`) or a per-token reward -beta * KL_t
+   (`kl_in_reward`, verl's `use_kl_in_reward` with a fixed coefficient; no adaptive controller).
+7. GAE bootstraps from the value after the last token where the episode was truncated (turn limit,
+   token budget, timeout) and uses 0 where it terminated; env_error episodes get no row at all.
+8. `critic="turn"` is ST-PPO's turn-level critic (paper only, no official code): one value per turn
+   (at its first model token), GAE over turns, the value loss on those tokens only. Pair it with
+   `ratio_level="turn"` for ST-PPO's turn-level importance ratio; the clipping-bias correction (S-PPO)
+   is not implemented (its formula is unverified, ALGORITHMS.md §6.2).
 4. Old logprobs are the trainer's (recomputed); engine/trainer mismatch is corrected by TIS (see grpo.py).
 5. Rollouts are independent samples (no branching): trees of depth one.
 6. Single process only (torchrun data parallel is in the GRPO loop).
@@ -38,7 +45,12 @@ if TYPE_CHECKING:
 @dataclass
 class PPOConfig(RunConfig):
     epochs: int = field(default=2, metadata={"help": "optimization passes over each rollout batch"})
-    minibatches: int = field(default=1, metadata={"help": "optimizer steps per epoch (rows split evenly)"})
+    critic: str = field(
+        default="token", metadata={"help": "value per model token (GAE over tokens) | per turn (ST-PPO)"}
+    )
+    ratio_level: str = field(
+        default="token", metadata={"help": "importance ratio per token | sequence | turn"}
+    )
     gamma: float = field(default=1.0, metadata={"help": "GAE discount over model tokens"})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda"})
     whiten_advantages: bool = field(default=True, metadata={"help": "normalise advantages over the batch"})
@@ -50,18 +62,57 @@ class PPOConfig(RunConfig):
     dual_clip: float = field(default=3.0, metadata={"help": "dual-clip constant for A < 0 (0: off)"})
     is_mode: str = field(default="token_truncate", metadata={"help": "engine/trainer mismatch correction"})
     is_max: float = field(default=2.0, metadata={"help": "TIS cap"})
-    kl_coef: float = field(default=0.0, metadata={"help": "k3 KL to the initial policy (0: off)"})
+    kl_coef: float = field(default=0.0, metadata={"help": "KL to the initial policy (0: off)"})
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1 | k2 | k3 | k3+"})
+    kl_in_reward: bool = field(
+        default=False,
+        metadata={"help": "KL as a per-token reward -kl_coef*KL_t (verl) instead of a loss term"},
+    )
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus"})
     agg: str = field(
         default="token_mean", metadata={"help": "loss aggregation: token_mean | seq_mean | constant"}
     )
+
+    def validate(self) -> None:
+        super().validate()
+        choices = {
+            "critic": ("token", "turn"), "ratio_level": ("token", "sequence", "turn"),
+            "kl_estimator": ("k1", "k2", "k3", "k3+"), "agg": ("token_mean", "seq_mean", "constant"),
+            "is_mode": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+        }  # fmt: skip
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        try:
+            self.loss_config()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def inert_options(self) -> list[str]:
+        """Options that do nothing under the other settings; `train` warns with each."""
+        from toolgym.trainers.grpo import _changed
+
+        out: list[str] = []
+        changed = _changed(self)
+        if self.epochs * self.minibatches == 1:
+            on = [n for n in ("eps_low", "eps_high", "dual_clip", "ratio_level") if n in changed]
+            if on:
+                out.append(
+                    f"{', '.join(on)}: inert with one optimizer step per rollout batch (ratio exactly 1)"
+                )
+        if not self.kl_coef and ({"kl_estimator", "kl_in_reward"} & changed):
+            out.append("kl_estimator/kl_in_reward: inert with kl_coef = 0")
+        if self.temperature == 0:
+            out.append("temperature 0: every rollout of a task is the same greedy one")
+        return out
 
     def loss_config(self) -> LossConfig:
         from toolgym.trainers.loss import LossConfig
 
         return LossConfig(
             eps_low=self.eps_low, eps_high=self.eps_high, dual_clip=self.dual_clip or None,
-            is_mode=self.is_mode, is_max=self.is_max, kl_coef=self.kl_coef,  # type: ignore[arg-type]
+            is_mode=self.is_mode, is_max=self.is_max, ratio_level=self.ratio_level,  # type: ignore[arg-type]
+            kl_coef=0.0 if self.kl_in_reward else self.kl_coef, kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
             entropy_coef=self.entropy_coef, agg=self.agg, max_tokens=self.max_total_tokens,  # type: ignore[arg-type]
         )  # fmt: skip
 
@@ -71,10 +122,11 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     import torch
 
     from toolgym.trainers import checkpoint
-    from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards
+    from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards, turn_gae
     from toolgym.trainers.batch import collate, forward, micro_batches
     from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
-    from toolgym.trainers.loss import PolicyBatch, denominator, policy_loss, value_loss
+    from toolgym.trainers.grpo import warn_inert
+    from toolgym.trainers.loss import PolicyBatch, denominator, kl_penalty, policy_loss, value_loss
     from toolgym.trainers.modeling import (
         Reference,
         autocast,
@@ -91,6 +143,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("PPO runs in one process; for torchrun data parallel use --algorithm grpo")
     loss_cfg = cfg.loss_config()
+    warn_inert(cfg)
     rollout_cfg = RolloutConfig(
         budget=cfg.budget, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         max_total_tokens=cfg.max_total_tokens,
@@ -108,13 +161,18 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         weight_decay=cfg.weight_decay,
     )
     out = Path(cfg.output_dir)
+    # the KL reference is the initial policy: copied before a checkpoint is loaded, and saved with it
+    ref = Reference(model) if cfg.kl_coef > 0 else None
     modules = {"model": model, "value_head": head}
-    progress = (
-        checkpoint.load(out / "checkpoint", modules, optimizer) if cfg.resume else checkpoint.Progress()
-    )
+    if ref is not None and ref.frozen is not None:
+        modules["reference"] = ref.frozen
+    progress = checkpoint.Progress()
+    if cfg.resume:
+        folder = out / "checkpoint"
+        present = {k: m for k, m in modules.items() if k != "reference" or (folder / f"{k}.pt").is_file()}
+        progress = checkpoint.load(folder, present, optimizer)
     log = RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
-    ref = Reference(model) if cfg.kl_coef > 0 else None
     roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs)
     bar = None
     if cfg.progress:
@@ -131,18 +189,32 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
             forest, stats = roller.run(tasks, seed=cfg.seed * 100_003 + step)
         progress.data_pos += len(tasks)
         metrics = episode_metrics(forest, stats)
-        rows = flatten(forest)
+        rows = flatten(forest)  # (env_error episodes get no row)
         rewards = leaf_rewards(forest, rows)
         zeros = [[0.0] * len(r.token_ids) for r in rows]
-        batch = collate(rows, zeros, rewards, [True] * len(rows), policy.pad_id).to(device)
+        cut = [bool(forest[r.tree].nodes[r.leaf].info.get("episode", {}).get("truncated")) for r in rows]
+        batch = collate(rows, zeros, rewards, [True] * len(rows), policy.pad_id, cut).to(device)
 
-        # 2. old logprobs and values (no grad), then GAE over model tokens and whitening
-        old_logp, old_values, ref_logp = _no_grad_pass(model, head, ref, batch, cfg, device)
+        # 2. old logprobs and values (no grad), then GAE over model tokens (or turns) and whitening;
+        # truncated rows bootstrap from the value after their last token, terminated ones from 0
+        old_logp, old_values, last_values, ref_logp = _no_grad_pass(model, head, ref, batch, cfg, device)
         token_rewards = terminal_rewards(batch.loss_mask, batch.rewards)  # [B, T]
-        adv, returns = gae(token_rewards, old_values, batch.loss_mask, cfg.gamma, cfg.lam)  # [B, T], [B, T]
+        if cfg.kl_in_reward and ref_logp is not None:
+            kl = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * batch.loss_mask  # [B, T]
+            token_rewards = token_rewards - cfg.kl_coef * kl
+            metrics["train/kl_in_reward"] = float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
+        bootstrap = last_values * batch.truncated  # [B]
+        value_mask = batch.loss_mask  # [B, T]
+        if cfg.critic == "turn":
+            adv, returns, value_mask = turn_gae(
+                token_rewards, old_values, batch.loss_mask, batch.turn_ids, cfg.gamma, cfg.lam, bootstrap
+            )  # [B, T] x 3
+        else:
+            adv, returns = gae(token_rewards, old_values, batch.loss_mask, cfg.gamma, cfg.lam, bootstrap)
         if cfg.whiten_advantages:
             adv = masked_whiten(adv, batch.loss_mask)  # [B, T]
         batch = batch._replace(advantages=adv)
+        metrics["train/truncated_rows"] = float(batch.truncated.sum())
         metrics["train/value_mean"] = float(
             (old_values * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
         )
@@ -160,6 +232,9 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                 denom = sum(denominator(batch.loss_mask[i], loss_cfg) for i in chunks)
                 if denom == 0:
                     continue
+                vdenom = sum(
+                    denominator(value_mask[i], loss_cfg) for i in chunks
+                )  # (turn critic: first tokens)
                 optimizer.zero_grad(set_to_none=True)
                 for idx in chunks:
                     mb = batch.select(idx)
@@ -181,13 +256,13 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                     pl, st = policy_loss(pb, loss_cfg, denom)
                     assert values is not None
                     vl, vst = value_loss(
-                        values,
+                        values[:, :T],
                         old_values[idx, :T],
                         returns[idx, :T],
-                        mb.loss_mask,
+                        value_mask[idx, :T] * mb.loss_mask,
                         loss_cfg,
                         cfg.vf_clip or None,
-                        denom,
+                        vdenom,
                     )
                     (pl + cfg.vf_coef * vl).backward()
                     w = float(mb.loss_mask.sum())
@@ -233,16 +308,18 @@ def _no_grad_pass(
     batch: TrainBatch,
     cfg: PPOConfig,
     device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Old logprobs, old values and reference logprobs of the whole batch, [B, T] each (micro-batched)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Old logprobs [B, T], old values [B, T], the value after each row's last token [B] and reference
+    logprobs [B, T] of the whole batch (micro-batched)."""
     import torch
 
-    from toolgym.trainers.batch import forward, micro_batches
+    from toolgym.trainers.batch import final_values, forward, micro_batches
     from toolgym.trainers.modeling import autocast
 
     B, T = batch.input_ids.shape
     old_logp = torch.zeros(B, T, device=device)  # [B, T]
     old_values = torch.zeros(B, T, device=device)  # [B, T]
+    last = torch.zeros(B, device=device)  # [B]
     ref_logp = torch.zeros(B, T, device=device) if ref is not None else None  # [B, T]
     with torch.no_grad(), autocast(device, cfg.bf16):
         for idx in micro_batches(B, cfg.micro_batch_rows):
@@ -251,8 +328,9 @@ def _no_grad_pass(
             logp, _, values = forward(model, mb, cfg.temperature, value_head=head)
             old_logp[idx, :t] = logp.float()
             assert values is not None
-            old_values[idx, :t] = values.float() * mb.attention_mask
+            old_values[idx, :t] = values[:, :t].float() * mb.attention_mask
+            last[idx] = final_values(values.float(), mb.attention_mask)
             if ref is not None and ref_logp is not None:
                 with ref.active() as ref_model:
                     ref_logp[idx, :t] = forward(ref_model, mb, cfg.temperature)[0].float()
-    return old_logp, old_values, ref_logp
+    return old_logp, old_values, last, ref_logp
