@@ -3,7 +3,8 @@
 ``HFPolicy("smollm2-135m")`` uses the embedded model (``toolgym.agents.embedded``); any local path or hub
 id works too, as does an already loaded ``(model, tokenizer)``. The sampling loop is our own (a KV cache,
 one forward per token), so the ids are exactly the sampled ones and each logprob is computed from the same
-logits that were sampled from. A row stops at its end-of-turn token (``renderer.stop_ids``), at a stop
+logits that were sampled from (with ``top_p < 1``: under the renormalised nucleus actually sampled from,
+so the trainer's importance weights correct for the truncation). A row stops at its end-of-turn token (``renderer.stop_ids``), at a stop
 string, or after ``max_new_tokens``.
 
 The prefix that all prompts of a batch share (the system prompt; the whole prompt of a GRPO group) is run
@@ -232,6 +233,8 @@ class HFPolicy:
                 logp = torch.log_softmax(out.logits[:, -1, :].float() / temp, dim=-1)  # [b, V]
                 nxt = self._sample(logp, sp, gen)  # [b]
                 chosen = logp.gather(-1, nxt[:, None]).squeeze(-1)  # [b]
+                if sp.top_p < 1.0 and sp.temperature > 0:  # logprob under the nucleus actually sampled from
+                    chosen = chosen - self._nucleus_log_mass(logp, sp.top_p)  # [b]
                 ent = (-(logp.exp() * logp).sum(-1)).tolist() if sp.return_entropies else None  # [b]
                 is_stop = torch.isin(nxt, stop).tolist()  # [b]
                 nxt_l, chosen_l = nxt.tolist(), chosen.tolist()
@@ -287,6 +290,13 @@ class HFPolicy:
             params = inspect.signature(base.forward).parameters
             self._cache_name = "cache" if "cache" in params else "past_key_values"
         return self._cache_name
+
+    @staticmethod
+    def _nucleus_log_mass(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+        """log of the probability mass `_sample` keeps under top-p (its renormaliser). [B, V] -> [B]."""
+        sorted_p = logp.exp().sort(dim=-1, descending=True).values  # [B, V]
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # [B, V] the same rule as `_sample`
+        return (sorted_p * keep).sum(-1).log()
 
     @staticmethod
     def _sample(logp: torch.Tensor, sp: SamplingParams, gen: torch.Generator) -> torch.Tensor:
