@@ -38,7 +38,7 @@ from toolgym.envs.search.names import (
 )
 from toolgym.errors import ConfigError
 
-KB_VERSION = 1
+KB_VERSION = 2
 MIN_PASSAGES = 300
 MAX_PASSAGES = 2_000_000
 LIST_CAP = 12  # names listed in a city's "born in" and a university's "alumni" sentence
@@ -119,7 +119,6 @@ class World:
         self.seed = seed
         self.num_passages = n = num_passages
         rng = np.random.default_rng([seed, KB_VERSION, n])
-        self.lex = lexicon(seed)
         self.n_country = max(6, n // 2500)
         self.n_city = max(30, n * 8 // 100)
         self.n_org = max(20, n * 15 // 100)
@@ -127,6 +126,13 @@ class World:
         self.n_work = n * 18 // 100
         self.n_distractor = n * 12 // 100
         self.n_person = n - self.n_country - self.n_city - self.n_org - self.n_work - self.n_distractor
+        self.lex = lexicon(
+            seed,
+            last=max(8000, self.n_person // 20),
+            place=max(12000, self.n_city * 5 // 4),
+            org=max(10000, self.n_org * 9 // 8),
+            country=max(400, self.n_country * 2),
+        )
         counts = (self.n_country, self.n_city, self.n_org, self.n_person, self.n_work, self.n_distractor)
         self.offsets = np.cumsum((0, *counts))
         self._draw(rng)
@@ -173,30 +179,29 @@ class World:
         lex = self.lex
         fl = scatter(P, len(lex.first) * len(lex.last), rng)
         self.person_names = [f"{lex.first[j % 400]} {lex.last[j // 400]}" for j in fl.tolist()]
-        cf = scatter(C, len(lex.place) * len(CITY_FORMS), rng)
-        self.city_names = [
-            CITY_FORMS[j % len(CITY_FORMS)].format(lex.place[j // len(CITY_FORMS)]) for j in cf
-        ]
-        kf = scatter(K, len(lex.org) * len(COUNTRY_FORMS), rng)
+        # cities, countries and organisations each get a root word of their own
+        roots = scatter(C, len(lex.place), rng).tolist()
+        forms = rng.integers(len(CITY_FORMS), size=C).tolist()
+        self.city_names = [CITY_FORMS[f].format(lex.place[r]) for r, f in zip(roots, forms, strict=True)]
+        roots = scatter(K, len(lex.country), rng).tolist()
+        forms = rng.integers(len(COUNTRY_FORMS), size=K).tolist()
         self.country_names = [
-            COUNTRY_FORMS[j % len(COUNTRY_FORMS)].format(lex.org[j // len(COUNTRY_FORMS)])
-            for j in kf.tolist()
+            COUNTRY_FORMS[f].format(lex.country[r]) for r, f in zip(roots, forms, strict=True)
         ]
         self.org_names = self._org_names(rng)
         self.work_titles = self._titles(rng)
 
     def _org_names(self, rng: np.random.Generator) -> list[str]:
-        lex = self.lex
-        uf = scatter(self.n_univ, len(lex.org) * len(UNIVERSITY_FORMS), rng)
-        names = [UNIVERSITY_FORMS[j % 4].format(lex.org[j // 4]) for j in uf.tolist()]
-        # companies and societies draw from separate name spaces, so the two never collide
-        roots = lex.last + lex.org
-        kinds = self.org_kind[self.n_univ :]
-        drawn = {}
-        for kind, words in ((1, COMPANY_WORDS), (2, SOCIETY_WORDS)):
-            js = scatter(int((kinds == kind).sum()), len(roots) * len(words), rng).tolist()
-            drawn[kind] = iter([f"{roots[j // len(words)]} {words[j % len(words)]}" for j in js])
-        names += [next(drawn[k]) for k in kinds.tolist()]
+        roots = [self.lex.org[r] for r in scatter(self.n_org, len(self.lex.org), rng).tolist()]
+        picks = rng.integers(1 << 20, size=self.n_org).tolist()
+        names = []
+        for root, kind, pick in zip(roots, self.org_kind.tolist(), picks, strict=True):
+            if kind == 0:
+                names.append(UNIVERSITY_FORMS[pick % len(UNIVERSITY_FORMS)].format(root))
+            elif kind == 1:
+                names.append(f"{root} {COMPANY_WORDS[pick % len(COMPANY_WORDS)]}")
+            else:
+                names.append(f"{root} {SOCIETY_WORDS[pick % len(SOCIETY_WORDS)]}")
         return names
 
     def _titles(self, rng: np.random.Generator) -> list[str]:

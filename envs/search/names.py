@@ -52,17 +52,26 @@ UNIVERSITY_FORMS = ("University of {}", "{} University", "{} Institute of Techno
 
 
 def _words(rng: np.random.Generator, n: int, syllables: tuple[int, ...], banned: set[str]) -> list[str]:
-    """``n`` distinct capitalised pseudo-words of the given syllable counts (drawn in vectorised batches)."""
+    """``n`` distinct capitalised pseudo-words of the given syllable counts (built with numpy string ops)."""
+    onsets, vowels, codas = np.array(ONSETS), np.array(VOWELS), np.array(CODAS)
     out: dict[str, None] = {}
     while len(out) < n:
-        m = 2 * n
-        counts = rng.choice(np.array(syllables), size=m)
-        onsets = rng.integers(len(ONSETS), size=(m, 3)).tolist()
-        vowels = rng.integers(len(VOWELS), size=(m, 3)).tolist()
-        codas = rng.integers(len(CODAS), size=m).tolist()
-        for k, on, vo, co in zip(counts.tolist(), onsets, vowels, codas, strict=True):
-            word = "".join(ONSETS[on[s]] + VOWELS[vo[s]] for s in range(k)) + CODAS[co]
-            if 4 <= len(word) <= 11 and word not in banned:
+        m = 2 * (n - len(out)) + 64
+        count = rng.choice(np.array(syllables), size=m)
+        parts = [
+            np.char.add(onsets[rng.integers(len(ONSETS), size=m)], vowels[rng.integers(len(VOWELS), size=m)])
+        ]
+        for s in (1, 2):
+            more = np.char.add(
+                onsets[rng.integers(len(ONSETS), size=m)], vowels[rng.integers(len(VOWELS), size=m)]
+            )
+            parts.append(np.where(count > s, more, ""))
+        words = np.char.add(
+            np.char.add(np.char.add(parts[0], parts[1]), parts[2]), codas[rng.integers(len(CODAS), size=m)]
+        )
+        lengths = np.char.str_len(words)
+        for word in words[(lengths >= 4) & (lengths <= 11)].tolist():
+            if word not in banned:
                 out[word.capitalize()] = None
                 if len(out) == n:
                     break
@@ -70,24 +79,25 @@ def _words(rng: np.random.Generator, n: int, syllables: tuple[int, ...], banned:
 
 
 @functools.lru_cache(maxsize=8)
-def lexicon(seed: int) -> Lexicon:
-    """The (cached) lexicon of a world seed."""
-    return Lexicon(seed)
+def lexicon(seed: int, last: int = 8000, place: int = 12000, org: int = 10000, country: int = 400) -> Lexicon:
+    """The (cached) lexicon of a world seed, with pools of the given sizes."""
+    return Lexicon(seed, last, place, org, country)
 
 
 class Lexicon:
-    """Word lists for one world seed: first names, surnames and roots for places and organisations."""
+    """Word lists for one world seed: first names, surnames, and roots for places, organisations and
+    countries. The pools never share a word; a world sizes them so that every city and organisation gets a
+    root of its own (so a name's rare word points at one entity)."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, last: int = 8000, place: int = 12000, org: int = 10000, country: int = 400):
         rng = np.random.default_rng([seed, 7919])
         used: set[str] = set()
-        self.first = _words(rng, 400, (2,), used)
-        used.update(w.lower() for w in self.first)
-        self.last = _words(rng, 8000, (2, 3), used)
-        used.update(w.lower() for w in self.last)
-        self.place = _words(rng, 12000, (2, 3), used)
-        used.update(w.lower() for w in self.place)
-        self.org = _words(rng, 10000, (2, 3), used)
+        pools = []
+        for n, syllables in ((400, (2,)), (last, (2, 3)), (place, (2, 3)), (org, (2, 3)), (country, (2, 3))):
+            words = _words(rng, n, syllables, used)
+            used.update(w.lower() for w in words)
+            pools.append(words)
+        self.first, self.last, self.place, self.org, self.country = pools
 
 
 def _coprime(m: int, rng: np.random.Generator) -> int:
