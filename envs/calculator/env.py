@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from toolgym.envs.base import Task, ToolEnv
 from toolgym.envs.calculator.arithmetic import ArithmeticError_, evaluate, format_number
-from toolgym.envs.calculator.tasks import make_problem
+from toolgym.envs.calculator.tasks import SPLITS, as_choices, make_problem
 from toolgym.errors import ConfigError
 from toolgym.messages import ToolCall
 from toolgym.rewards.numeric import numeric_match
@@ -33,6 +34,11 @@ def answer(answer: str) -> str:
         answer: the final answer, a number.
     """
     return answer
+
+
+def _draw(rng: Any, choices: tuple[int, ...]) -> int:
+    """One of the choices; a single choice draws nothing (the task stream stays that of a plain int)."""
+    return choices[int(rng.integers(len(choices)))] if len(choices) > 1 else choices[0]
 
 
 class CalculatorEnv(ToolEnv):
@@ -62,20 +68,26 @@ class CalculatorEnv(ToolEnv):
     (default 0: off).
 
     ## Starting State
-    A problem drawn with ``np_random``: ``num_ops`` operations on ``digits``-digit numbers.
+    A problem drawn with ``np_random``: ``num_ops`` operations on ``digits``-digit numbers. Either may be a
+    list (``digits=[2, 3], num_ops=[1, 2]``): each task draws one of each, so one env mixes difficulties.
+    Sentence templates come from ``split``: ``"train"``, the held-out ``"test"`` ones, or ``"all"``
+    (``toolgym.envs.calculator.tasks``). Products of 3-digit numbers are where mental arithmetic fails and
+    only the tool pays.
 
     ## Episode End
     Terminated when a final answer is given. Truncated after ``max_turns`` turns (``turn_limit``), or by
     ``token_budget`` / ``time_limit_s`` when set.
 
     ## Arguments
-    ``digits`` (2), ``num_ops`` (1), ``max_turns`` (4), ``tool_bonus`` (0.0), ``tool_bonus_cap`` (0.2),
+    ``digits`` (2; an int or a list), ``num_ops`` (1; an int or a list), ``split`` ("all", "train" or
+    "test"), ``max_turns`` (4), ``tool_bonus`` (0.0), ``tool_bonus_cap`` (0.2),
     ``format_penalty`` (-0.1), ``prompt_format`` ("tools" or "text"; "text" also shows a worked example),
     ``action_format`` ("hermes" or "tags"), ``lenient_answers`` (False: when True, "Answer: N", a boxed N or
     "the answer is N" also end the episode, for small models that have not learned the tags yet).
 
     ## Version History
-    - v0: first version.
+    - v0: first version; later: more templates per operation count, a train/test template split, and
+      mixed digits/operation counts (the defaults draw the same kind of problem as before).
     """
 
     family: ClassVar[str] = "math"
@@ -85,19 +97,21 @@ class CalculatorEnv(ToolEnv):
     def __init__(
         self,
         *,
-        digits: int = 2,
-        num_ops: int = 1,
+        digits: int | Sequence[int] = 2,
+        num_ops: int | Sequence[int] = 1,
+        split: str = "all",
         max_turns: int = 4,
         tool_bonus: float = 0.0,
         tool_bonus_cap: float = 0.2,
         **kwargs: Any,
     ) -> None:
-        if not 1 <= digits <= 12:
-            raise ConfigError(f"digits must be between 1 and 12, got {digits}")
-        if not 1 <= num_ops <= 8:
-            raise ConfigError(f"num_ops must be between 1 and 8, got {num_ops}")
+        self.digit_choices = as_choices(digits, "digits", 1, 12)
+        self.op_choices = as_choices(num_ops, "num_ops", 1, 8)
+        if split not in SPLITS:
+            raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
         self.digits = digits
         self.num_ops = num_ops
+        self.split = split
         self.tool_bonus = tool_bonus
         self.tool_bonus_cap = tool_bonus_cap
         self._bonus_given = 0.0
@@ -113,23 +127,43 @@ class CalculatorEnv(ToolEnv):
         )
 
     def example(self) -> str:
+        call = (
+            "<calculator>12 * 7</calculator>"
+            if self.action_format == "tags"
+            else '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>'
+        )
         return (
             "user: A bag holds 12 packs of 7 pens. How many pens are in the bag?\n"
-            'assistant: <tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>\n'
-            "tool: 84\n"
-            "assistant: <answer>84</answer>"
+            f"assistant: {call}\ntool: 84\nassistant: <answer>84</answer>"
         )
+
+    def system_prompt(self) -> str:
+        prompt = super().system_prompt()
+        # the tags format gets the worked example too (the base shows it for hermes only)
+        if (
+            self.custom_system_prompt is None
+            and self.action_format == "tags"
+            and self.prompt_format == "text"
+        ):
+            prompt += f"\n\nExample:\n{self.example()}"
+        return prompt
 
     def make_task(self) -> Task:
         self._bonus_given = 0.0
-        problem = make_problem(self.np_random, self.digits, self.num_ops)
+        rng = self.np_random
+        digits, num_ops = _draw(rng, self.digit_choices), _draw(rng, self.op_choices)
+        problem = make_problem(rng, digits, num_ops, self.split)
         digest = hashlib.sha1(problem.text.encode()).hexdigest()[:10]
-        task_id = f"calc-d{self.digits}o{self.num_ops}-{digest}"
         return Task(
-            task_id=task_id,
+            task_id=f"calc-d{digits}o{num_ops}-{digest}",
             prompt=problem.text,
             answer=problem.answer,
-            data={"expression": problem.expression},
+            data={
+                "expression": problem.expression,
+                "digits": digits,
+                "num_ops": num_ops,
+                "split": self.split,
+            },
         )
 
     def check_answer(self, answer: str) -> dict[str, float]:

@@ -1,39 +1,124 @@
-"""Seeded arithmetic word problems. Difficulty: ``digits`` per operand and ``num_ops`` operations."""
+"""Seeded arithmetic word problems. Difficulty: ``digits`` per operand and ``num_ops`` operations.
+
+Each operation count has its own sentence templates, several per operation, split in two: ``train``
+templates and held-out ``test`` templates (the last ones of each list, see ``TEST_SHARE``), so that an
+evaluation on ``split="test"`` measures whether a model reads the problem, not whether it copies numbers
+into a template it was trained on. ``split="all"`` draws from both.
+
+>>> import numpy as np
+>>> p = make_problem(np.random.default_rng(0), digits=3, num_ops=2, split="test")
+>>> p.answer == int(eval(p.expression)), p.split
+(True, 'test')
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from toolgym.errors import ConfigError
+
 NAMES = ("Ada", "Bo", "Chen", "Dara", "Eli", "Femi", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lena", "Mo", "Nia")
 ITEMS = ("pens", "apples", "stamps", "marbles", "books", "coins", "shells", "cards", "bolts", "beads")
 CONTAINERS = ("crate", "box", "bag", "shelf", "drawer", "basket")
+SPLITS = ("train", "test", "all")
 
-SINGLE = {
+# One operation: the whole problem is one sentence pair. The last ones of each list are test templates.
+SINGLE: dict[str, tuple[str, ...]] = {
     "+": (
         "{name} has {a} {item} and finds {b} more. How many {item} does {name} have now?",
         "A {box} holds {a} {item}. Another {box} holds {b}. How many {item} are there in all?",
+        "{name} collected {a} {item} on Monday and {b} on Tuesday. How many {item} is that altogether?",
+        "There are {a} {item} on the {box} and {name} puts {b} more there. How many {item} are on the {box}?",
+        "{name} owns {a} {item}; a friend gives {name} another {b}. What is the total number of {item}?",
+        "What do you get when you add {b} {item} to a {box} of {a} {item}?",
+        "The shop sold {a} {item} in the morning and {b} in the afternoon. How many {item} did it sell?",
+        "Add {a} {item} and {b} {item}: how many {item} do you have?",
     ),
     "-": (
         "{name} had {a} {item} and gave away {b}. How many {item} are left?",
         "A {box} holds {a} {item}; {b} of them are taken out. How many {item} remain in the {box}?",
+        "{name} needs {a} {item} and already has {b}. How many more {item} does {name} need?",
+        "Of {a} {item} in the {box}, {b} were broken. How many {item} are not broken?",
+        "{name} started with {a} {item} and lost {b} of them. How many {item} does {name} have left?",
+        "How many {item} remain if {b} are removed from a {box} of {a} {item}?",
+        "A store had {a} {item} and sold {b}. How many {item} does the store still have?",
+        "Take {b} {item} away from {a} {item}. How many {item} are left?",
     ),
     "*": (
         "A {box} holds {a} packs of {b} {item}. How many {item} are in the {box}?",
         "{name} buys {a} bags with {b} {item} in each. How many {item} is that?",
+        "There are {a} rows with {b} {item} in every row. How many {item} are there?",
+        "Each of {a} students brings {b} {item}. How many {item} do the students bring in total?",
+        "{name} fills {a} {box}es with {b} {item} each. How many {item} did {name} use?",
+        "How many {item} are in {a} {box}es if every {box} holds {b} {item}?",
+        "A factory makes {b} {item} an hour for {a} hours. How many {item} does it make?",
+        "What is the number of {item} in {a} stacks of {b} {item} each?",
     ),
     "/": (
         "{name} shares {a} {item} equally among {b} friends. How many {item} does each friend get?",
         "{a} {item} are packed {b} to a {box}. How many {box}s are filled?",
+        "{a} {item} are split evenly into {b} {box}es. How many {item} go in each {box}?",
+        "{name} has {a} {item} and puts them in groups of {b}. How many groups are there?",
+        "A team of {b} people picks {a} {item}, each person the same amount. How many {item} does each pick?",
+        "How many {item} does each of {b} children get when {a} {item} are shared fairly?",
+        "If {a} {item} fill {b} equal rows, how many {item} are in one row?",
+        "Divide {a} {item} among {b} {box}es equally: how many {item} per {box}?",
     ),
 }
-CHAIN = {
-    "+": "Then {name} gets {b} more.",
-    "-": "Then {name} gives away {b}.",
-    "*": "Then {name}'s pile grows to {b} times its size.",
-    "/": "Then {name} splits the pile into {b} equal parts and keeps one part.",
+# Several operations: an opening sentence, one sentence per operation, a question.
+OPENERS: tuple[str, ...] = (
+    "{name} has {a} {item}.",
+    "A {box} starts with {a} {item}.",
+    "{name} begins the week with {a} {item}.",
+    "There are {a} {item} in {name}'s {box}.",
+    "{name} counts {a} {item} in the morning.",
+    "At first {name} owns {a} {item}.",
+)
+CHAIN: dict[str, tuple[str, ...]] = {
+    "+": (
+        "Then {name} gets {b} more.",
+        "Next, {b} more {item} are added.",
+        "After that {name} finds another {b}.",
+        "Later {name} receives {b} more {item}.",
+        "Then a friend brings {b} extra {item}.",
+        "Then {b} {item} more arrive.",
+    ),
+    "-": (
+        "Then {name} gives away {b}.",
+        "Next, {b} {item} are taken away.",
+        "After that {name} loses {b} of them.",
+        "Later {name} sells {b} {item}.",
+        "Then {b} {item} get broken and are thrown out.",
+        "Then {name} uses up {b} {item}.",
+    ),
+    "*": (
+        "Then {name}'s pile grows to {b} times its size.",
+        "Next, the number of {item} is multiplied by {b}.",
+        "After that {name} ends up with {b} times as many.",
+        "Later the pile becomes {b} times larger.",
+        "Then every {item} is replaced by {b} {item}.",
+        "Then {name} has {b} times as many {item} as before.",
+    ),
+    "/": (
+        "Then {name} splits the pile into {b} equal parts and keeps one part.",
+        "Next, the {item} are shared among {b} people and {name} keeps one share.",
+        "After that only one of {b} equal parts is left.",
+        "Later {name} divides the {item} into {b} equal groups and keeps one group.",
+        "Then the pile is cut into {b} equal shares and one share stays.",
+        "Then {name} keeps one of {b} equal parts of the {item}.",
+    ),
 }
+QUESTIONS: tuple[str, ...] = (
+    "How many {item} does {name} have now?",
+    "How many {item} are there at the end?",
+    "What is the number of {item} now?",
+    "How many {item} are left in the end?",
+    "In the end, how many {item} are there?",
+)
+TEST_SHARE = 0.25  # the last quarter (at least one) of each template list is held out for split="test"
 
 
 @dataclass(frozen=True)
@@ -41,6 +126,25 @@ class Problem:
     text: str
     expression: str
     answer: int
+    digits: int = 2
+    num_ops: int = 1
+    split: str = "train"
+
+
+def split_templates(templates: Sequence[str], split: str) -> tuple[str, ...]:
+    """The templates of one split: ``train`` the first ones, ``test`` the held-out last ones, ``all`` both.
+
+    >>> split_templates(["a", "b", "c", "d", "e"], "test")
+    ('e',)
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
+    n_test = max(1, int(len(templates) * TEST_SHARE))
+    if split == "train":
+        return tuple(templates[:-n_test])
+    if split == "test":
+        return tuple(templates[-n_test:])
+    return tuple(templates)
 
 
 def _operand(rng: np.random.Generator, digits: int, low: int = 2) -> int:
@@ -48,15 +152,18 @@ def _operand(rng: np.random.Generator, digits: int, low: int = 2) -> int:
     return int(rng.integers(lo, 10**digits))
 
 
-def make_problem(rng: np.random.Generator, digits: int = 2, num_ops: int = 1) -> Problem:
+def _pick(rng: np.random.Generator, options: Sequence[str]) -> str:
+    return options[int(rng.integers(len(options)))]
+
+
+def make_problem(rng: np.random.Generator, digits: int = 2, num_ops: int = 1, split: str = "all") -> Problem:
     """A word problem whose answer is a whole number >= 0, with the expression that solves it."""
-    name = NAMES[int(rng.integers(len(NAMES)))]
-    item = ITEMS[int(rng.integers(len(ITEMS)))]
-    box = CONTAINERS[int(rng.integers(len(CONTAINERS)))]
+    name, item, box = _pick(rng, NAMES), _pick(rng, ITEMS), _pick(rng, CONTAINERS)
     ops = [("+", "-", "*", "/")[int(rng.integers(4))] for _ in range(num_ops)]
     value = _operand(rng, digits)
     expression = str(value)
     sentences: list[str] = []
+    first = 0  # the value the opening sentence names (the first operand, once known)
     for i, op in enumerate(ops):
         if op == "/":
             b = _operand(rng, max(1, digits - 1))
@@ -73,14 +180,36 @@ def make_problem(rng: np.random.Generator, digits: int = 2, num_ops: int = 1) ->
         new = {"+": value + b, "-": value - b, "*": value * b, "/": value // b if b else value}[op]
         expression = f"{expression} {op} {b}" if i == 0 else f"({expression}) {op} {b}"
         if i == 0 and num_ops == 1:
-            template = SINGLE[op][int(rng.integers(len(SINGLE[op])))]
+            template = _pick(rng, split_templates(SINGLE[op], split))
             sentences.append(template.format(name=name, item=item, box=box, a=value, b=b))
-        elif i == 0:
-            sentences.append(f"{name} has {value} {item}.")
-            sentences.append(CHAIN[op].format(name=name, b=b))
         else:
-            sentences.append(CHAIN[op].format(name=name, b=b))
+            if i == 0:
+                first = value
+            sentences.append(_pick(rng, split_templates(CHAIN[op], split)).format(name=name, item=item, b=b))
         value = new
     if num_ops > 1:
-        sentences.append(f"How many {item} does {name} have now?")
-    return Problem(text=" ".join(sentences), expression=expression, answer=int(value))
+        opener = _pick(rng, split_templates(OPENERS, split)).format(name=name, item=item, box=box, a=first)
+        question = _pick(rng, split_templates(QUESTIONS, split)).format(name=name, item=item)
+        sentences = [opener, *sentences, question]
+    return Problem(
+        text=" ".join(sentences),
+        expression=expression,
+        answer=int(value),
+        digits=digits,
+        num_ops=num_ops,
+        split=split,
+    )
+
+
+def as_choices(value: int | Sequence[int], name: str, low: int, high: int) -> tuple[int, ...]:
+    """An int or a list of ints (each drawn with equal chance), checked against [low, high].
+
+    >>> as_choices([2, 3], "digits", 1, 12), as_choices(2, "digits", 1, 12)
+    ((2, 3), (2,))
+    """
+    choices = (value,) if isinstance(value, int) else tuple(value)
+    if not choices or not all(isinstance(v, int) and low <= v <= high for v in choices):
+        raise ConfigError(
+            f"{name} must be an int (or a list of ints) between {low} and {high}, got {value!r}"
+        )
+    return choices

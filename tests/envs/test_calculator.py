@@ -182,3 +182,85 @@ def test_text_prompt_shows_an_example():
     assert "Example:" in obs[0]["content"] and "<answer>84</answer>" in obs[0]["content"]
     obs, _ = gym.make("toolgym/Calculator-v0").reset(seed=0)
     assert "Example:" not in obs[0]["content"]
+
+
+# ----- templates, splits, mixed difficulty ------------------------------------------------------------------
+from toolgym.envs.calculator import tasks as calc_tasks  # noqa: E402
+
+
+def _template_lists() -> list[tuple[str, ...]]:
+    return [*calc_tasks.SINGLE.values(), *calc_tasks.CHAIN.values(), calc_tasks.OPENERS, calc_tasks.QUESTIONS]
+
+
+def test_every_template_list_has_train_and_test_templates() -> None:
+    for templates in _template_lists():
+        train = calc_tasks.split_templates(templates, "train")
+        test = calc_tasks.split_templates(templates, "test")
+        assert len(train) >= 4 and test and not set(train) & set(test)
+        assert set(train) | set(test) == set(templates)
+
+
+@pytest.mark.parametrize("num_ops", [1, 2, 3])
+def test_test_split_never_uses_a_train_template(num_ops: int) -> None:
+    rng = np.random.default_rng(num_ops)
+    train_single = {t for ts in calc_tasks.SINGLE.values() for t in calc_tasks.split_templates(ts, "train")}
+    for _ in range(100):
+        p = calc_tasks.make_problem(rng, 3, num_ops, split="test")
+        assert evaluate(p.expression) == p.answer >= 0
+        if num_ops == 1:  # the text is not the rendering of any train template
+            for t in train_single:
+                fixed = [piece for piece in re_split(t) if len(piece) > 8]
+                assert not all(piece in p.text for piece in fixed), (t, p.text)
+
+
+def re_split(template: str) -> list[str]:
+    import re
+
+    return re.split(r"\{[a-z]+\}", template)
+
+
+def test_templates_vary_within_one_op_count() -> None:
+    rng = np.random.default_rng(0)
+    starts = {calc_tasks.make_problem(rng, 2, 1, split="train").text[:12] for _ in range(300)}
+    assert len(starts) > 20
+
+
+def test_mixed_digits_and_op_counts_in_one_env() -> None:
+    env = gym.make("toolgym/Calculator-v0", digits=[2, 3], num_ops=[1, 2], split="test")
+    seen = set()
+    for seed in range(60):
+        env.reset(seed=seed)
+        data = env.unwrapped.task.data
+        seen.add((data["digits"], data["num_ops"]))
+        assert data["split"] == "test"
+        assert env.unwrapped.task.task_id.startswith(f"calc-d{data['digits']}o{data['num_ops']}-")
+    assert seen == {(2, 1), (2, 2), (3, 1), (3, 2)}
+
+
+def test_split_is_deterministic_per_seed() -> None:
+    a = gym.make("toolgym/Calculator-v0", digits=[2, 3], num_ops=[1, 2], split="train")
+    b = gym.make("toolgym/Calculator-v0", digits=[2, 3], num_ops=[1, 2], split="train")
+    for seed in range(5):
+        assert a.reset(seed=seed)[0] == b.reset(seed=seed)[0]
+
+
+def test_big_products_are_out_of_mental_reach() -> None:
+    rng = np.random.default_rng(1)
+    products = [p for p in (calc_tasks.make_problem(rng, 3, 1) for _ in range(200)) if " * " in p.expression]
+    assert products and all(p.answer >= 10_000 for p in products)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"digits": []}, {"digits": [2, 13]}, {"num_ops": 0}, {"num_ops": [1, "2"]}, {"split": "dev"}],
+)
+def test_bad_difficulty_options(kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        gym.make("toolgym/Calculator-v0", **kwargs)
+
+
+def test_text_prompt_example_follows_the_action_format() -> None:
+    env = gym.make("toolgym/Calculator-v0", prompt_format="text")
+    obs, _ = env.reset(seed=0)
+    assert '<tool_call>{"name": "calculator"' in obs[0]["content"]
+    assert "<calculator>12 * 7</calculator>" in env.unwrapped.__class__(action_format="tags").example()
