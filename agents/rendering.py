@@ -109,6 +109,7 @@ class ChatRenderer:
         self._tail_after_stop = [i for i in self._tail_ids]
         if self._tail_ids and self._tail_ids[0] in self.stop_ids:
             self._tail_after_stop = self._tail_ids[1:]
+        self.end_of_turn_id = self._end_of_turn_id()
 
     # ----- text --------------------------------------------------------------------------------------------
     def prepare(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -216,6 +217,17 @@ class ChatRenderer:
         """The generated ids without a trailing stop token (for decoding the reply text)."""
         return list(generated[:-1]) if generated and generated[-1] in self.stop_ids else list(generated)
 
+    def _end_of_turn_id(self) -> int | None:
+        """The token that ends an assistant turn: the one the template writes right after a reply (e.g.
+        ``<|im_end|>``), else the tokenizer's EOS when it stops generation, else the smallest stop id. SFT
+        appends it to every reply, so the model learns to stop where the rollout engine stops it."""
+        if self._tail_ids and self._tail_ids[0] in self.stop_ids:
+            return self._tail_ids[0]
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int) and eos in self.stop_ids:
+            return eos
+        return min(self.stop_ids) if self.stop_ids else None
+
     def _stop_ids(self) -> set[int]:
         tok = self.tokenizer
         ids: set[int] = set()
@@ -311,7 +323,7 @@ def check_template(
     """
     renderer = ChatRenderer(tokenizer, tool_role=tool_role, chat_template=chat_template)
     msgs, tools = sample_tool_conversation(turns)
-    stop = min(renderer.stop_ids) if renderer.stop_ids else None
+    stop = renderer.end_of_turn_id
     assistant_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     incremental: list[int] = []
     for k, i in enumerate(assistant_at):

@@ -44,6 +44,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", help="YAML file of config keys (flags given here override it)")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=None, help="grpo (default) or ppo")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    p.add_argument(
+        "--init",
+        metavar="RUN_DIR",
+        default=argparse.SUPPRESS,
+        help="start from the model a `toolgym sft` run wrote (RUN_DIR/model); also a YAML key",
+    )
     try:
         fields = _fields()
     except ImportError:  # torch missing: the command still registers and says what to install when run
@@ -83,13 +89,21 @@ def resolve(args: argparse.Namespace) -> Any:
     data: dict[str, Any] = load_yaml(args.config) if args.config else {}
     algorithm = args.algorithm or data.pop("algorithm", "grpo")
     data.pop("algorithm", None)
+    init = getattr(args, "init", None) or data.pop("init", None)
+    data.pop("init", None)
+    if init:  # a warm start: the SFT run's model replaces `model`
+        from toolgym.trainers.sft import model_dir
+
+        data["model"] = str(model_dir(init))
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     flags = {
         k: v
         for k, v in vars(args).items()
-        if k not in ("config", "algorithm", "print_config", "func", "command")
+        if k not in ("config", "algorithm", "print_config", "func", "command", "init")
     }
+    if init and "model" in flags:
+        raise ConfigError("give --init RUN_DIR or --model, not both")
     data.update(flags)
     cls = _config_classes()[algorithm]
     known = {f.name for f in dataclasses.fields(cls)}

@@ -1,0 +1,93 @@
+"""``toolgym sft``: supervised warm start on the scripted experts' episodes or a JSONL of chat messages.
+
+Every field of ``SFTConfig`` (toolgym.trainers.sft) is a flag (``--env-ids``, ``--episodes``, ``--data``,
+``--lora-r``, ``--steps``, ``--eval-env-kwargs``, …); a YAML file (``--config``) gives the same keys and
+flags win. The run folder's ``model/`` is what ``toolgym train --init RUN_DIR`` starts from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from toolgym.errors import ConfigError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sft",
+        help="supervised warm start on expert episodes or chat JSONL (then: toolgym train --init RUN_DIR)",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument("--config", help="YAML file of config keys (flags given here override it)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    try:
+        from toolgym.trainers.sft import SFTConfig
+
+        fields = dataclasses.fields(SFTConfig)
+    except ImportError:  # a part of the trainer missing: the command still registers and says so when run
+        fields = ()
+    for f in fields:
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kw: dict[str, Any] = {
+            "dest": f.name,
+            "default": argparse.SUPPRESS,
+            "help": f"{f.metadata.get('help', '')} (default: {default})",
+        }
+        flag = "--" + f.name.replace("_", "-")
+        typ = str(f.type)
+        if typ == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif typ.startswith("list"):
+            p.add_argument(flag, nargs="+", metavar="X", **kw)
+        elif typ.startswith("dict"):
+            p.add_argument(flag, type=_json_object, metavar="JSON", **kw)
+        else:
+            p.add_argument(flag, type={"int": int, "float": float}.get(typ, str), **kw)
+    p.set_defaults(func=cmd_sft)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError('expected a JSON object, e.g. \'{"split": "test"}\'')
+    return value
+
+
+def resolve(args: argparse.Namespace) -> Any:
+    """The SFTConfig: YAML keys, then flags."""
+    from toolgym.trainers.config import load_yaml
+    from toolgym.trainers.sft import SFTConfig
+
+    data: dict[str, Any] = load_yaml(args.config) if args.config else {}
+    data.pop("algorithm", None)
+    data.update(
+        {k: v for k, v in vars(args).items() if k not in ("config", "print_config", "func", "command")}
+    )
+    return SFTConfig.from_dict(data)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("toolgym sft needs torch and transformers: pip install 'toolgym[train]'") from exc
+    cfg = resolve(args)
+    if args.print_config:
+        print(json.dumps({"algorithm": "sft", **cfg.to_dict()}, indent=2))
+        return 0
+    from toolgym.trainers.sft import train
+
+    summary = train(cfg)
+    before, after = summary.get("success_before"), summary.get("success_after")
+    shown = " -> ".join(f"{x:.2f}" for x in (before, after) if x is not None)
+    print(f"held-out success: {shown} ({summary['conversations']} conversations, {summary['steps']} steps)")
+    print(
+        f"run folder: {cfg.output_dir} (model/, metrics.jsonl, *.png); next: toolgym train --init {cfg.output_dir}"
+    )
+    return 0
