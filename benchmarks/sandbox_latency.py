@@ -9,8 +9,8 @@ in a running one; a bare persistent interpreter on an exec stream (no supervisor
 container uses the same image and hardened settings. Ratios are against `docker run`.
 
 ``--compare-ref REF`` also measures the sandbox package as it was at git ``REF`` (extracted to a temporary
-dir and run in a subprocess, in the same run, on the same machine), so a change's cost is read off one
-table even on a shared, noisy machine. Results go to ``--out`` (markdown) and the same name with ``.json``.
+dir) against this checkout: two driver subprocesses, one per version, take turns in small batches, so both
+see the same machine load and a change's cost is read off one table even on a shared, noisy machine. Results go to ``--out`` (markdown) and the same name with ``.json``.
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ def toolgym_rows(k: int) -> tuple[list[tuple[str, list[float]]], dict[str, float
     rows.append(("toolgym session call (warm)", lat))
     forks = []
     for _ in range(200 // k):
-        t = time.perf_counter()
+        t1 = time.perf_counter()
         f = s.fork()
-        forks.append(time.perf_counter() - t)
+        forks.append(time.perf_counter() - t1)
         f.close()
     rows.append(("toolgym fork (copy-on-write branch)", forks))
     s.close()
@@ -132,8 +132,29 @@ def docker_rows(k: int) -> list[tuple[str, list[float]]]:
     return rows
 
 
-def old_rows(ref: str, k: int) -> tuple[list[tuple[str, list[float]]], dict[str, float]]:
-    """`toolgym_rows` for the sandbox package at git ``ref``, in a subprocess that imports it instead."""
+def drive() -> None:
+    """Driver mode (a subprocess per implementation): one warm sandbox and session; each stdin line
+    ``KIND N`` runs N timed calls of that kind and answers one JSON list of seconds."""
+    sb = get_sandbox("docker", pool_size=2)
+    sb.warmup()
+    s = sb.session()
+    s.run("x = 0")
+    print("ready", flush=True)
+
+    def fork() -> None:
+        s.fork().close()
+
+    kinds = {"session": lambda: s.run("x += 1"), "oneshot": lambda: sb.run("pass", timeout=10), "fork": fork}
+    for line in sys.stdin:
+        kind, n = line.split()
+        print(json.dumps(timed(kinds[kind], int(n))), flush=True)
+    s.close()
+    sb.close()
+
+
+def interleaved(ref: str, k: int) -> list[tuple[str, list[float]]]:
+    """Our one-shot, session and fork rows for the package at git ``ref`` and for this checkout, measured
+    in alternating small batches from two driver subprocesses, so both see the same machine load."""
     repo = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="tg-bench-") as tmp:
         pkg = Path(tmp) / "toolgym"
@@ -148,12 +169,39 @@ def old_rows(ref: str, k: int) -> tuple[list[tuple[str, list[float]]], dict[str,
         )
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
         (pkg / "sandboxes").symlink_to(Path(tmp) / "sandboxes")
-        out = Path(tmp) / "rows.json"
-        env = {**os.environ, "PYTHONPATH": tmp}
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--toolgym-only", str(out), "--k", str(k)]
-        subprocess.run(cmd, env=env, cwd=tmp, check=True)
-        data = json.loads(out.read_text())
-    return [(n, xs) for n, xs in data["rows"]], data["rates"]
+        me = str(Path(__file__).resolve())
+        drivers = {
+            f"@ {ref}": subprocess.Popen(
+                [sys.executable, me, "--drive"],
+                env={**os.environ, "PYTHONPATH": tmp},
+                cwd=tmp,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            ),
+            "(this checkout)": subprocess.Popen(
+                [sys.executable, me, "--drive"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            ),
+        }
+        for d in drivers.values():
+            assert d.stdout is not None and d.stdout.readline().strip() == "ready"
+        plan = {"oneshot": (300 // k, 20), "session": (5000 // k, 250), "fork": (200 // k, 10)}
+        got: dict[tuple[str, str], list[float]] = {}
+        for kind, (total, batch) in plan.items():
+            for i in range(max(1, total // batch)):
+                order = list(drivers.items()) if i % 2 == 0 else list(reversed(drivers.items()))
+                for tag, d in order:
+                    assert d.stdin is not None and d.stdout is not None
+                    d.stdin.write(f"{kind} {batch}\n")
+                    d.stdin.flush()
+                    got.setdefault((kind, tag), []).extend(json.loads(d.stdout.readline()))
+        for d in drivers.values():
+            assert d.stdin is not None
+            d.stdin.close()
+            d.wait(timeout=60)
+    names = {"oneshot": "toolgym one-shot Sandbox.run", "session": "toolgym session call (warm)",
+             "fork": "toolgym fork (copy-on-write branch)"}  # fmt: skip
+    return [(f"{names[kind]} {tag}", xs) for (kind, tag), xs in got.items()]
 
 
 def main() -> None:
@@ -161,13 +209,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer samples (CI smoke)")
     ap.add_argument("--out", default=None, help="also write the markdown table here (and NAME.json)")
     ap.add_argument("--compare-ref", default=None, help="also measure the sandbox package at this git ref")
-    ap.add_argument("--toolgym-only", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--k", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    k = args.k or (5 if args.quick else 1)
-    if args.toolgym_only:
-        rows, rates = toolgym_rows(k)
-        Path(args.toolgym_only).write_text(json.dumps({"rows": rows, "rates": rates}))
+    k = 5 if args.quick else 1
+    if args.drive:
+        drive()
         return
     cli = client()
     lim = get_sandbox("docker", pool_size=1).limits
@@ -175,9 +221,7 @@ def main() -> None:
     named: list[tuple[str, list[float]]] = list(rows)
     rates: dict[str, float] = {}
     if args.compare_ref:
-        old, old_rates = old_rows(args.compare_ref, k)
-        named += [(f"{n} @ {args.compare_ref}", xs) for n, xs in old]
-        rates.update({f"{n} @ {args.compare_ref}": r for n, r in old_rates.items()})
+        named += interleaved(args.compare_ref, k)
     new, new_rates = toolgym_rows(k)
     named += new
     rates.update(new_rates)

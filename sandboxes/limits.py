@@ -15,8 +15,8 @@ class Limits:
     timeout_s: float = 10.0  # wall clock per call when the caller gives none
     memory_mb: int = 512  # container memory = memory+swap (no swap); process backend: RLIMIT_AS
     cpus: float = 1.0  # CPU quota per container (docker only)
-    pids: int = 128  # processes + threads per container (docker only): fork and thread bombs stop here
-    tmp_mb: int = 64  # size of the writable tmpfs /tmp (docker; counts against memory_mb)
+    pids: int = 128  # processes + threads per box (docker pids cap; process: RLIMIT_NPROC of the box's uid)
+    tmp_mb: int = 64  # size of the writable tmpfs /tmp (docker: counts against memory_mb)
     tmp_inodes: int = 16384  # files in /tmp (docker)
     nofile: int = 256  # open file descriptors per process
     fsize_mb: int = 64  # largest file a process may write
@@ -26,8 +26,8 @@ class Limits:
     grace_s: float = 3.0  # host-side slack on top of a call's timeout before the sandbox is replaced
     preload: tuple[str, ...] = ()  # modules imported once per sandbox, shared by every run (e.g. "numpy")
     image: str = "toolgym-sandbox:latest"  # docker image (`toolgym sandbox build`)
-    user: str = "65534:65534"  # uid:gid inside the container (nobody)
-    network: bool = False  # docker: network_mode "none" unless True; process: own netns when possible
+    user: str = "65534:65534"  # uid:gid the code runs as in a container (init and the supervisor are root)
+    network: bool = False  # network_mode "none" (docker) or an empty network namespace (process) unless True
     runtime: str | None = None  # docker runtime, e.g. "runsc" (gVisor) where installed; None: the default
 
     def __post_init__(self) -> None:

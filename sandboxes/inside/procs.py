@@ -96,21 +96,33 @@ def _seccomp_program() -> bytes:
     return b"".join(prog)
 
 
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_seccomp: list[Any] = []  # (buffer, fprog), built once in the supervisor and inherited by every fork
+
+
+def prepare_seccomp() -> None:
+    """Builds the filter program (in the supervisor, once)."""
+    if not _seccomp:
+        import platform
+
+        if platform.machine() != "x86_64":
+            _seccomp.append(None)
+        else:
+            prog = _seccomp_program()
+            buf = ctypes.create_string_buffer(prog, len(prog))
+            _seccomp.append((buf, _Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))))
+
+
 def seccomp_deny() -> bool:
     """Installs the filter above on this process (inherited by everything it starts); False if not."""
-    import platform
-
-    if platform.machine() != "x86_64":
+    prepare_seccomp()
+    if _seccomp[0] is None:
         return False
-    prog = _seccomp_program()
-    buf = ctypes.create_string_buffer(prog, len(prog))
-
-    class Fprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    return _libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    return bool(_libc.prctl(22, 2, ctypes.byref(_seccomp[0][1]), 0, 0) == 0)  # PR_SET_SECCOMP, FILTER
 
 
 def drop_to(uid: int, gid: int, limits: dict[str, int]) -> None:
