@@ -4,8 +4,8 @@
 id works too, as does an already loaded ``(model, tokenizer)``. The sampling loop is our own (a KV cache,
 one forward per token), so the ids are exactly the sampled ones and each logprob is computed from the same
 logits that were sampled from (with ``top_p < 1``: under the renormalised nucleus actually sampled from,
-so the trainer's importance weights correct for the truncation). A row stops at its end-of-turn token (``renderer.stop_ids``), at a stop
-string, or after ``max_new_tokens``.
+so the trainer's importance weights correct for the truncation). A row stops at its end-of-turn token
+(``renderer.stop_ids``), at a stop string, or after ``max_new_tokens``.
 
 The prefix that all prompts of a batch share (the system prompt; the whole prompt of a GRPO group) is run
 once and its KV cache copied to every row; the rows' own tokens follow it, left-padded (padding may sit
