@@ -65,9 +65,9 @@ def test_greedy_ids_equal_hf_generate(arch: str, chatml_tokenizer: Any, make_tin
     )
     policy = EnginePolicy(model, chatml_tokenizer, slots=8, capacity=256)
     policy.engine.stop_ids = set()  # run the whole allowance, as HF generate does without eos
-    sp = SamplingParams(temperature=0, max_new_tokens=20)
+    sp = SamplingParams(temperature=0, max_new_tokens=12)
     for prompt, gen in zip(PROMPTS, policy.generate(PROMPTS, sp), strict=True):
-        assert gen.token_ids == hf_greedy(model, prompt, 20)
+        assert gen.token_ids == hf_greedy(model, prompt, 12)
         ref = teacher_forced(model, prompt, gen.token_ids)
         got = torch.tensor(gen.logprobs)
         want = ref.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
@@ -151,7 +151,7 @@ def test_a_group_of_equal_prompts_prefills_once_and_branches_fork(engine_policy:
 
 def test_more_prompts_than_slots(engine_policy: EnginePolicy, llama: Any) -> None:
     engine_policy.engine.stop_ids = set()
-    prompts = [[i, i + 1, i + 2] for i in range(40, 60)]  # 20 prompts, 8 slots
+    prompts = [[i, i + 1, i + 2] for i in range(40, 52)]  # 12 prompts, 8 slots
     gens = engine_policy.generate(prompts, SamplingParams(temperature=0, max_new_tokens=4))
     for p, g in zip(prompts, gens, strict=True):
         assert g.token_ids == hf_greedy(llama, p, 4)
@@ -231,3 +231,11 @@ def test_unsupported_models_are_named(chatml_tokenizer: Any) -> None:
     assert "gpt2" in (unsupported(model) or "")
     with pytest.raises(ConfigError, match="hf backend"):
         EnginePolicy(model, chatml_tokenizer)
+
+
+def test_act_renders_generates_and_parses(engine_policy: EnginePolicy) -> None:
+    conv = [{"role": "user", "content": "What is 2*3?"}]
+    (turn,) = engine_policy.act([conv], None, sampling=SamplingParams(temperature=0, max_new_tokens=4))
+    assert turn.usage["completion_tokens"] == len(turn.token_ids) <= 4
+    assert turn.message.role == "assistant" and turn.text == turn.message.content
+    assert len(turn.logprobs) == len(turn.token_ids)
