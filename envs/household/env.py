@@ -259,7 +259,7 @@ class HouseholdEnv(ToolEnv):
         )
 
     def _commands_text(self) -> str:
-        return "\nAdmissible commands: " + ", ".join(self._world().admissible()) + "."
+        return "\nAdmissible commands: " + ", ".join(self._world().commands()) + "."
 
     def _info(self, **extra: Any) -> dict[str, Any]:
         info = super()._info(**extra)
@@ -269,7 +269,7 @@ class HouseholdEnv(ToolEnv):
         if not self._command_ok:
             info["invalid_action"] = True
             self._command_ok = True
-        info["admissible_commands"] = list(world.admissible())
+        info["admissible_commands"] = world.commands()
         info["state_key"] = world.key()
         info["optimal_steps"] = self.episode.optimal
         info["task_type"] = world.scene.goal.kind

@@ -130,6 +130,20 @@ def _layout_range(split: str) -> range:
     return range(UNSEEN_FROM, LAYOUTS) if split == "unseen" else range(UNSEEN_FROM)
 
 
+class _Draws:
+    """Uniform draws taken from ``rng`` a block at a time (one numpy call per reset instead of dozens)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.block: list[float] = []
+
+    def below(self, n: int) -> int:
+        """A uniform integer in [0, n)."""
+        if not self.block:
+            self.block = self.rng.random(64).tolist()
+        return min(int(self.block.pop() * n), n - 1)
+
+
 def make_scene(
     rng: np.random.Generator,
     *,
@@ -140,9 +154,10 @@ def make_scene(
     split: str,
 ) -> tuple[Scene, list[int], int, int]:
     """Draw an episode: the scene, where each object starts, the starting room, and the layout index."""
+    draw = _Draws(rng)
     span = _layout_range(split)
     for _ in range(200):
-        index = span[int(rng.integers(len(span)))]
+        index = span[draw.below(len(span))]
         lay = layout(index, rooms, receptacles)
         kinds = [k for k in task_types if lay.goals[split][k]]
         if kinds:
@@ -152,10 +167,10 @@ def make_scene(
             f"no layout of split {split!r} supports task types {list(task_types)} with rooms={rooms}; "
             "allow more task types or rooms"
         )
-    kind = kinds[int(rng.integers(len(kinds)))]
+    kind = kinds[draw.below(len(kinds))]
     options = lay.goals[split][kind]
-    obj_type, target_type = options[int(rng.integers(len(options)))]
-    template = GOAL_TEXT[kind][int(rng.integers(len(GOAL_TEXT[kind])))]
+    obj_type, target_type = options[draw.below(len(options))]
+    template = GOAL_TEXT[kind][draw.below(len(GOAL_TEXT[kind]))]
     goal = Goal(kind, obj_type, target_type, template.format(o=obj_type, r=target_type))
 
     by_type: dict[str, list[int]] = {}
@@ -166,7 +181,7 @@ def make_scene(
 
     def place(t: str, spots: list[int]) -> None:
         obj_types.append(t)
-        where.append(spots[int(rng.integers(len(spots)))])
+        where.append(spots[draw.below(len(spots))])
 
     # the goal objects: never where the goal wants them
     avoid = () if kind == "look_at_obj_in_light" else (target_type,)
@@ -179,19 +194,19 @@ def make_scene(
         if lay.room_names[lay.rec_rooms[i]] in home
     ]
     low = 2 if kind == "pick_two_obj_and_place" else 1
-    for _ in range(int(rng.integers(low, 4))):
+    for _ in range(low + draw.below(4 - low)):
         place(obj_type, starts)
     # lamps: one on some host of the goal's lamp type (look tasks), else on a host by chance
     for lamp, hosts in LAMPS.items():
         spots = [i for t in hosts for i in by_type.get(t, ())]
-        if spots and (target_type == lamp or rng.random() < 0.5):
+        if spots and (target_type == lamp or draw.below(2) == 0):
             place(lamp, spots)
     # distractors: other object types that fit the room
     for k in range(len(lay.room_names)):
         fits = [t for t in lay.fits[k] if t != obj_type]
-        n = int(rng.integers(6, 15)) if distractors is None else distractors
+        n = 6 + draw.below(9) if distractors is None else distractors
         for _ in range(n):
-            t = fits[int(rng.integers(len(fits)))]
+            t = fits[draw.below(len(fits))]
             place(t, lay.spots[k, t])
     counts: dict[str, int] = {}
     names = []
@@ -208,5 +223,5 @@ def make_scene(
         obj_is_lamp=tuple(t in LAMPS for t in obj_types),
         goal=goal,
     )
-    start_room = int(rng.integers(len(lay.room_names)))
+    start_room = draw.below(len(lay.room_names))
     return scene, where, start_room, index

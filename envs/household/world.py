@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from toolgym.envs.household.catalog import (
@@ -69,42 +70,27 @@ class Scene:
     lamps: tuple[int, ...] = field(init=False)  # lamps of the goal's lamp type
 
     def __post_init__(self) -> None:
-        counts: dict[str, int] = {}
-        names = []
-        for t in self.rec_types:
-            counts[t] = counts.get(t, 0) + 1
-            names.append(f"{t} {counts[t]}")
-        self.rec_names = tuple(names)
-        self.rec_openable = tuple(t in OPENABLE for t in self.rec_types)
-        role = {
-            **dict.fromkeys(CLEAN_WITH, CLEAN),
-            **dict.fromkeys(HEAT_WITH, HEAT),
-            **dict.fromkeys(COOL_WITH, COOL),
-        }
-        self.rec_role = tuple(role.get(t, 0) for t in self.rec_types)
+        tables = _receptacle_tables(self.room_names, self.rec_types, self.rec_rooms)
+        self.rec_names, self.rec_openable, self.rec_role = tables.names, tables.openable, tables.role
+        self.rec_index, self.room_index, self.goto = tables.index, tables.room_index, tables.goto
+        self.goto_cmd, self.prep, self._goto_lists = tables.goto_cmd, tables.prep, tables.goto_lists
         g = self.goal
         self.targets = frozenset(i for i, t in enumerate(self.rec_types) if t == g.target_type)
         self.candidates = tuple(i for i, t in enumerate(self.obj_types) if t == g.obj_type)
         self.lamps = tuple(
             i for i, t in enumerate(self.obj_types) if t == g.target_type and self.obj_is_lamp[i]
         )
-        # Text and command tables built once per scene (the hot path only looks them up).
-        self.rec_index = {n: i for i, n in enumerate(self.rec_names)}
         self.obj_index = {n: i for i, n in enumerate(self.obj_names)}
-        self.room_index = {n: i for i, n in enumerate(self.room_names)}
-        self.goto: list[dict[str, tuple[int, int]]] = []
-        for k in range(len(self.room_names)):
-            cmds: dict[str, tuple[int, int]] = {}
-            for i, n in enumerate(self.rec_names):
-                if self.rec_rooms[i] == k:
-                    cmds[f"go to {n}"] = (GO, i)
-            for j, other in enumerate(self.room_names):
-                if j != k:
-                    cmds[f"go to {other}"] = (GO_ROOM, j)
-            self.goto.append(cmds)
-        self.goto_cmd = tuple(f"go to {n}" for n in self.rec_names)
-        self.prep = tuple("in" if t in INSIDE else "on" for t in self.rec_types)
         self._pair_cache: dict[tuple[int, int, int], str] = {}
+
+    def goto_list(self, room: int, at: int) -> tuple[str, ...]:
+        """The "go to" commands admissible in a room from a place (cached)."""
+        key = (room, at)
+        found = self._goto_lists.get(key)
+        if found is None:
+            found = tuple(c for c, a in self.goto[room].items() if a[0] == GO_ROOM or a[1] != at)
+            self._goto_lists[key] = found
+        return found
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Scene:
         return self  # immutable: every copy of a world shares it
@@ -129,6 +115,47 @@ class Scene:
         exits = " and ".join(f"the {n}" for j, n in enumerate(self.room_names) if j != room)
         name = self.room_names[room]
         return f"You are in the middle of the {name}. Looking quickly around you, you see {seen}. From here you can go to {exits}."
+
+
+class _Tables:
+    """Names and command tables of a set of receptacles: the same for every episode of a layout."""
+
+    def __init__(self, room_names: tuple[str, ...], rec_types: tuple[str, ...], rec_rooms: tuple[int, ...]):
+        counts: dict[str, int] = {}
+        names = []
+        for t in rec_types:
+            counts[t] = counts.get(t, 0) + 1
+            names.append(f"{t} {counts[t]}")
+        self.names = tuple(names)
+        self.openable = tuple(t in OPENABLE for t in rec_types)
+        role = {
+            **dict.fromkeys(CLEAN_WITH, CLEAN),
+            **dict.fromkeys(HEAT_WITH, HEAT),
+            **dict.fromkeys(COOL_WITH, COOL),
+        }
+        self.role = tuple(role.get(t, 0) for t in rec_types)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.room_index = {n: i for i, n in enumerate(room_names)}
+        self.goto: list[dict[str, tuple[int, int]]] = []
+        for k in range(len(room_names)):
+            cmds: dict[str, tuple[int, int]] = {}
+            for i, n in enumerate(self.names):
+                if rec_rooms[i] == k:
+                    cmds[f"go to {n}"] = (GO, i)
+            for j, other in enumerate(room_names):
+                if j != k:
+                    cmds[f"go to {other}"] = (GO_ROOM, j)
+            self.goto.append(cmds)
+        self.goto_cmd = tuple(f"go to {n}" for n in self.names)
+        self.prep = tuple("in" if t in INSIDE else "on" for t in rec_types)
+        self.goto_lists: dict[tuple[int, int], tuple[str, ...]] = {}
+
+
+@lru_cache(maxsize=1024)
+def _receptacle_tables(
+    room_names: tuple[str, ...], rec_types: tuple[str, ...], rec_rooms: tuple[int, ...]
+) -> _Tables:
+    return _Tables(room_names, rec_types, rec_rooms)
 
 
 def see_list(names: list[str]) -> str:
@@ -174,14 +201,14 @@ class World:
         self.at = NOWHERE
         self.hold = -1
         self.opened = 0
-        self.where = list(where)
-        self.flags = [0] * len(where)
+        self.where = bytearray(where)  # bytes: copied, compared and keyed at C speed
+        self.flags = bytearray(len(where))
         self._adm: dict[str, tuple[int, ...]] | None = None
 
     # ----- state -------------------------------------------------------------------------------------------
     def snapshot(self) -> tuple[Any, ...]:
         """The whole dynamic state as one immutable tuple (exact; usable as a key)."""
-        return (self.room, self.at, self.hold, self.opened, tuple(self.where), tuple(self.flags))
+        return (self.room, self.at, self.hold, self.opened, bytes(self.where), bytes(self.flags))
 
     def clone(self) -> World:
         """A copy that shares the (immutable) scene."""
@@ -193,18 +220,18 @@ class World:
             self.hold,
             self.opened,
         )
-        other.where, other.flags, other._adm = list(self.where), list(self.flags), self._adm
+        other.where, other.flags, other._adm = bytearray(self.where), bytearray(self.flags), self._adm
         return other
 
     def restore(self, snap: tuple[Any, ...]) -> None:
         self.room, self.at, self.hold, self.opened = snap[0], snap[1], snap[2], snap[3]
-        self.where = list(snap[4])
-        self.flags = list(snap[5])
+        self.where = bytearray(snap[4])
+        self.flags = bytearray(snap[5])
         self._adm = None
 
     def key(self) -> str:
         """A short exact text key of the state (GiGPO anchor)."""
-        return f"{self.room}.{self.at}.{self.hold}.{self.opened:x}.{bytes(self.where).hex()}.{bytes(self.flags).hex()}"
+        return f"{self.room}.{self.at}.{self.hold}.{self.opened:x}.{self.where.hex()}.{self.flags.hex()}"
 
     def visible(self, rec: int) -> bool:
         return not self.scene.rec_openable[rec] or bool(self.opened >> rec & 1)
@@ -214,14 +241,32 @@ class World:
 
     # ----- commands ----------------------------------------------------------------------------------------
     def admissible(self) -> dict[str, tuple[int, ...]]:
-        """Every command that does something here, mapped to its parsed action (cached until the next move)."""
+        """Every command that does something here, mapped to its parsed action."""
+        cmds: dict[str, tuple[int, ...]] = {
+            c: a for c, a in self.scene.goto[self.room].items() if a[0] == GO_ROOM or a[1] != self.at
+        }
+        cmds.update(self._local())
+        return cmds
+
+    def commands(self) -> list[str]:
+        """The admissible commands as a list: every "go to", then what can be done here."""
+        return [*self.scene.goto_list(self.room, self.at), *self._local()]
+
+    def lookup(self, command: str) -> tuple[int, ...] | None:
+        """The action of an admissible command in its exact form, else None."""
+        action = self.scene.goto[self.room].get(command)
+        if action is not None:
+            return None if action[0] == GO and action[1] == self.at else action
+        return self._local().get(command)
+
+    def _local(self) -> dict[str, tuple[int, ...]]:
+        """The admissible commands other than "go to" (cached until the next move)."""
         if self._adm is not None:
             return self._adm
         s = self.scene
-        cmds: dict[str, tuple[int, ...]] = dict(s.goto[self.room])
+        cmds: dict[str, tuple[int, ...]] = {}
         at, hold = self.at, self.hold
         if at >= 0:
-            del cmds[s.goto_cmd[at]]
             name = s.rec_names[at]
             cmds[f"examine {name}"] = (EXAMINE, at)
             is_open = self.opened >> at & 1
@@ -253,12 +298,12 @@ class World:
     def parse(self, command: str) -> tuple[int, ...] | None:
         """The action a command names when it is admissible now, else None. Accepts ALFWorld's exact form and
         a few human variants (case, a trailing period, "the", "move X to Y", "take X", "put X on Y")."""
-        adm = self.admissible()
-        action = adm.get(command)
+        action = self.lookup(command)
         if action is not None:
             return action
         text = _SPACES.sub(" ", command.lower()).strip().rstrip(".!")
-        action = adm.get(text)
+        get = self.lookup
+        action = get(text)
         if action is not None:
             return action
         text = _SHORT.get(text, text)
@@ -266,25 +311,25 @@ class World:
         if m:
             obj, rec = self.scene.obj_index.get(m.group(1)), self.scene.rec_index.get(m.group(2))
             if obj is not None and rec is not None:
-                return adm.get(self.scene.pair(PUT, obj, rec))
+                return get(self.scene.pair(PUT, obj, rec))
         m = _TAKE.match(text)
         if m and self.at >= 0:
             obj = self.scene.obj_index.get(m.group(1))
             rec = self.scene.rec_index.get(m.group(2)) if m.group(2) else self.at
             if obj is not None and rec is not None:
-                return adm.get(self.scene.pair(TAKE, obj, rec))
+                return get(self.scene.pair(TAKE, obj, rec))
         m = _WITH.match(text)
         if m and self.at >= 0:
             obj = self.scene.obj_index.get(m.group(2))
             rec = self.scene.rec_index.get(m.group(3)) if m.group(3) else self.at
             verb = {"clean": CLEAN, "heat": HEAT, "cool": COOL}[m.group(1)]
             if obj is not None and rec is not None:
-                return adm.get(self.scene.pair(verb, obj, rec))
+                return get(self.scene.pair(verb, obj, rec))
         m = _ONE_ARG.match(text)
         if m:
             word = _ONE_VERB.get(m.group(1), m.group(1))
-            return adm.get(f"{word} {m.group(2)}")
-        return adm.get(text)
+            return get(f"{word} {m.group(2)}")
+        return get(text)
 
     def execute(self, action: tuple[int, ...]) -> str:
         """Apply an admissible action and return the observation text."""
