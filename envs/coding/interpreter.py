@@ -167,7 +167,10 @@ class Interpreter:
         return self._sandbox
 
     def start(self) -> None:
-        """A new session for a new episode, its interpreter started in the background."""
+        """A new session for a new episode, its interpreter started in the background. A session in which
+        no code of the model's ran is kept as it is (episodes ended without code cost nothing)."""
+        if self._session is not None and not self._used and not self._session.closed:
+            return
         self.close()
         session = self._session = self.sandbox.session()
         threading.Thread(target=_warm, args=(session,), name="interpreter-warmup", daemon=True).start()
