@@ -49,14 +49,18 @@ def test_grpo_two_steps_move_every_parameter(tmp_path: Path, tokenizer: Any) -> 
 
 
 def test_grpo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) -> None:
+    """Issue 9 bug 2: with kl_coef > 0 the reference must stay the initial policy after a resume (it was
+    the checkpoint, so the step-2 KL was 0 instead of its uninterrupted value)."""
     straight, split = tmp_path / "straight", tmp_path / "split"
+    opts = dict(SMALL, kl_coef=0.1)
     m1 = tiny_model(len(tokenizer))
-    train_grpo(GRPOConfig(steps=2, output_dir=str(straight), **SMALL), m1, tokenizer)
-    train_grpo(GRPOConfig(steps=1, output_dir=str(split), **SMALL), tiny_model(len(tokenizer)), tokenizer)
+    train_grpo(GRPOConfig(steps=2, output_dir=str(straight), **opts), m1, tokenizer)
+    train_grpo(GRPOConfig(steps=1, output_dir=str(split), **opts), tiny_model(len(tokenizer)), tokenizer)
     m2 = tiny_model(len(tokenizer), seed=123)  # different init: everything must come from the checkpoint
-    train_grpo(GRPOConfig(steps=2, output_dir=str(split), resume=True, **SMALL), m2, tokenizer)
+    train_grpo(GRPOConfig(steps=2, output_dir=str(split), resume=True, **opts), m2, tokenizer)
     a, b = records(straight)[-1], records(split)[-1]
     assert a["step"] == b["step"] == 2
+    assert a["losses/kl_ref"] > 0  # the policy moved away from the initial one in step 1
     for k in a:
         if not k.startswith(
             ("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s", "train/tokens")
@@ -107,13 +111,15 @@ def test_forward_aligns_logprobs_and_entropy(tokenizer: Any) -> None:
 
 def test_ppo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) -> None:
     straight, split = tmp_path / "straight", tmp_path / "split"
+    opts = dict(SMALL, kl_coef=0.1)
     m1 = tiny_model(len(tokenizer))
-    train_ppo(PPOConfig(steps=2, output_dir=str(straight), **SMALL), m1, tokenizer)
-    train_ppo(PPOConfig(steps=1, output_dir=str(split), **SMALL), tiny_model(len(tokenizer)), tokenizer)
+    train_ppo(PPOConfig(steps=2, output_dir=str(straight), **opts), m1, tokenizer)
+    train_ppo(PPOConfig(steps=1, output_dir=str(split), **opts), tiny_model(len(tokenizer)), tokenizer)
     m2 = tiny_model(len(tokenizer), seed=7)
-    train_ppo(PPOConfig(steps=2, output_dir=str(split), resume=True, **SMALL), m2, tokenizer)
+    train_ppo(PPOConfig(steps=2, output_dir=str(split), resume=True, **opts), m2, tokenizer)
     a, b = records(straight)[-1], records(split)[-1]
     assert a["losses/policy"] == b["losses/policy"] and a["losses/value"] == b["losses/value"]
+    assert a["losses/kl_ref"] == b["losses/kl_ref"] > 0
     for (n, p1), p2 in zip(m1.named_parameters(), m2.parameters(), strict=True):
         assert torch.equal(p1, p2), n
 
@@ -123,12 +129,20 @@ def test_ppo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) -> 
     [
         dict(kl_coef=0.01, filter_void=True, overlong_buffer=100, estimator="tree", shared="once", ratio_level="turn",
              llds_coef=0.2, entropy_advantage=0.2, entropy_coef=0.01, agg="seq_mean", is_mode="sequence_mask",
-             aepo_clip=True),
+             aepo_clip=True, minibatches=2),
         dict(branching="token_entropy", estimator="treerl", agg="constant", dual_clip=0.0, epochs=2),
         dict(branching="branching_score", estimator="rloo", ratio_level="sequence"),
-        dict(estimator="igpo", filter_zero_variance=False),
+        dict(estimator="igpo", filter_zero_variance=False, igpo_norm="separate", igpo_gamma=0.9),
+        dict(objective="cispo", minibatches=2, kl_coef=0.01, kl_estimator="k3+", top_entropy_quantile=0.5,
+             grpo_scale="batch", mask_truncated_completions=True),
+        dict(branching="fixed_segments", branch_kwargs={"segment_tokens": 3, "iterations": 1}, estimator="treepo",
+             shared="once", delta=4.0, epochs=2, remove_clip=True),
+        dict(branching="turn_entropy", branch_kwargs={"dynamic_split": True}, estimator="spo_std",
+             acc_filter_low=0.0, acc_filter_high=0.99, kl_coef=0.01, kl_estimator="k1"),
+        dict(estimator="hgpo", hgpo_base_group=True, gigpo_mode="mean_std_norm"),
+        dict(estimator="gigpo", gigpo_similarity=0.9, gigpo_mode="mean_std_norm"),
     ],
-    ids=["many-loss-options", "treerl", "appo", "igpo"],
+    ids=["many-loss-options", "treerl", "appo", "igpo", "cispo", "treepo", "aepo-split", "hgpo", "gigpo-sim"],
 )  # fmt: skip
 def test_grpo_options_run_one_step(tmp_path: Path, tokenizer: Any, options: dict[str, Any]) -> None:
     metrics = train_grpo(
@@ -151,3 +165,51 @@ def test_toolgym_train_command(tmp_path: Path, tokenizer: Any, capsys: pytest.Ca
     assert main(argv) == 0
     assert "charts/episode_reward=" in capsys.readouterr().out
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+def test_minibatches_make_llds_act(tmp_path: Path, tokenizer: Any) -> None:
+    """Issue 9 bug 7: with one optimizer step per batch old = logp.detach(), so LLDS's drop term is 0 and
+    the weights after a step are the same for llds_coef 0 and 5. With two minibatches the second step sees
+    a moved policy, and LLDS changes the result."""
+
+    def run(llds: float, minibatches: int, name: str) -> dict[str, torch.Tensor]:
+        model = tiny_model(len(tokenizer))
+        cfg = GRPOConfig(steps=1, output_dir=str(tmp_path / name), llds_coef=llds, minibatches=minibatches,
+                         filter_zero_variance=False, **SMALL)  # fmt: skip
+        metrics = train_grpo(cfg, model, tokenizer)
+        assert metrics["train/updates"] == minibatches
+        return snapshot(model)
+
+    same_a, same_b = run(0.0, 1, "a"), run(5.0, 1, "b")
+    assert all(torch.equal(same_a[n], same_b[n]) for n in same_a)
+    diff_a, diff_b = run(0.0, 2, "c"), run(5.0, 2, "d")
+    assert any(not torch.equal(diff_a[n], diff_b[n]) for n in diff_a)
+
+
+def test_refill_draws_until_enough_groups_survive(tmp_path: Path, tokenizer: Any) -> None:
+    """An accuracy filter that no group passes here (success rate must be 0; the fake env succeeds 6 times in
+    7) makes refill draw max_gen_batches rounds of prompts_per_step tasks: the data position advances 3 x 2."""
+    cfg = GRPOConfig(steps=1, output_dir=str(tmp_path), refill=True, max_gen_batches=3, acc_filter_low=0.0,
+                     acc_filter_high=0.0, **SMALL)  # fmt: skip
+    metrics = train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)
+    assert metrics["train/gen_batches"] == 3.0
+    state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=False)
+    assert state["data_pos"] == 6
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(critic="turn", ratio_level="turn", kl_coef=0.05, kl_in_reward=True, minibatches=2),
+        dict(kl_coef=0.05, kl_estimator="k2", epochs=1, max_total_tokens=40),
+    ],
+    ids=["st-ppo", "truncating"],
+)
+def test_ppo_options_run_one_step(tmp_path: Path, tokenizer: Any, options: dict[str, Any]) -> None:
+    opts = {**SMALL, **options}
+    metrics = train_ppo(
+        PPOConfig(steps=1, output_dir=str(tmp_path), **opts), tiny_model(len(tokenizer)), tokenizer
+    )
+    assert "losses/value" in metrics
+    if opts["max_total_tokens"] == 40:
+        assert metrics["train/truncated_rows"] > 0  # token-budget truncation reaches GAE as truncated
