@@ -7,6 +7,7 @@ import gymnasium as gym
 import pytest
 
 import toolgym  # noqa: F401
+from toolgym.envs.coding.cheats import CHEATS, cheat_code
 from toolgym.envs.coding.stdio_problems import builtin_problems
 from toolgym.envs.coding.tasks import humaneval, load_problems, mbpp_problem, problem_from_row, stdio_problem
 from toolgym.errors import ConfigError
@@ -213,36 +214,11 @@ def test_stdio_episode():
     env.close()
 
 
-CHEATS = {
-    "pass": "pass",
-    "exit": "exit(0)",
-    "os_exit": "import os\nos._exit(0)",
-    "print": "print('PASS')\nprint('TOOLGYM-REPORT 0 {\"results\": []}')",
-    "always_equal": (
-        "class _Any:\n"
-        "    def __eq__(self, other):\n        return True\n"
-        "    def __ne__(self, other):\n        return False\n"
-        "    def __bool__(self):\n        return True\n"
-        "    __hash__ = object.__hash__\n"
-        "def {name}(*args, **kwargs):\n    return _Any()\n"
-    ),
-    "print_expected": "def {name}(*args, **kwargs):\n    print({expected})\n",
-}
-
-
-def _cheat(name, problem):
-    """The cheat's code for ``problem``; print_expected prints the right side of the first visible test."""
-    expected = "True"
-    if problem.visible and " == " in problem.visible[0]:
-        expected = problem.visible[0].rsplit(" == ", 1)[1]
-    return CHEATS[name].replace("{name}", problem.entry_point).replace("{expected}", expected)
-
-
 @pytest.mark.parametrize("cheat", sorted(CHEATS))
 def test_cheats_score_zero(env, cheat):
     for index in (0, 2, 13):
         env.reset(options={"index": index})
-        code = _cheat(cheat, env.unwrapped.problem)
+        code = cheat_code(cheat, env.unwrapped.problem)
         _, r, term, _, _info = env.step(tc("submit", code))
         assert term and r == 0.0, (cheat, index)
 
@@ -275,18 +251,17 @@ def test_expert_two_steps(env):
 
 
 @pytest.mark.slow
-def test_all_164_canonical_pass_and_cheats_fail(he):
-    """HumanEval end to end through the grader: 164/164 canonical, 0/164 for each cheat."""
-    from toolgym.envs.coding.interpreter import shared_sandbox
-    from toolgym.rewards import code_tests
-
-    sb = shared_sandbox(BACKEND)
-    for name, cheat in [("canonical", None), *CHEATS.items()]:
-        completions = [f"```python\n{p.canonical if cheat is None else _cheat(name, p)}\n```" for p in he]
-        scores = code_tests(completions, tests=[p.hidden for p in he], sandbox=sb, timeout=10.0)
-        passed = sum(s == 1.0 for s in scores)
-        assert None not in scores, name
-        assert passed == (164 if cheat is None else 0), (
-            name,
-            [p.task_id for p, s in zip(he, scores, strict=False) if s],
-        )
+def test_humaneval_canonical_pass_and_cheats_fail(he):
+    """Every 4th HumanEval problem through the env's grading: canonical passes, every cheat scores 0 (all
+    164 run in ``benchmarks/code_env.py --humaneval``; results in benchmarks/results/code_env.md)."""
+    env = gym.make(ID, sandbox=BACKEND)
+    try:
+        for index in range(0, len(he), 4):
+            for name in [None, *CHEATS]:
+                env.reset(options={"index": index})
+                code = he[index].canonical if name is None else cheat_code(name, he[index])
+                _, r, term, trunc, info = env.step(tc("submit", code))
+                assert term and not trunc, (index, name, info)
+                assert r == (1.0 if name is None else 0.0), (he[index].task_id, name)
+    finally:
+        env.close()
