@@ -23,6 +23,7 @@ from .procs import Reaper, Worker, become_grader, drop_to, harden_env, oom_kills
 from .worker import run_once, session_loop
 
 MAX_REPLY = 512  # a genuine worker reply is a few dozen bytes
+INLINE_CODE = 32 << 10  # session code up to this size travels in the request message, bigger in a memfd
 MISBEHAVED = "the code wrote on the supervisor's reply channel"
 
 
@@ -69,6 +70,7 @@ class Server(Reaper):
         harden_env(self.env)
         self.next_wid = 1
         self.runs = 0
+        self.null = os.open(os.devnull, os.O_RDONLY)  # the stdin of session calls that bring none
 
     # -- one-shot runs
     def run_once(self, header: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], Blobs]:
@@ -321,18 +323,23 @@ class Server(Reaper):
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        code_fd = os.memfd_create("code")
-        write_all(code_fd, code)
-        os.lseek(code_fd, 0, os.SEEK_SET)
-        stdin_fd = _stdin_fd(stdin)
-        theirs = [code_fd, stdin_fd, out_w, err_w, rep_w]
+        stdin_fd = _stdin_fd(stdin) if stdin is not None else self.null
+        theirs = [stdin_fd, out_w, err_w, rep_w]
+        message = b"exec %d\n" % n + code  # small code rides in the message itself
+        if len(code) > INLINE_CODE:
+            message = b"exec %d" % n
+            code_fd = os.memfd_create("code")
+            write_all(code_fd, code)
+            os.lseek(code_fd, 0, os.SEEK_SET)
+            theirs.append(code_fd)
         try:
-            socket.send_fds(w.door, [b"exec %d" % n], theirs)
+            socket.send_fds(w.door, [message], theirs)
             sent = True
         except OSError:
             sent = False
         for fd in theirs:
-            os.close(fd)
+            if fd != self.null:
+                os.close(fd)
         bufs = {out_r: bytearray(), err_r: bytearray()}
         reply = bytearray()
         how, truncated = "exited", False
@@ -370,12 +377,16 @@ class Server(Reaper):
             detail = f"wall clock of {timeout:g} s exceeded"
         elif how == "misbehaved":
             status = "error"
-        if not alive:
+        if alive and self._quiet(w.pid):
+            pass  # nothing started by this call is left: no /proc scan needed
+        elif not alive:
             if self.contained and len(self.workers) == 1:
                 with contextlib.suppress(OSError):  # everything at once, before a fork bomb takes more CPU
                     os.kill(-1, signal.SIGKILL)
             self.kill_worker(wid)
-        self.kill_strays()  # a call leaves nothing running behind it
+            self.kill_strays()
+        else:
+            self.kill_strays()  # a call leaves nothing running behind it
         truncated |= self._drain(bufs, 0.5)
         for fd in (out_r, err_r, rep_r):
             os.close(fd)
@@ -388,6 +399,21 @@ class Server(Reaper):
             "alive": alive,
         }
         return header, {"stdout": bytes(bufs[out_r]), "stderr": bytes(bufs[err_r])}
+
+    def _quiet(self, pid: int) -> bool:
+        """Whether the worker has no child and the supervisor no child but its workers (so nothing the call
+        started is left), from two small reads; False when unsure (the caller then scans /proc)."""
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                if f.read().strip():
+                    return False
+            me = os.getpid()
+            with open(f"/proc/{me}/task/{me}/children") as f:
+                mine = {int(p) for p in f.read().split()}
+        except (OSError, ValueError):
+            return False
+        self.reap()
+        return mine <= {w.pid for w in self.workers.values()} | set(self.exited)
 
     @staticmethod
     def _parse_reply(raw: bytes, n: int) -> tuple[str | None, int] | None:

@@ -24,6 +24,8 @@ from typing import Any
 
 from .procs import harden_env
 
+INLINE_MAX = (32 << 10) + 64  # the supervisor's INLINE_CODE plus the request's head
+
 
 def exit_status(code: object) -> int:
     """The process exit status CPython gives ``sys.exit(code)``.
@@ -181,7 +183,7 @@ def session_loop(door: socket.socket) -> None:
     run_cell = _cell_runner()
     while True:
         try:
-            data, anc, _flags, _addr = recvmsg(4096, cmsg_space)
+            data, anc, _flags, _addr = recvmsg(INLINE_MAX, cmsg_space)
         except OSError:
             exit_(0)
         if not data:
@@ -192,14 +194,16 @@ def session_loop(door: socket.socket) -> None:
                 fds += [
                     from_bytes(raw[i : i + 4], sys.byteorder, signed=True) for i in range(0, len(raw) - 3, 4)
                 ]
-        op, _, num = data.partition(b" ")
+        head, inline, body = data.partition(b"\n")
+        op, _, num = head.partition(b" ")
         n = int(num)
-        if op == b"exec" and len(fds) == 5:
-            code_fd, stdin_fd, out_fd, err_fd, reply_fd = fds
-            chunks = []
-            while chunk := read(code_fd, 1 << 20):
-                chunks.append(chunk)
-            close(code_fd)
+        if op == b"exec" and len(fds) == (4 if inline else 5):
+            stdin_fd, out_fd, err_fd, reply_fd = fds[:4]
+            chunks = [body]
+            if not inline:
+                while chunk := read(fds[4], 1 << 20):
+                    chunks.append(chunk)
+                close(fds[4])
             for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
                 dup2(fd, target)
                 close(fd)

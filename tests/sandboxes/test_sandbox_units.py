@@ -59,6 +59,8 @@ def test_cli_registers_build_and_doctor() -> None:
     args = parser.parse_args(["sandbox", "build", "--debootstrap", "--force"])
     assert args.debootstrap and args.force and args.func.__name__ == "cmd_build"
     assert parser.parse_args(["sandbox", "doctor"]).func.__name__ == "cmd_doctor"
+    assert parser.parse_args(["sandbox", "doctor", "--prune"]).prune
+    assert parser.parse_args(["sandbox", "doctor", "--clean"]).prune  # the older name
 
 
 def test_importing_toolgym_does_not_import_docker() -> None:
