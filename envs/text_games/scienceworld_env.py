@@ -64,14 +64,14 @@ class ScienceWorldEnv(EngineEnv):
 
     ## Episode End
     Terminated when the task is completed or failed (ScienceWorld's score below 0). Truncated after
-    ``max_turns`` (default 100).
+    ``max_turns`` (default: 100, or the gold path's length + 20 when that is longer).
 
     ## Arguments
     ``tasks`` (None: the 26 tasks whose engine replays deterministically, ``NONDETERMINISTIC`` lists the
     four electrical ones left out; "all": all 30; or a list of ScienceWorld task names), ``split`` ("train", "dev" or "test"
     variations), ``simplifications`` ("easy", ScienceWorld's preset: teleport, open doors, self-watering
     plants, no electrical actions where a task allows; or "" or a comma list), ``dense_rewards`` (False),
-    ``max_turns`` (100), ``format_penalty`` (-0.1).
+    ``max_turns`` (None: 100, or the gold path + 20 when longer), ``format_penalty`` (-0.1).
 
     ## Version History
     - v0: first version.
@@ -87,7 +87,7 @@ class ScienceWorldEnv(EngineEnv):
         tasks: list[str] | str | None = None,
         split: str = "train",
         simplifications: str = "easy",
-        max_turns: int = 100,
+        max_turns: int | None = None,
         **kwargs: Any,
     ) -> None:
         if split not in SPLITS:
@@ -97,7 +97,8 @@ class ScienceWorldEnv(EngineEnv):
         self.tasks = tasks if tasks is None or tasks == "all" else list(tasks)
         self.split = split
         self.simplifications = simplifications
-        super().__init__(max_turns=max_turns, **kwargs)
+        self.auto_turns = max_turns is None
+        super().__init__(max_turns=max_turns or 100, **kwargs)
 
     def _start(self) -> Any:
         return _engine_class()("", envStepLimit=10**6)
@@ -149,6 +150,8 @@ class ScienceWorldEnv(EngineEnv):
         if key not in _GOLD:
             _GOLD[key] = [str(a) for a in engine.get_gold_action_sequence()]
         self._gold = list(_GOLD[key])
+        if self.auto_turns:  # some gold paths (genetics, growing fruit) run past 100 steps
+            self.max_turns = max(100, len(self._gold) + 20)
         state = EngineState(observation, 0.0, inventory=str(info.get("inv", "")))
         intro = f"{engine.get_task_description()}\n\n{observation}"
         return f"scienceworld-{task}-{self.split}-{variation}", intro, state
