@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 import toolgym  # noqa: F401
+from toolgym.envs.search.sources import world
 
 
 def _free_port() -> int:
@@ -53,7 +54,8 @@ def server():
 
 def test_search_r1_client_request(server):
     # the request Search-R1's generation code sends, and the fields its _passages2string reads
-    payload = {"queries": ["Gramyst College", "capital"], "topk": 3, "return_scores": True}
+    name = world(0, 10_000).org_names[0]
+    payload = {"queries": [name, "capital"], "topk": 3, "return_scores": True}
     response = httpx.post(f"{server}/retrieve", json=payload, timeout=10)
     assert response.status_code == 200
     result = response.json()["result"]
@@ -62,7 +64,7 @@ def test_search_r1_client_request(server):
     assert set(first) == {"document", "score"} and first["score"] > 0
     content = first["document"]["contents"]
     title = content.split("\n")[0]
-    assert title == '"Gramyst College"' and first["document"]["title"] == "Gramyst College"
+    assert title == f'"{name}"' and first["document"]["title"] == name
     scores = [h["score"] for h in result[0]]
     assert scores == sorted(scores, reverse=True)
 
