@@ -21,6 +21,8 @@ Departures from the papers:
 6. Under torchrun the loop is data parallel with DDP, not FSDP2 (distributed.py says why).
 7. Episodes cut by an infrastructure fault (`truncation == "env_error"`) get no row: neither trained on
    nor counted in their group's statistics.
+8. `kl_in_reward` follows verl's use_kl_in_reward for outcome estimators (the row's summed token KL,
+   sampling policy vs reference, shapes its reward before the advantages), with a fixed coefficient.
 """
 
 from __future__ import annotations
@@ -138,6 +140,12 @@ class GRPOConfig(RunConfig):
         default=0.0, metadata={"help": "KL to the initial policy in the loss (0: no reference model)"}
     )
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1 | k2 | k3 | k3+"})
+    kl_in_reward: bool = field(
+        default=False,
+        metadata={
+            "help": "KL as a reward penalty: R -= kl_coef * sum of the row's token KLs (verl) instead of a loss term"
+        },
+    )
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus"})
     top_entropy_quantile: float = field(
         default=1.0,
@@ -241,8 +249,8 @@ class GRPOConfig(RunConfig):
             out.append("cispo_max: inert unless objective=cispo")
         if self.delta and self.dual_clip and self.delta >= self.dual_clip:
             out.append(f"delta {self.delta} >= dual_clip {self.dual_clip}: the dual clip already caps lower")
-        if not self.kl_coef and "kl_estimator" in changed:
-            out.append("kl_estimator: inert with kl_coef = 0")
+        if not self.kl_coef and {"kl_estimator", "kl_in_reward"} & changed:
+            out.append("kl_estimator/kl_in_reward: inert with kl_coef = 0")
         if self.shared == "once" and self.branching == "none":
             out.append("shared=once: inert without branching (independent samples share only the prompt)")
         if self.estimator in ("tree", "spo_std", "treerl", "treepo") and self.branching == "none":
@@ -289,7 +297,8 @@ class GRPOConfig(RunConfig):
         return LossConfig(
             eps_low=self.eps_low, eps_high=self.eps_high, ratio_level=self.ratio_level,  # type: ignore[arg-type]
             dual_clip=self.dual_clip or None, aepo_clip=self.aepo_clip, is_mode=self.is_mode,  # type: ignore[arg-type]
-            is_max=self.is_max, kl_coef=self.kl_coef, kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
+            is_max=self.is_max, kl_coef=0.0 if self.kl_in_reward else self.kl_coef,
+            kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
             objective=self.objective, cispo_max=self.cispo_max, delta=self.delta or None,  # type: ignore[arg-type]
             top_entropy_quantile=self.top_entropy_quantile, entropy_coef=self.entropy_coef,
             llds_coef=self.llds_coef, agg=self.agg, max_tokens=self.max_total_tokens,  # type: ignore[arg-type]
@@ -489,6 +498,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         # holds per_rank groups that survive the filters (every rank draws as long as one needs more)
         forest: list[RolloutTree] = []
         rounds = 0
+        metrics = {}
         while True:
             tasks = next_tasks(cfg.env_ids, cfg.seed, progress.data_pos + dist.rank * per_rank, per_rank)
             model.eval()
@@ -498,8 +508,10 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
                 )
             progress.data_pos += cfg.prompts_per_step
             rounds += 1
+            if cfg.kl_in_reward and ref is not None:
+                metrics["train/kl_in_reward"] = _kl_into_rewards(cfg, new, model, ref, policy.pad_id, device)
             if rounds == 1:
-                metrics = episode_metrics(new, stats)
+                metrics = episode_metrics(new, stats) | metrics
             if not cfg.refill:
                 forest = new
                 break
@@ -616,6 +628,55 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     dist.barrier()
     dist.close()
     return metrics
+
+
+def kl_reward(kl: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:
+    """verl's KL-in-reward for an outcome estimator: the row's reward changes by -coef * sum_t KL_t over its
+    trained tokens (GRPO then normalises the shaped rewards). kl, mask [B, T] -> [B].
+
+    >>> import torch
+    >>> round(kl_reward(torch.tensor([[0.1, 0.2, 5.0]]), torch.tensor([[1.0, 1.0, 0.0]]), 0.5).item(), 6)
+    -0.15
+    """
+    return -coef * (kl * mask).sum(1)
+
+
+def _kl_into_rewards(
+    cfg: GRPOConfig, forest: list[RolloutTree], model: Any, ref: Any, pad_id: int, device: torch.device
+) -> float:
+    """Shapes every leaf reward with `kl_reward` (sampling policy vs reference); returns the mean KL per token."""
+    import torch
+
+    from toolgym.trainers.batch import collate, forward, micro_batches
+    from toolgym.trainers.loss import kl_penalty
+    from toolgym.trainers.modeling import autocast
+    from toolgym.trainers.tree import flatten
+
+    rows = flatten(forest)
+    if not rows:
+        return 0.0
+    batch = collate(
+        rows, [[0.0] * len(r.token_ids) for r in rows], [0.0] * len(rows), [True] * len(rows), pad_id
+    )
+    batch = batch.to(device)
+    total, tokens = 0.0, 0.0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), autocast(device, cfg.bf16):
+        for idx in micro_batches(len(rows), cfg.micro_batch_rows):
+            mb = batch.select(idx)
+            logp = forward(model, mb, cfg.temperature)[0].float()
+            with ref.active() as ref_model:
+                ref_logp = forward(ref_model, mb, cfg.temperature)[0].float()
+            kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)  # [b, t]
+            shaped = kl_reward(kl, mb.loss_mask, cfg.kl_coef)  # [b]
+            for j, i in enumerate(idx.tolist()):
+                leaf = forest[rows[i].tree].nodes[rows[i].leaf]
+                leaf.reward = (leaf.reward or 0.0) + float(shaped[j])
+            total += float((kl * mb.loss_mask).sum())
+            tokens += float(mb.loss_mask.sum())
+    model.train(was_training)
+    return total / max(tokens, 1.0)
 
 
 def _old_logprobs(model: Any, batch: Any, cfg: RunConfig, device: torch.device) -> torch.Tensor:

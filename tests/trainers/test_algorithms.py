@@ -286,3 +286,15 @@ def test_dynamic_split_in_the_rollout_loop() -> None:
     roller.close()
     assert forest[0].meta["global_samples"] == 2
     assert len(forest[0].nodes[forest[0].root].children) == 2  # the probe path + 1 more global sample
+
+
+def test_kl_in_reward_for_outcome_estimators() -> None:
+    """verl's use_kl_in_reward with an outcome estimator: R_i - beta sum_t KL_t. Row 0: KLs 0.1, 0.2 on
+    trained tokens (0.7 on a tool token does not count), beta 0.5 -> -0.15; row 1: 0.4 -> -0.2."""
+    from toolgym.trainers.grpo import kl_reward
+
+    kl = torch.tensor([[0.1, 0.7, 0.2], [0.4, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert kl_reward(kl, mask, 0.5).tolist() == approx([-0.15, -0.2])
+    assert GRPOConfig(kl_coef=0.1, kl_in_reward=True).loss_config().kl_coef == 0.0  # not also in the loss
+    assert any("kl_in_reward" in m for m in GRPOConfig(kl_in_reward=True).inert_options())

@@ -138,7 +138,7 @@ def test_ppo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) -> 
         dict(branching="fixed_segments", branch_kwargs={"segment_tokens": 3, "iterations": 1}, estimator="treepo",
              shared="once", delta=4.0, epochs=2, remove_clip=True),
         dict(branching="turn_entropy", branch_kwargs={"dynamic_split": True}, estimator="spo_std",
-             acc_filter_low=0.0, acc_filter_high=0.99, kl_coef=0.01, kl_estimator="k1"),
+             acc_filter_low=0.0, acc_filter_high=0.99, kl_coef=0.01, kl_estimator="k1", kl_in_reward=True),
         dict(estimator="hgpo", hgpo_base_group=True, gigpo_mode="mean_std_norm"),
         dict(estimator="gigpo", gigpo_similarity=0.9, gigpo_mode="mean_std_norm"),
     ],
@@ -174,8 +174,9 @@ def test_minibatches_make_llds_act(tmp_path: Path, tokenizer: Any) -> None:
 
     def run(llds: float, minibatches: int, name: str) -> dict[str, torch.Tensor]:
         model = tiny_model(len(tokenizer))
+        small = {**SMALL, "budget": 2, "max_new_tokens": 4, "eval_episodes": 1}
         cfg = GRPOConfig(steps=1, output_dir=str(tmp_path / name), llds_coef=llds, minibatches=minibatches,
-                         filter_zero_variance=False, **SMALL)  # fmt: skip
+                         filter_zero_variance=False, **small)  # fmt: skip
         metrics = train_grpo(cfg, model, tokenizer)
         assert metrics["train/updates"] == minibatches
         return snapshot(model)
@@ -189,8 +190,9 @@ def test_minibatches_make_llds_act(tmp_path: Path, tokenizer: Any) -> None:
 def test_refill_draws_until_enough_groups_survive(tmp_path: Path, tokenizer: Any) -> None:
     """An accuracy filter that no group passes here (success rate must be 0; the fake env succeeds 6 times in
     7) makes refill draw max_gen_batches rounds of prompts_per_step tasks: the data position advances 3 x 2."""
+    small = {**SMALL, "max_new_tokens": 4, "eval_episodes": 1}
     cfg = GRPOConfig(steps=1, output_dir=str(tmp_path), refill=True, max_gen_batches=3, acc_filter_low=0.0,
-                     acc_filter_high=0.0, **SMALL)  # fmt: skip
+                     acc_filter_high=0.0, **small)  # fmt: skip
     metrics = train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)
     assert metrics["train/gen_batches"] == 3.0
     state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=False)
