@@ -203,6 +203,11 @@ class Server(Reaper):
                     reply[1].extend(data)
                     if len(reply[1]) > MAX_REPLY:
                         return "misbehaved", truncated
+                    if reply[1].endswith(b"}") and not any(fd in watch for fd in bufs):
+                        return (
+                            "replied",
+                            truncated,
+                        )  # it let go of its stdio and answered: no need to wait for EOF
                 elif data is None:
                     watch.remove(r)  # the code closed its stdout/stderr
                 else:
@@ -285,6 +290,7 @@ class Server(Reaper):
         still running from an earlier call sits deeper in the stack). Unchecked where /proc/PID/syscall
         cannot be read."""
         end = time.monotonic() + patience
+        spins = 0
         while True:
             if threads_of(w.pid) != 1:
                 return False
@@ -300,7 +306,11 @@ class Server(Reaper):
                 return mark == w.mark
             if time.monotonic() > end:
                 return False
-            time.sleep(0.0002)
+            spins += 1
+            if spins < 20:
+                os.sched_yield()  # it is usually a few instructions away from blocking: let it run
+            else:
+                time.sleep(0.0002)
 
     def execute(
         self, wid: int, code: bytes, stdin: bytes | None, timeout: float
