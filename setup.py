@@ -1,4 +1,4 @@
-"""Maps the repository's top-level folders onto the `toolgym` namespace (see ARCHITECTURE.md)."""
+"""Maps the repository's top-level folders onto the `toolgym` namespace (see docs/architecture.md)."""
 
 import os
 

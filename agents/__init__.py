@@ -1,4 +1,4 @@
-"""Agents: policies, token-faithful chat rendering and the episode runner (ARCHITECTURE.md §5).
+"""Agents: policies, token-faithful chat rendering and the episode runner (docs/architecture.md).
 
 The public API (docs/agents.md describes it)::
 

@@ -1,4 +1,4 @@
-"""The base of every toolgym environment: the contract of ARCHITECTURE.md §2.
+"""The base of every toolgym environment: the contract of docs/envs.md.
 
 A subclass fills in small named hooks, and the loop in ``step`` is never overridden:
 
@@ -102,7 +102,7 @@ def _whitespace_tokens(text: str) -> int:
 
 class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
     """Base class; see the module docstring for the hooks. Subclasses document themselves under the headings
-    of STYLE.md rule 1."""
+    of docs/envs.md (Description, Action Space, …, Version History)."""
 
     family: ClassVar[str] = "generic"
     expert_success_rate: ClassVar[float] = 1.0
