@@ -113,7 +113,9 @@ def main() -> None:
     model, tok = build(args.model, device)
     res: dict[str, Any] = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                            "command": "python " + " ".join(sys.argv), "args": vars(args)}  # fmt: skip
-    fast = EnginePolicy(model, tok, slots=512, capacity=2048 + args.new + 8)
+    fast = EnginePolicy(
+        model, tok, slots=min(512, 4 * args.tasks * args.budget), capacity=2048 + args.new + 8
+    )
     tree_rollout(fast, args, seed=0)  # warm-up: graph captures
     res["tree_ours"] = tree_rollout(fast, args, seed=1)
     print("tree ours", res["tree_ours"], flush=True)

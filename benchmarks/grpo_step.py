@@ -1,0 +1,86 @@
+"""One full GRPO step of ``toolgym train`` with ``engine: fast`` vs ``engine: hf``, time shares per step.
+
+The single-turn Calculator task of the TRL anchor in GPU.md (8 prompts × 8 samples, ≤ 64 new tokens,
+one turn), SmolLM2-135M's shape with random weights and its real tokenizer/template (``--model DIR``).
+Per step: rollout generate time, env time, the rest (update: logprob passes, fwd/bwd, AdamW, logging).
+TRL's ``GRPOTrainer`` is not installed on the device machine, so its anchor (≈1.9 s a step on an H200,
+GPU.md) is quoted, not rerun: ``speedup_vs_trl`` is only written when ``trl`` imports and ``--trl`` is
+given (not implemented here yet: the anchor must run in the same process).
+
+    python benchmarks/grpo_step.py --model DIR [--steps 4] [--out benchmarks/results/grpo_step]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def run(engine: str, args: Any) -> dict[str, float]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from toolgym.trainers.grpo import GRPOConfig, train
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    with tempfile.TemporaryDirectory() as out:
+        cfg = GRPOConfig(
+            env_ids=["toolgym/Calculator-v0"], env_kwargs={"prompt_format": "text", "max_turns": 1},
+            steps=args.steps, prompts_per_step=args.prompts, budget=args.samples, max_new_tokens=args.new,
+            max_total_tokens=1024, lr=1e-6, device=device, tensorboard=False, progress=False, eval_episodes=1,
+            eval_every=0, micro_batch_rows=64, engine=engine, output_dir=out, filter_zero_variance=False,
+        )  # fmt: skip
+        train(cfg, model, tok)
+        recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    steady = recs[1:-1] or recs[-1:]  # drop the first (graph captures, compiles) and the last (evaluation)
+    step = sum(r["time/step_s"] for r in steady) / len(steady)
+    gen = sum(r["rollout/generate_s"] for r in steady) / len(steady)
+    env = sum(r["rollout/env_s"] for r in steady) / len(steady)
+    return {"step_s": step, "generate_s": gen, "env_s": env, "rest_s": step - gen - env,
+            "tokens": sum(r["rollout/generated_tokens"] for r in steady) / len(steady)}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=".bench/smollm2")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--out", default="benchmarks/results/grpo_step")
+    args = ap.parse_args()
+    res: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "command": "python " + " ".join(sys.argv),
+        "fast": run("fast", args),
+        "hf": run("hf", args),
+        "trl_reference_s": 1.9,
+    }
+    res["speedup_vs_hf"] = res["hf"]["step_s"] / res["fast"]["step_s"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
+    lines = ["# grpo_step", "", f"Command: `{res['command']}`", f"Machine: {res['gpu']}", "",
+             "| engine | step s | generate s | env s | update + rest s | generated tokens |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for k in ("fast", "hf"):
+        r = res[k]
+        lines.append(
+            f"| {k} | {r['step_s']:.2f} | {r['generate_s']:.2f} | {r['env_s']:.2f} | {r['rest_s']:.2f} | {r['tokens']:.0f} |"
+        )
+    lines += ["", f"- `speedup_vs_hf`: {res['speedup_vs_hf']:.2f}",
+              "- TRL GRPOTrainer (not rerun here: not installed on the device machine): ≈1.9 s a step on an H200 (GPU.md)"]  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
