@@ -152,3 +152,19 @@ def test_sft_command_prints_its_config(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["sft", "--episodes", "7", "--eval-env-kwargs", '{"split": "test"}', "--print-config"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["algorithm"] == "sft" and out["episodes"] == 7 and out["eval_env_kwargs"] == {"split": "test"}
+
+
+def test_lora_sft_saves_a_merged_plain_model(tmp_path: Path, tokenizer: Any) -> None:
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    cfg = SFTConfig(
+        env_ids=[CALC], env_kwargs=KW, episodes=2, batch_size=2, steps=1, lora_r=4, lora_targets=["q_proj", "v_proj"],
+        lr=1e-2, device="cpu", tensorboard=False, progress=False, eval_before=False, eval_episodes=1,
+        max_new_tokens=2, output_dir=str(tmp_path / "sft"),
+    )  # fmt: skip
+    train(cfg, tiny_model(len(tokenizer)), tokenizer)
+    folder = model_dir(tmp_path / "sft")
+    assert not (folder / "adapter_config.json").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    assert not any("lora" in n for n, _ in loaded.named_parameters())

@@ -2,7 +2,8 @@
 
 Every field of ``GRPOConfig`` / ``PPOConfig`` (toolgym.trainers) is a flag: ``--env-ids``, ``--model``,
 ``--branching``, ``--estimator``, ``--budget``, ``--steps``, … (``toolgym train --help`` lists them with
-their help). Torch and transformers load only when the command runs.
+their help). ``--init RUN_DIR`` starts from the model a ``toolgym sft`` run wrote (docs/sft.md). Torch and
+transformers load only when the command runs.
 """
 
 from __future__ import annotations
