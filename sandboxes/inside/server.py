@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from .frames import Blobs, encode, read_frame, write_all
-from .procs import Reaper, Worker, become_grader, drop_to, harden_env, oom_kills, threads_of
+from .procs import Reaper, Worker, become_grader, drop_to, harden_env, oom_kills, read_proc, threads_of
 from .worker import run_once, session_loop
 
 MAX_REPLY = 512  # a genuine worker reply is a few dozen bytes
@@ -295,8 +295,7 @@ class Server(Reaper):
             if threads_of(w.pid) != 1:
                 return False
             try:
-                with open(f"/proc/{w.pid}/syscall") as f:
-                    fields = f.read().split()
+                fields = read_proc(f"/proc/{w.pid}/syscall").decode().split()
             except OSError:
                 return True  # no ptrace access here (documented): the other checks still hold
             if len(fields) >= 9 and fields[0] not in ("running", "-1") and fields[1] == "0x3":
@@ -414,12 +413,10 @@ class Server(Reaper):
         """Whether the worker has no child and the supervisor no child but its workers (so nothing the call
         started is left), from two small reads; False when unsure (the caller then scans /proc)."""
         try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                if f.read().strip():
-                    return False
+            if read_proc(f"/proc/{pid}/task/{pid}/children").strip():
+                return False
             me = os.getpid()
-            with open(f"/proc/{me}/task/{me}/children") as f:
-                mine = {int(p) for p in f.read().split()}
+            mine = {int(p) for p in read_proc(f"/proc/{me}/task/{me}/children").split()}
         except (OSError, ValueError):
             return False
         self.reap()

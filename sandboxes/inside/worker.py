@@ -181,6 +181,8 @@ def session_loop(door: socket.socket) -> None:
     )
     read, settrace, setprofile = os.read, sys.settrace, sys.setprofile
     run_cell = _cell_runner()
+    made: list[Any] = [None, None]  # the stdout and stderr objects fresh_stdio made last
+    TextIOWrapper, BufferedReader, FileIO = io.TextIOWrapper, io.BufferedReader, io.FileIO
     while True:
         try:
             data, anc, _flags, _addr = recvmsg(INLINE_MAX, cmsg_space)
@@ -209,7 +211,13 @@ def session_loop(door: socket.socket) -> None:
                 close(fd)
             settrace(None)  # trace and profile hooks of earlier calls do not watch this one
             setprofile(None)
-            fresh_stdio()  # stdio is re-established every call, whatever the last one did to it
+            # fds 0-2 are this call's fresh pipes (above); the Python objects over them are rebuilt unless the
+            # last call left them exactly as made (stdin always: its buffer may hold the last call's input)
+            if sys.stdout is not made[0] or sys.stderr is not made[1] or made[0].closed or made[1].closed:
+                fresh_stdio()
+                made[:] = [sys.stdout, sys.stderr]
+            else:
+                sys.stdin = TextIOWrapper(BufferedReader(FileIO(0, "rb", closefd=False)), errors="replace")
             harden_env(os.environ)
             exc, status = run_cell(b"".join(chunks).decode("utf-8", "replace"), namespace, f"<cell {n}>")
             if getpid() != me:
