@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from toolgym.sandboxes import get_sandbox
 from toolgym.sandboxes.channel import DockerExecChannel
@@ -132,6 +133,21 @@ def docker_rows(k: int) -> list[tuple[str, list[float]]]:
     return rows
 
 
+def box_cpu(boxes: list[Any]) -> float:
+    """CPU seconds used so far by these containers (cgroup v1 cpuacct or v2 cpu.stat), 0 if unreadable."""
+    total = 0.0
+    for c in boxes:
+        for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{c.id}/cpuacct.usage", 1e-9),
+                            (f"/sys/fs/cgroup/system.slice/docker-{c.id}.scope/cpu.stat", 1e-6)):  # fmt: skip
+            try:
+                text = Path(path).read_text()
+            except OSError:
+                continue
+            total += scale * int(text.split()[1] if "usage_usec" in text else text)
+            break
+    return total
+
+
 def drive() -> None:
     """Driver mode (a subprocess per implementation): one warm sandbox and session; each stdin line
     ``KIND N`` runs N timed calls of that kind and answers one JSON list of seconds."""
@@ -145,8 +161,14 @@ def drive() -> None:
         s.fork().close()
 
     kinds = {"session": lambda: s.run("x += 1"), "oneshot": lambda: sb.run("pass", timeout=10), "fork": fork}
+    box = client().containers.list(filters={"name": sb._prefix})  # type: ignore[attr-defined]
     for line in sys.stdin:
         kind, n = line.split()
+        if kind == "cpu":  # CPU seconds the session's container spends per call: load-independent
+            a = box_cpu(box)
+            timed(kinds["session"], int(n))
+            print(json.dumps([(box_cpu(box) - a) / int(n)]), flush=True)
+            continue
         print(json.dumps(timed(kinds[kind], int(n))), flush=True)
     s.close()
     sb.close()
@@ -185,7 +207,12 @@ def interleaved(ref: str, k: int) -> list[tuple[str, list[float]]]:
         }
         for d in drivers.values():
             assert d.stdout is not None and d.stdout.readline().strip() == "ready"
-        plan = {"oneshot": (300 // k, 20), "session": (5000 // k, 250), "fork": (200 // k, 10)}
+        plan = {
+            "oneshot": (300 // k, 20),
+            "session": (5000 // k, 250),
+            "fork": (200 // k, 10),
+            "cpu": (4000 // k, 500),
+        }
         got: dict[tuple[str, str], list[float]] = {}
         for kind, (total, batch) in plan.items():
             for i in range(max(1, total // batch)):
@@ -200,7 +227,8 @@ def interleaved(ref: str, k: int) -> list[tuple[str, list[float]]]:
             d.stdin.close()
             d.wait(timeout=60)
     names = {"oneshot": "toolgym one-shot Sandbox.run", "session": "toolgym session call (warm)",
-             "fork": "toolgym fork (copy-on-write branch)"}  # fmt: skip
+             "fork": "toolgym fork (copy-on-write branch)",
+             "cpu": "box CPU per session call (not latency)"}  # fmt: skip
     return [(f"{names[kind]} {tag}", xs) for (kind, tag), xs in got.items()]
 
 
