@@ -1,0 +1,239 @@
+"""A MiniWoB++ page in one browser context: load it, start episodes through MiniWoB's JavaScript, read it
+as a list of elements, and act on it. Every call is one trip to the browser loop (see ``browser.py``)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import mimetypes
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolgym.envs.web.browser import BrowserHost
+from toolgym.errors import ConfigError, InfrastructureError
+
+BASE_URL = "http://miniwob.toolgym/"  # never resolved: requests are answered from the miniwob package
+SNAPSHOT_JS = Path(__file__).with_name("snapshot.js").read_text(encoding="utf-8")
+VIEWPORT = {"width": 500, "height": 340}
+KEYS = ("Enter", "Tab", "Escape", "Backspace", "Delete", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight",
+        "Home", "End", "PageUp", "PageDown", "Space")  # fmt: skip
+
+
+def miniwob_html_dir() -> Path:
+    """The ``html`` folder of the installed PyPI ``miniwob`` package (found without importing it)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("miniwob")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the web envs need MiniWoB++'s pages: pip install 'toolgym[web]' (PyPI miniwob)")
+    return Path(next(iter(spec.submodule_search_locations))) / "html"
+
+
+@dataclass
+class Snapshot:
+    """What the page shows now, and MiniWoB's episode state."""
+
+    elements: list[dict[str, Any]] = field(default_factory=list)
+    utterance: str = ""
+    done: bool = False
+    reward: float = 0.0
+    raw_reward: float = 0.0
+    reason: str | None = None
+
+    @classmethod
+    def from_js(cls, data: dict[str, Any]) -> Snapshot:
+        return cls(
+            elements=list(data.get("elements") or []),
+            utterance=str(data.get("utterance") or ""),
+            done=bool(data.get("done")),
+            reward=float(data.get("reward") or 0.0),
+            raw_reward=float(data.get("raw_reward") or 0.0),
+            reason=data.get("reason"),
+        )
+
+
+class ActionError(Exception):
+    """The model's action could not be done (bad id, stale element, unknown option): an observation."""
+
+
+def _is_dead(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(s in text for s in ("Target closed", "has been closed", "Browser closed", "Connection closed"))
+
+
+class MiniWoBPage:
+    """One browser context with one page showing MiniWoB++ tasks."""
+
+    def __init__(self, host: BrowserHost, html_dir: Path, action_timeout_ms: int = 2000) -> None:
+        self.host = host
+        self.html_dir = html_dir
+        self.action_timeout_ms = action_timeout_ms
+        self.context: Any = None
+        self.page: Any = None
+        self.task: str | None = None
+
+    # ----- life cycle --------------------------------------------------------------------------------------
+    def open(self) -> None:
+        self.context = self.host.new_context(viewport=VIEWPORT)
+        try:
+            self.page = self.host.run(self._open())
+        except Exception as exc:
+            raise InfrastructureError(f"could not open a page: {exc}") from exc
+
+    async def _open(self) -> Any:
+        await self.context.route(BASE_URL + "**", self._serve)
+        page = await self.context.new_page()
+        page.set_default_timeout(self.action_timeout_ms)
+        page.set_default_navigation_timeout(30_000)  # a loaded machine loads slowly; actions stay short
+        return page
+
+    async def _serve(self, route: Any) -> None:
+        rel = route.request.url[len(BASE_URL) :].split("?", 1)[0].split("#", 1)[0]
+        path = (self.html_dir / rel).resolve()
+        if not path.is_relative_to(self.html_dir.resolve()) or not path.is_file():
+            await route.fulfill(status=404, body="not found")
+            return
+        kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        await route.fulfill(status=200, body=path.read_bytes(), headers={"content-type": kind})
+
+    def close(self) -> None:
+        context, self.context, self.page, self.task = self.context, None, None, None
+        if context is not None:
+            with contextlib.suppress(Exception):  # a dead browser took the context with it
+                self.host.run(context.close(), timeout=10)
+
+    def alive(self) -> bool:
+        return self.page is not None and not self.page.is_closed()
+
+    # ----- episodes ----------------------------------------------------------------------------------------
+    def start(self, task: str, seed: int, max_time_ms: int, reload: bool) -> Snapshot:
+        """Show ``task`` (loading its page if needed) and start a seeded episode through MiniWoB's JS."""
+        return self._call(self._start(task, seed, max_time_ms, reload), timeout=60)
+
+    async def _start(self, task: str, seed: int, max_time_ms: int, reload: bool) -> Snapshot:
+        page = self.page
+        if reload or self.task != task:
+            await page.goto(f"{BASE_URL}miniwob/{task}.html", wait_until="load")
+            self.task = task
+        await page.evaluate(
+            """([seed, maxTime]) => {
+                 if (core.EP_TIMER !== null) { clearTimeout(core.EP_TIMER); core.EP_TIMER = null; }
+                 document.querySelectorAll('[data-tg]').forEach((e) => e.removeAttribute('data-tg'));
+                 window.__tgNext = 1;
+                 if (document.activeElement && document.activeElement.blur) document.activeElement.blur();
+                 Math.seedrandom(seed);
+                 core.EPISODE_MAX_TIME = maxTime;
+                 core.startEpisodeReal();
+               }""",
+            [str(seed), max_time_ms],
+        )
+        await page.wait_for_function(
+            "() => typeof WOB_TASK_READY === 'undefined' || WOB_TASK_READY", timeout=30_000
+        )
+        return Snapshot.from_js(await page.evaluate(SNAPSHOT_JS))
+
+    def snapshot(self) -> Snapshot:
+        return self._call(self._snapshot())
+
+    async def _snapshot(self) -> Snapshot:
+        return Snapshot.from_js(await self.page.evaluate(SNAPSHOT_JS))
+
+    def act(self, name: str, args: tuple[Any, ...]) -> tuple[str | None, Snapshot]:
+        """Do one action; returns (error text for the model or None, the page afterwards)."""
+        return self._call(self._act(name, args))
+
+    def screenshot(self) -> bytes:
+        return self._call(self.page.screenshot(type="png"))
+
+    def screenshot_b64(self) -> str:
+        return base64.b64encode(self.screenshot()).decode("ascii")
+
+    # ----- internals ---------------------------------------------------------------------------------------
+    def _call(self, coro: Any, timeout: float = 30.0) -> Any:
+        if not self.alive():
+            coro.close()
+            raise InfrastructureError("the browser page is gone (Chromium crashed or was closed)")
+        try:
+            return self.host.run(coro, timeout=timeout)
+        except InfrastructureError:
+            raise
+        except Exception as exc:
+            if _is_dead(exc) or not self.alive():
+                raise InfrastructureError(f"the browser failed: {exc}") from exc
+            raise
+
+    async def _element(self, element_id: Any) -> Any:
+        try:
+            number = int(element_id)
+        except (TypeError, ValueError):
+            raise ActionError(
+                f"{element_id!r} is not an element id (ids are the numbers in brackets)"
+            ) from None
+        handle = await self.page.query_selector(f'[data-tg="{number}"]')
+        if handle is None:
+            raise ActionError(f"there is no element [{number}] on the page now (it may have gone)")
+        return handle
+
+    async def _act(self, name: str, args: tuple[Any, ...]) -> tuple[str | None, Snapshot]:
+        from playwright.async_api import Error as PlaywrightError
+
+        error: str | None = None
+        try:
+            await self._do(name, args)
+        except ActionError as exc:
+            error = str(exc)
+        except PlaywrightError as exc:
+            if _is_dead(exc):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            error = f"{name} failed: {first[:200]}"
+        return error, await self._snapshot()
+
+    async def _do(self, name: str, args: tuple[Any, ...]) -> None:
+        page, timeout = self.page, self.action_timeout_ms
+        if name == "click":
+            handle = await self._element(args[0])
+            await handle.click(timeout=timeout)
+        elif name == "type":
+            handle = await self._element(args[0])
+            tag = await handle.evaluate("e => e.tagName + ':' + (e.type || '')")
+            if not (
+                tag.startswith(("INPUT", "TEXTAREA")) or await handle.evaluate("e => e.isContentEditable")
+            ):
+                raise ActionError(f"element [{args[0]}] is not a text field")
+            await handle.fill(str(args[1]), timeout=timeout)
+        elif name == "press":
+            key = str(args[0])
+            await page.keyboard.press(" " if key == "Space" else key)
+        elif name == "select":
+            handle = await self._element(args[0])
+            if await handle.evaluate("e => e.tagName") != "SELECT":
+                raise ActionError(f"element [{args[0]}] is not a dropdown (use click for other elements)")
+            option = str(args[1])
+            labels = await handle.evaluate("e => Array.from(e.options).map(o => [o.text.trim(), o.value])")
+            match = [v for text, v in labels if option in (text, v)] or [
+                v for text, v in labels if option.lower() == text.lower()
+            ]
+            if not match:
+                raise ActionError(f"[{args[0]}] has no option {option!r}; options: {[t for t, _ in labels]}")
+            await handle.select_option(value=match[0], timeout=timeout)
+        elif name == "scroll":
+            direction = str(args[0]).lower()
+            dx, dy = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}.get(direction, (0, 0))
+            if (dx, dy) == (0, 0):
+                raise ActionError(f"scroll direction must be up, down, left or right, got {args[0]!r}")
+            if len(args) > 1 and args[1] is not None:
+                handle = await self._element(args[1])
+                await handle.evaluate("(e, d) => e.scrollBy(d[0] * 100, d[1] * 100)", [dx, dy])
+            else:
+                await page.mouse.wheel(dx * 100, dy * 100)
+        elif name == "click_xy":
+            x, y = float(args[0]), float(args[1])
+            if not (0 <= x <= VIEWPORT["width"] and 0 <= y <= VIEWPORT["height"]):
+                raise ActionError(
+                    f"({x:g}, {y:g}) is outside the {VIEWPORT['width']}x{VIEWPORT['height']} page"
+                )
+            await page.mouse.click(x, y)
+        else:  # the env only sends known names
+            raise ActionError(f"unknown action {name!r}")
