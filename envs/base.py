@@ -109,6 +109,8 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
     supports_fork: ClassVar[bool] = True
     action_format: ActionFormat = "hermes"
     reward_keys: ClassVar[tuple[str, ...]] = ("correct", "format")
+    # a cap on the expert episodes `toolgym check` plays, for envs whose episodes are slow (a JVM, a browser)
+    check_expert_episodes: ClassVar[int | None] = None
     # True for a family that forwards arbitrary **kwargs (e.g. to an outside engine): no knob check then
     accepts_any_kwargs: ClassVar[bool] = False
     metadata = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 (gymnasium declares it so)

@@ -79,6 +79,7 @@ class ScienceWorldEnv(EngineEnv):
 
     family: ClassVar[str] = "text_games"
     expert_success_rate: ClassVar[float] = 1.0
+    check_expert_episodes: ClassVar[int | None] = 4  # gold paths run to 300 steps on a JVM
     engine_kind: ClassVar[str] = "scienceworld"
 
     def __init__(
