@@ -1,43 +1,262 @@
-"""``toolgym serve``: any ``Policy`` behind the OpenAI chat-completions API (standard library only).
+"""``toolgym serve``: any ``Policy`` behind the OpenAI chat-completions API, on FastAPI + uvicorn.
 
-Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (``messages``, ``tools``, ``temperature``,
-``top_p``, ``max_tokens``/``max_completion_tokens``, ``stop``, ``seed``, ``n``, ``logprobs``), ``GET /health``.
-Requests arriving together are answered by one batched ``policy.act`` call (a worker thread collects them
-for ``batch_window_s``). Tool calls in the reply text (``<tool_call>{json}</tool_call>``) come back as
-structured ``tool_calls``; with ``logprobs: true`` each choice carries ``logprobs.content`` and, as an
-extension, ``token_ids``. Streaming is not supported (400).
+Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health`` (and the OpenAPI docs at
+``/docs``). Requests are pydantic models: a malformed one (unknown role, missing content, ``n`` out of
+range, image parts) is answered 400 with an OpenAI-style ``{"error": {"message", "type", "param"}}``.
+
+- **Tools** go through the model's chat template when it renders ``tools``; otherwise their JSON schemas
+  and the ``<tool_call>`` syntax are written into the system prompt (what the envs' ``prompt_format="text"``
+  does), so they always reach the model. Calls in the reply come back as ``message.tool_calls`` with
+  ``finish_reason: "tool_calls"``; ``tool_choice: "none"`` hides the tools.
+- **Logprobs**: each token's real text and bytes (a token holding part of a UTF-8 character has its raw
+  bytes, and its text is those bytes escaped), and with ``top_logprobs: k`` the k most likely tokens at
+  each step (one extra scoring forward over prompt + reply). Extension: ``choices[i].token_ids``.
+- **Streaming** (``stream: true``): server-sent ``chat.completion.chunk`` events, one per token, then the
+  tool calls and the finish reason, ``usage`` when ``stream_options.include_usage``, and ``[DONE]``. The
+  reply is generated in one batched call first, then streamed (no incremental decoding yet).
+
+Requests arriving together are answered by one batched generation (a worker thread collects them for
+``batch_window_s``), so concurrent clients share the model.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import re
+import socket
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy
 from toolgym.errors import ConfigError
 
 _TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.S)
 
 
+# ----- the request ---------------------------------------------------------------------------------------
+class _Function(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    """One entry of ``tools``: ``{"type": "function", "function": {name, description, parameters}}``."""
+
+    type: Literal["function"] = "function"
+    function: _Function
+
+
+class _CallFunction(BaseModel):
+    name: str
+    arguments: str = "{}"
+
+
+class _ToolCallIn(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: _CallFunction
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """A message of the conversation (``developer`` is read as ``system``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[_Part] | None = None
+    name: str | None = None
+    tool_calls: list[_ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatMessage:
+        if isinstance(self.content, list):
+            bad = [p.type for p in self.content if p.type != "text" or p.text is None]
+            if bad:
+                raise ValueError(f"only text content parts are supported, got {bad}")
+        if self.role == "assistant":
+            if self.content is None and not self.tool_calls:
+                raise ValueError("an assistant message needs content or tool_calls")
+        elif self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
+
+    def to_plain(self) -> dict[str, Any]:
+        """The message as the renderer takes it (text parts joined, ``developer`` as ``system``)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text or "" for p in content)
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+        out["content"] = content or ""
+        if self.name:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class _StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """The body of ``POST /v1/chat/completions`` (fields the API has that we cannot honour are refused)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=64)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if isinstance(self.stop, list) and len(self.stop) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return self
+
+    def sampling(self) -> SamplingParams:
+        stop = self.stop or ()
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            max_new_tokens=self.max_completion_tokens or self.max_tokens or 256,
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            seed=self.seed,
+        )
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+
+# ----- tokens as the API shows them ------------------------------------------------------------------------
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the printable character standing for each byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+class TokenBytes:
+    """The raw bytes of each token id of a tokenizer (byte-level BPE, SentencePiece byte fallback, else
+    the decoded text), cached."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.byte_level = "ByteLevel" in type(getattr(backend, "decoder", None)).__name__
+        self._decoder = _byte_decoder()
+        self._special = {
+            int(i): str(getattr(t, "content", t))
+            for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
+        }
+        self._cache: dict[int, bytes] = {}
+
+    def __call__(self, token_id: int) -> bytes:
+        hit = self._cache.get(token_id)
+        if hit is None:
+            hit = self._cache[token_id] = self._bytes(token_id)
+        return hit
+
+    def _bytes(self, token_id: int) -> bytes:
+        if token_id in self._special:
+            return self._special[token_id].encode()
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            if self.byte_level and all(c in self._decoder for c in piece):
+                return bytes(self._decoder[c] for c in piece)
+            m = _BYTE_FALLBACK.match(piece)
+            if m:
+                return bytes([int(m.group(1), 16)])
+            if "\u2581" in piece:  # SentencePiece's word boundary
+                return piece.replace("\u2581", " ").encode()
+        return str(self.tokenizer.decode([token_id])).encode()
+
+    def text(self, token_id: int) -> str:
+        return token_text(self(token_id))
+
+
+def token_text(raw: bytes) -> str:
+    """A token's text: its UTF-8 decoding, or for a partial character its bytes escaped (``\\xe2``)."""
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
+# ----- the batcher -----------------------------------------------------------------------------------------
 @dataclass
 class _Job:
     conversation: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     sampling: SamplingParams
-    future: Future[AssistantTurn]
+    top_k: int
+    future: Future[_Reply]
+
+
+@dataclass
+class _Reply:
+    turn: AssistantTurn
+    prompt_tokens: int
+    top: list[list[tuple[int, float]]] = field(
+        default_factory=list
+    )  # per reply token: (id, logprob) best-first
+
+
+def tools_system_text(tools: Sequence[dict[str, Any]]) -> str:
+    """Tool schemas and the call syntax as system-prompt text, for templates that do not render tools."""
+    schemas = "\n".join(json.dumps(t.get("function", t)) for t in tools)
+    return (
+        f"You may call these tools:\n{schemas}\n\n"
+        'To call a tool, write <tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>; '
+        "the result comes back in the next message."
+    )
 
 
 class PolicyServer:
-    """Serves ``policy`` on ``host:port`` (port 0 picks a free one; see ``.port``). ``start()`` runs it in
-    background threads, ``serve_forever()`` in this one; ``close()`` stops it."""
+    """Serves ``policy`` on ``host:port`` (port 0 picks a free one; see ``.port``). ``start()`` runs uvicorn
+    in a background thread, ``serve_forever()`` in this one; ``close()`` stops it."""
 
     def __init__(
         self,
@@ -55,40 +274,64 @@ class PolicyServer:
         self.batch_window_s = batch_window_s
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="toolgym-serve-batcher", daemon=True)
-        handler = type("Handler", (_Handler,), {"server_ref": self})
+        self._renderer = getattr(policy, "renderer", None) if isinstance(policy, TokenPolicy) else None
+        tok = getattr(self._renderer, "tokenizer", None)
+        self._token_bytes = TokenBytes(tok) if tok is not None else None
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self.httpd = ThreadingHTTPServer((host, port), handler)
+            self._sock.bind((host, port))
         except OSError as exc:
+            self._sock.close()
             raise ConfigError(f"cannot listen on {host}:{port} ({exc}); pick another --port") from exc
-        self.httpd.daemon_threads = True
+        self._host = host
+        self.app = build_app(self)
+        self._server: Any = None
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        return int(self.httpd.server_address[1])
+        return int(self._sock.getsockname()[1])
 
     @property
     def url(self) -> str:
-        host = self.httpd.server_address[0]
-        return f"http://{host.decode() if isinstance(host, bytes) else host}:{self.port}/v1"
+        return f"http://{self._host}:{self.port}/v1"
+
+    def _uvicorn(self) -> Any:
+        import uvicorn
+
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        return self._server
 
     def start(self) -> PolicyServer:
         self._worker.start()
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="toolgym-serve", daemon=True)
+        server = self._uvicorn()
+        self._thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [self._sock]}, name="toolgym-serve", daemon=True
+        )
         self._thread.start()
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise ConfigError(f"the server on port {self.port} did not start")
+            time.sleep(0.01)
         return self
 
     def serve_forever(self) -> None:
         self._worker.start()
         try:
-            self.httpd.serve_forever()
+            self._uvicorn().run(sockets=[self._sock])
         finally:
             self.close()
 
     def close(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
         if self._thread is not None:
-            self.httpd.shutdown()
-        self.httpd.server_close()
+            self._thread.join(timeout=30)
+            self._thread = None
+        self._sock.close()
         self._jobs.put(None)
 
     def __enter__(self) -> PolicyServer:
@@ -99,10 +342,14 @@ class PolicyServer:
 
     # ----- batching ----------------------------------------------------------------------------------------
     def submit(
-        self, conversation: list[dict[str, Any]], tools: Any, sampling: SamplingParams
-    ) -> Future[AssistantTurn]:
-        fut: Future[AssistantTurn] = Future()
-        self._jobs.put(_Job(conversation, tools, sampling, fut))
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        sampling: SamplingParams,
+        top_k: int = 0,
+    ) -> Future[_Reply]:
+        fut: Future[_Reply] = Future()
+        self._jobs.put(_Job(conversation, tools, sampling, top_k, fut))
         return fut
 
     def _work(self) -> None:
@@ -126,114 +373,224 @@ class PolicyServer:
                 by_sampling.setdefault(j.sampling, []).append(j)
             for sampling, jobs in by_sampling.items():
                 try:
-                    turns = self.policy.act(
-                        [j.conversation for j in jobs], [j.tools for j in jobs], sampling=sampling
-                    )
+                    replies = self._answer(jobs, sampling)
                 except Exception as exc:  # answered as a 500 to each waiting request
                     for j in jobs:
                         j.future.set_exception(exc)
                     continue
-                for j, turn in zip(jobs, turns, strict=True):
-                    j.future.set_result(turn)
+                for j, reply in zip(jobs, replies, strict=True):
+                    j.future.set_result(reply)
+
+    def _conversation(self, conv: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
+        """The conversation and tools as the model gets them: tools in the system prompt when the template
+        cannot show them."""
+        if not tools or self._renderer is None or self._renderer.renders_tools:
+            return conv, tools
+        text = tools_system_text(tools)
+        if conv and conv[0]["role"] == "system":
+            return [dict(conv[0], content=f"{conv[0]['content']}\n\n{text}"), *conv[1:]], tools
+        return [{"role": "system", "content": text}, *conv], tools
+
+    def _answer(self, jobs: list[_Job], sampling: SamplingParams) -> list[_Reply]:
+        prepared = [self._conversation(j.conversation, j.tools) for j in jobs]
+        if self._renderer is None:  # a policy without tokens (an OpenAI proxy, a custom one)
+            turns = self.policy.act([c for c, _ in prepared], [t for _, t in prepared], sampling=sampling)
+            return [_Reply(t, int(t.usage.get("prompt_tokens", 0))) for t in turns]
+        policy: Any = self.policy
+        prompts = [self._renderer.prompt_ids(c, t) for c, t in prepared]
+        gens = policy.generate(prompts, sampling)
+        replies = []
+        for j, (_, tools), prompt, gen in zip(jobs, prepared, prompts, gens, strict=True):
+            reply = _Reply(policy.to_turn(gen, tools, len(prompt)), len(prompt))
+            if j.top_k and gen.token_ids:
+                reply.top = self._top_logprobs(prompt, gen.token_ids, j.top_k, sampling)
+            replies.append(reply)
+        return replies
+
+    def _top_logprobs(
+        self, prompt: list[int], reply: list[int], k: int, sampling: SamplingParams
+    ) -> list[list[tuple[int, float]]]:
+        """The k likeliest tokens at each reply position, under the distribution sampled from."""
+        import torch
+
+        model: Any = self.policy.model  # type: ignore[attr-defined]
+        device = next(model.parameters()).device
+        ids = torch.tensor([prompt + reply[:-1]], device=device)  # [1, L]
+        temp = sampling.temperature if sampling.temperature > 0 else 1.0
+        with torch.inference_mode():
+            logits = model(input_ids=ids, logits_to_keep=len(reply)).logits[0, -len(reply) :]  # [R, V]
+            logp = torch.log_softmax(logits.float() / temp, dim=-1)
+            values, indices = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [R, k]
+        return [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
 
     # ----- the API -----------------------------------------------------------------------------------------
-    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The chat-completions response for one request body (raises ConfigError on a bad request)."""
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ConfigError("'messages' must be a non-empty list of chat messages")
-        if body.get("stream"):
-            raise ConfigError("streaming is not supported by toolgym serve: send stream=false")
-        n = int(body.get("n") or 1)
-        if not 1 <= n <= 64:
-            raise ConfigError(f"'n' must be between 1 and 64, got {n}")
-        stop = body.get("stop") or ()
-        sampling = SamplingParams(
-            temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0),
-            top_p=float(body.get("top_p") or 1.0),
-            max_new_tokens=int(body.get("max_completion_tokens") or body.get("max_tokens") or 256),
-            stop=(stop,) if isinstance(stop, str) else tuple(stop),
-            seed=body.get("seed"),
-        )
-        tools = body.get("tools") or None
-        futures = [self.submit(messages, tools, sampling) for _ in range(n)]
-        turns = [f.result() for f in futures]
-        choices = [self._choice(i, t, bool(tools), bool(body.get("logprobs"))) for i, t in enumerate(turns)]
-        prompt_tokens = max((t.usage.get("prompt_tokens", 0) for t in turns), default=0)
-        completion_tokens = sum(len(t.token_ids) for t in turns)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or self.model_name,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        }
+    async def replies(self, req: ChatCompletionRequest) -> list[_Reply]:
+        conv = [m.to_plain() for m in req.messages]
+        sampling = req.sampling()
+        top_k = (req.top_logprobs or 0) if req.logprobs else 0
+        futures = [self.submit(conv, req.tool_dicts(), sampling, top_k) for _ in range(req.n)]
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
-    def _choice(self, index: int, turn: AssistantTurn, with_tools: bool, logprobs: bool) -> dict[str, Any]:
+    def choice(self, index: int, reply: _Reply, req: ChatCompletionRequest) -> dict[str, Any]:
+        turn = reply.turn
         message: dict[str, Any] = {"role": "assistant", "content": turn.text}
         finish = turn.finish_reason if turn.finish_reason != "error" else "stop"
-        if with_tools and turn.message.tool_calls:
-            message["tool_calls"] = [c.to_dict() for c in turn.message.tool_calls]
+        if req.tool_dicts() and turn.message.tool_calls:
+            message["tool_calls"] = [
+                dict(c.to_dict(), id=f"call_{uuid.uuid4().hex[:16]}") for c in turn.message.tool_calls
+            ]
             message["content"] = _TOOL_CALL.sub("", turn.text).strip() or None
             finish = "tool_calls"
-        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
-        if logprobs:
-            decode = getattr(getattr(self.policy, "renderer", None), "decode", None)
-            tokens = [decode([t]) if decode else "" for t in turn.token_ids]
-            choice["logprobs"] = {
-                "content": [
-                    {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
-                    for tok, lp in zip(tokens, turn.logprobs, strict=False)
+        out: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
+        if req.logprobs:
+            out["logprobs"] = {"content": self.logprob_entries(reply)}
+            out["token_ids"] = list(turn.token_ids)
+        return out
+
+    def logprob_entries(self, reply: _Reply) -> list[dict[str, Any]]:
+        turn, tb = reply.turn, self._token_bytes
+        entries = []
+        for pos, (tid, lp) in enumerate(zip(turn.token_ids, turn.logprobs, strict=False)):
+            raw = tb(tid) if tb is not None else b""
+            top: list[dict[str, Any]] = []
+            if tb is not None and pos < len(reply.top):
+                top = [
+                    {"token": token_text(tb(i)), "logprob": v, "bytes": list(tb(i))}
+                    for i, v in reply.top[pos]
                 ]
-            }
-            choice["token_ids"] = list(turn.token_ids)
-        return choice
+            entries.append({"token": token_text(raw), "logprob": lp, "bytes": list(raw), "top_logprobs": top})
+        return entries
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_ref: PolicyServer
-    protocol_version = "HTTP/1.1"
+def _error(status: int, message: str, kind: str, param: str | None = None) -> Any:
+    from fastapi.responses import JSONResponse
 
-    def log_message(self, format: str, *args: Any) -> None:  # quiet by default
-        return None
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(status_code=status, content=body)
 
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
-    def _error(self, status: int, message: str, kind: str) -> None:
-        self._send(status, {"error": {"message": message, "type": kind, "code": status}})
+def build_app(server: PolicyServer) -> Any:
+    """The FastAPI application of ``server`` (routes under ``/v1`` and at the root)."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import StreamingResponse
 
-    def do_GET(self) -> None:
-        path = self.path.rstrip("/")
-        if path in ("/health", "/v1/health"):
-            self._send(200, {"status": "ok"})
-        elif path in ("/v1/models", "/models"):
-            model = {"id": self.server_ref.model_name, "object": "model", "owned_by": "toolgym"}
-            self._send(200, {"object": "list", "data": [model]})
-        else:
-            self._error(404, f"no route {self.path}: use /v1/chat/completions or /v1/models", "not_found")
+    app = FastAPI(title="toolgym serve", description="A toolgym policy behind the OpenAI chat API.")
 
-    def do_POST(self) -> None:
-        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-            self._error(404, f"no route {self.path}: use /v1/chat/completions", "not_found")
-            return
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Any:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            problems.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        return _error(400, "; ".join(problems) or "invalid request", "invalid_request_error", param)
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models() -> dict[str, Any]:
+        model = {"id": server.model_name, "object": "model", "created": 0, "owned_by": "toolgym"}
+        return {"object": "list", "data": [model]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/chat/completions", response_model=None)
+    async def chat(req: ChatCompletionRequest) -> Any:
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length) or b"{}")
-            if not isinstance(body, dict):
-                raise ConfigError("the request body must be a JSON object")
-            self._send(200, self.server_ref.completion(body))
-        except (ConfigError, json.JSONDecodeError, ValueError, TypeError) as exc:
-            self._error(400, str(exc), "invalid_request_error")
+            replies = await server.replies(req)
+        except ConfigError as exc:
+            return _error(400, str(exc), "invalid_request_error")
         except Exception as exc:  # the policy failed: the client may retry
-            self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
+            return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
+        cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        model = req.model or server.model_name
+        prompt_tokens = max((r.prompt_tokens for r in replies), default=0)
+        completion_tokens = sum(len(r.turn.token_ids) for r in replies)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        choices = [server.choice(i, r, req) for i, r in enumerate(replies)]
+        if not req.stream:
+            return {
+                "id": cid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "usage": usage,
+            }
+        head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        events = _stream_events(server, head, replies, choices, req, usage if include_usage else None)
+        return StreamingResponse(events, media_type="text/event-stream")
+
+    return app
+
+
+async def _stream_events(
+    server: PolicyServer,
+    head: dict[str, Any],
+    replies: list[_Reply],
+    choices: list[dict[str, Any]],
+    req: ChatCompletionRequest,
+    usage: dict[str, Any] | None,
+) -> AsyncIterator[str]:
+    """SSE chunks: the role, the reply token by token, the tool calls, the finish reason, usage, [DONE]."""
+
+    def event(choice: dict[str, Any] | None, **extra: Any) -> str:
+        body = dict(head, choices=[choice] if choice else [], **extra)
+        return f"data: {json.dumps(body)}\n\n"
+
+    for index, (reply, choice) in enumerate(zip(replies, choices, strict=True)):
+        yield event({"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+        calls = choice["message"].get("tool_calls")
+        entries = server.logprob_entries(reply) if req.logprobs else []
+        tb = server._token_bytes
+        if calls:  # the text before the calls, then the calls
+            pieces = [choice["message"]["content"]] if choice["message"]["content"] else []
+        elif tb is not None and reply.turn.token_ids:
+            pieces = _token_pieces(tb, server._renderer, reply.turn)
+        else:
+            pieces = [reply.turn.text] if reply.turn.text else []
+        aligned = len(pieces) == len(entries)
+        for k, piece in enumerate(pieces):
+            delta: dict[str, Any] = {"index": index, "delta": {"content": piece}, "finish_reason": None}
+            if entries and (aligned or k == 0):  # one token per chunk, else all of them with the first
+                delta["logprobs"] = {"content": entries[k : k + 1] if aligned else entries}
+            yield event(delta)
+            await asyncio.sleep(0)
+        if calls:
+            deltas = [dict(c, index=i) for i, c in enumerate(calls)]
+            yield event({"index": index, "delta": {"tool_calls": deltas}, "finish_reason": None})
+        yield event({"index": index, "delta": {}, "finish_reason": choice["finish_reason"]})
+    if usage is not None:
+        yield event(None, usage=usage)
+    yield "data: [DONE]\n\n"
+
+
+def _token_pieces(tb: TokenBytes, renderer: Any, turn: AssistantTurn) -> list[str]:
+    """The reply text cut at token boundaries (a character split over tokens goes with its last token),
+    one piece per token so each chunk can carry that token's logprob; the stop token adds nothing."""
+    ids = renderer.strip_stop(turn.token_ids)
+    pieces, pending = [], b""
+    for tid in ids:
+        pending += tb(tid)
+        try:
+            pieces.append(pending.decode("utf-8"))
+            pending = b""
+        except UnicodeDecodeError:
+            pieces.append("")
+    if pending:
+        pieces[-1] = pending.decode("utf-8", errors="replace")
+    if len(ids) < len(turn.token_ids):
+        pieces.append("")
+    if "".join(pieces) != turn.text:  # a tokenizer whose pieces do not add up: send the text whole
+        return [turn.text]
+    return pieces

