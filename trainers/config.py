@@ -2,6 +2,8 @@
 
 `GRPOConfig` and `PPOConfig` extend `RunConfig` with their own fields. Every field carries a one-line
 help (`metadata["help"]`), which `toolgym train` turns into its flags; a YAML file gives the same keys.
+A categorical field is declared with `choice()`: its accepted values go to argparse (`--help` lists them)
+and a config with any other value fails at construction with a ConfigError that lists them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,21 @@ from typing import Any, TypeVar
 from toolgym.errors import ConfigError
 
 C = TypeVar("C", bound="RunConfig")
+
+
+def choice(default: str, options: tuple[str, ...], help: str) -> Any:
+    """A categorical config field: one of ``options`` (checked when the config is built)."""
+    if default not in options:
+        raise ValueError(f"default {default!r} not in {options}")
+    return field(default=default, metadata={"help": f"{help}: {' | '.join(options)}", "choices": options})
+
+
+def check_choices(cfg: Any) -> None:
+    """A ConfigError for the first categorical field whose value is not one of its choices."""
+    for f in dataclasses.fields(cfg):
+        options = f.metadata.get("choices")
+        if options is not None and getattr(cfg, f.name) not in options:
+            raise ConfigError(f"{f.name} must be one of {', '.join(options)}; got {getattr(cfg, f.name)!r}")
 
 
 @dataclass
@@ -65,9 +82,8 @@ class RunConfig:
     )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature for training rollouts"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling for training rollouts"})
-    engine: str = field(
-        default="auto",
-        metadata={"help": "rollout engine: auto (fast on CUDA for Llama/Qwen2, else hf) | fast | hf"},
+    engine: str = choice(
+        "auto", ("auto", "fast", "hf"), "rollout engine (auto: fast on CUDA for Llama/Qwen2)"
     )
     # --- optimization
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate"})
@@ -98,7 +114,12 @@ class RunConfig:
     tensorboard: bool = field(default=True, metadata={"help": "also write tensorboard events"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> None:
+        """Every rule a config must keep; subclasses extend it (and call super)."""
+        check_choices(self)
         if not self.env_ids:
             raise ConfigError("env_ids is empty: name at least one env, e.g. toolgym/Calculator-v0")
         for name in (

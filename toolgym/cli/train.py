@@ -25,13 +25,13 @@ def _config_classes() -> dict[str, Any]:
     return {"grpo": GRPOConfig, "ppo": PPOConfig}
 
 
-def _fields() -> dict[str, tuple[str, Any, str]]:
-    """name -> (type string, default, help) over both configs (GRPO's default where both have one)."""
-    out: dict[str, tuple[str, Any, str]] = {}
+def _fields() -> dict[str, tuple[str, Any, str, tuple[str, ...] | None]]:
+    """name -> (type string, default, help, choices) over both configs (GRPO's default where both have one)."""
+    out: dict[str, tuple[str, Any, str, tuple[str, ...] | None]] = {}
     for cls in reversed(list(_config_classes().values())):
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            out[f.name] = (str(f.type), default, f.metadata.get("help", ""))
+            out[f.name] = (str(f.type), default, f.metadata.get("help", ""), f.metadata.get("choices"))
     return out
 
 
@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
         fields = _fields()
     except ImportError:  # torch missing: the command still registers and says what to install when run
         fields = {}
-    for name, (typ, default, help_) in fields.items():
+    for name, (typ, default, help_, choices) in fields.items():
         flag = "--" + name.replace("_", "-")
         kw: dict[str, Any] = {
             "dest": name,
@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
         elif typ.startswith("dict"):
             p.add_argument(flag, type=_json_object, metavar="JSON", **kw)
         else:
-            p.add_argument(flag, type={"int": int, "float": float}.get(typ, str), **kw)
+            p.add_argument(flag, type={"int": int, "float": float}.get(typ, str), choices=choices, **kw)
     p.set_defaults(func=cmd_train)
 
 
