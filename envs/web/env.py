@@ -124,7 +124,8 @@ class WebEnv(ToolEnv):
     ``task`` (a MiniWoB task name, Web-v0 only), ``tasks`` (the pool Web-v0 draws from), ``screenshots``
     (False), ``screenshot_dir`` (None: a ``screenshot`` command saves a PNG there, for people playing),
     ``time_penalty`` (False), ``episode_time_limit_s`` (None: no MiniWoB clock), ``action_timeout_ms``
-    (2000), ``reload_each_episode`` (False), plus the base knobs.
+    (2000), ``reload_each_episode`` (False), ``own_browser`` (False: share the process's Chromium; True: a
+    Chromium of its own, the anchors' way, for comparison), plus the base knobs.
 
     ## Info
     ``miniwob_task``, ``miniwob_reward`` (after the episode), ``elements`` (count of listed elements).
@@ -140,6 +141,7 @@ class WebEnv(ToolEnv):
     action_format = "command"
     reward_keys: ClassVar[tuple[str, ...]] = ("reward", "format")
     fixed_task: ClassVar[str | None] = None
+    check_expert_episodes: ClassVar[int | None] = 10  # `toolgym check`: browser episodes are slow
 
     def __init__(
         self,
@@ -151,6 +153,7 @@ class WebEnv(ToolEnv):
         episode_time_limit_s: float | None = None,
         action_timeout_ms: int = 2000,
         reload_each_episode: bool = False,
+        own_browser: bool = False,
         max_turns: int = 20,
         **kwargs: Any,
     ) -> None:
@@ -177,6 +180,7 @@ class WebEnv(ToolEnv):
         self.max_time_ms = int(episode_time_limit_s * 1000) if episode_time_limit_s else NO_LIMIT_MS
         self.action_timeout_ms = action_timeout_ms
         self.reload_each_episode = reload_each_episode
+        self.own_browser = own_browser
         self._host: BrowserHost | None = None
         self._page: MiniWoBPage | None = None
         self._html_dir = miniwob_html_dir()
@@ -192,7 +196,7 @@ class WebEnv(ToolEnv):
             self._page.close()
             self._page = None
         if self._host is None:
-            self._host = BrowserHost.shared()
+            self._host = BrowserHost() if self.own_browser else BrowserHost.shared()
             self._host.acquire()
         page = MiniWoBPage(self._host, self._html_dir, self.action_timeout_ms)
         page.open()
