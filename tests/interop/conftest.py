@@ -32,3 +32,9 @@ def qwen_style_policy() -> Any:
 
     tok = agents_fixtures.make_tokenizer(agents_fixtures.QWEN_STYLE)
     return HFPolicy(agents_fixtures.tiny_model(len(tok), seed=1), tok)
+
+
+@pytest.fixture(scope="session")
+def agents_helpers() -> Any:
+    """tests/agents/conftest.py as a module (``make_tokenizer``, ``tiny_model``, the templates)."""
+    return agents_fixtures

@@ -1,0 +1,132 @@
+"""``toolgym.adapters.trl``: the generated class, and TRL's real ``GRPOTrainer`` training on it (CPU, 2 steps)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolgym.adapters.trl import dataset, environment_factory
+from toolgym.errors import ConfigError
+
+
+def _tools(instance: Any) -> dict[str, Any]:
+    """The methods TRL takes as tools: public functions on the class but reset and get_reward."""
+    return {
+        name: getattr(instance, name)
+        for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+        if name not in ("reset", "get_reward") and not name.startswith("_")
+    }
+
+
+def test_methods_carry_the_tool_schemas() -> None:
+    from transformers.utils import get_json_schema
+
+    cls = environment_factory("toolgym/Calculator-v0", max_turns=4)
+    env = cls()
+    tools = _tools(env)
+    assert sorted(tools) == ["answer", "calculator"]
+    schema = get_json_schema(tools["calculator"])["function"]
+    spec = next(s for s in env.env.tool_specs if s.name == "calculator")
+    assert schema["name"] == "calculator" and schema["description"] == spec.description
+    assert schema["parameters"]["properties"]["expression"]["type"] == "string"
+    assert schema["parameters"]["required"] == ["expression"]
+    assert schema["parameters"]["properties"]["expression"]["description"] == " ".join(
+        spec.parameters["properties"]["expression"]["description"].split()
+    )
+
+
+def test_an_episode_through_the_methods() -> None:
+    cls = environment_factory("toolgym/Calculator-v0", max_turns=4)
+    env = cls()
+    text = env.reset(seed=3)
+    task = env.env.task
+    assert task.prompt in text and "`answer` tool" in text
+    assert env.calculator(expression="2*3") == "6"
+    assert "Invalid" in env.calculator(expression=5)  # the env's feedback, not an exception
+    assert "Invalid call" in env.calculator()  # a missing argument, bound by the generated signature
+    assert env.get_reward() == pytest.approx(-0.1)  # the env's format penalty
+    env.answer(str(task.answer))
+    assert env.get_reward() == pytest.approx(0.9)
+    assert "over" in env.calculator(expression="1+1")
+    # the same seed gives the same task: a GRPO group shares its row's seed
+    again = cls()
+    assert again.reset(seed=3) == text and cls().reset(seed=4) != text
+
+
+def test_env_error_is_no_reward_and_bad_names_are_config_errors() -> None:
+    from toolgym.adapters.trl import ToolgymTRLEnv, tool_method
+    from toolgym.errors import InfrastructureError
+    from toolgym.tools import ToolSpec
+
+    cls = environment_factory("toolgym/Calculator-v0")
+    env = cls()
+    env.reset(seed=0)
+
+    def broken(call: Any) -> str:
+        raise InfrastructureError("sandbox died")
+
+    env.env.run_tool = broken
+    assert "over" in env.calculator(expression="1+1") and env.get_reward() is None
+    assert issubclass(cls, ToolgymTRLEnv)
+    with pytest.raises(ConfigError, match="reset"):
+        tool_method(ToolSpec(name="reset", description="x", parameters={"type": "object", "properties": {}}))
+
+
+@pytest.mark.slow
+def test_grpo_trainer_trains_two_steps_on_a_toolgym_env(tmp_path: Path, agents_helpers: Any) -> None:
+    trl = pytest.importorskip("trl")
+
+    template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    tokenizer = agents_helpers.make_tokenizer(template)
+    tokenizer.padding_side = "left"
+    model = agents_helpers.tiny_model(len(tokenizer), seed=2)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+    cls = environment_factory("toolgym/Calculator-v0", max_turns=3)
+    resets: list[int] = []
+    rewards: list[Any] = []
+
+    class Watched(cls):  # type: ignore[misc, valid-type]
+        def reset(self, seed: int | None = None, **row: Any) -> str:
+            resets.append(int(seed) if seed is not None else -1)
+            return super().reset(seed=seed, **row)
+
+        def get_reward(self) -> float | None:
+            rewards.append(super().get_reward())
+            return rewards[-1]
+
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=8,
+        max_tool_calling_iterations=1,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=args,
+        train_dataset=dataset("toolgym/Calculator-v0", 4),
+        environment_factory=Watched,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert len(resets) >= 4 and all(s >= 0 for s in resets)
+    assert len(rewards) >= 4 and all(r is not None for r in rewards)
+    logged = [h for h in trainer.state.log_history if any(k.startswith("rewards/Watched") for k in h)]
+    assert logged, trainer.state.log_history
+    # the random model never answers, so every rollout scores the same and GRPO's advantages are 0:
+    # the check is that TRL ran the episodes and took their rewards, not that the weights moved
+    assert all("loss" in h for h in logged) and all(r <= 0.0 for r in rewards)
