@@ -7,8 +7,9 @@ Formats:
   first argument (``<python>``, ``<search>``, …); a fenced ```python block calls ``python``; ``<answer>``.
 - ``command``: plain text commands (household games): the whole reply, stripped, is one command.
 
-Reasoning inside ``<think>…</think>`` is ignored. Nothing here raises on bad text: problems come back as a
-``ParseResult`` with ``error`` set, which the env turns into an observation and a format penalty.
+Reasoning inside ``<think>…</think>`` (and a HiPER ``<subgoal>…</subgoal>`` plan) is ignored. Nothing here
+raises on bad text: problems come back as a ``ParseResult`` with ``error`` set, which the env turns into an
+observation and a format penalty.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ ErrorKind = Literal[
     "too_long",
 ]
 
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
+# <subgoal> (HiPER plans, trainers/hiper.py) is ignored like <think>, so every env passes it through
+_THINK = re.compile(r"<(think|subgoal)>.*?(</\1>|$)", re.S)
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.S)

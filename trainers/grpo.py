@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
 from toolgym.trainers.config import RunConfig
+from toolgym.trainers.seed_config import SeedMethodsConfig
 
 if TYPE_CHECKING:
     import torch
@@ -46,11 +47,12 @@ if TYPE_CHECKING:
     from toolgym.trainers.rollout import RolloutConfig
     from toolgym.trainers.tree import RolloutTree, Row
 
-GRPO_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "hgpo", "tree", "spo_std", "treerl", "treepo", "igpo")
+GRPO_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "hgpo", "tree", "spo_std", "treerl", "treepo", "igpo",
+                   "hiper")  # fmt: skip
 
 
 @dataclass
-class GRPOConfig(RunConfig):
+class GRPOConfig(SeedMethodsConfig):  # replay, task selection, EPO, HiPER fields: seed_config.py
     # --- credit
     estimator: str = field(
         default="grpo",
@@ -286,7 +288,7 @@ class GRPOConfig(RunConfig):
             )
         if self.branching == "none" and "initial_samples" in changed:
             out.append("initial_samples: inert without branching")
-        return out
+        return out + self.seed_inert(changed)
 
     def _acc_filter_on(self) -> bool:
         return self.acc_filter_low > 0.0 or self.acc_filter_high < 1.0
@@ -383,6 +385,10 @@ def credit(cfg: GRPOConfig, forest: list[RolloutTree], scorer: Any = None) -> Cr
     rewards = leaf_rewards(forest, rows)
     if cfg.estimator == "igpo":
         node_adv = scorer(forest, rows)
+    elif cfg.estimator == "hiper":
+        from toolgym.trainers.hiper import hae
+
+        node_adv = hae(forest, rows, cfg.hiper_gamma, cfg.hiper_omega_high, cfg.hiper_omega_low)
     else:
         node_adv = estimate(
             cfg.estimator, forest, rows, omega=cfg.gigpo_omega, gamma=cfg.gigpo_gamma,
@@ -431,6 +437,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     from toolgym.trainers.modeling import Reference, autocast, build_policy, pick_device, trainable_parameters
     from toolgym.trainers.rollout import TreeRollout
     from toolgym.trainers.runlog import RunLog
+    from toolgym.trainers.seed_config import SeedState
 
     cfg.validate()
     loss_cfg, rollout_cfg = cfg.loss_config(), cfg.rollout_config()
@@ -476,6 +483,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     if dist.main:
         (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
     roller = TreeRollout(policy, branch, rollout_cfg, cfg.env_kwargs)
+    seeds = SeedState(cfg, dist.world)  # replay buffer, task pool, EPO entropy band
     bar = _progress_bar(cfg, progress.step) if dist.main else None
     per_rank = cfg.prompts_per_step // dist.world
     metrics: dict[str, float] = {}
@@ -500,7 +508,10 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         rounds = 0
         metrics = {}
         while True:
-            tasks = next_tasks(cfg.env_ids, cfg.seed, progress.data_pos + dist.rank * per_rank, per_rank)
+            tasks = seeds.tasks(
+                lambda: next_tasks(cfg.env_ids, cfg.seed, progress.data_pos + dist.rank * per_rank, per_rank),
+                per_rank, step,
+            )  # fmt: skip
             model.eval()
             with torch.no_grad(), autocast(device, cfg.bf16):
                 new, stats = roller.run(
@@ -527,6 +538,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             if not forest:
                 forest = new  # nothing survived: train on the last round (its filters drop it again)
 
+        forest = seeds.before_credit(forest, step, metrics)  # task probe, success replay
         # 2-3. rows, shaped rewards, advantages (groups = trees), filters
         c = credit(cfg, forest, scorer)
         rows, keep, advantages = c.rows, c.keep, c.advantages
@@ -548,6 +560,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         old = _old_logprobs(model, batch, cfg, device) if multi else None
         model.train()
         sums: dict[str, float] = {}
+        seeds.start_step(step)
+        ent_grad = cfg.entropy_coef > 0 or cfg.epo  # EPO's entropy terms need the entropy's gradient
         t_train, trained_tokens, updates = time.perf_counter(), 0, 0
         g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
         for _epoch in range(cfg.epochs):
@@ -567,7 +581,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
                     sync = dist.no_sync(trainer, sync=i == len(chunks) - 1)
                     with sync, autocast(device, cfg.bf16):
                         logp, ent, _ = forward(
-                            trainer, mb, cfg.temperature, entropy=True, entropy_grad=cfg.entropy_coef > 0
+                            trainer, mb, cfg.temperature, entropy=True, entropy_grad=ent_grad
                         )
                         ref_logp = None
                         if ref is not None:
@@ -582,6 +596,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
                         ref_logprobs=ref_logp, entropy=ent, turn_ids=mb.turn_ids,
                     )  # fmt: skip
                     loss, st = policy_loss(pb, loss_cfg, denom)
+                    loss = seeds.epo_term(loss, ent, mb, len(mb_rows))
                     with dist.no_sync(trainer, sync=i == len(chunks) - 1):
                         (loss * dist.world).backward()
                     w = float(mb.loss_mask.sum())
@@ -598,6 +613,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         w = sums.pop("_w", 0.0)
         metrics |= {f"losses/{k}": v / w if w else 0.0 for k, v in sums.items()}
         metrics["train/updates"] = float(updates)
+        seeds.end_step(metrics)
         metrics["train/tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics = dist.mean_metrics(metrics)  # (rank means; tokens_per_s is then per rank)

@@ -1,0 +1,83 @@
+"""EPO (trainers/epo.py): trajectory entropy, smoothing band, phase weight; numbers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import register_fake_env, tiny_model
+from test_train import SMALL, records
+
+from toolgym.trainers.epo import EntropyBand, epo_loss, phase_weight, smoothing_penalty, trajectory_entropy
+from toolgym.trainers.grpo import GRPOConfig
+from toolgym.trainers.grpo import train as train_grpo
+
+
+def test_trajectory_entropy_weighs_every_turn_once() -> None:
+    # row 0: turn 0 tokens 1, 3 (mean 2), turn 1 token 6 (mean 6), a masked 9 -> (2 + 6) / 2 = 4
+    # row 1: one turn, tokens 2, 2, 5 -> 3; a token-mean would give row 0 (1+3+6)/3 = 3.33 instead
+    ent = torch.tensor([[1.0, 3.0, 6.0, 9.0], [2.0, 2.0, 5.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    turns = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 0]])
+    assert trajectory_entropy(ent, mask, turns).tolist() == [4.0, 3.0]
+
+
+def test_band_penalty_and_loss_by_hand() -> None:
+    band = EntropyBand(kappa=0.25, window=2)
+    assert band.band() is None
+    band.update(2.0)
+    band.update(6.0)
+    band.update(4.0)  # window 2: mean of 6 and 4 = 5 -> band [3.75, 6.25]
+    assert band.band() == (3.75, 6.25)
+    assert smoothing_penalty(torch.tensor([3.0, 5.0, 7.0]), 3.75, 6.25).tolist() == [0.75, 0.0, 0.75]
+    ent = torch.tensor([[1.0, 3.0, 6.0, 9.0], [2.0, 2.0, 5.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    turns = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 0]])
+    # H = [4, 3]; band [3.75, 6.25]: penalties [0, 0.75]; alpha 0.1, beta 2, weight 0.5, 4 rows in the minibatch:
+    # (-0.1 * (4 + 3) + 2 * 0.5 * 0.75) / 4 = (-0.7 + 0.75) / 4 = 0.0125
+    loss, st = epo_loss(ent, mask, turns, rows=4, alpha=0.1, beta=2.0, weight=0.5, band=band.band())
+    assert math.isclose(loss.item(), 0.0125, abs_tol=1e-6)
+    assert st == {"entropy_sum": 7.0, "penalty_sum": 0.75, "rows": 2.0}
+    loss.backward()
+    assert ent.grad is not None and ent.grad[0, 3].item() == 0.0  # masked token: no gradient
+    # row 1's three tokens of its one turn: d/dH (-0.1 H + 1 * relu(3.75 - H)) / 4 = (-0.1 - 1) / 4 / 3
+    assert math.isclose(ent.grad[1, 0].item(), -1.1 / 12, rel_tol=1e-5)
+
+
+def test_phase_weight_ramps_after_warmup() -> None:
+    # steps 10, warmup 0.2: 0.1 through step 2, then linear to 1.0 at step 10 (step 6: 0.1 + 0.9 * 0.5)
+    got = [round(phase_weight(s, 10, 0.1, 1.0, 0.2), 6) for s in (1, 2, 6, 10)]
+    assert got == [0.1, 0.1, 0.55, 1.0]
+    assert phase_weight(5, 10, 0.3, 1.0, 1.0) == 0.3
+
+
+def test_inert_epo_options_warned() -> None:
+    assert any("epo_alpha" in m for m in GRPOConfig(epo_alpha=0.5).inert_options())
+    with pytest.raises(Exception, match="epo_window"):
+        GRPOConfig(epo=True, epo_window=0).validate()
+
+
+@pytest.mark.slow
+def test_train_with_epo_logs_entropy_band_and_weight(tmp_path: Path, tokenizer: Any) -> None:
+    register_fake_env()
+    cfg = GRPOConfig(steps=2, output_dir=str(tmp_path), epo=True, **SMALL)
+    train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)
+    recs = records(tmp_path)
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        for key in ("epo/entropy", "epo/band_low", "epo/band_high", "epo/phase_weight", "epo/smooth_penalty"):
+            assert key in r, key
+    # phase weight, steps 2 (warmup 0.2): step 1 p = 0.5 -> 0.1 + 0.9 * 0.3 / 0.8 = 0.4375; step 2 -> 1.0
+    # step 1 has no history (the band is the step's own entropy); step 2's band is 0.5x..1.5x of step 1's
+    h1 = recs[0]["epo/entropy"]
+    assert (
+        h1 > 0
+        and recs[1]["epo/band_low"] == pytest.approx(0.5 * h1)
+        and recs[1]["epo/band_high"] == pytest.approx(1.5 * h1)
+    )
+    assert recs[0]["epo/phase_weight"] == pytest.approx(0.4375) and recs[1][
+        "epo/phase_weight"
+    ] == pytest.approx(1.0)

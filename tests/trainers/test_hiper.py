@@ -1,0 +1,76 @@
+"""HiPER's HAE (trainers/hiper.py): segments from <subgoal> tags, two-level returns and advantages by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import register_fake_env, tiny_model
+from test_train import SMALL, records
+
+from toolgym.parsing import parse_command, parse_tags
+from toolgym.trainers.grpo import GRPOConfig, credit
+from toolgym.trainers.grpo import train as train_grpo
+from toolgym.trainers.hiper import hae_from_parts, returns, segments, subgoal
+from toolgym.trainers.tree import RolloutTree
+
+
+def test_subgoal_tag_is_found_and_envs_ignore_it() -> None:
+    assert subgoal("<subgoal> heat the mug </subgoal>go to microwave 1") == "heat the mug"
+    assert subgoal("go to sink 1") is None
+    assert parse_command("<subgoal>heat the mug</subgoal> go to microwave 1").command == "go to microwave 1"
+    assert parse_tags("<subgoal>add</subgoal><answer>5</answer>").answer == "5"
+
+
+def test_segments_and_returns_by_hand() -> None:
+    assert segments([True, False, False, True, False]) == [0, 0, 0, 1, 1]
+    assert segments([False, False]) == [0, 0]
+    # rewards [0, 1, 0, 2], segments [0, 0, 1, 1], gamma 0.5: rho = [1, 2]; G^H_1 = 2, G^H_0 = 1 + 0.5 * 2 = 2
+    # G^L: t3 = 2; t2 = 0 + 0.5 * 2 = 1; t1 = 1 + 0.5 * G^H_1 = 2 (boundary bootstrap); t0 = 0 + 0.5 * 2 = 1
+    assert returns([0.0, 1.0, 0.0, 2.0], [0, 0, 1, 1], 0.5) == ([2.0, 2.0], [1.0, 2.0, 1.0, 2.0])
+
+
+def test_hae_two_levels_by_hand() -> None:
+    # one group, gamma 1. Row 0: turns [plan, plan], rewards [0, 1], R = 1 -> segments [0, 1], G^H = [1, 1],
+    # G^L = [0 + G^H_1, 1] = [1, 1]. Row 1: [plan, exec], rewards [0, 0], R = 0 -> one segment, G^H = [0],
+    # G^L = [0, 0]. A^E = R - 0.5 = [0.5, -0.5]. A^H: key segment 0 -> [1, 0] - 0.5 = [0.5, -0.5]; segment 1
+    # held by row 0 only -> 0. A^L: key (seg 0, offset 0): [1, 0] - 0.5 = [0.5, -0.5]; (seg 1, 0) and
+    # (seg 0, 1) held by one row -> 0.
+    # Row 0: t0 = 0.5 + 0.5 + 0.5 = 1.5; t1 = 0.5 + 0 + 0 = 0.5.  Row 1: t0 = -1.5; t1 = -0.5 + 0 = -0.5.
+    got = hae_from_parts([0, 0], [[0.0, 1.0], [0.0, 0.0]], [[True, True], [True, False]], [1.0, 0.0], 1.0)
+    assert got == [[1.5, 0.5], [-1.5, -0.5]]
+    # omega_high 2 doubles only the plan turns' A^H: row 0 t0 = 0.5 + 2 * 0.5 + 0.5 = 2.0
+    got2 = hae_from_parts(
+        [0, 0], [[0.0, 1.0], [0.0, 0.0]], [[True, True], [True, False]], [1.0, 0.0], 1.0, 2.0
+    )
+    assert got2[0][0] == 2.0 and got2[1] == [-2.0, -0.5]
+
+
+def test_hiper_estimator_reads_subgoals_from_the_tree() -> None:
+    t = RolloutTree("q", [1])
+    for i, (texts, ok) in enumerate(
+        ((["<subgoal>a</subgoal>x", "<subgoal>b</subgoal>y"], 1.0), (["<subgoal>a</subgoal>x", "z"], 0.0))
+    ):
+        a = t.add(t.root, "model", [10 + i], turn=0, info={"action": texts[0]})
+        e = t.add(a, "tool", [5], turn=0)
+        b = t.add(e, "model", [20 + i], turn=1, info={"action": texts[1]}, step_reward=ok)
+        t.set_reward(b, ok)
+    c = credit(GRPOConfig(env_ids=["e"], estimator="hiper", hiper_gamma=1.0), [t])
+    # the same numbers as test_hae_two_levels_by_hand, on the two model tokens of each row
+    assert [
+        [a for a, m in zip(adv, r.loss_mask, strict=True) if m]
+        for adv, r in zip(c.advantages, c.rows, strict=True)
+    ] == [
+        [1.5, 0.5],
+        [-1.5, -0.5],
+    ]
+
+
+@pytest.mark.slow
+def test_train_with_hiper(tmp_path: Path, tokenizer: Any) -> None:
+    register_fake_env()
+    cfg = GRPOConfig(steps=2, output_dir=str(tmp_path), estimator="hiper", **SMALL)
+    train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)
+    recs = records(tmp_path)
+    assert [r["step"] for r in recs] == [1, 2] and all("hiper/subgoal_fraction" in r for r in recs)
