@@ -87,7 +87,7 @@ def main() -> None:
     lines = [
         f"# Seed methods vs plain GRPO ({'QUICK CPU PROOF: numbers mean nothing' if a.quick else 'comparison'})",
         "",
-        f"Command: `python benchmarks/seed_methods.py {'--quick ' if a.quick else ''}--device {a.device} --steps {a.steps}`",
+        f"Command: `python benchmarks/seed_methods.py {'--quick' if a.quick else f'--steps {a.steps}'} --device {a.device}`",
         f"Machine: {machine} (CPU runs share 2 cores with up to 8 engineers). Env {a.env}, model {a.model}, "
         f"{base['steps']} steps x {base['prompts_per_step']} tasks x {base['budget']} rollouts.",
         "",
