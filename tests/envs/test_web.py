@@ -270,7 +270,6 @@ def test_web_v0_draws_solved_tasks(pinned):
 
 def test_eight_envs_share_one_browser(pinned):
     before = _chromium_pids(browsers_only=True)
-    assert len(before) == 1
     envs = [gym.make("toolgym/MiniWoB-login-user-v0") for _ in range(8)]
     try:
         for i, env in enumerate(envs):
