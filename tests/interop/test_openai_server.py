@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from interop_models import chatml_policy, qwen_style_policy
 
 from toolgym.agents.policy import AssistantTurn, parse_turn
 from toolgym.agents.server import PolicyServer
@@ -49,11 +50,12 @@ CONV: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, chatml_policy: Any) -> Iterator[Any]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """``python -m toolgym serve`` on the tiny model (saved to disk), and an openai client for it."""
     folder = tmp_path_factory.mktemp("tiny-model")
-    chatml_policy.model.save_pretrained(folder)
-    chatml_policy.tokenizer.save_pretrained(folder)
+    policy = chatml_policy()
+    policy.model.save_pretrained(folder)
+    policy.tokenizer.save_pretrained(folder)
     port = free_port()
     log = open(folder / "serve.log", "wb")  # noqa: SIM115 - read back on failure
     proc = subprocess.Popen(
@@ -218,14 +220,15 @@ def test_tool_calls_come_back_structured_and_streamed() -> None:
         assert plain.choices[0].finish_reason == "stop" and not plain.choices[0].message.tool_calls
 
 
-def test_tools_go_through_a_template_that_renders_them(qwen_style_policy: Any) -> None:
-    with PolicyServer(qwen_style_policy, port=0) as server:
+def test_tools_go_through_a_template_that_renders_them() -> None:
+    policy = qwen_style_policy()
+    with PolicyServer(policy, port=0) as server:
         client = openai.OpenAI(base_url=server.url, api_key="none", timeout=60, max_retries=0)
         plain = client.chat.completions.create(model="m", messages=CONV, temperature=0, max_tokens=1)
         tools = client.chat.completions.create(
             model="m", messages=CONV, tools=TOOLS, temperature=0, max_tokens=1
         )
-        rendered = qwen_style_policy.renderer.prompt_ids(CONV, TOOLS)
+        rendered = policy.renderer.prompt_ids(CONV, TOOLS)
         assert tools.usage.prompt_tokens == len(rendered) > plain.usage.prompt_tokens
 
 

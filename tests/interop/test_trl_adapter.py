@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from interop_models import agents_fixtures
 
 from toolgym.adapters.trl import dataset, environment_factory
 from toolgym.errors import ConfigError
@@ -76,13 +77,13 @@ def test_env_error_is_no_reward_and_bad_names_are_config_errors() -> None:
 
 
 @pytest.mark.slow
-def test_grpo_trainer_trains_two_steps_on_a_toolgym_env(tmp_path: Path, agents_helpers: Any) -> None:
+def test_grpo_trainer_trains_two_steps_on_a_toolgym_env(tmp_path: Path) -> None:
     trl = pytest.importorskip("trl")
 
     template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
-    tokenizer = agents_helpers.make_tokenizer(template)
+    tokenizer = agents_fixtures.make_tokenizer(template)
     tokenizer.padding_side = "left"
-    model = agents_helpers.tiny_model(len(tokenizer), seed=2)
+    model = agents_fixtures.tiny_model(len(tokenizer), seed=2)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
