@@ -17,6 +17,13 @@ from toolgym.errors import ConfigError
 
 C = TypeVar("C", bound="RunConfig")
 
+# the accepted values of the categorical options, here (no torch) so configs and the CLI can list them
+RATIO_LEVELS = ("token", "sequence", "turn")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")
+AGGS = ("token_mean", "seq_mean", "constant")
+IS_MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+BRANCHINGS = ("none", "turn_entropy", "token_entropy", "branching_score", "fixed_segments")
+
 
 def choice(default: str, options: tuple[str, ...], help: str) -> Any:
     """A categorical config field: one of ``options`` (checked when the config is built)."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
-from toolgym.trainers.config import RunConfig
+from toolgym.trainers.config import AGGS, BRANCHINGS, IS_MODES, KL_ESTIMATORS, RATIO_LEVELS, RunConfig
 from toolgym.trainers.seed_config import SeedMethodsConfig
 
 if TYPE_CHECKING:
@@ -56,30 +56,46 @@ class GRPOConfig(SeedMethodsConfig):  # replay, task selection, EPO, HiPER field
     # --- credit
     estimator: str = field(
         default="grpo",
-        metadata={"help": "advantage estimator: " + " | ".join(GRPO_ESTIMATORS)},
+        metadata={"help": "advantage estimator: " + " | ".join(GRPO_ESTIMATORS), "choices": GRPO_ESTIMATORS},
     )
     shared: str = field(
         default="repeat",
         metadata={
             "help": "a prefix shared by d rows: repeat (trained in each row with that row's advantage) | "
-            "once (trained in one kept row with the mean advantage: 1/d of repeat's gradient)"
+            "once (trained in one kept row with the mean advantage: 1/d of repeat's gradient)",
+            "choices": ("repeat", "once"),
         },
     )
     grpo_scale: str = field(
-        default="group", metadata={"help": "GRPO std: group (z-score) | batch (PPO-Lite) | none (Dr.GRPO)"}
+        default="group",
+        metadata={
+            "help": "GRPO std: group (z-score) | batch (PPO-Lite) | none (Dr.GRPO)",
+            "choices": ("group", "batch", "none"),
+        },
     )
     igpo_kind: str = field(
-        default="prob_diff", metadata={"help": "IGPO info gain: prob_diff | log_prob_diff"}
+        default="prob_diff",
+        metadata={
+            "help": "IGPO info gain: prob_diff | log_prob_diff",
+            "choices": ("prob_diff", "log_prob_diff"),
+        },
     )
     igpo_norm: str = field(
         default="joint",
-        metadata={"help": "IGPO normalisation: joint (all turn rewards) | separate (IG vs outcome)"},
+        metadata={
+            "help": "IGPO normalisation: joint (all turn rewards) | separate (IG vs outcome)",
+            "choices": ("joint", "separate"),
+        },
     )
     igpo_gamma: float = field(default=1.0, metadata={"help": "IGPO discount over turns"})
     gigpo_omega: float = field(default=1.0, metadata={"help": "GiGPO weight of the step-level advantage"})
     gigpo_gamma: float = field(default=0.95, metadata={"help": "GiGPO/HGPO discount of step rewards"})
     gigpo_mode: str = field(
-        default="mean_norm", metadata={"help": "GiGPO/HGPO normalisation: mean_norm | mean_std_norm"}
+        default="mean_norm",
+        metadata={
+            "help": "GiGPO/HGPO normalisation: mean_norm | mean_std_norm",
+            "choices": ("mean_norm", "mean_std_norm"),
+        },
     )
     gigpo_similarity: float = field(
         default=0.0,
@@ -91,7 +107,11 @@ class GRPOConfig(SeedMethodsConfig):  # replay, task selection, EPO, HiPER field
     hgpo_alpha: float = field(default=1.0, metadata={"help": "HGPO level weight (k+1)^alpha"})
     hgpo_base_group: bool = field(default=False, metadata={"help": "HGPO: add the episode-level advantage"})
     treepo_weight: str = field(
-        default="average", metadata={"help": "TreePO sub-group blend: average | group_size"}
+        default="average",
+        metadata={
+            "help": "TreePO sub-group blend: average | group_size",
+            "choices": ("average", "group_size"),
+        },
     )
     treepo_whiten: bool = field(
         default=True, metadata={"help": "TreePO: whiten token advantages over the batch"}
@@ -103,7 +123,8 @@ class GRPOConfig(SeedMethodsConfig):  # replay, task selection, EPO, HiPER field
     branching: str = field(
         default="none",
         metadata={
-            "help": "where trees fork: none | turn_entropy | token_entropy | branching_score | fixed_segments"
+            "help": "where trees fork: none | turn_entropy | token_entropy | branching_score | fixed_segments",
+            "choices": BRANCHINGS,
         },
     )
     initial_samples: int = field(
@@ -115,12 +136,14 @@ class GRPOConfig(SeedMethodsConfig):  # replay, task selection, EPO, HiPER field
     )
     # --- loss
     objective: str = field(
-        default="ppo", metadata={"help": "policy objective: ppo (clipped surrogate) | cispo"}
+        default="ppo",
+        metadata={"help": "policy objective: ppo (clipped surrogate) | cispo", "choices": ("ppo", "cispo")},
     )
     eps_low: float = field(default=0.2, metadata={"help": "lower clip range"})
     eps_high: float = field(default=0.28, metadata={"help": "upper clip range (clip-higher)"})
     ratio_level: str = field(
-        default="token", metadata={"help": "importance ratio per token | sequence | turn"}
+        default="token",
+        metadata={"help": "importance ratio per token | sequence | turn", "choices": RATIO_LEVELS},
     )
     dual_clip: float = field(
         default=3.0, metadata={"help": "dual-clip constant for negative advantages (0: off)"}
@@ -135,13 +158,18 @@ class GRPOConfig(SeedMethodsConfig):  # replay, task selection, EPO, HiPER field
     )
     is_mode: str = field(
         default="token_truncate",
-        metadata={"help": "engine/trainer mismatch: none | token_truncate | token_mask | sequence_*"},
+        metadata={
+            "help": "engine/trainer mismatch: none | token_truncate | token_mask | sequence_*",
+            "choices": IS_MODES,
+        },
     )
     is_max: float = field(default=2.0, metadata={"help": "TIS cap"})
     kl_coef: float = field(
         default=0.0, metadata={"help": "KL to the initial policy in the loss (0: no reference model)"}
     )
-    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1 | k2 | k3 | k3+"})
+    kl_estimator: str = field(
+        default="k3", metadata={"help": "KL estimator: k1 | k2 | k3 | k3+", "choices": KL_ESTIMATORS}
+    )
     kl_in_reward: bool = field(
         default=False,
         metadata={
@@ -158,7 +186,10 @@ class GRPOConfig(SeedMethodsConfig):  # replay, task selection, EPO, HiPER field
     )
     agg: str = field(
         default="token_mean",
-        metadata={"help": "loss aggregation: token_mean (global) | seq_mean | constant (Dr.GRPO)"},
+        metadata={
+            "help": "loss aggregation: token_mean (global) | seq_mean | constant (Dr.GRPO)",
+            "choices": AGGS,
+        },
     )
     # --- filters and shaping
     filter_zero_variance: bool = field(
@@ -202,17 +233,7 @@ class GRPOConfig(SeedMethodsConfig):  # replay, task selection, EPO, HiPER field
 
     def validate(self) -> None:
         super().validate()
-        choices = {
-            "estimator": GRPO_ESTIMATORS, "shared": ("repeat", "once"), "grpo_scale": ("group", "batch", "none"),
-            "igpo_kind": ("prob_diff", "log_prob_diff"), "igpo_norm": ("joint", "separate"),
-            "gigpo_mode": ("mean_norm", "mean_std_norm"), "treepo_weight": ("average", "group_size"),
-            "objective": ("ppo", "cispo"), "ratio_level": ("token", "sequence", "turn"),
-            "kl_estimator": ("k1", "k2", "k3", "k3+"), "agg": ("token_mean", "seq_mean", "constant"),
-            "is_mode": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
-        }  # fmt: skip
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        # categorical fields (metadata choices) are checked by RunConfig.validate
         if not 0.0 <= self.gigpo_similarity <= 1.0:
             raise ConfigError(f"gigpo_similarity must be in [0, 1], got {self.gigpo_similarity}")
         if not 0.0 <= self.acc_filter_low <= self.acc_filter_high <= 1.0:

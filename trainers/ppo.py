@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
-from toolgym.trainers.config import RunConfig
+from toolgym.trainers.config import AGGS, IS_MODES, KL_ESTIMATORS, RATIO_LEVELS, RunConfig
 
 if TYPE_CHECKING:
     import torch
@@ -46,10 +46,15 @@ if TYPE_CHECKING:
 class PPOConfig(RunConfig):
     epochs: int = field(default=2, metadata={"help": "optimization passes over each rollout batch"})
     critic: str = field(
-        default="token", metadata={"help": "value per model token (GAE over tokens) | per turn (ST-PPO)"}
+        default="token",
+        metadata={
+            "help": "value per model token (GAE over tokens) | per turn (ST-PPO)",
+            "choices": ("token", "turn"),
+        },
     )
     ratio_level: str = field(
-        default="token", metadata={"help": "importance ratio per token | sequence | turn"}
+        default="token",
+        metadata={"help": "importance ratio per token | sequence | turn", "choices": RATIO_LEVELS},
     )
     gamma: float = field(default=1.0, metadata={"help": "GAE discount over model tokens"})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda"})
@@ -60,29 +65,27 @@ class PPOConfig(RunConfig):
     eps_low: float = field(default=0.2, metadata={"help": "lower clip range"})
     eps_high: float = field(default=0.2, metadata={"help": "upper clip range"})
     dual_clip: float = field(default=3.0, metadata={"help": "dual-clip constant for A < 0 (0: off)"})
-    is_mode: str = field(default="token_truncate", metadata={"help": "engine/trainer mismatch correction"})
+    is_mode: str = field(
+        default="token_truncate", metadata={"help": "engine/trainer mismatch correction", "choices": IS_MODES}
+    )
     is_max: float = field(default=2.0, metadata={"help": "TIS cap"})
     kl_coef: float = field(default=0.0, metadata={"help": "KL to the initial policy (0: off)"})
-    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1 | k2 | k3 | k3+"})
+    kl_estimator: str = field(
+        default="k3", metadata={"help": "KL estimator: k1 | k2 | k3 | k3+", "choices": KL_ESTIMATORS}
+    )
     kl_in_reward: bool = field(
         default=False,
         metadata={"help": "KL as a per-token reward -kl_coef*KL_t (verl) instead of a loss term"},
     )
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus"})
     agg: str = field(
-        default="token_mean", metadata={"help": "loss aggregation: token_mean | seq_mean | constant"}
+        default="token_mean",
+        metadata={"help": "loss aggregation: token_mean | seq_mean | constant", "choices": AGGS},
     )
 
     def validate(self) -> None:
         super().validate()
-        choices = {
-            "critic": ("token", "turn"), "ratio_level": ("token", "sequence", "turn"),
-            "kl_estimator": ("k1", "k2", "k3", "k3+"), "agg": ("token_mean", "seq_mean", "constant"),
-            "is_mode": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
-        }  # fmt: skip
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        # categorical fields (metadata choices) are checked by RunConfig.validate
         try:
             self.loss_config()
         except ValueError as exc:

@@ -1,0 +1,37 @@
+"""A bad categorical value fails when the config is built, with the choices listed; --help lists them too."""
+
+import pytest
+
+from toolgym.cli import build_parser
+from toolgym.errors import ConfigError
+from toolgym.trainers.branching import POLICIES
+from toolgym.trainers.config import BRANCHINGS
+from toolgym.trainers.grpo import GRPOConfig
+from toolgym.trainers.ppo import PPOConfig
+
+BAD = [
+    (GRPOConfig, "estimator", "foo", "grpo, dr_grpo"),
+    (GRPOConfig, "agg", "fooo", "token_mean, seq_mean, constant"),
+    (GRPOConfig, "is_mode", "x", "token_truncate"),
+    (GRPOConfig, "shared", "foo", "repeat, once"),
+    (GRPOConfig, "branching", "bogus", "turn_entropy"),
+    (GRPOConfig, "engine", "vllm", "auto, fast, hf"),
+    (PPOConfig, "critic", "x", "token, turn"),
+    (PPOConfig, "ratio_level", "x", "token, sequence, turn"),
+]
+
+
+@pytest.mark.parametrize(("cls", "name", "value", "listed"), BAD)
+def test_bad_choice_fails_at_construction(cls, name, value, listed):
+    with pytest.raises(ConfigError, match=f"{name} must be one of .*{listed}"):
+        cls(**{name: value})
+
+
+def test_branching_choices_match_the_policies():
+    assert set(BRANCHINGS) == set(POLICIES)
+
+
+def test_help_lists_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--agg", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
