@@ -1,4 +1,4 @@
-"""Sandboxes for untrusted model code (ARCHITECTURE §3): `get_sandbox()` gives a `Sandbox` whose `run`
+"""Sandboxes for untrusted model code (docs/sandboxes.md): `get_sandbox()` gives a `Sandbox` whose `run`
 executes code once and whose `session()` keeps an interpreter for an episode. Docker is imported lazily."""
 
 from __future__ import annotations

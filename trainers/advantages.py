@@ -1,6 +1,6 @@
 """Advantage estimators: a forest of rollout trees + rewards -> an advantage for every trained token.
 
-Departures from the papers (ALGORITHMS.md §9.b; each is also marked where it happens):
+Departures from the papers (docs/trainer.md; each is also marked where it happens):
 1. A group of one gets advantage 0 in every group-normalised estimator (GRPO, RLOO, GiGPO steps,
    IGPO): with no sibling there is no baseline. verl gives a lone GRPO sample its raw reward.
 2. GiGPO's episode level counts each trajectory once (verl-agent counts it once per step row, so long

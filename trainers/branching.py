@@ -8,7 +8,7 @@ boundary), sample `count` new continuations from there. `apply_forks` cuts the n
 is a node boundary and returns the parents to generate from. Budgets: `room` is how many more leaves the
 tree may get; a policy never asks for more.
 
-Departures from the papers / official code (ALGORITHMS.md §4, §5.1, §8):
+Departures from the papers / official code (docs/trainer.md):
 1. Stale entropy fixed: ARPO/AEPO keep the initial entropy in a dict keyed by buffer index that is never
    cleared, so from the second batch on H_initial comes from an old batch. Here H_initial is read from
    the tree itself (the first model turn on the path), and the consecutive-branch counter lives in

@@ -2,7 +2,7 @@
 
 Each step: draw tasks -> grow one rollout tree per task (independent samples, or branches chosen by a
 branching policy) -> flatten to root-to-leaf rows -> advantages by the chosen estimator (groups = trees)
--> filters -> `epochs` x `minibatches` optimizer steps of the clipped policy loss. See ALGORITHMS.md §9
+-> filters -> `epochs` x `minibatches` optimizer steps of the clipped policy loss. See docs/trainer.md
 and docs/trainer.md (every option, its paper, its default, and which combinations are inert).
 
 Departures from the papers:

@@ -1,6 +1,6 @@
 """One clipped policy-gradient loss with masks and options, the PPO value loss, and the batch filters.
 
-Departures from the papers (ALGORITHMS.md §9.c):
+Departures from the papers (docs/trainer.md):
 1. Sequence- and turn-level ratios use the GSPO-token form exp(lr_t - sg(lr_t) + sg(mean lr)): the value
    is the geometric-mean ratio of the sequence/turn, the gradient stays per token.
 2. The LLDS term is added per token (lambda * gate * max(0, logp_old - logp) on tokens with A >= 0) and

@@ -16,7 +16,7 @@ Departures from the papers:
 8. `critic="turn"` is ST-PPO's turn-level critic (paper only, no official code): one value per turn
    (at its first model token), GAE over turns, the value loss on those tokens only. Pair it with
    `ratio_level="turn"` for ST-PPO's turn-level importance ratio; the clipping-bias correction (S-PPO)
-   is not implemented (its formula is unverified, ALGORITHMS.md §6.2).
+   is not implemented (its formula is unverified; docs/trainer.md).
 4. Old logprobs are the trainer's (recomputed); engine/trainer mismatch is corrected by TIS (see grpo.py).
 5. Rollouts are independent samples (no branching): trees of depth one.
 6. Single process only (torchrun data parallel is in the GRPO loop).

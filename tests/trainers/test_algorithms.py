@@ -1,4 +1,4 @@
-"""The algorithms of ALGORITHMS.md added for issue 9, each against numbers worked out by hand in the test."""
+"""The algorithms added for issue 9 (docs/trainer.md), each against numbers worked out by hand in the test."""
 
 from __future__ import annotations
 
