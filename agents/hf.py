@@ -20,22 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from toolgym.agents.kv_reuse import KVStore, build_cache, row_layers, weights_version
 from toolgym.agents.policy import (
-    AssistantTurn,
-    Conversation,
     FinishReason,
     Generation,
+    RenderedTokenPolicy,
     SamplingParams,
-    ToolDicts,
-    broadcast_tools,
-    parse_turn,
 )
 from toolgym.agents.rendering import ChatRenderer, ToolRole
 from toolgym.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
-
-    from toolgym.envs.base import ToolEnv
 
 
 def load_model(name_or_path: str, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
@@ -62,7 +56,7 @@ def load_model(name_or_path: str, device: str | None = None, dtype: str | None =
     return model.eval(), tokenizer
 
 
-class HFPolicy:
+class HFPolicy(RenderedTokenPolicy):
     """A transformers model behind the ``Policy`` protocol, with token-level ``generate`` for the runner.
 
     ``model`` / ``tokenizer`` are the underlying objects (the trainer optimizes ``model`` in place);
@@ -118,33 +112,6 @@ class HFPolicy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    # ----- Policy ------------------------------------------------------------------------------------------
-    def act(
-        self,
-        conversations: Sequence[Conversation],
-        tools: Sequence[ToolDicts | None] | None = None,
-        *,
-        sampling: SamplingParams | None = None,
-        envs: Sequence[ToolEnv | None] | None = None,
-    ) -> list[AssistantTurn]:
-        tool_lists = broadcast_tools(tools, len(conversations))
-        prompts = [self._renderer.prompt_ids(c, t) for c, t in zip(conversations, tool_lists, strict=True)]
-        gens = self.generate(prompts, sampling)
-        return [self.to_turn(g, t, len(p)) for g, t, p in zip(gens, tool_lists, prompts, strict=True)]
-
-    def to_turn(self, gen: Generation, tools: ToolDicts | None, prompt_len: int = 0) -> AssistantTurn:
-        """An ``AssistantTurn`` from token-level output: decoded text (stop token removed) and parsed message."""
-        text = self._renderer.decode(self._renderer.strip_stop(gen.token_ids))
-        return AssistantTurn(
-            text=text,
-            message=parse_turn(text, tools),
-            token_ids=gen.token_ids,
-            logprobs=gen.logprobs,
-            finish_reason=gen.finish_reason,
-            entropies=gen.entropies,
-            usage={"prompt_tokens": prompt_len, "completion_tokens": len(gen.token_ids)},
-        )
 
     # ----- tokens ------------------------------------------------------------------------------------------
     def generate(

@@ -160,3 +160,39 @@ def broadcast_tools(tools: Sequence[ToolDicts | None] | None, n: int) -> list[To
     if len(out) != n:
         raise ConfigError(f"got {len(out)} tool lists for {n} conversations: pass one list per conversation")
     return out
+
+
+class RenderedTokenPolicy:
+    """``act`` for a token policy: render each conversation with ``self._renderer``, ``generate`` the ids,
+    decode and parse each turn. ``HFPolicy`` and ``EnginePolicy`` share it; they differ in ``generate``."""
+
+    _renderer: Any  # a ChatRenderer
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams | None = None) -> list[Generation]:
+        raise NotImplementedError
+
+    def act(
+        self,
+        conversations: Sequence[Conversation],
+        tools: Sequence[ToolDicts | None] | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        envs: Sequence[Any] | None = None,
+    ) -> list[AssistantTurn]:
+        tool_lists = broadcast_tools(tools, len(conversations))
+        prompts = [self._renderer.prompt_ids(c, t) for c, t in zip(conversations, tool_lists, strict=True)]
+        gens = self.generate(prompts, sampling)
+        return [self.to_turn(g, t, len(p)) for g, t, p in zip(gens, tool_lists, prompts, strict=True)]
+
+    def to_turn(self, gen: Generation, tools: ToolDicts | None, prompt_len: int = 0) -> AssistantTurn:
+        """An ``AssistantTurn`` from token-level output: decoded text (stop token removed) and parsed message."""
+        text = self._renderer.decode(self._renderer.strip_stop(gen.token_ids))
+        return AssistantTurn(
+            text=text,
+            message=parse_turn(text, tools),
+            token_ids=gen.token_ids,
+            logprobs=gen.logprobs,
+            finish_reason=gen.finish_reason,
+            entropies=gen.entropies,
+            usage={"prompt_tokens": prompt_len, "completion_tokens": len(gen.token_ids)},
+        )

@@ -22,21 +22,15 @@ from toolgym.agents.engine.engine import Engine, Seq
 from toolgym.agents.engine.prefix import PrefixIndex
 from toolgym.agents.engine.sampling import SampleMode
 from toolgym.agents.policy import (
-    AssistantTurn,
-    Conversation,
     Generation,
+    RenderedTokenPolicy,
     SamplingParams,
-    ToolDicts,
-    broadcast_tools,
-    parse_turn,
 )
 from toolgym.agents.rendering import ChatRenderer, ToolRole
 from toolgym.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
-
-    from toolgym.envs.base import ToolEnv
 
 
 def mode_of(sp: SamplingParams, top_k: int = 0) -> SampleMode:
@@ -45,7 +39,7 @@ def mode_of(sp: SamplingParams, top_k: int = 0) -> SampleMode:
     )
 
 
-class EnginePolicy:
+class EnginePolicy(RenderedTokenPolicy):
     """A Llama/Qwen2 HF model served by our ``Engine``; ``model``/``tokenizer`` as for ``HFPolicy``.
 
     ``slots`` sequences of up to ``capacity`` tokens are held at once (the KV cache is allocated up front:
@@ -107,29 +101,6 @@ class EnginePolicy:
     @property
     def device(self) -> torch.device:
         return self.engine.device
-
-    # ----- Policy ------------------------------------------------------------------------------------------
-    def act(
-        self,
-        conversations: Sequence[Conversation],
-        tools: Sequence[ToolDicts | None] | None = None,
-        *,
-        sampling: SamplingParams | None = None,
-        envs: Sequence[ToolEnv | None] | None = None,
-    ) -> list[AssistantTurn]:
-        tool_lists = broadcast_tools(tools, len(conversations))
-        prompts = [self._renderer.prompt_ids(c, t) for c, t in zip(conversations, tool_lists, strict=True)]
-        gens = self.generate(prompts, sampling)
-        return [self.to_turn(g, t, len(p)) for g, t, p in zip(gens, tool_lists, prompts, strict=True)]
-
-    def to_turn(self, gen: Generation, tools: ToolDicts | None, prompt_len: int = 0) -> AssistantTurn:
-        """An ``AssistantTurn`` from token-level output (decoded text, stop token removed, parsed message)."""
-        text = self._renderer.decode(self._renderer.strip_stop(gen.token_ids))
-        return AssistantTurn(
-            text=text, message=parse_turn(text, tools), token_ids=gen.token_ids, logprobs=gen.logprobs,
-            finish_reason=gen.finish_reason, entropies=gen.entropies,
-            usage={"prompt_tokens": prompt_len, "completion_tokens": len(gen.token_ids)},
-        )  # fmt: skip
 
     # ----- tokens ------------------------------------------------------------------------------------------
     def refresh(self) -> None:

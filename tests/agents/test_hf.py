@@ -24,7 +24,8 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]
 
 
 def test_logprobs_match_a_teacher_forced_pass(tiny_policy: HFPolicy) -> None:
-    sp = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=12, seed=3, return_entropies=True)
+    # top_p = 1: the full distribution (under top_p < 1 the logprob is the nucleus's, tested in tests/trainers)
+    sp = SamplingParams(temperature=0.8, top_p=1.0, max_new_tokens=12, seed=3, return_entropies=True)
     for prompt, gen in zip(PROMPTS, tiny_policy.generate(PROMPTS, sp), strict=True):
         assert len(gen.token_ids) == len(gen.logprobs) == len(gen.entropies or []) == 12
         assert gen.finish_reason == "length"
