@@ -69,6 +69,8 @@ def _chromium_pids(browsers_only: bool = False) -> list[int]:
     for pid, name in _descendants():
         if "chrom" not in name.lower():
             continue
+        if browsers_only and "crashpad" in name.lower():  # crash reporters come and go with the renderers
+            continue
         if browsers_only:
             try:
                 if b"--type=" in Path(f"/proc/{pid}/cmdline").read_bytes():
