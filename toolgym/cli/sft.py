@@ -8,7 +8,6 @@ flags win. The run folder's ``model/`` is what ``toolgym train --init RUN_DIR`` 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from typing import Any
 
@@ -23,40 +22,16 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--config", help="YAML file of config keys (flags given here override it)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    from toolgym.cli.train import add_config_flags, config_fields
+
     try:
         from toolgym.trainers.sft import SFTConfig
 
-        fields = dataclasses.fields(SFTConfig)
+        fields = config_fields(SFTConfig)
     except ImportError:  # a part of the trainer missing: the command still registers and says so when run
-        fields = ()
-    for f in fields:
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        kw: dict[str, Any] = {
-            "dest": f.name,
-            "default": argparse.SUPPRESS,
-            "help": f"{f.metadata.get('help', '')} (default: {default})",
-        }
-        flag = "--" + f.name.replace("_", "-")
-        typ = str(f.type)
-        if typ == "bool":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-        elif typ.startswith("list"):
-            p.add_argument(flag, nargs="+", metavar="X", **kw)
-        elif typ.startswith("dict"):
-            p.add_argument(flag, type=_json_object, metavar="JSON", **kw)
-        else:
-            p.add_argument(flag, type={"int": int, "float": float}.get(typ, str), **kw)
+        fields = {}
+    add_config_flags(p, fields)
     p.set_defaults(func=cmd_sft)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError('expected a JSON object, e.g. \'{"split": "test"}\'')
-    return value
 
 
 def resolve(args: argparse.Namespace) -> Any:

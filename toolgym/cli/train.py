@@ -25,14 +25,10 @@ def _config_classes() -> dict[str, Any]:
     return {"grpo": GRPOConfig, "ppo": PPOConfig}
 
 
-def _fields() -> dict[str, tuple[str, Any, str, tuple[str, ...] | None]]:
-    """name -> (type string, default, help, choices) over both configs (GRPO's default where both have one)."""
-    out: dict[str, tuple[str, Any, str, tuple[str, ...] | None]] = {}
-    for cls in reversed(list(_config_classes().values())):
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            out[f.name] = (str(f.type), default, f.metadata.get("help", ""), f.metadata.get("choices"))
-    return out
+def _fields() -> dict[str, tuple[str, Any, str, Any]]:
+    """Flags over both configs (GRPO's default where both have one)."""
+    classes = _config_classes()
+    return config_fields(classes["grpo"], classes["ppo"])
 
 
 def register(subparsers: Any) -> None:
@@ -55,6 +51,12 @@ def register(subparsers: Any) -> None:
         fields = _fields()
     except ImportError:  # torch missing: the command still registers and says what to install when run
         fields = {}
+    add_config_flags(p, fields)
+    p.set_defaults(func=cmd_train)
+
+
+def add_config_flags(p: argparse.ArgumentParser, fields: dict[str, tuple[str, Any, str, Any]]) -> None:
+    """One flag per config field (name -> (type string, default, help, choices)); unset flags stay absent."""
     for name, (typ, default, help_, choices) in fields.items():
         flag = "--" + name.replace("_", "-")
         kw: dict[str, Any] = {
@@ -70,7 +72,16 @@ def register(subparsers: Any) -> None:
             p.add_argument(flag, type=_json_object, metavar="JSON", **kw)
         else:
             p.add_argument(flag, type={"int": int, "float": float}.get(typ, str), choices=choices, **kw)
-    p.set_defaults(func=cmd_train)
+
+
+def config_fields(*classes: Any) -> dict[str, tuple[str, Any, str, Any]]:
+    """name -> (type string, default, help, choices) over config dataclasses (the first class's wins)."""
+    out: dict[str, tuple[str, Any, str, Any]] = {}
+    for cls in reversed(classes):
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            out[f.name] = (str(f.type), default, f.metadata.get("help", ""), f.metadata.get("choices"))
+    return out
 
 
 def _json_object(text: str) -> dict[str, Any]:
