@@ -170,6 +170,11 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self.episode: Any = None
 
     # ----- hooks -------------------------------------------------------------------------------------------
+    def begin_episode(self, options: dict[str, Any] | None) -> None:
+        """Called first by ``reset`` with its ``options``: start resources an episode needs (a sandbox
+        session, say) so that a missing service fails ``reset``, not a step. Default: nothing."""
+        return None
+
     def new_episode(self) -> Any:
         """A fresh per-episode state object (a dataclass, say), made by ``reset`` before ``make_task`` and
         kept in ``self.episode``. Forks copy it with its ``clone()`` method when it has one, else deeply.
@@ -282,6 +287,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         super().reset(seed=seed)
+        self.begin_episode(options)
         self.episode = self.new_episode()
         self._task = self.make_task()
         self._turn = 0

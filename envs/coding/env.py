@@ -214,12 +214,9 @@ class CodingEnv(ToolEnv):
         )
 
     # ----- hooks ---------------------------------------------------------------------------------------
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def begin_episode(self, options: dict[str, Any] | None) -> None:
         self._interpreter.start()  # a missing docker fails here, not in a step
         self._index = None if options is None else options.get("index")
-        return super().reset(seed=seed, options=options)
 
     def make_task(self) -> Task:
         self._pass_rate = 0.0
