@@ -51,12 +51,12 @@ def build(folder: str, device: str) -> tuple[Any, Any]:
 
 def tree_rollout(policy: Any, args: Any, seed: int) -> dict[str, float]:
     from toolgym.trainers.branching import make_policy
-    from toolgym.trainers.rollout import RolloutConfig, Task, TreeRollout
+    from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
 
     branch = make_policy("turn_entropy", initial=args.budget // 2)
     cfg = RolloutConfig(budget=args.budget, max_new_tokens=args.new, max_total_tokens=2048, entropies=True)
     roller = TreeRollout(policy, branch, cfg, {"prompt_format": "text", "max_turns": args.turns})
-    tasks = [Task(ENV, 1000 + i) for i in range(args.tasks)]
+    tasks = [RolloutTask(ENV, 1000 + i) for i in range(args.tasks)]
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     t0 = time.perf_counter()

@@ -4,26 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolgym.trainers.rollout import RolloutConfig, RolloutStats, Task, TreeRollout
+from toolgym.trainers.rollout import RolloutConfig, RolloutStats, RolloutTask, TreeRollout
 from toolgym.trainers.tree import RolloutTree
 
 EVAL_SEED0 = 10**9  # held-out seeds start here; training seeds stay below
 
 
-def next_tasks(env_ids: list[str], seed: int, data_pos: int, n: int) -> list[Task]:
+def next_tasks(env_ids: list[str], seed: int, data_pos: int, n: int) -> list[RolloutTask]:
     """Tasks data_pos .. data_pos+n-1: env ids round-robin, seeds derived from (seed, position).
 
     >>> next_tasks(["a", "b"], 0, 3, 2)
-    [Task(env_id='b', seed=3), Task(env_id='a', seed=4)]
+    [RolloutTask(env_id='b', seed=3), RolloutTask(env_id='a', seed=4)]
     """
     return [
-        Task(env_ids[i % len(env_ids)], (seed * 1_000_003 + i) % EVAL_SEED0)
+        RolloutTask(env_ids[i % len(env_ids)], (seed * 1_000_003 + i) % EVAL_SEED0)
         for i in range(data_pos, data_pos + n)
     ]
 
 
-def eval_tasks(env_ids: list[str], n: int) -> list[Task]:
-    return [Task(env_ids[i % len(env_ids)], EVAL_SEED0 + i) for i in range(n)]
+def eval_tasks(env_ids: list[str], n: int) -> list[RolloutTask]:
+    return [RolloutTask(env_ids[i % len(env_ids)], EVAL_SEED0 + i) for i in range(n)]
 
 
 def leaf_episodes(forest: list[RolloutTree]) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolgym.trainers.episodes import next_tasks
-from toolgym.trainers.rollout import Task
+from toolgym.trainers.rollout import RolloutTask
 from toolgym.trainers.tree import Node, RolloutTree, env_error
 
 TaskKey = tuple[str, int]
@@ -156,7 +156,7 @@ class TaskSelector:
     refresh: int = 10  # steps a dropped task stays out before it is measured again
     drop_solved: bool = True
     drop_unsolved: bool = True
-    tasks: list[Task] = field(init=False)
+    tasks: list[RolloutTask] = field(init=False)
     cursor: int = 0
     rate: dict[TaskKey, float] = field(default_factory=dict)  # last measured success rate
     dropped_at: dict[TaskKey, int] = field(default_factory=dict)
@@ -166,16 +166,16 @@ class TaskSelector:
             raise ValueError(f"pool and refresh must be >= 1, got {self.pool}, {self.refresh}")
         self.tasks = next_tasks(self.env_ids, self.seed, 0, self.pool)
 
-    def active(self, step: int) -> list[Task]:
+    def active(self, step: int) -> list[RolloutTask]:
         live = [
             t for t in self.tasks
             if (k := (t.env_id, t.seed)) not in self.dropped_at or step - self.dropped_at[k] >= self.refresh
         ]  # fmt: skip
         return live or list(self.tasks)  # every task dropped: the filter gives way rather than stall
 
-    def draw(self, n: int, step: int) -> list[Task]:
+    def draw(self, n: int, step: int) -> list[RolloutTask]:
         live = {(t.env_id, t.seed) for t in self.active(step)}
-        out: list[Task] = []
+        out: list[RolloutTask] = []
         while len(out) < n:
             t = self.tasks[self.cursor % self.pool]
             self.cursor += 1

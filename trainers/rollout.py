@@ -48,7 +48,7 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class Task:
+class RolloutTask:
     env_id: str
     seed: int
 
@@ -125,7 +125,7 @@ class TreeRollout:
         self.snapshots = not isinstance(self.branch, NoBranching)
 
     # ----- the loop ----------------------------------------------------------------------------------------
-    def run(self, tasks: list[Task], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
+    def run(self, tasks: list[RolloutTask], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
         """One tree per task. `seed` fixes the branching draws and the sampling of every generate call."""
         rng = np.random.default_rng(seed)
         stats = RolloutStats()

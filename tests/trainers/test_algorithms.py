@@ -276,13 +276,13 @@ def test_dynamic_split_in_the_rollout_loop() -> None:
     from test_rollout import FakePolicy
 
     from toolgym.trainers.branching import TurnBoundaryEntropy
-    from toolgym.trainers.rollout import RolloutConfig, Task, TreeRollout
+    from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
 
     register_fake_env()
     assert int(4 / (1 + math.exp(0.5))) + 1 == 2
     pol = TurnBoundaryEntropy(initial=4, dynamic_split=True, tau=1.0, entropy_weight=0.0, top_up=False)
     roller = TreeRollout(FakePolicy(), pol, RolloutConfig(budget=4, entropies=True), {})
-    forest, _ = roller.run([Task("tests/VowelCount-v0", 3)], seed=0)
+    forest, _ = roller.run([RolloutTask("tests/VowelCount-v0", 3)], seed=0)
     roller.close()
     assert forest[0].meta["global_samples"] == 2
     assert len(forest[0].nodes[forest[0].root].children) == 2  # the probe path + 1 more global sample

@@ -12,7 +12,7 @@ from conftest import FAKE_ENV, register_fake_env
 from toolgym.agents.policy import Generation
 from toolgym.errors import ConfigError
 from toolgym.trainers.branching import NoBranching, TurnBoundaryEntropy
-from toolgym.trainers.rollout import RolloutConfig, Task, TreeRollout
+from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
 from toolgym.trainers.tree import flatten
 
 
@@ -60,7 +60,7 @@ def _env() -> None:
 def test_independent_sampling_builds_depth_one_trees() -> None:
     policy = FakePolicy()
     roller = TreeRollout(policy, NoBranching(), RolloutConfig(budget=3), {})
-    forest, stats = roller.run([Task(FAKE_ENV, 0), Task(FAKE_ENV, 1)], seed=0)
+    forest, stats = roller.run([RolloutTask(FAKE_ENV, 0), RolloutTask(FAKE_ENV, 1)], seed=0)
     assert [len(t.leaves()) for t in forest] == [3, 3]
     t = forest[0]
     assert len(t.nodes[t.root].children) == 3
@@ -81,7 +81,7 @@ def test_arpo_forks_restore_or_replay_the_env(forkable: bool, monkeypatch: pytes
     monkeypatch.setattr(env_cls, "supports_fork", forkable)
     pol = TurnBoundaryEntropy(initial=2, beam_size=2, entropy_weight=10.0, consecutive_penalty=0.0)
     roller = TreeRollout(FakePolicy(), pol, RolloutConfig(budget=4, entropies=True), {})
-    forest, stats = roller.run([Task(FAKE_ENV, 0)], seed=0)
+    forest, stats = roller.run([RolloutTask(FAKE_ENV, 0)], seed=0)
     t = forest[0]
     assert len(t.leaves()) == 4 and t.branch_count() == 2 and stats.forks == {"entropy": 2}
     # every path, forked or not, ends after exactly two model turns: the fork saw the env after turn 0
@@ -92,7 +92,7 @@ def test_arpo_forks_restore_or_replay_the_env(forkable: bool, monkeypatch: pytes
 
 def test_token_budget_truncates_paths() -> None:
     roller = TreeRollout(FakePolicy(), None, RolloutConfig(budget=2, max_total_tokens=8), {})
-    forest, _ = roller.run([Task(FAKE_ENV, 0)], seed=0)
+    forest, _ = roller.run([RolloutTask(FAKE_ENV, 0)], seed=0)
     eps = [forest[0].nodes[leaf].info["episode"] for leaf in forest[0].leaves()]
     assert all(e["truncation"] == "token_budget" and e["turns"] == 1 for e in eps)
 
@@ -124,7 +124,7 @@ def test_token_level_forks_continue_the_cut_turn() -> None:
 
     pol = TokenEntropyTopK(initial=2, n_forks=1, n_children=2)
     roller = TreeRollout(FakePolicy(), pol, RolloutConfig(budget=8, max_new_tokens=5), {})
-    forest, stats = roller.run([Task(FAKE_ENV, 0)], seed=0)
+    forest, stats = roller.run([RolloutTask(FAKE_ENV, 0)], seed=0)
     t = forest[0]
     assert len(t.leaves()) == 4 and stats.forks == {"token": 2}
     for leaf in t.leaves():
@@ -142,12 +142,12 @@ def test_arpo_tops_up_with_global_samples() -> None:
     # entropy falls after the first turn: no fork, so the tree is filled with fresh samples up to the budget
     pol = TurnBoundaryEntropy(initial=2, entropy_weight=-10.0)
     forest, stats = TreeRollout(FakePolicy(), pol, RolloutConfig(budget=5, entropies=True), {}).run(
-        [Task(FAKE_ENV, 0)], 0
+        [RolloutTask(FAKE_ENV, 0)], 0
     )
     t = forest[0]
     assert len(t.leaves()) == 5 and len(t.nodes[t.root].children) == 5 and not stats.forks
     pol.top_up = False
     forest, _ = TreeRollout(FakePolicy(), pol, RolloutConfig(budget=5, entropies=True), {}).run(
-        [Task(FAKE_ENV, 0)], 0
+        [RolloutTask(FAKE_ENV, 0)], 0
     )
     assert len(forest[0].leaves()) == 2
