@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from toolgym.envs.base import Task, ToolEnv
@@ -36,6 +38,24 @@ def answer(answer: str) -> str:
     return answer
 
 
+def count_operations(expression: str) -> int:
+    """How many binary operations an expression holds (0 when it does not parse: the tool reports that).
+
+    >>> count_operations("(3 + 4) * 2"), count_operations("12")
+    (2, 0)
+    """
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except (SyntaxError, ValueError):
+        return 0
+    return sum(isinstance(node, ast.BinOp) for node in ast.walk(tree))
+
+
+@dataclass
+class CalculatorEpisode:
+    bonus_given: float = 0.0  # tool bonus paid so far (capped per episode)
+
+
 def _draw(rng: Any, choices: tuple[int, ...]) -> int:
     """One of the choices; a single choice draws nothing (the task stream stays that of a plain int)."""
     return choices[int(rng.integers(len(choices)))] if len(choices) > 1 else choices[0]
@@ -58,7 +78,10 @@ class CalculatorEnv(ToolEnv):
     or feedback after an invalid action).
 
     ## Tools
-    ``calculator(expression)``: exact arithmetic (an AST walk over fractions; no ``eval``).
+    ``calculator(expression)``: exact arithmetic (an AST walk over fractions; no ``eval``). With
+    ``ops_per_call=k`` an expression of more than k operations is refused ("Error: …"), so a problem of
+    several operations takes several calls, each on the last result: a multi-turn task where an early
+    mistake spoils the answer (for credit assignment and branching studies).
     ``answer(answer)``: the final answer.
 
     ## Rewards
@@ -80,14 +103,15 @@ class CalculatorEnv(ToolEnv):
 
     ## Arguments
     ``digits`` (2; an int or a list), ``num_ops`` (1; an int or a list), ``split`` ("all", "train" or
-    "test"), ``max_turns`` (4), ``tool_bonus`` (0.0), ``tool_bonus_cap`` (0.2),
+    "test"), ``max_turns`` (4), ``tool_bonus`` (0.0), ``tool_bonus_cap`` (0.2), ``ops_per_call`` (0: no limit),
     ``format_penalty`` (-0.1), ``prompt_format`` ("tools" or "text"; "text" also shows a worked example),
     ``action_format`` ("hermes" or "tags"), ``lenient_answers`` (False: when True, "Answer: N", a boxed N or
     "the answer is N" also end the episode, for small models that have not learned the tags yet).
 
     ## Version History
     - v0: first version; later: more templates per operation count, a train/test template split, and
-      mixed digits/operation counts (the defaults draw the same kind of problem as before).
+      mixed digits/operation counts (the defaults draw the same kind of problem as before); then more
+      templates (12 per operation for one operation, 10 per chained step) and ``ops_per_call``.
     """
 
     family: ClassVar[str] = "math"
@@ -103,6 +127,7 @@ class CalculatorEnv(ToolEnv):
         max_turns: int = 4,
         tool_bonus: float = 0.0,
         tool_bonus_cap: float = 0.2,
+        ops_per_call: int = 0,
         **kwargs: Any,
     ) -> None:
         self.digit_choices = as_choices(digits, "digits", 1, 12)
@@ -114,27 +139,30 @@ class CalculatorEnv(ToolEnv):
         self.split = split
         self.tool_bonus = tool_bonus
         self.tool_bonus_cap = tool_bonus_cap
-        self._bonus_given = 0.0
+        if not isinstance(ops_per_call, int) or ops_per_call < 0:
+            raise ConfigError(f"ops_per_call must be an int >= 0 (0: no limit), got {ops_per_call!r}")
+        self.ops_per_call = ops_per_call
         super().__init__(max_turns=max_turns, **kwargs)
 
     def tools(self) -> list[Tool]:
         return [Tool(calculator), Tool(answer)]
 
-    def instructions(self) -> str:
-        return (
-            "You solve arithmetic word problems. Use the calculator tool for the arithmetic, "
-            "then give the final answer as a number."
-        )
-
     def example(self) -> str:
-        call = (
-            "<calculator>12 * 7</calculator>"
-            if self.action_format == "tags"
-            else '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>'
-        )
+        def call(expression: str) -> str:
+            if self.action_format == "tags":
+                return f"<calculator>{expression}</calculator>"
+            args = f'{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}'
+            return f"<tool_call>{args}</tool_call>"
+
+        if self.ops_per_call == 1:
+            return (
+                "user: Ada has 12 packs of 7 pens. Then she gets 5 more. How many pens does she have now?\n"
+                f"assistant: {call('12 * 7')}\ntool: 84\nassistant: {call('84 + 5')}\ntool: 89\n"
+                "assistant: <answer>89</answer>"
+            )
         return (
             "user: A bag holds 12 packs of 7 pens. How many pens are in the bag?\n"
-            f"assistant: {call}\ntool: 84\nassistant: <answer>84</answer>"
+            f"assistant: {call('12 * 7')}\ntool: 84\nassistant: <answer>84</answer>"
         )
 
     def system_prompt(self) -> str:
@@ -148,8 +176,21 @@ class CalculatorEnv(ToolEnv):
             prompt += f"\n\nExample:\n{self.example()}"
         return prompt
 
+    def instructions(self) -> str:
+        text = (
+            "You solve arithmetic word problems. Use the calculator tool for the arithmetic, "
+            "then give the final answer as a number."
+        )
+        if self.ops_per_call == 1:
+            text += " The calculator does one operation per call: work step by step."
+        elif self.ops_per_call > 1:
+            text += f" The calculator does at most {self.ops_per_call} operations per call."
+        return text
+
+    def new_episode(self) -> CalculatorEpisode:
+        return CalculatorEpisode()
+
     def make_task(self) -> Task:
-        self._bonus_given = 0.0
         rng = self.np_random
         digits, num_ops = _draw(rng, self.digit_choices), _draw(rng, self.op_choices)
         problem = make_problem(rng, digits, num_ops, self.split)
@@ -163,6 +204,7 @@ class CalculatorEnv(ToolEnv):
                 "digits": digits,
                 "num_ops": num_ops,
                 "split": self.split,
+                "steps": list(problem.steps),
             },
         )
 
@@ -170,27 +212,56 @@ class CalculatorEnv(ToolEnv):
         score = numeric_match([answer], answer=[self.task.answer])[0]
         return {"correct": float(score or 0.0)}
 
+    def run_tool(self, call: ToolCall) -> str:
+        if call.name == "calculator" and self.ops_per_call:
+            n = count_operations(str(call.arguments.get("expression", "")))
+            if n > self.ops_per_call:
+                limit = "one operation" if self.ops_per_call == 1 else f"{self.ops_per_call} operations"
+                return f"Error: this calculator does {limit} per call (got {n}); compute step by step"
+        return super().run_tool(call)
+
     def tool_reward(self, call: ToolCall, output: str) -> dict[str, float]:
         if self.tool_bonus <= 0 or output.startswith("Error"):
             return {}
-        bonus = min(self.tool_bonus, max(0.0, self.tool_bonus_cap - self._bonus_given))
-        self._bonus_given += bonus
+        bonus = min(self.tool_bonus, max(0.0, self.tool_bonus_cap - self.episode.bonus_given))
+        self.episode.bonus_given += bonus
         return {"tool": bonus}
 
-    def extra_state(self) -> Any:
-        return {"bonus_given": self._bonus_given}
-
-    def load_extra_state(self, state: Any) -> None:
-        self._bonus_given = state["bonus_given"]
-
     def expert_action(self) -> str:
-        """Call the calculator on the problem's expression, then answer with its result."""
-        results = [m for m in self._transcript if m.role == "tool" and m.name == "calculator"]
-        if results and not results[-1].text.startswith("Error"):
-            return f"<answer>{results[-1].text}</answer>"
-        expression = self.task.data["expression"]
+        """Call the calculator on the problem's expression (step by step under ``ops_per_call``), then
+        answer with its result."""
+        results = [m.text for m in self._transcript if m.role == "tool" and m.name == "calculator"]
+        done = [r for r in results if not r.startswith("Error")]
+        steps = self.task.data["steps"]
+        stepwise = self.ops_per_call > 0 and len(steps) > 1
+        if done and (not stepwise or len(done) >= len(steps)):
+            return f"<answer>{done[-1]}</answer>"
+        # stepwise: each step's first operand is the previous result (the task's numbers agree)
+        expression = steps[len(done)] if stepwise else self.task.data["expression"]
         if self.action_format == "tags":
             return f"<calculator>{expression}</calculator>"
         return (
             f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+        )
+
+
+class CalculatorChainEnv(CalculatorEnv):
+    """toolgym/CalculatorChain-v0: Calculator-v0 where the calculator does one operation per call.
+
+    Problems of 2-3 operations on 2-3 digit numbers, so an episode is 2-3 calculator calls, each on the
+    last result, then the answer: a multi-turn task where credit matters (a wrong first step spoils every
+    later one). Every argument of ``CalculatorEnv`` applies; only these defaults differ.
+    """
+
+    def __init__(
+        self,
+        *,
+        digits: int | Sequence[int] = (2, 3),
+        num_ops: int | Sequence[int] = (2, 3),
+        ops_per_call: int = 1,
+        max_turns: int = 6,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            digits=digits, num_ops=num_ops, ops_per_call=ops_per_call, max_turns=max_turns, **kwargs
         )

@@ -34,6 +34,10 @@ SINGLE: dict[str, tuple[str, ...]] = {
         "There are {a} {item} on the {box} and {name} puts {b} more there. How many {item} are on the {box}?",
         "{name} owns {a} {item}; a friend gives {name} another {b}. What is the total number of {item}?",
         "What do you get when you add {b} {item} to a {box} of {a} {item}?",
+        "{name} picks {a} {item}, then picks {b} more. How many {item} did {name} pick?",
+        "{a} {item} were in the {box} before {b} more were delivered. How many {item} are in it now?",
+        "A class has {a} {item} and another class has {b}. How many {item} do the two classes have?",
+        "{name} saved {a} {item} last year and {b} this year. What is the total?",
         "The shop sold {a} {item} in the morning and {b} in the afternoon. How many {item} did it sell?",
         "Add {a} {item} and {b} {item}: how many {item} do you have?",
     ),
@@ -44,6 +48,10 @@ SINGLE: dict[str, tuple[str, ...]] = {
         "Of {a} {item} in the {box}, {b} were broken. How many {item} are not broken?",
         "{name} started with {a} {item} and lost {b} of them. How many {item} does {name} have left?",
         "How many {item} remain if {b} are removed from a {box} of {a} {item}?",
+        "{name} had {a} {item}, and {b} of them were eaten. How many {item} are still there?",
+        "A {box} with {a} {item} loses {b}. How many {item} are in the {box} afterwards?",
+        "{name} owes {a} {item} and has paid back {b}. How many {item} are still owed?",
+        "There were {a} {item}; {name} threw out {b}. How many {item} stayed?",
         "A store had {a} {item} and sold {b}. How many {item} does the store still have?",
         "Take {b} {item} away from {a} {item}. How many {item} are left?",
     ),
@@ -54,6 +62,10 @@ SINGLE: dict[str, tuple[str, ...]] = {
         "Each of {a} students brings {b} {item}. How many {item} do the students bring in total?",
         "{name} fills {a} {box}es with {b} {item} each. How many {item} did {name} use?",
         "How many {item} are in {a} {box}es if every {box} holds {b} {item}?",
+        "{name} stacks {b} {item} on each of {a} {box}es. How many {item} are stacked?",
+        "Every one of {a} {box}es contains {b} {item}. How many {item} are there in total?",
+        "{a} people each own {b} {item}. How many {item} do they own together?",
+        "A printer makes {b} {item} per minute for {a} minutes. How many {item} is that?",
         "A factory makes {b} {item} an hour for {a} hours. How many {item} does it make?",
         "What is the number of {item} in {a} stacks of {b} {item} each?",
     ),
@@ -64,6 +76,10 @@ SINGLE: dict[str, tuple[str, ...]] = {
         "{name} has {a} {item} and puts them in groups of {b}. How many groups are there?",
         "A team of {b} people picks {a} {item}, each person the same amount. How many {item} does each pick?",
         "How many {item} does each of {b} children get when {a} {item} are shared fairly?",
+        "{a} {item} are packed equally into {b} {box}es. How many {item} does each {box} get?",
+        "{name} divides {a} {item} into {b} equal piles. How many {item} are in a pile?",
+        "{b} friends split {a} {item} evenly. How many {item} does one friend receive?",
+        "{a} {item} make {b} equal bundles. How many {item} are in every bundle?",
         "If {a} {item} fill {b} equal rows, how many {item} are in one row?",
         "Divide {a} {item} among {b} {box}es equally: how many {item} per {box}?",
     ),
@@ -75,6 +91,10 @@ OPENERS: tuple[str, ...] = (
     "{name} begins the week with {a} {item}.",
     "There are {a} {item} in {name}'s {box}.",
     "{name} counts {a} {item} in the morning.",
+    "{name} keeps {a} {item} in a {box}.",
+    "It all starts with {a} {item}.",
+    "{name} brings {a} {item} to school.",
+    "On day one there are {a} {item}.",
     "At first {name} owns {a} {item}.",
 )
 CHAIN: dict[str, tuple[str, ...]] = {
@@ -84,6 +104,10 @@ CHAIN: dict[str, tuple[str, ...]] = {
         "After that {name} finds another {b}.",
         "Later {name} receives {b} more {item}.",
         "Then a friend brings {b} extra {item}.",
+        "Then {name} buys {b} more {item}.",
+        "Next, {name} wins {b} {item} in a game.",
+        "After that {b} {item} are found under the {box}.",
+        "Then {name} is given {b} additional {item}.",
         "Then {b} {item} more arrive.",
     ),
     "-": (
@@ -92,6 +116,10 @@ CHAIN: dict[str, tuple[str, ...]] = {
         "After that {name} loses {b} of them.",
         "Later {name} sells {b} {item}.",
         "Then {b} {item} get broken and are thrown out.",
+        "Then {name} hands {b} {item} to a friend.",
+        "Next, {b} of the {item} go missing.",
+        "After that {name} eats {b} of them.",
+        "Then {name} donates {b} {item}.",
         "Then {name} uses up {b} {item}.",
     ),
     "*": (
@@ -100,6 +128,10 @@ CHAIN: dict[str, tuple[str, ...]] = {
         "After that {name} ends up with {b} times as many.",
         "Later the pile becomes {b} times larger.",
         "Then every {item} is replaced by {b} {item}.",
+        "Then the number of {item} becomes {b} times bigger.",
+        "Next, {name} multiplies the pile by {b}.",
+        "After that the {item} are copied until there are {b} times as many.",
+        "Then the amount of {item} is multiplied by {b}.",
         "Then {name} has {b} times as many {item} as before.",
     ),
     "/": (
@@ -108,6 +140,10 @@ CHAIN: dict[str, tuple[str, ...]] = {
         "After that only one of {b} equal parts is left.",
         "Later {name} divides the {item} into {b} equal groups and keeps one group.",
         "Then the pile is cut into {b} equal shares and one share stays.",
+        "Then {name} divides the {item} into {b} equal shares and keeps one share.",
+        "Next, the pile is split into {b} equal groups and only one group is kept.",
+        "After that the {item} are divided by {b}.",
+        "Then {name} keeps just one part after cutting the pile into {b} equal parts.",
         "Then {name} keeps one of {b} equal parts of the {item}.",
     ),
 }
@@ -116,6 +152,9 @@ QUESTIONS: tuple[str, ...] = (
     "How many {item} are there at the end?",
     "What is the number of {item} now?",
     "How many {item} are left in the end?",
+    "How many {item} are there now?",
+    "What is the final number of {item}?",
+    "How many {item} does {name} end up with?",
     "In the end, how many {item} are there?",
 )
 TEST_SHARE = 0.25  # the last quarter (at least one) of each template list is held out for split="test"
@@ -129,6 +168,7 @@ class Problem:
     digits: int = 2
     num_ops: int = 1
     split: str = "train"
+    steps: tuple[str, ...] = ()  # one expression per operation, each on the previous step's result
 
 
 def split_templates(templates: Sequence[str], split: str) -> tuple[str, ...]:
@@ -163,6 +203,7 @@ def make_problem(rng: np.random.Generator, digits: int = 2, num_ops: int = 1, sp
     value = _operand(rng, digits)
     expression = str(value)
     sentences: list[str] = []
+    steps: list[str] = []
     first = 0  # the value the opening sentence names (the first operand, once known)
     for i, op in enumerate(ops):
         if op == "/":
@@ -179,13 +220,15 @@ def make_problem(rng: np.random.Generator, digits: int = 2, num_ops: int = 1, sp
             op = "*"  # a later division that is not exact becomes a product; keeps answers whole
         new = {"+": value + b, "-": value - b, "*": value * b, "/": value // b if b else value}[op]
         expression = f"{expression} {op} {b}" if i == 0 else f"({expression}) {op} {b}"
+        steps.append(f"{value} {op} {b}")
         if i == 0 and num_ops == 1:
             template = _pick(rng, split_templates(SINGLE[op], split))
             sentences.append(template.format(name=name, item=item, box=box, a=value, b=b))
         else:
             if i == 0:
                 first = value
-            sentences.append(_pick(rng, split_templates(CHAIN[op], split)).format(name=name, item=item, b=b))
+            chain = _pick(rng, split_templates(CHAIN[op], split))
+            sentences.append(chain.format(name=name, item=item, box=box, b=b))
         value = new
     if num_ops > 1:
         opener = _pick(rng, split_templates(OPENERS, split)).format(name=name, item=item, box=box, a=first)
@@ -198,6 +241,7 @@ def make_problem(rng: np.random.Generator, digits: int = 2, num_ops: int = 1, sp
         digits=digits,
         num_ops=num_ops,
         split=split,
+        steps=tuple(steps),
     )
 
 

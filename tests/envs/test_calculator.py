@@ -264,3 +264,55 @@ def test_text_prompt_example_follows_the_action_format() -> None:
     obs, _ = env.reset(seed=0)
     assert '<tool_call>{"name": "calculator"' in obs[0]["content"]
     assert "<calculator>12 * 7</calculator>" in env.unwrapped.__class__(action_format="tags").example()
+
+
+# ----- one operation per call (CalculatorChain-v0) ----------------------------------------------------------
+def test_steps_chain_to_the_answer() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        p = make_problem(rng, 3, 3, split="train")
+        value = None
+        for step in p.steps:
+            first = step.split(" ", 1)[0]
+            if value is not None:
+                assert int(first) == value  # each step starts from the last result
+            value = int(evaluate(step))
+        assert value == p.answer and len(p.steps) == 3
+
+
+def test_chain_env_refuses_several_operations_per_call_and_caps_the_bonus() -> None:
+    env = gym.make(
+        "toolgym/CalculatorChain-v0", num_ops=2, action_format="tags", tool_bonus=0.1, tool_bonus_cap=0.1
+    )
+    env.reset(seed=0)
+    task = env.unwrapped.task
+    obs, reward, term, _, _ = env.step(f"<calculator>{task.data['expression']}</calculator>")
+    assert "one operation per call" in obs[-1]["content"] and not term and reward == 0.0
+    first, second = task.data["steps"]
+    obs, reward, *_ = env.step(f"<calculator>{first}</calculator>")
+    assert reward == pytest.approx(0.1)  # a working call earns the (capped) bonus
+    state = env.unwrapped.get_state()  # the bonus already paid is forked with the episode
+    obs, reward, *_ = env.step(f"<calculator>{second}</calculator>")
+    assert obs[-1]["content"] == str(task.answer) and reward == 0.0  # the cap is reached
+    obs, reward, term, *_ = env.step(f"<answer>{task.answer}</answer>")
+    assert term and reward == 1.0
+    env.unwrapped.set_state(state)
+    assert env.unwrapped.episode.bonus_given == pytest.approx(0.1)
+
+
+def test_chain_expert_makes_one_call_per_operation() -> None:
+    env = gym.make("toolgym/CalculatorChain-v0", num_ops=3, action_format="tags")
+    env.reset(seed=1)
+    calls = 0
+    while True:
+        action = env.unwrapped.expert_action()
+        calls += action.startswith("<calculator>")
+        _, reward, term, trunc, _ = env.step(action)
+        if term or trunc:
+            break
+    assert calls == 3 and reward == 1.0
+
+
+def test_ops_per_call_is_validated() -> None:
+    with pytest.raises(ConfigError, match="ops_per_call"):
+        gym.make("toolgym/Calculator-v0", ops_per_call=-1)
