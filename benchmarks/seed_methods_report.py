@@ -1,0 +1,196 @@
+"""The seed-methods report: the run folders of benchmarks/seed_methods.py -> benchmarks/results/seed_methods.md,
+seed_methods.json (replay_gain, epo_gain, hiper_gain) and seed_methods.png.
+
+    python benchmarks/seed_methods_report.py --runs DIR [--notes FILE] [--out benchmarks/results]
+
+DIR holds grpo/, replay/, epo/, hiper/ (each with metrics.jsonl), sft/summary.json and summary.json, as
+`bash benchmarks/seed_methods.sh run SECONDS` leaves them (runs.tar.gz unpacked), and gpu.txt if copied there.
+Each gain is the method's held-out success minus plain GRPO's at EQUAL generated tokens: T* is the smallest
+total of the four runs' generated tokens up to their last evaluation, and each run's success at T* is read off
+its curve (eval success against cumulative generated tokens, linear between evaluations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+METHODS = ("grpo", "replay", "epo", "hiper")
+GAINS = {"replay": "replay_gain", "epo": "epo_gain", "hiper": "hiper_gain"}
+ENTROPY_KEYS = ("losses/entropy", "train/entropy", "charts/entropy")
+
+
+def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def first(rec: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    return next((float(rec[k]) for k in keys if k in rec), None)
+
+
+def curves(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Eval points (step, cumulative generated tokens, success), entropy per step, totals."""
+    tokens, evals, entropy, epo, train_success = 0.0, [], [], [], []
+    for r in sorted(records, key=lambda r: r["step"]):
+        tokens += float(r.get("rollout/generated_tokens", 0.0))
+        if "eval/success" in r:
+            evals.append((r["step"], tokens, float(r["eval/success"])))
+        h = first(r, ENTROPY_KEYS)
+        if h is not None and r["step"] > 0:
+            entropy.append((r["step"], h))
+        e = first(r, ("losses/epo_entropy", "epo/entropy"))
+        if e is not None:
+            epo.append((r["step"], e))
+        if "charts/success" in r:
+            train_success.append((r["step"], float(r["charts/success"])))
+    return {
+        "evals": evals,
+        "entropy": entropy,
+        "epo_trajectory_entropy": epo,
+        "train_success": train_success,
+        "generated_tokens": tokens,
+        "steps": max((r["step"] for r in records), default=0),
+    }
+
+
+def at_tokens(evals: list[tuple[int, float, float]], t: float) -> float | None:
+    """Success at `t` cumulative generated tokens, linear between evaluations (None past the last one).
+
+    >>> at_tokens([(0, 0.0, 0.2), (5, 100.0, 0.4), (10, 300.0, 0.6)], 200.0)
+    0.5
+    """
+    for (_, t0, s0), (_, t1, s1) in itertools.pairwise(evals):
+        if t0 <= t <= t1:
+            return s0 if t1 == t0 else s0 + (s1 - s0) * (t - t0) / (t1 - t0)
+    if evals and abs(evals[-1][1] - t) < 1e-9:
+        return evals[-1][2]
+    return None
+
+
+def report(runs_dir: Path, out: Path, notes: str = "") -> dict[str, Any]:
+    data = {m: curves(read_metrics(runs_dir / m)) for m in METHODS}
+    present = [m for m in METHODS if data[m]["evals"]]
+    summary_path = runs_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    gpu = (runs_dir / "gpu.txt").read_text().strip() if (runs_dir / "gpu.txt").is_file() else ""
+    ends = [data[m]["evals"][-1][1] for m in present]
+    t_star = min(ends) if ends else 0.0
+    result: dict[str, Any] = {
+        "equal_tokens": t_star,
+        "success_at_equal_tokens": {m: at_tokens(data[m]["evals"], t_star) for m in present},
+        "final_success": {m: data[m]["evals"][-1][2] for m in present},
+        "start_success": {m: data[m]["evals"][0][2] for m in present},
+        "steps": {m: data[m]["steps"] for m in METHODS},
+        "generated_tokens": {m: data[m]["generated_tokens"] for m in METHODS},
+    }
+    base = result["success_at_equal_tokens"].get("grpo")
+    for m, key in GAINS.items():
+        s = result["success_at_equal_tokens"].get(m)
+        result[key] = round(s - base, 4) if s is not None and base is not None else None
+    result |= {
+        "curves": {m: data[m] for m in METHODS},
+        "machine": summary.get("machine", ""),
+        "gpu": gpu,
+        "sft": summary.get("sft", {}),
+        "rl_return_codes": summary.get("rl_rc", {}),
+        "seconds_wall": summary.get("seconds_wall"),
+        "commands": summary.get("commands", {}),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    plot(data, t_star, out / "seed_methods.png")
+    (out / "seed_methods.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "seed_methods.md").write_text(markdown(result, notes))
+    return result
+
+
+def plot(data: dict[str, dict[str, Any]], t_star: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for m, d in data.items():
+        if d["evals"]:
+            a.plot(
+                [t / 1e3 for _, t, _ in d["evals"]], [s for _, _, s in d["evals"]], marker="o", ms=3, label=m
+            )
+        if d["entropy"]:
+            b.plot([s for s, _ in d["entropy"]], [h for _, h in d["entropy"]], lw=1.2, label=m)
+    a.axvline(t_star / 1e3, color="gray", ls="--", lw=1, label="equal tokens")
+    a.set_xlabel("generated tokens (thousands)")
+    a.set_ylabel("held-out success (greedy)")
+    a.set_ylim(-0.02, 1.02)
+    b.set_xlabel("RL step")
+    b.set_ylabel("policy entropy (nats / token)")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _f(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def markdown(r: dict[str, Any], notes: str) -> str:
+    rows = [
+        "| run | held-out success at start | at equal tokens | gain vs GRPO | at the end | steps | generated tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in METHODS:
+        gain = "" if m == "grpo" else _f(r.get(GAINS[m]))
+        rows.append(
+            f"| {m} | {_f(r['start_success'].get(m))} | {_f(r['success_at_equal_tokens'].get(m))} | {gain} | "
+            f"{_f(r['final_success'].get(m))} | {r['steps'].get(m)} | {r['generated_tokens'].get(m, 0):.0f} |"
+        )
+    sft = r.get("sft") or {}
+    md = [
+        "# Seed methods vs plain GRPO (issue 19): replay, EPO, HiPER on sparse-reward Household",
+        "",
+        f"Machine: {r.get('machine') or '?'}; {r.get('gpu') or ''}".strip(),
+        "",
+        f"Equal generated tokens T* = {r['equal_tokens']:.0f} (the smallest total of the four runs up to their "
+        "last evaluation); gains are success differences vs plain GRPO at T*.",
+        "",
+        *rows,
+        "",
+        "![held-out success and entropy](seed_methods.png)",
+        "",
+        f"Warm start: {sft.get('conversations', '?')} expert conversations with subgoal tags, held-out success "
+        f"after SFT {_f(sft.get('success_after'))}. RL return codes (None: stopped by the time budget): "
+        f"{r.get('rl_return_codes')}.",
+        "",
+        "Commands (from the repository root):",
+        "",
+        "```",
+        *[f"{k}: {v}" for k, v in (r.get("commands") or {}).items()],
+        "report: python benchmarks/seed_methods_report.py --runs DIR",
+        "```",
+        "",
+    ]
+    if notes:
+        md += [notes.strip(), ""]
+    return "\n".join(md)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--runs", type=Path, required=True, help="folder with grpo/, replay/, epo/, hiper/")
+    p.add_argument("--notes", type=Path, default=None, help="markdown appended to seed_methods.md")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    a = p.parse_args()
+    r = report(a.runs, a.out, a.notes.read_text() if a.notes else "")
+    print(json.dumps({k: r[k] for k in ("equal_tokens", *GAINS.values(), "final_success")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
