@@ -1,5 +1,10 @@
 """A MiniWoB++ page in one browser context: load it, start episodes through MiniWoB's JavaScript, read it
-as a list of elements, and act on it. Every call is one trip to the browser loop (see ``browser.py``)."""
+as a list of elements, and act on it. Every call is one trip to the browser loop (see ``browser.py``).
+
+Speed: ``page.js`` is installed in the page and does each action and the observation in ONE evaluate
+(type, select, element scroll, episode start); a click is a hit-tested point from the page, a real mouse
+click there (trusted input through CDP), then the observation: three round trips, no Playwright
+actionability polling (the page itself waits out running animations before giving the point)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from toolgym.envs.web.browser import BrowserHost
 from toolgym.errors import ConfigError, InfrastructureError
 
 BASE_URL = "http://miniwob.toolgym/"  # never resolved: requests are answered from the miniwob package
-SNAPSHOT_JS = Path(__file__).with_name("snapshot.js").read_text(encoding="utf-8")
+PAGE_JS = Path(__file__).with_name("page.js").read_text(encoding="utf-8")
 VIEWPORT = {"width": 500, "height": 340}
 KEYS = ("Enter", "Tab", "Escape", "Backspace", "Delete", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight",
         "Home", "End", "PageUp", "PageDown", "Space")  # fmt: skip
@@ -53,10 +58,6 @@ class Snapshot:
         )
 
 
-class ActionError(Exception):
-    """The model's action could not be done (bad id, stale element, unknown option): an observation."""
-
-
 def _is_dead(exc: BaseException) -> bool:
     text = str(exc)
     return any(s in text for s in ("Target closed", "has been closed", "Browser closed", "Connection closed"))
@@ -83,6 +84,7 @@ class MiniWoBPage:
 
     async def _open(self) -> Any:
         await self.context.route(BASE_URL + "**", self._serve)
+        await self.context.add_init_script(PAGE_JS)
         page = await self.context.new_page()
         page.set_default_timeout(self.action_timeout_ms)
         page.set_default_navigation_timeout(30_000)  # a loaded machine loads slowly; actions stay short
@@ -116,28 +118,17 @@ class MiniWoBPage:
         if reload or self.task != task:
             await page.goto(f"{BASE_URL}miniwob/{task}.html", wait_until="load")
             self.task = task
-        await page.evaluate(
-            """([seed, maxTime]) => {
-                 if (core.EP_TIMER !== null) { clearTimeout(core.EP_TIMER); core.EP_TIMER = null; }
-                 document.querySelectorAll('[data-tg]').forEach((e) => e.removeAttribute('data-tg'));
-                 window.__tgNext = 1;
-                 if (document.activeElement && document.activeElement.blur) document.activeElement.blur();
-                 Math.seedrandom(seed);
-                 core.EPISODE_MAX_TIME = maxTime;
-                 core.startEpisodeReal();
-               }""",
-            [str(seed), max_time_ms],
-        )
-        await page.wait_for_function(
-            "() => typeof WOB_TASK_READY === 'undefined' || WOB_TASK_READY", timeout=30_000
-        )
-        return Snapshot.from_js(await page.evaluate(SNAPSHOT_JS))
+        out = await page.evaluate("([s, t]) => window.__toolgym.start(s, t)", [str(seed), max_time_ms])
+        if out.get("error"):
+            raise InfrastructureError(f"MiniWoB {task}: {out['error']}")
+        return Snapshot.from_js(out["snapshot"])
 
     def snapshot(self) -> Snapshot:
         return self._call(self._snapshot())
 
     async def _snapshot(self) -> Snapshot:
-        return Snapshot.from_js(await self.page.evaluate(SNAPSHOT_JS))
+        out = await self.page.evaluate("() => window.__toolgym.act('snapshot', [], 0)")
+        return Snapshot.from_js(out["snapshot"])
 
     def act(self, name: str, args: tuple[Any, ...]) -> tuple[str | None, Snapshot]:
         """Do one action; returns (error text for the model or None, the page afterwards)."""
@@ -163,77 +154,49 @@ class MiniWoBPage:
                 raise InfrastructureError(f"the browser failed: {exc}") from exc
             raise
 
-    async def _element(self, element_id: Any) -> Any:
-        try:
-            number = int(element_id)
-        except (TypeError, ValueError):
-            raise ActionError(
-                f"{element_id!r} is not an element id (ids are the numbers in brackets)"
-            ) from None
-        handle = await self.page.query_selector(f'[data-tg="{number}"]')
-        if handle is None:
-            raise ActionError(f"there is no element [{number}] on the page now (it may have gone)")
-        return handle
+    async def _in_page(self, name: str, args: list[Any]) -> tuple[str | None, Snapshot]:
+        out = await self.page.evaluate(
+            "([n, a, w]) => window.__toolgym.act(n, a, w)", [name, args, self.action_timeout_ms]
+        )
+        return out.get("error"), Snapshot.from_js(out["snapshot"])
 
     async def _act(self, name: str, args: tuple[Any, ...]) -> tuple[str | None, Snapshot]:
         from playwright.async_api import Error as PlaywrightError
 
-        error: str | None = None
+        page = self.page
         try:
-            await self._do(name, args)
-        except ActionError as exc:
-            error = str(exc)
+            if name in ("type", "select"):
+                return await self._in_page(name, [args[0], str(args[1])])
+            if name == "click":
+                out = await page.evaluate(
+                    "([a, w]) => window.__toolgym.act('point', a, w)", [[args[0]], self.action_timeout_ms]
+                )
+                if out.get("error"):
+                    return out["error"], Snapshot.from_js(out["snapshot"])
+                await page.mouse.click(*out["point"])
+            elif name == "press":
+                key = str(args[0])
+                await page.keyboard.press(" " if key == "Space" else key)
+            elif name == "scroll":
+                direction = str(args[0]).lower()
+                step = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}.get(direction)
+                if step is None:
+                    error = f"scroll direction must be up, down, left or right, got {args[0]!r}"
+                    return error, await self._snapshot()
+                if len(args) > 1 and args[1] is not None:
+                    return await self._in_page("scroll", [list(step), args[1]])
+                await page.mouse.wheel(step[0] * 100, step[1] * 100)
+            elif name == "click_xy":
+                x, y = float(args[0]), float(args[1])
+                if not (0 <= x <= VIEWPORT["width"] and 0 <= y <= VIEWPORT["height"]):
+                    error = f"({x:g}, {y:g}) is outside the {VIEWPORT['width']}x{VIEWPORT['height']} page"
+                    return error, await self._snapshot()
+                await page.mouse.click(x, y)
+            else:  # the env only sends known names
+                return f"unknown action {name!r}", await self._snapshot()
         except PlaywrightError as exc:
             if _is_dead(exc):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            error = f"{name} failed: {first[:200]}"
-        return error, await self._snapshot()
-
-    async def _do(self, name: str, args: tuple[Any, ...]) -> None:
-        page, timeout = self.page, self.action_timeout_ms
-        if name == "click":
-            handle = await self._element(args[0])
-            await handle.click(timeout=timeout)
-        elif name == "type":
-            handle = await self._element(args[0])
-            tag = await handle.evaluate("e => e.tagName + ':' + (e.type || '')")
-            if not (
-                tag.startswith(("INPUT", "TEXTAREA")) or await handle.evaluate("e => e.isContentEditable")
-            ):
-                raise ActionError(f"element [{args[0]}] is not a text field")
-            await handle.fill(str(args[1]), timeout=timeout)
-        elif name == "press":
-            key = str(args[0])
-            await page.keyboard.press(" " if key == "Space" else key)
-        elif name == "select":
-            handle = await self._element(args[0])
-            if await handle.evaluate("e => e.tagName") != "SELECT":
-                raise ActionError(f"element [{args[0]}] is not a dropdown (use click for other elements)")
-            option = str(args[1])
-            labels = await handle.evaluate("e => Array.from(e.options).map(o => [o.text.trim(), o.value])")
-            match = [v for text, v in labels if option in (text, v)] or [
-                v for text, v in labels if option.lower() == text.lower()
-            ]
-            if not match:
-                raise ActionError(f"[{args[0]}] has no option {option!r}; options: {[t for t, _ in labels]}")
-            await handle.select_option(value=match[0], timeout=timeout)
-        elif name == "scroll":
-            direction = str(args[0]).lower()
-            dx, dy = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}.get(direction, (0, 0))
-            if (dx, dy) == (0, 0):
-                raise ActionError(f"scroll direction must be up, down, left or right, got {args[0]!r}")
-            if len(args) > 1 and args[1] is not None:
-                handle = await self._element(args[1])
-                await handle.evaluate("(e, d) => e.scrollBy(d[0] * 100, d[1] * 100)", [dx, dy])
-            else:
-                await page.mouse.wheel(dx * 100, dy * 100)
-        elif name == "click_xy":
-            x, y = float(args[0]), float(args[1])
-            if not (0 <= x <= VIEWPORT["width"] and 0 <= y <= VIEWPORT["height"]):
-                raise ActionError(
-                    f"({x:g}, {y:g}) is outside the {VIEWPORT['width']}x{VIEWPORT['height']} page"
-                )
-            await page.mouse.click(x, y)
-        else:  # the env only sends known names
-            raise ActionError(f"unknown action {name!r}")
+            return f"{name} failed: {first[:200]}", await self._snapshot()
+        return None, await self._snapshot()
