@@ -17,7 +17,8 @@ COMMAND_MODULES = (
     "toolgym.cli.train",  # train
     "toolgym.cli.sft",  # sft
     "toolgym.cli.search",  # serve-retriever, search-index
-    "toolgym.cli.interop",  # serve-env, new, info, view
+    "toolgym.cli.interop",  # serve-env, view
+    "toolgym.cli.hub",  # new, info
 )
 
 
