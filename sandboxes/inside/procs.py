@@ -159,7 +159,13 @@ def become_grader(limits: dict[str, int]) -> None:
 
 class Worker:
     """A session's interpreter: its pid, the request socket the supervisor writes (the worker can only
-    read it), and a pidfd (or -1) that becomes readable when it exits."""
+    read it), a pidfd (or -1) that becomes readable when it exits, its stdout and stderr pipes, and its
+    /proc files, opened once and re-read with one ``pread`` each per call.
+
+    The stdout/stderr pipes live as long as the worker: each call sends the write ends again (the worker
+    puts them on fds 1 and 2 afresh, whatever the code did to those fds), and the supervisor keeps the
+    read ends non-blocking. A call is over when its one-use reply pipe holds the reply; the worker
+    flushed its output before writing it, so everything it printed is in the pipes by then."""
 
     def __init__(self, pid: int, door: Any) -> None:
         self.pid, self.door = pid, door
@@ -169,32 +175,73 @@ class Worker:
             self.pidfd = -1
         self.calls = 0
         self.mark: tuple[str, ...] | None = None  # how its loop looks while it waits (`Server.idle`)
+        self.out_r, self.out_w = os.pipe()
+        self.err_r, self.err_w = os.pipe()
+        os.set_blocking(self.out_r, False)
+        os.set_blocking(self.err_r, False)
+        self.proc = {name: open_proc(f"/proc/{pid}/{name}") for name in ("stat", "syscall")}
+        self.proc["children"] = open_proc(f"/proc/{pid}/task/{pid}/children")
+
+    def threads(self) -> int:
+        """How many threads it has (0 when it is gone)."""
+        stat = pread_proc(self.proc["stat"])
+        try:
+            return int(stat[stat.rindex(b")") + 2 :].split()[17])
+        except (ValueError, IndexError):
+            return 0
 
     def close(self) -> None:
         self.door.close()
+        fds = [self.out_r, self.out_w, self.err_r, self.err_w, *self.proc.values()]
         if self.pidfd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.pidfd)
-            self.pidfd = -1
+            fds.append(self.pidfd)
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.pidfd = -1
+        self.proc = {}
+        self.out_r = self.out_w = self.err_r = self.err_w = -1
+
+
+def open_proc(path: str) -> int:
+    """An fd on a /proc (or cgroup) file that `pread_proc` re-reads, fresh, with one system call; -1
+    when it cannot be opened."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def pread_proc(fd: int) -> bytes:
+    """The current text of a file opened by `open_proc` (b"" when it cannot be read: process gone)."""
+    if fd < 0:
+        return b""
+    try:
+        return os.pread(fd, 65536, 0)
+    except OSError:
+        return b""
 
 
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-_oom_file: list[str] = []  # the first of OOM_FILES that was readable: read once per call, so remembered
+_oom_fd: list[int] = []  # the first of OOM_FILES that was readable, kept open (read once per call)
 
 
 def oom_kills() -> int:
     """The memory cgroup's oom-kill counter (v2 memory.events, v1 memory.oom_control); -1 if unreadable."""
-    for path in _oom_file or OOM_FILES:
-        try:
-            text = read_proc(path)
-        except OSError:
-            continue
-        at = text.find(b"oom_kill ")
-        if at >= 0:
-            if not _oom_file:
-                _oom_file.append(path)
-            return int(text[at + 9 :].split(None, 1)[0])
-    return -1
+    if not _oom_fd:
+        for path in OOM_FILES:
+            fd = open_proc(path)
+            if fd >= 0 and b"oom_kill " in pread_proc(fd):
+                _oom_fd.append(fd)
+                break
+            if fd >= 0:
+                os.close(fd)
+        else:
+            _oom_fd.append(-1)
+    text = pread_proc(_oom_fd[0])
+    at = text.find(b"oom_kill ")
+    return int(text[at + 9 :].split(None, 1)[0]) if at >= 0 else -1
 
 
 def read_proc(path: str) -> bytes:
@@ -291,14 +338,16 @@ class Reaper:
             time.sleep(0.001)
         return False
 
-    def kill_worker(self, wid: int) -> None:
+    def kill_worker(self, wid: int, keep_pipes: bool = False) -> None:
+        """Kills a worker and forgets it; ``keep_pipes``: the caller still reads its output, then closes it."""
         w = self.workers.pop(wid, None)
         if w is None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(w.pid, signal.SIGKILL)
         self.wait_status(w.pid, 1.0)
-        w.close()
+        if not keep_pipes:
+            w.close()
 
     def wipe(self, paths: list[str]) -> bool:
         def force(func: Any, path: str, _exc: Any) -> None:

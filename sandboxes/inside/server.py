@@ -9,9 +9,11 @@ reply is checked field by field and anything else is the code's ``error`` (the w
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -19,12 +21,16 @@ import time
 from typing import Any
 
 from .frames import Blobs, encode, read_frame, write_all
-from .procs import Reaper, Worker, become_grader, drop_to, harden_env, oom_kills, read_proc, threads_of
+from .procs import Reaper, Worker, become_grader, drop_to, harden_env, oom_kills, open_proc, pread_proc
 from .worker import run_once, session_loop
 
 MAX_REPLY = 512  # a genuine worker reply is a few dozen bytes
 INLINE_CODE = 32 << 10  # session code up to this size travels in the request message, bigger in a memfd
 MISBEHAVED = "the code wrote on the supervisor's reply channel"
+# Exactly what a worker's loop writes (`worker.session_loop`), nothing else: one regex match per call.
+REPLY = re.compile(
+    rb'\{"n": ([1-9][0-9]{0,17}), "exc": (null|"[^"\\\x00-\x1f]{1,800}"), "exit": ([0-9]{1,3})\}'
+)
 
 
 def _stdin_fd(data: bytes | None) -> int:
@@ -71,6 +77,8 @@ class Server(Reaper):
         self.next_wid = 1
         self.runs = 0
         self.null = os.open(os.devnull, os.O_RDONLY)  # the stdin of session calls that bring none
+        me = os.getpid()
+        self.my_children = open_proc(f"/proc/{me}/task/{me}/children")
 
     # -- one-shot runs
     def run_once(self, header: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], Blobs]:
@@ -203,11 +211,10 @@ class Server(Reaper):
                     reply[1].extend(data)
                     if len(reply[1]) > MAX_REPLY:
                         return "misbehaved", truncated
-                    if reply[1].endswith(b"}") and not any(fd in watch for fd in bufs):
-                        return (
-                            "replied",
-                            truncated,
-                        )  # it let go of its stdio and answered: no need to wait for EOF
+                    if reply[1].endswith(b"}"):
+                        # A worker writes its whole reply in one write, after flushing its output: the call
+                        # is over and what it printed is in the (session) pipes, no need to wait for EOF.
+                        return "replied", truncated
                 elif data is None:
                     watch.remove(r)  # the code closed its stdout/stderr
                 else:
@@ -289,21 +296,26 @@ class Server(Reaper):
         thread, blocked reading fd 3, with the stack pointer and return address it had the first time (code
         still running from an earlier call sits deeper in the stack). Unchecked where /proc/PID/syscall
         cannot be read."""
-        end = time.monotonic() + patience
+        end = 0.0
         spins = 0
+        fd = w.proc.get("syscall", -1)
         while True:
-            if threads_of(w.pid) != 1:
+            if w.threads() != 1:
                 return False
             try:
-                fields = read_proc(f"/proc/{w.pid}/syscall").decode().split()
+                fields = os.pread(fd, 512, 0).split()
+            except ProcessLookupError:
+                return False
             except OSError:
                 return True  # no ptrace access here (documented): the other checks still hold
-            if len(fields) >= 9 and fields[0] not in ("running", "-1") and fields[1] == "0x3":
-                mark = (fields[0], fields[7], fields[8])
+            if len(fields) >= 9 and fields[0] not in (b"running", b"-1") and fields[1] == b"0x3":
+                mark = (fields[0].decode(), fields[7].decode(), fields[8].decode())
                 if w.mark is None:
                     w.mark = mark
                 return mark == w.mark
-            if time.monotonic() > end:
+            if not end:
+                end = time.monotonic() + patience
+            elif time.monotonic() > end:
                 return False
             spins += 1
             if spins < 20:
@@ -311,49 +323,66 @@ class Server(Reaper):
             else:
                 time.sleep(0.0002)
 
+    def _gone(self, wid: int, why: str) -> tuple[dict[str, Any], Blobs]:
+        self.kill_worker(wid)
+        self.kill_strays()
+        return {"status": "gone", "alive": False, "why": why}, {}
+
     def execute(
         self, wid: int, code: bytes, stdin: bytes | None, timeout: float
     ) -> tuple[dict[str, Any], Blobs]:
-        """Runs one session call; ``alive`` in the reply says whether the worker still serves."""
+        """Runs one session call; ``alive`` in the reply says whether the worker still serves.
+
+        Before the call: the worker's own loop must be what waits for it (`idle`) and nothing else may run
+        in the box; what code of the last call may have printed after its reply is thrown away. After it:
+        no thread and no process it started may be left."""
         w = self.workers[wid]
         if not self.idle(w):  # code from an earlier call is still in control: it never sees this call
-            self.kill_worker(wid)
-            self.kill_strays()
-            return {
-                "status": "gone",
-                "alive": False,
-                "why": "the interpreter was restarted: code of an earlier call was still running in it",
-            }, {}
+            return self._gone(
+                wid, "the interpreter was restarted: code of an earlier call was still running in it"
+            )
+        if not self._quiet(w) and self._strays():  # started after its call answered: only code that forged a reply can
+            return self._gone(
+                wid, "the interpreter was restarted: a process of an earlier call was still running"
+            )
+        out_r, err_r = w.out_r, w.err_r
+        bufs = {out_r: bytearray(), err_r: bytearray()}
+        self._read_now(bufs, 0)  # discards it
         w.calls += 1
         n = w.calls
         oom_before = oom_kills()
         t0 = time.monotonic()
         deadline = t0 + timeout
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
         rep_r, rep_w = os.pipe()
         stdin_fd = _stdin_fd(stdin) if stdin is not None else self.null
-        theirs = [stdin_fd, out_w, err_w, rep_w]
-        message = b"exec %d\n" % n + code  # small code rides in the message itself
+        theirs = [stdin_fd, w.out_w, w.err_w, rep_w]
+        head = b"exec %d i" % n if stdin is not None else b"exec %d" % n
+        message = head + b"\n" + code  # small code rides in the message itself
         if len(code) > INLINE_CODE:
-            message = b"exec %d" % n
+            message = head
             code_fd = os.memfd_create("code")
             write_all(code_fd, code)
             os.lseek(code_fd, 0, os.SEEK_SET)
             theirs.append(code_fd)
-        try:
-            socket.send_fds(w.door, [message], theirs)
+        try:  # never blocks: the worker's loop is waiting on the socket (checked above)
+            w.door.sendmsg(
+                [message],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs))],
+                socket.MSG_DONTWAIT,
+            )
             sent = True
         except OSError:
             sent = False
-        for fd in theirs:
-            if fd != self.null:
-                os.close(fd)
-        bufs = {out_r: bytearray(), err_r: bytearray()}
+        os.close(rep_w)
+        if stdin_fd != self.null:
+            os.close(stdin_fd)
+        if len(theirs) > 4:
+            os.close(theirs[4])
         reply = bytearray()
         how, truncated = "exited", False
         if sent:
             how, truncated = self._pump(bufs, w.pid, w.pidfd, (rep_r, reply), deadline, False)
+        os.close(rep_r)
         detail, exit_code, status = "", None, "error"
         alive = how == "replied"
         if alive:
@@ -370,7 +399,7 @@ class Server(Reaper):
                 status = "ok" if exc is None and exit_code == 0 else "error"
                 if status == "error" and (exc == "MemoryError" or 0 <= oom_before < oom_kills()):
                     status = "oom"  # its own MemoryError, or the OOM killer took one of its processes
-                if threads_of(w.pid) > 1:
+                if w.threads() > 1:
                     alive = False
                     detail = "a thread the code started outlived its call (a session keeps no threads between calls)"
         elif how == "misbehaved":
@@ -386,19 +415,20 @@ class Server(Reaper):
             detail = f"wall clock of {timeout:g} s exceeded"
         elif how == "misbehaved":
             status = "error"
-        if alive and self._quiet(w.pid):
+        if alive and self._quiet(w):
             pass  # nothing started by this call is left: no /proc scan needed
         elif not alive:
             if self.contained and len(self.workers) == 1:
                 with contextlib.suppress(OSError):  # everything at once, before a fork bomb takes more CPU
                     os.kill(-1, signal.SIGKILL)
-            self.kill_worker(wid)
+            self.kill_worker(wid, keep_pipes=True)
             self.kill_strays()
         else:
             self.kill_strays()  # a call leaves nothing running behind it
-        truncated |= self._drain(bufs, 0.5)
-        for fd in (out_r, err_r, rep_r):
-            os.close(fd)
+        # Every writer but the (idle) worker is gone now: what was written is in the pipes.
+        truncated |= self._read_now(bufs, self.max_output)
+        if not alive:
+            w.close()
         header = {
             "status": status,
             "exit_code": exit_code,
@@ -409,40 +439,58 @@ class Server(Reaper):
         }
         return header, {"stdout": bytes(bufs[out_r]), "stderr": bytes(bufs[err_r])}
 
-    def _quiet(self, pid: int) -> bool:
+    def _strays(self) -> bool:
+        """Whether any process but the workers lives below us (a /proc scan; zombies do not count)."""
+        self.reap()
+        keep = {w.pid for w in self.workers.values()}
+        return any(p not in keep for p in self.descendants())
+
+    def _read_now(self, bufs: dict[int, bytearray], cap: int) -> bool:
+        """Reads what the (non-blocking) session pipes hold now, keeping up to ``cap`` bytes of each;
+        whether anything was cut."""
+        truncated = False
+        for fd, buf in bufs.items():
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:  # empty (EAGAIN) or closed
+                    break
+                if not data:
+                    break
+                truncated |= self._keep(buf, data, cap)
+        return truncated and cap > 0
+
+    def _quiet(self, w: Worker) -> bool:
         """Whether the worker has no child and the supervisor no child but its workers (so nothing the call
         started is left), from two small reads; False when unsure (the caller then scans /proc)."""
-        try:
-            if read_proc(f"/proc/{pid}/task/{pid}/children").strip():
-                return False
-            me = os.getpid()
-            mine = {int(p) for p in read_proc(f"/proc/{me}/task/{me}/children").split()}
-        except (OSError, ValueError):
+        if w.proc.get("children", -1) < 0 or pread_proc(w.proc["children"]).strip():
             return False
+        if self.my_children < 0:
+            return False
+        try:
+            mine = {int(p) for p in pread_proc(self.my_children).split()}
+        except ValueError:
+            return False
+        workers = {w.pid for w in self.workers.values()}
+        if mine <= workers:
+            return True
         self.reap()
-        return mine <= {w.pid for w in self.workers.values()} | set(self.exited)
+        return mine <= workers | set(self.exited)
 
     @staticmethod
     def _parse_reply(raw: bytes, n: int) -> tuple[str | None, int] | None:
         """(exception name or None, exit status) from a worker's reply, or None when it is not exactly
         what a worker sends."""
+        m = REPLY.fullmatch(raw)
+        if m is None or int(m[1]) != n or int(m[3]) > 255:
+            return None
+        if m[2] == b"null":
+            return None, int(m[3])
         try:
-            r = json.loads(raw)
-        except ValueError:
+            exc = m[2][1:-1].decode()
+        except UnicodeDecodeError:
             return None
-        if (
-            not isinstance(r, dict)
-            or set(r) != {"n", "exc", "exit"}
-            or r["n"] != n
-            or type(r["n"]) is not int
-        ):
-            return None
-        exc, code = r["exc"], r["exit"]
-        if exc is not None and (not isinstance(exc, str) or not exc.isidentifier() or len(exc) > 200):
-            return None
-        if type(code) is not int or not 0 <= code <= 255:
-            return None
-        return exc, code
+        return (exc, int(m[3])) if exc.isidentifier() and len(exc) <= 200 else None
 
     def fork(self, wid: int) -> int:
         parent = self.workers[wid]

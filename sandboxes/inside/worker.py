@@ -22,7 +22,7 @@ import traceback
 import types
 from typing import Any
 
-from .procs import harden_env
+from .procs import HARDEN, UNSET, harden_env
 
 INLINE_MAX = (32 << 10) + 64  # the supervisor's INLINE_CODE plus the request's head
 
@@ -166,10 +166,13 @@ def session_loop(door: socket.socket) -> None:
     What the loop itself calls between two calls is bound here, as locals, to C functions the code cannot
     rewrite (a module attribute or a Python function's ``__code__`` it could), so code from an earlier
     call cannot slip into the path that receives the next call; the supervisor checks that this loop,
-    and not the code, is the one waiting on fd 3 (`toolgym.sandboxes.inside.server`)."""
+    and not the code, is the one waiting on fd 3 (`toolgym.sandboxes.inside.server`).
+
+    A request is ``exec N[ i]`` (``i``: the call brings stdin) with fds stdin, stdout, stderr, reply (and
+    the code in a memfd when it is too big for the message); ``fork N`` with a request socket and a reply
+    pipe for the new branch."""
     namespace = _main_module()
     me = os.getpid()
-    null = os.open(os.devnull, os.O_RDWR)
     recvmsg, cmsg_space = door.recvmsg, socket.CMSG_SPACE(8 * 4)
     from_bytes, dup2, close, write, getpid, exit_ = (
         int.from_bytes,
@@ -179,9 +182,14 @@ def session_loop(door: socket.socket) -> None:
         os.getpid,
         os._exit,
     )
-    read, settrace, setprofile = os.read, sys.settrace, sys.setprofile
+    read, settrace, setprofile, sys_, byteorder = os.read, sys.settrace, sys.setprofile, sys, sys.byteorder
+    putenv, unsetenv, environ = os.putenv, os.unsetenv, os.environ
+    hard = [(k.encode(), v.encode()) for k, v in HARDEN.items()]
+    unset = [k.encode() for k in UNSET]
+    sol_socket, scm_rights = socket.SOL_SOCKET, socket.SCM_RIGHTS
     run_cell = _cell_runner()
-    made: list[Any] = [None, None]  # the stdout and stderr objects fresh_stdio made last
+    made: list[Any] = [None, None, None]  # the stdout, stderr and stdin objects fresh_stdio made last
+    had_input = False
     TextIOWrapper, BufferedReader, FileIO = io.TextIOWrapper, io.BufferedReader, io.FileIO
     while True:
         try:
@@ -192,12 +200,11 @@ def session_loop(door: socket.socket) -> None:
             exit_(0)  # the supervisor closed the request socket
         fds = []
         for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds += [
-                    from_bytes(raw[i : i + 4], sys.byteorder, signed=True) for i in range(0, len(raw) - 3, 4)
-                ]
+            if level == sol_socket and kind == scm_rights:
+                fds += [from_bytes(raw[i : i + 4], byteorder, signed=True) for i in range(0, len(raw) - 3, 4)]
         head, inline, body = data.partition(b"\n")
         op, _, num = head.partition(b" ")
+        num, _, flags = num.partition(b" ")
         n = int(num)
         if op == b"exec" and len(fds) == (4 if inline else 5):
             stdin_fd, out_fd, err_fd, reply_fd = fds[:4]
@@ -206,24 +213,45 @@ def session_loop(door: socket.socket) -> None:
                 while chunk := read(fds[4], 1 << 20):
                     chunks.append(chunk)
                 close(fds[4])
+            # Received fds take the lowest free numbers in order, so one the code freed among 0-2 may
+            # already be its own target (never another's: each is >= its target).
             for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
-                dup2(fd, target)
-                close(fd)
+                if fd != target:
+                    dup2(fd, target)
+                    close(fd)
             settrace(None)  # trace and profile hooks of earlier calls do not watch this one
             setprofile(None)
-            # fds 0-2 are this call's fresh pipes (above); the Python objects over them are rebuilt unless the
-            # last call left them exactly as made (stdin always: its buffer may hold the last call's input)
-            if sys.stdout is not made[0] or sys.stderr is not made[1] or made[0].closed or made[1].closed:
+            # fds 0-2 are this call's (above); the Python objects over them are rebuilt unless the last call
+            # left them exactly as made (stdin too when the last call had input: its buffer may hold some)
+            if (
+                sys_.stdout is not made[0]
+                or sys_.stderr is not made[1]
+                or sys_.stdin is not made[2]
+                or made[0].closed
+                or made[1].closed
+                or made[2].closed
+            ):
                 fresh_stdio()
-                made[:] = [sys.stdout, sys.stderr]
-            else:
-                sys.stdin = TextIOWrapper(BufferedReader(FileIO(0, "rb", closefd=False)), errors="replace")
-            harden_env(os.environ)
+                made[:] = [sys_.stdout, sys_.stderr, sys_.stdin]
+            elif had_input:
+                sys_.stdin = made[2] = TextIOWrapper(
+                    BufferedReader(FileIO(0, "rb", closefd=False)), errors="replace"
+                )
+            had_input = flags == b"i"
+            # Child interpreters see the hardened variables whatever the code did: the C environment (what
+            # they inherit) is set every call, os.environ is rebuilt when it differs.
+            for k, v in hard:
+                putenv(k, v)
+            for k in unset:
+                unsetenv(k)
+            with contextlib.suppress(Exception):
+                if os.environ is not environ or any(environ.get(k) != v for k, v in HARDEN.items()):
+                    environ = os.environ
+                    harden_env(environ)
             exc, status = run_cell(b"".join(chunks).decode("utf-8", "replace"), namespace, f"<cell {n}>")
             if getpid() != me:
                 exit_(0)  # a child the code forked and let fall through: only the worker may answer
-            for target in (0, 1, 2):  # let go of this call's pipes before answering
-                dup2(null, target)
+            # The reply comes after run_cell flushed stdout and stderr: what the code printed is in the pipes.
             reply = b'{"n": %d, "exc": %s, "exit": %d}' % (
                 n,
                 b"null" if exc is None else b'"%s"' % exc.encode(),
@@ -267,6 +295,10 @@ def _fork(n: int, door_fd: int, reply_fd: int) -> None:
                 os._exit(0)
             os.close(reply_fd)
             os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for target in (0, 1, 2):  # the parent's pipes are not the branch's: it gets its own per call
+                os.dup2(null, target)
+            os.close(null)
             os.dup2(door_fd, 3)
             if door_fd != 3:
                 os.close(door_fd)

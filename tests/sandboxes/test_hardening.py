@@ -328,6 +328,63 @@ def test_leftover_processes_are_killed_after_each_session_call(any_sb: Sandbox) 
         assert res.ok and res.stdout == "-9 -9\n", res
 
 
+FORGE_THEN = """
+import os, stat, subprocess, time
+for fd in map(int, os.listdir("/proc/self/fd")):
+    try:
+        if fd > 3 and stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.write(fd, b'{"n": CALL, "exc": null, "exit": 0}')
+    except OSError:
+        pass
+time.sleep(0.3)
+print("STALE", flush=True)
+"""
+
+
+@pytest.mark.bound(40)
+@pytest.mark.parametrize("after", ["print", "child"])
+def test_output_after_a_forged_reply_never_reaches_a_later_call(any_sb: Sandbox, after: str) -> None:
+    """Class 3: a session's stdout/stderr pipes outlive single calls (a call is over when its reply comes),
+    so code that answers its own call and goes on printing, or starts a process after the reply, must not
+    reach the next call's output: the next call finds the process and restarts, or drops the stale bytes."""
+    code = FORGE_THEN.replace("CALL", "2")
+    if after == "child":
+        code += "subprocess.Popen(['sh', '-c', 'while true; do echo CHILD; sleep 0.05; done'])\n"
+    with any_sb.session() as s:
+        s.run("x = 1")
+        s.run(code, timeout=T)
+        time.sleep(0.6)
+        res = s.run("print('clean')")
+        assert res.ok and res.stdout == "clean\n" and res.stderr == "", res
+        assert res.restarted == (after == "child"), res
+        res = s.run("print('again')")
+        assert res.ok and res.stdout == "again\n" and not res.restarted, res
+
+
+@pytest.mark.bound(40)
+def test_unset_hardening_variables_come_back_for_child_interpreters(any_sb: Sandbox) -> None:
+    """Class 3: the C environment children inherit is re-hardened every call, even when the code went
+    around os.environ."""
+    with any_sb.session() as s:
+        s.run("import os\nos.unsetenv('PYTHONNOUSERSITE')\nos.putenv('PYTHONPATH', '/tmp/evil')")
+        res = s.run(
+            "import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', "
+            '\'import os; print(os.environ.get("PYTHONNOUSERSITE"), os.environ.get("PYTHONPATH"))\'],'
+            " capture_output=True, text=True).stdout)"
+        )
+        assert res.ok and res.stdout.startswith("1 None"), res
+
+
+def test_non_ascii_exception_names_are_a_plain_error(any_sb: Sandbox) -> None:
+    """A genuine reply naming a non-ASCII exception class is the code's error, not a misbehaving worker."""
+    with any_sb.session() as s:
+        s.run("x = 1")
+        res = s.run("class Ошибка(Exception):\n    pass\nraise Ошибка('x')")
+        assert res.status == "error" and "Ошибка: x" in res.stderr and "reply" not in res.detail, res
+        nxt = s.run("print(x)")
+        assert nxt.ok and nxt.stdout == "1\n" and not nxt.restarted, nxt
+
+
 # -- process backend: the host -------------------------------------------------------------------------
 
 HOST_PROBE = """
