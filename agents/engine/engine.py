@@ -184,6 +184,15 @@ class Engine:
         self._drop_slot(seq)
         seq.state = "released"
 
+    def cancel(self, seq: Seq) -> None:
+        """Take a queued or generating sequence out of the batch and release it (an interrupted caller)."""
+        if seq in self.queue:
+            self.queue.remove(seq)
+        if seq in self.active:
+            self.active.remove(seq)
+        seq.state = "new"
+        self.release(seq)
+
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
 

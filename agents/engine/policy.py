@@ -154,11 +154,20 @@ class EnginePolicy(RenderedTokenPolicy):
         for sid, items in claims.items():
             src = sources[sid]
             items.sort(key=lambda x: -x[1])
-            for i, n in items[1:]:  # copies first: the first claimant then takes the source's slot itself
+            # the first claimant takes the source's slot itself only when it continues everything the source
+            # holds (an episode's next turn); a branch from inside the source (a fork of a tree node whose
+            # turn went on) gets a copy, and the source stays held for the path it belongs to
+            take = items[0][1] >= src.kv
+            for i, n in items[1:] if take else items:  # copies first
                 out[i] = eng.fork(src, prompts[i], n)
-            i, n = items[0]
-            src.ids, src.kv = prompts[i], min(src.kv, n)
-            out[i] = src
+            if take:
+                i, n = items[0]
+                src.ids, src.kv = prompts[i], min(src.kv, n)
+                out[i] = src
+            else:
+                src.state = "idle"
+                eng.idle[sid] = src
+                self.index.add(src)
         fresh = [i for i in range(len(prompts)) if out[i] is None]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i in fresh:

@@ -1,0 +1,118 @@
+"""``TreeRollout`` over the engine's continuous batching (trainers/rollout.py) on CPU with a tiny random
+model: the same trees as the round-based path, forks and resumed turns equal to a pass over the whole
+path, env faults ending one path only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from toolgym.agents import HFPolicy
+from toolgym.agents.engine import EnginePolicy
+from toolgym.trainers.branching import TurnBoundaryEntropy
+from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
+from toolgym.trainers.tree import RolloutTree, flatten
+
+ENV = "toolgym/Calculator-v0"
+ENV_KW = {"prompt_format": "text", "max_turns": 3}
+
+
+def arpo(**kw: Any) -> TurnBoundaryEntropy:
+    return TurnBoundaryEntropy(**{"initial": 2, "beam_size": 2, "entropy_weight": 0.0, "tau": 0.5, **kw})
+
+
+def grow(policy: Any, cfg: RolloutConfig, continuous: bool, branch: Any = None, seed: int = 0) -> Any:
+    roller = TreeRollout(policy, branch or arpo(), cfg, ENV_KW, continuous=continuous, env_workers=3)
+    try:
+        return roller.run([RolloutTask(ENV, 3), RolloutTask(ENV, 4)], seed=seed)
+    finally:
+        roller.close()
+
+
+def shape(tree: RolloutTree) -> list[tuple[Any, ...]]:
+    """Everything a tree holds that training reads (ids in creation order, so node numbering too)."""
+    return [
+        (n.parent, n.kind, n.token_ids, n.turn, n.branch_reason, n.step_reward, n.reward, n.state_key,
+         n.info.get("action"), n.info.get("episode"))
+        for n in tree.nodes
+    ]  # fmt: skip
+
+
+def test_continuous_trees_equal_the_round_based_ones(chatml_tokenizer: Any, make_tiny_model: Any) -> None:
+    model = make_tiny_model(len(chatml_tokenizer), seed=2)
+    cfg = RolloutConfig(budget=4, max_new_tokens=5, temperature=0.0, max_total_tokens=900, entropies=True)
+    engine = EnginePolicy(model, chatml_tokenizer, slots=12, capacity=1024)
+    ours, stats = grow(engine, cfg, continuous=True)
+    theirs, _ = grow(HFPolicy(model, chatml_tokenizer), cfg, continuous=False)
+    assert [t.uid for t in ours] == [t.uid for t in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        assert shape(a) == shape(b)
+        assert len(a.leaves()) == 4
+        for x, y in zip(a.nodes, b.nodes, strict=True):
+            if x.logprobs is not None:
+                assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
+    assert sum(t.branch_count() for t in ours) > 0 and stats.forks.get("entropy", 0) > 0
+    assert stats.generated_tokens > 0 and stats.env_s > 0
+    # forks and continued turns come from held caches: far fewer prefilled than generated + prompt tokens
+    eng = engine.engine
+    assert eng.stats.forked_tokens > 0 and not eng.busy()
+    # the round-based driver over the engine grows the same trees too
+    rounds, _ = grow(engine, cfg, continuous=False)
+    assert [shape(t) for t in rounds] == [shape(t) for t in ours]
+
+
+def test_sampled_forks_continue_exactly_as_the_recomputed_path(
+    chatml_tokenizer: Any, make_tiny_model: Any
+) -> None:
+    model = make_tiny_model(len(chatml_tokenizer), seed=3)
+    policy = EnginePolicy(
+        model, chatml_tokenizer, slots=6, capacity=1024
+    )  # fewer slots than paths: evictions
+    cfg = RolloutConfig(budget=4, max_new_tokens=6, temperature=1.0, max_total_tokens=900, entropies=True)
+    forest, stats = grow(policy, cfg, continuous=True, branch=arpo(tau=0.3), seed=1)
+    assert stats.forks and all(len(t.leaves()) == 4 for t in forest)
+    rows = flatten(forest)
+    assert len(rows) == 8
+    for r in rows:  # every sampled token's logprob is that of a teacher-forced pass over the whole row
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([r.token_ids])).logits.float(), -1)[0]  # [T, V]
+        for i, m in enumerate(r.loss_mask):
+            if m:
+                assert abs(logp[i - 1, r.token_ids[i]].item() - r.logprobs[i]) < 1e-4
+    assert not policy.engine.busy()
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+def test_an_env_fault_mid_tree_ends_that_path_only(
+    continuous: bool, chatml_tokenizer: Any, make_tiny_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolgym.envs.base import ToolEnv
+
+    original = ToolEnv.step
+    calls = {"n": 0}
+
+    def flaky(self: Any, action: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 4:  # the fourth env step of the run fails (a sandbox that died)
+            raise RuntimeError("sandbox connection lost")
+        return original(self, action)
+
+    monkeypatch.setattr(ToolEnv, "step", flaky)
+    model = make_tiny_model(len(chatml_tokenizer), seed=2)
+    policy: Any = (
+        EnginePolicy(model, chatml_tokenizer, slots=12, capacity=1024)
+        if continuous
+        else HFPolicy(model, chatml_tokenizer)
+    )
+    cfg = RolloutConfig(budget=4, max_new_tokens=5, temperature=0.0, max_total_tokens=900)
+    forest, stats = grow(policy, cfg, continuous=continuous, branch=arpo(top_up=False))
+    leaves = [(t, leaf) for t in forest for leaf in t.leaves()]
+    faults = [(t, leaf) for t, leaf in leaves if t.nodes[leaf].info["episode"]["truncation"] == "env_error"]
+    assert len(faults) == 1 and stats.env_errors == 1
+    t, leaf = faults[0]
+    assert "sandbox connection lost" in t.nodes[leaf].info["infra_error"]
+    assert t.nodes[leaf].info["episode"]["truncated"] is True
+    assert len(flatten(forest)) == len(leaves) - 1  # the faulty path gets no training row
+    assert all(t.nodes[leaf].reward is not None for t, leaf in leaves)
