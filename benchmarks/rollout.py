@@ -50,10 +50,10 @@ def build(folder: str, device: str) -> tuple[Any, Any]:
 
 
 def tree_rollout(policy: Any, args: Any, seed: int) -> dict[str, float]:
-    from toolgym.trainers.branching import make_policy
+    from toolgym.trainers.branching import make_branch_policy
     from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
 
-    branch = make_policy("turn_entropy", initial=args.budget // 2)
+    branch = make_branch_policy("turn_entropy", initial=args.budget // 2)
     cfg = RolloutConfig(budget=args.budget, max_new_tokens=args.new, max_total_tokens=2048, entropies=True)
     roller = TreeRollout(policy, branch, cfg, {"prompt_format": "text", "max_turns": args.turns})
     tasks = [RolloutTask(ENV, 1000 + i) for i in range(args.tasks)]

@@ -350,7 +350,7 @@ POLICIES = {"none": NoBranching, "turn_entropy": TurnBoundaryEntropy, "token_ent
             "branching_score": BranchingScore, "fixed_segments": FixedSegments}  # fmt: skip
 
 
-def make_policy(name: str, **kwargs: object) -> BranchPolicy:
+def make_branch_policy(name: str, **kwargs: object) -> BranchPolicy:
     """A branching policy by name (`none | turn_entropy | token_entropy | branching_score | fixed_segments`)."""
     if name not in POLICIES:
         raise ConfigError(f"unknown branching policy {name!r}; choose one of {sorted(POLICIES)}")

@@ -1,22 +1,27 @@
 """EPO: entropy-regularized policy optimization for multi-turn agents (Xu et al., arXiv 2509.22576).
 
-Three terms on top of the policy loss, all computed from the per-token entropies the forward pass gives:
+Three terms on top of the policy loss, all computed from the per-token entropies the forward pass gives
+(docs/trainer.md, "Seed methods", has the check against the paper and the official code):
 
 1. Trajectory-level entropy: H(row) = (1/K) sum_k mean_{tokens of turn k} H_t, the mean over the row's
-   model turns of each turn's mean token entropy (every turn counts once, long or short). The loss gets
-   -alpha * mean_rows H(row).
-2. Entropy smoothing: a band [(1 - kappa) Hbar, (1 + kappa) Hbar] around Hbar, the mean of the batch
-   entropies of the last `window` steps; each row pays max(0, lo - H(row)) + max(0, H(row) - hi).
-3. Adaptive phase weight: the smoothing term is scaled by w(p), p = step / steps: w_start while
-   p <= warmup, then linear to w_end at p = 1 (conservative early, strong stabilisation late).
+   model turns of each turn's mean token entropy (every turn counts once, long or short).
+2. Entropy smoothing: a band [kappa_l Hbar, kappa_h Hbar] around Hbar, the mean of the batch trajectory
+   entropies of all earlier steps (the paper's cumulative historical mean; `window` > 0 keeps only the
+   last `window` steps). A row outside the band pays the distance to it: P(row) = max(0, lo - H(row)) +
+   max(0, H(row) - hi).
+3. Adaptive phase weight w(p), p = step / steps: w_start while p <= warmup, then linear to w_end at p = 1
+   (conservative early, strong stabilisation late).
 
-L_EPO = -alpha * mean H(row) + beta * w(p) * mean penalty(row). Logged: epo/entropy, epo/band_low,
-epo/band_high, epo/phase_weight, epo/smooth_penalty.
+L_EPO = -alpha * mean_rows [H(row) - beta * w(p) * P(row)]: the smoothing term sits inside the entropy
+coefficient as in the official code (policy_loss = pg_loss - entropy_coeff * (entropy - smooth_coeff *
+penalty)). Inside the band the entropy is pushed up with weight alpha; below it with alpha (1 + beta w);
+above it with alpha (1 - beta w), so beta w > 1 pushes an entropy above the band back down.
+Logged: epo/entropy, epo/band_low, epo/band_high, epo/phase_weight, epo/smooth_penalty.
 
-Departures: the band is relative (kappa x Hbar) and the penalty a linear hinge on each row's trajectory
-entropy; Hbar is the mean over a window of steps (the paper keeps a running historical average); the
-first step has no history and no smoothing term. The rows are averaged per minibatch (`rows` argument),
-added to the token-mean policy loss.
+Departures (reasons in docs/trainer.md): the paper's penalty is an indicator (a constant alpha_P outside the
+band, 0 inside; the official code adds a constant mask), which has zero gradient: we use the distance to
+the band instead so the term acts; the history is one scalar per step (the code keeps one per turn index);
+the first step has no history and no smoothing term (as the code: no history, no penalty).
 """
 
 from __future__ import annotations
@@ -67,20 +72,23 @@ def phase_weight(step: int, steps: int, start: float, end: float, warmup: float)
 
 
 class EntropyBand:
-    """The history of batch trajectory entropies and the band around its mean."""
+    """The history of batch trajectory entropies and the band [kappa_low Hbar, kappa_high Hbar] around its
+    mean Hbar (all steps when `window` is 0, else the last `window`)."""
 
-    def __init__(self, kappa: float = 0.5, window: int = 10) -> None:
-        if kappa < 0 or window < 1:
-            raise ValueError(f"kappa must be >= 0 and window >= 1, got {kappa}, {window}")
-        self.kappa = kappa
-        self.history: deque[float] = deque(maxlen=window)
+    def __init__(self, kappa_low: float = 0.5, kappa_high: float = 1.5, window: int = 0) -> None:
+        if not 0.0 <= kappa_low <= 1.0 <= kappa_high or window < 0:
+            raise ValueError(
+                f"need 0 <= kappa_low <= 1 <= kappa_high and window >= 0, got {kappa_low}, {kappa_high}, {window}"
+            )
+        self.kappa_low, self.kappa_high = kappa_low, kappa_high
+        self.history: deque[float] = deque(maxlen=window or None)
 
     def band(self) -> tuple[float, float] | None:
         """(lo, hi), or None before the first step has been recorded."""
         if not self.history:
             return None
         mean = sum(self.history) / len(self.history)
-        return (1.0 - self.kappa) * mean, (1.0 + self.kappa) * mean
+        return self.kappa_low * mean, self.kappa_high * mean
 
     def update(self, entropy: float) -> None:
         self.history.append(float(entropy))
@@ -96,15 +104,14 @@ def epo_loss(
     weight: float,
     band: tuple[float, float] | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The EPO terms summed over this micro-batch's rows / `rows` (the minibatch's row count), and stats
-    (sums over rows: `entropy_sum`, `penalty_sum`, `rows`)."""
+    """-alpha * sum_rows [H(row) - beta * weight * P(row)] / `rows` (the minibatch's row count) for this
+    micro-batch's rows, and stats (sums over rows: `entropy_sum`, `penalty_sum`, `rows`)."""
     h = trajectory_entropy(ent, mask, turn_ids)  # [b]
     live = (mask.sum(1) > 0).to(h.dtype)  # [b]
-    loss = -alpha * (h * live).sum()
     pen = torch.zeros_like(h)
     if band is not None:
         pen = smoothing_penalty(h, band[0], band[1]) * live
-        loss = loss + beta * weight * pen.sum()
+    loss = -alpha * ((h * live).sum() - beta * weight * pen.sum())
     stats = {
         "entropy_sum": float((h * live).sum().detach()),
         "penalty_sum": float(pen.sum().detach()),

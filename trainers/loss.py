@@ -321,10 +321,10 @@ def void_keep(void: Sequence[bool]) -> list[bool]:
     return [not v for v in void]
 
 
-def overlong_penalty(length: int, max_len: int, buffer: int, factor: float = 1.0) -> float:
+def overlong_shaping(length: int, max_len: int, buffer: int, factor: float = 1.0) -> float:
     """DAPO overlong shaping: 0 up to max_len - buffer, then linear down to -factor at max_len (and beyond).
 
-    >>> [overlong_penalty(n, 100, 20) for n in (70, 80, 90, 100, 130)]
+    >>> [overlong_shaping(n, 100, 20) for n in (70, 80, 90, 100, 130)]
     [0.0, 0.0, -0.5, -1.0, -1.0]
     """
     if buffer <= 0:

@@ -20,6 +20,9 @@ Departures from the papers:
 4. Old logprobs are the trainer's (recomputed); engine/trainer mismatch is corrected by TIS (see grpo.py).
 5. Rollouts are independent samples (no branching): trees of depth one.
 6. Single process only (torchrun data parallel is in the GRPO loop).
+9. The seed methods (issue 19, seed_config.py) run here as in GRPO: success replay + task selection (a
+   replayed row's values come from the current critic), EPO's entropy terms, and `critic="hiper"`:
+   HiPER's HAE with one value head (hiper.hae_gae; docs/trainer.md "Seed methods").
 """
 
 from __future__ import annotations
@@ -27,124 +30,40 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from toolgym.errors import ConfigError
-from toolgym.trainers.config import AGGS, IS_MODES, KL_ESTIMATORS, RATIO_LEVELS, RunConfig
+from toolgym.trainers import checkpoint
+from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards, turn_gae
+from toolgym.trainers.batch import TrainBatch, collate, final_values, forward, micro_batches
+from toolgym.trainers.config import PPOConfig, warn_inert  # the config lives in config.py; re-exported here
+from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
+from toolgym.trainers.hiper import hae_gae, row_plans
+from toolgym.trainers.loss import PolicyBatch, denominator, kl_penalty, policy_loss, value_loss
+from toolgym.trainers.modeling import (
+    Reference,
+    autocast,
+    build_policy,
+    pick_device,
+    trainable_parameters,
+    value_head,
+)
+from toolgym.trainers.rollout import RolloutConfig, TreeRollout
+from toolgym.trainers.runlog import RunLog
+from toolgym.trainers.seed_config import SeedState
+from toolgym.trainers.tree import flatten, leaf_rewards
 
-if TYPE_CHECKING:
-    import torch
-
-    from toolgym.trainers.batch import TrainBatch
-    from toolgym.trainers.loss import LossConfig
-    from toolgym.trainers.modeling import Reference
-
-
-@dataclass
-class PPOConfig(RunConfig):
-    epochs: int = field(default=2, metadata={"help": "optimization passes over each rollout batch"})
-    critic: str = field(
-        default="token",
-        metadata={
-            "help": "value per model token (GAE over tokens) | per turn (ST-PPO)",
-            "choices": ("token", "turn"),
-        },
-    )
-    ratio_level: str = field(
-        default="token",
-        metadata={"help": "importance ratio per token | sequence | turn", "choices": RATIO_LEVELS},
-    )
-    gamma: float = field(default=1.0, metadata={"help": "GAE discount over model tokens"})
-    lam: float = field(default=0.95, metadata={"help": "GAE lambda"})
-    whiten_advantages: bool = field(default=True, metadata={"help": "normalise advantages over the batch"})
-    value_lr: float = field(default=1e-4, metadata={"help": "learning rate of the value head"})
-    vf_coef: float = field(default=0.5, metadata={"help": "weight of the value loss"})
-    vf_clip: float = field(default=0.5, metadata={"help": "value clipping around the old values (0: off)"})
-    eps_low: float = field(default=0.2, metadata={"help": "lower clip range"})
-    eps_high: float = field(default=0.2, metadata={"help": "upper clip range"})
-    dual_clip: float = field(default=3.0, metadata={"help": "dual-clip constant for A < 0 (0: off)"})
-    is_mode: str = field(
-        default="token_truncate", metadata={"help": "engine/trainer mismatch correction", "choices": IS_MODES}
-    )
-    is_max: float = field(default=2.0, metadata={"help": "TIS cap"})
-    kl_coef: float = field(default=0.0, metadata={"help": "KL to the initial policy (0: off)"})
-    kl_estimator: str = field(
-        default="k3", metadata={"help": "KL estimator: k1 | k2 | k3 | k3+", "choices": KL_ESTIMATORS}
-    )
-    kl_in_reward: bool = field(
-        default=False,
-        metadata={"help": "KL as a per-token reward -kl_coef*KL_t (verl) instead of a loss term"},
-    )
-    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus"})
-    agg: str = field(
-        default="token_mean",
-        metadata={"help": "loss aggregation: token_mean | seq_mean | constant", "choices": AGGS},
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        # categorical fields (metadata choices) are checked by RunConfig.validate
-        try:
-            self.loss_config()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-
-    def inert_options(self) -> list[str]:
-        """Options that do nothing under the other settings; `train` warns with each."""
-        from toolgym.trainers.grpo import _changed
-
-        out: list[str] = []
-        changed = _changed(self)
-        if self.epochs * self.minibatches == 1:
-            on = [n for n in ("eps_low", "eps_high", "dual_clip", "ratio_level") if n in changed]
-            if on:
-                out.append(
-                    f"{', '.join(on)}: inert with one optimizer step per rollout batch (ratio exactly 1)"
-                )
-        if not self.kl_coef and ({"kl_estimator", "kl_in_reward"} & changed):
-            out.append("kl_estimator/kl_in_reward: inert with kl_coef = 0")
-        if self.temperature == 0:
-            out.append("temperature 0: every rollout of a task is the same greedy one")
-        return out
-
-    def loss_config(self) -> LossConfig:
-        from toolgym.trainers.loss import LossConfig
-
-        return LossConfig(
-            eps_low=self.eps_low, eps_high=self.eps_high, dual_clip=self.dual_clip or None,
-            is_mode=self.is_mode, is_max=self.is_max, ratio_level=self.ratio_level,  # type: ignore[arg-type]
-            kl_coef=0.0 if self.kl_in_reward else self.kl_coef, kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
-            entropy_coef=self.entropy_coef, agg=self.agg, max_tokens=self.max_total_tokens,  # type: ignore[arg-type]
-        )  # fmt: skip
+__all__ = ["PPOConfig", "train"]
 
 
 def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
     """Runs (or resumes) PPO as configured; returns the last step's metrics."""
-    import torch
-
-    from toolgym.trainers import checkpoint
-    from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards, turn_gae
-    from toolgym.trainers.batch import collate, forward, micro_batches
-    from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
-    from toolgym.trainers.grpo import warn_inert
-    from toolgym.trainers.loss import PolicyBatch, denominator, kl_penalty, policy_loss, value_loss
-    from toolgym.trainers.modeling import (
-        Reference,
-        autocast,
-        build_policy,
-        pick_device,
-        trainable_parameters,
-        value_head,
-    )
-    from toolgym.trainers.rollout import RolloutConfig, TreeRollout
-    from toolgym.trainers.runlog import RunLog
-    from toolgym.trainers.tree import flatten, leaf_rewards
-
     cfg.validate()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("PPO runs in one process; for torchrun data parallel use --algorithm grpo")
+        raise ConfigError("PPO runs in one process; for torchrun data parallel use `toolgym train grpo`")
     loss_cfg = cfg.loss_config()
     warn_inert(cfg)
     rollout_cfg = RolloutConfig(
@@ -177,6 +96,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     log = RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
     roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs)
+    seeds = SeedState(cfg)  # replay buffer, task pool, EPO entropy band (seed_config.py)
     bar = None
     if cfg.progress:
         from tqdm import tqdm
@@ -186,12 +106,16 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     for step in range(progress.step + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         # 1. rollout: `budget` independent samples per task
-        tasks = next_tasks(cfg.env_ids, cfg.seed, progress.data_pos, cfg.prompts_per_step)
+        tasks = seeds.tasks(
+            lambda: next_tasks(cfg.env_ids, cfg.seed, progress.data_pos, cfg.prompts_per_step),
+            cfg.prompts_per_step, step,
+        )  # fmt: skip
         model.eval()
         with torch.no_grad(), autocast(device, cfg.bf16):
             forest, stats = roller.run(tasks, seed=cfg.seed * 100_003 + step)
         progress.data_pos += len(tasks)
         metrics = episode_metrics(forest, stats)
+        forest = seeds.before_credit(forest, step, metrics)  # task probe, success replay
         rows = flatten(forest)  # (env_error episodes get no row)
         rewards = leaf_rewards(forest, rows)
         zeros = [[0.0] * len(r.token_ids) for r in rows]
@@ -205,21 +129,29 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         if cfg.kl_in_reward and ref_logp is not None:
             kl = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * batch.loss_mask  # [B, T]
             token_rewards = token_rewards - cfg.kl_coef * kl
-            metrics["train/kl_in_reward"] = float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
+            metrics["losses/kl_in_reward"] = float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
         bootstrap = last_values * batch.truncated  # [B]
         value_mask = batch.loss_mask  # [B, T]
         if cfg.critic == "turn":
             adv, returns, value_mask = turn_gae(
                 token_rewards, old_values, batch.loss_mask, batch.turn_ids, cfg.gamma, cfg.lam, bootstrap
             )  # [B, T] x 3
+        elif cfg.critic == "hiper":  # HiPER's HAE: turn GAE inside <subgoal> segments + segment GAE
+            adv, returns, value_mask = hae_gae(
+                token_rewards, old_values, batch.loss_mask, batch.turn_ids, row_plans(forest, rows), cfg.gamma,
+                cfg.lam, cfg.hiper_lam_seg, bootstrap, cfg.hiper_omega_high, cfg.hiper_omega_low,
+            )  # fmt: skip
         else:
             adv, returns = gae(token_rewards, old_values, batch.loss_mask, cfg.gamma, cfg.lam, bootstrap)
         if cfg.whiten_advantages:
             adv = masked_whiten(adv, batch.loss_mask)  # [B, T]
         batch = batch._replace(advantages=adv)
-        metrics["train/truncated_rows"] = float(batch.truncated.sum())
-        metrics["train/value_mean"] = float(
+        metrics["rollout/truncated_rows"] = float(batch.truncated.sum())
+        metrics["losses/value_mean"] = float(
             (old_values * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
+        )
+        metrics["losses/explained_variance"] = explained_variance(
+            old_values, returns, value_mask * batch.loss_mask
         )
 
         # 3. epochs x minibatches of clipped policy + value loss
@@ -227,6 +159,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         sums: dict[str, float] = {}
         g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
         t_train, trained_tokens = time.perf_counter(), 0
+        seeds.start_step(step)
         for _epoch in range(cfg.epochs):
             order = torch.randperm(len(rows), generator=g)
             per_mb = -(-len(rows) // cfg.minibatches)
@@ -249,7 +182,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                             cfg.temperature,
                             entropy=True,
                             value_head=head,
-                            entropy_grad=cfg.entropy_coef > 0,
+                            entropy_grad=cfg.entropy_coef > 0 or cfg.epo,  # EPO needs the entropy's gradient
                         )
                     pb = PolicyBatch(
                         logprobs=logp, old_logprobs=old_logp[idx, :T], advantages=mb.advantages, mask=mb.loss_mask,
@@ -257,6 +190,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                         ref_logprobs=ref_logp[idx, :T] if ref_logp is not None else None,
                     )  # fmt: skip
                     pl, st = policy_loss(pb, loss_cfg, denom)
+                    pl = seeds.epo_term(pl, ent, mb, len(mb_rows))
                     assert values is not None
                     vl, vst = value_loss(
                         values[:, :T],
@@ -279,7 +213,8 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                 metrics["losses/grad_norm"] = float(grad_norm)
         w = sums.pop("_w", 0.0)
         metrics |= {f"losses/{k}": v / w for k, v in sums.items()} if w else {}
-        metrics["train/tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
+        seeds.end_step(metrics)
+        metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
         metrics["time/step_s"] = time.perf_counter() - t_step
         progress.step = step
 
@@ -304,6 +239,28 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     return metrics
 
 
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over the masked positions, as cleanrl logs it: 1 when the
+    critic predicts the returns, 0 when it does no better than their mean, < 0 when worse; nan when the
+    returns do not vary. values, returns, mask [B, T].
+
+    >>> import torch
+    >>> m = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    >>> explained_variance(torch.tensor([[0.0, 1.0, 2.0, 9.0]]), torch.tensor([[0.0, 1.0, 2.0, 5.0]]), m)
+    1.0
+    >>> explained_variance(torch.ones(1, 4), torch.tensor([[0.0, 1.0, 2.0, 5.0]]), m)
+    0.0
+    >>> explained_variance(torch.tensor([[2.0, 1.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0, 2.0, 5.0]]), m)
+    -3.0
+    """
+    n = mask.sum()
+    if n < 2:
+        return float("nan")
+    y, r = returns[mask > 0].double(), (returns - values)[mask > 0].double()
+    var_y = float(y.var(unbiased=False))
+    return float("nan") if var_y == 0 else 1.0 - float(r.var(unbiased=False)) / var_y
+
+
 def _no_grad_pass(
     model: Any,
     head: torch.nn.Module,
@@ -314,10 +271,6 @@ def _no_grad_pass(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Old logprobs [B, T], old values [B, T], the value after each row's last token [B] and reference
     logprobs [B, T] of the whole batch (micro-batched)."""
-    import torch
-
-    from toolgym.trainers.batch import final_values, forward, micro_batches
-    from toolgym.trainers.modeling import autocast
 
     B, T = batch.input_ids.shape
     old_logp = torch.zeros(B, T, device=device)  # [B, T]

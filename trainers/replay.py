@@ -3,8 +3,9 @@
 Two pieces, both off by default (docs/trainer.md, "Seed methods"):
 
 - `SuccessBuffer`: per task (env id, seed) the newest `per_task` successful root-to-leaf paths seen in
-  training. When every rollout of a task's group failed, `inject` replaces one failed rollout of that
-  group with a buffered success, so GRPO's group has a learning signal. The replayed turns keep the
+  training (ARPO keeps 8). When every rollout of a task's group failed, `inject` replaces one failed
+  rollout of that group with a buffered success drawn uniformly at random (as ARPO), so GRPO's group has a
+  learning signal. The loop injects first, then buffers the step's fresh successes (as ARPO). The replayed turns keep the
   logprobs of the policy that sampled them; the trainer recomputes the old logprobs under the current
   policy, and the truncated importance weight (`is_mode`, `is_max`) corrects for the older behaviour
   policy. A replayed leaf carries `info["replayed"] = True`.
@@ -19,11 +20,15 @@ Departures from ARPO:
 2. Replay needs a prompt identical token for token to the buffered one (same task, same renderer).
 3. The buffer and the selector live in memory: a resumed run starts them empty.
 4. With `refill` the zero-variance filter drops all-failed groups before replay could act.
+5. ARPO trains the replayed rollout as if on-policy (its old logprobs recomputed, PPO epoch 1: ratio 1);
+   we keep its behaviour logprobs, so the truncated weight min(exp(logp_old - logp_behaviour), `is_max`)
+   (`is_mode`) corrects for the older policy that sampled it.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,10 +59,11 @@ class Stored:
 class SuccessBuffer:
     """The newest `per_task` successful paths of each task."""
 
-    def __init__(self, per_task: int = 1) -> None:
+    def __init__(self, per_task: int = 8, seed: int = 0) -> None:
         if per_task < 1:
             raise ValueError(f"per_task must be >= 1, got {per_task}")
         self.per_task = per_task
+        self.rng = random.Random(seed)
         self.paths: dict[TaskKey, deque[Stored]] = {}
 
     def __len__(self) -> int:
@@ -88,7 +94,7 @@ class SuccessBuffer:
 
     def inject(self, forest: list[RolloutTree]) -> list[RolloutTree]:
         """The forest where each all-failed group with a buffered success (same prompt) has one failed
-        rollout replaced by the newest buffered success. Other trees are returned unchanged."""
+        rollout replaced by a buffered success of its task, drawn uniformly. Other trees are unchanged."""
         out = []
         for tree in forest:
             leaves = [lf for lf in tree.leaves() if not env_error(tree, lf)]
@@ -96,11 +102,8 @@ class SuccessBuffer:
             if not leaves or any(succeeded(tree, lf) for lf in leaves) or not stored:
                 out.append(tree)
                 continue
-            s = stored[-1]
-            if s.prompt_ids != tree.nodes[tree.root].token_ids:
-                out.append(tree)
-                continue
-            out.append(replace_one(tree, s))
+            same = [s for s in stored if s.prompt_ids == tree.nodes[tree.root].token_ids]
+            out.append(replace_one(tree, self.rng.choice(same)) if same else tree)
         return out
 
 
@@ -205,14 +208,14 @@ class TaskSelector:
 
     def metrics(self, step: int) -> dict[str, float]:
         return {
-            "replay/active_tasks": float(len(self.active(step))),
-            "replay/measured_tasks": float(len(self.rate)),
+            "rollout/active_tasks": float(len(self.active(step))),
+            "rollout/measured_tasks": float(len(self.rate)),
         }
 
 
 def make(cfg: Any) -> tuple[SuccessBuffer | None, TaskSelector | None]:
     """The buffer and selector a GRPO/PPO config asks for (None when off)."""
-    buf = SuccessBuffer(cfg.replay_per_task) if cfg.replay else None
+    buf = SuccessBuffer(cfg.replay_per_task, cfg.seed) if cfg.replay else None
     sel = (
         TaskSelector(cfg.env_ids, cfg.seed, cfg.task_pool, cfg.task_filter_refresh)
         if cfg.task_pool > 0

@@ -1,7 +1,7 @@
 """Metrics of a run: JSONL (one line a step), tensorboard events, and PNG plots in the run folder.
 
-Names follow STYLE rule 12: `charts/episode_reward`, `charts/success`, `charts/turns`, `charts/tool_calls`,
-`losses/policy`, `losses/approx_kl`, `losses/clipfrac`, `rollout/tokens_per_s`, … and `eval/…`.
+Every name lies under one of the fixed namespaces `NAMESPACES` (`charts/episode_reward`, `losses/policy`,
+`rollout/tokens_per_s`, `eval/success`, `time/step_s`, …); docs/trainer.md lists each metric and its meaning.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+NAMESPACES = ("charts/", "losses/", "rollout/", "eval/", "time/")
+
 PLOTS = {
     "reward.png": ["charts/episode_reward", "charts/trained_reward", "eval/episode_reward"],
     "success.png": ["charts/success", "eval/success"],
@@ -17,7 +19,7 @@ PLOTS = {
     "turns.png": ["charts/turns", "charts/tool_calls"],
     "kl.png": ["losses/approx_kl", "losses/kl_ref"],
     "entropy.png": ["losses/entropy"],
-    "tokens_per_s.png": ["rollout/tokens_per_s", "train/tokens_per_s"],
+    "tokens_per_s.png": ["rollout/tokens_per_s", "time/train_tokens_per_s"],
 }
 
 

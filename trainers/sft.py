@@ -370,10 +370,10 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         elapsed = time.perf_counter() - t_step
         metrics = {
             "losses/sft": loss_sum / n_target,
-            "train/token_accuracy": right / n_target,
-            "train/lr": optimizer.param_groups[0]["lr"],
+            "charts/token_accuracy": right / n_target,
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
             "losses/grad_norm": float(grad_norm),
-            "train/tokens_per_s": tokens / max(elapsed, 1e-9),
+            "time/train_tokens_per_s": tokens / max(elapsed, 1e-9),
             "time/step_s": elapsed,
         }
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == steps:
@@ -381,7 +381,7 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         log.log(step, metrics)
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{metrics['losses/sft']:.3f}", acc=f"{metrics['train/token_accuracy']:.2f}")
+            bar.set_postfix(loss=f"{metrics['losses/sft']:.3f}", acc=f"{metrics['charts/token_accuracy']:.2f}")
     if bar is not None:
         bar.close()
     save_model(model, policy.tokenizer, out / "model")
@@ -431,7 +431,7 @@ def plot_loss(records: Iterable[dict[str, Any]], path: Path) -> None:
     ax.plot(steps, [r["losses/sft"] for r in recs], label="losses/sft")
     ax2 = ax.twinx()
     ax2.plot(
-        steps, [r["train/token_accuracy"] for r in recs], color="tab:orange", label="train/token_accuracy"
+        steps, [r["charts/token_accuracy"] for r in recs], color="tab:orange", label="charts/token_accuracy"
     )
     ax.set_xlabel("step")
     ax.set_ylabel("loss")

@@ -19,7 +19,7 @@ from toolgym.trainers.branching import (
     TurnBoundaryEntropy,
     aepo_global_samples,
     apply_forks,
-    make_policy,
+    make_branch_policy,
     round_entropy,
 )
 from toolgym.trainers.tree import RolloutTree, flatten
@@ -166,8 +166,8 @@ def test_helpers_and_registry() -> None:
     t = RolloutTree("q", [0])
     n = t.add(t.root, "model", [1] * 30, entropies=[1.0] * 20 + [5.0] * 10)
     assert round_entropy(t, n) == 1.0 and round_entropy(t, n, k=30) == pytest.approx(70 / 30)
-    assert isinstance(make_policy("turn_entropy", initial=3), TurnBoundaryEntropy)
+    assert isinstance(make_branch_policy("turn_entropy", initial=3), TurnBoundaryEntropy)
     with pytest.raises(ConfigError, match="choose one of"):
-        make_policy("beam")
+        make_branch_policy("beam")
     with pytest.raises(ConfigError, match="has no option"):
-        make_policy("turn_entropy", entropy_wieght=0.2)
+        make_branch_policy("turn_entropy", entropy_wieght=0.2)

@@ -26,25 +26,41 @@ def test_trajectory_entropy_weighs_every_turn_once() -> None:
 
 
 def test_band_penalty_and_loss_by_hand() -> None:
-    band = EntropyBand(kappa=0.25, window=2)
+    band = EntropyBand(kappa_low=0.75, kappa_high=1.25, window=2)
     assert band.band() is None
-    band.update(2.0)
-    band.update(6.0)
-    band.update(4.0)  # window 2: mean of 6 and 4 = 5 -> band [3.75, 6.25]
+    for h in (2.0, 6.0, 4.0):
+        band.update(h)
+    # window 2: mean of 6 and 4 = 5 -> band [0.75 * 5, 1.25 * 5] = [3.75, 6.25]
     assert band.band() == (3.75, 6.25)
+    cumulative = EntropyBand(kappa_low=0.5, kappa_high=2.0)  # window 0: every step (the paper's W_k)
+    for h in (2.0, 6.0, 4.0):
+        cumulative.update(h)
+    assert cumulative.band() == (2.0, 8.0)  # mean 4
     assert smoothing_penalty(torch.tensor([3.0, 5.0, 7.0]), 3.75, 6.25).tolist() == [0.75, 0.0, 0.75]
     ent = torch.tensor([[1.0, 3.0, 6.0, 9.0], [2.0, 2.0, 5.0, 0.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     turns = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 0]])
     # H = [4, 3]; band [3.75, 6.25]: penalties [0, 0.75]; alpha 0.1, beta 2, weight 0.5, 4 rows in the minibatch:
-    # (-0.1 * (4 + 3) + 2 * 0.5 * 0.75) / 4 = (-0.7 + 0.75) / 4 = 0.0125
+    # -0.1 * ((4 + 3) - 2 * 0.5 * 0.75) / 4 = -0.1 * 6.25 / 4 = -0.15625
     loss, st = epo_loss(ent, mask, turns, rows=4, alpha=0.1, beta=2.0, weight=0.5, band=band.band())
-    assert math.isclose(loss.item(), 0.0125, abs_tol=1e-6)
+    assert math.isclose(loss.item(), -0.15625, abs_tol=1e-6)
     assert st == {"entropy_sum": 7.0, "penalty_sum": 0.75, "rows": 2.0}
     loss.backward()
     assert ent.grad is not None and ent.grad[0, 3].item() == 0.0  # masked token: no gradient
-    # row 1's three tokens of its one turn: d/dH (-0.1 H + 1 * relu(3.75 - H)) / 4 = (-0.1 - 1) / 4 / 3
-    assert math.isclose(ent.grad[1, 0].item(), -1.1 / 12, rel_tol=1e-5)
+    # row 0 inside the band: d/dH (-0.1 H) / 4 = -0.025, spread over its turn's tokens: turn 0 has 2 tokens
+    # and weighs 1/2 of H -> -0.025 / 2 / 2 = -0.00625 per token
+    assert math.isclose(ent.grad[0, 0].item(), -0.00625, rel_tol=1e-5)
+    # row 1 below the band: d/dH -0.1 (H - 2 * 0.5 * relu(3.75 - H)) / 4 = -0.1 * (1 + 1) / 4 = -0.05, / 3 tokens
+    assert math.isclose(ent.grad[1, 0].item(), -0.05 / 3, rel_tol=1e-5)
+
+
+def test_above_the_band_the_push_cancels_at_beta_w_one_and_reverses_past_it() -> None:
+    # one row, one turn, H = 7 above hi = 6.25: dL/dH = -alpha (1 - beta w) / rows
+    for beta, want in ((1.0, 0.0), (3.0, 0.2)):
+        ent = torch.tensor([[7.0]], requires_grad=True)
+        loss, _ = epo_loss(ent, torch.ones(1, 1), torch.zeros(1, 1), 1, 0.1, beta, 1.0, (3.75, 6.25))
+        loss.backward()
+        assert ent.grad is not None and math.isclose(ent.grad.item(), want, abs_tol=1e-7)
 
 
 def test_phase_weight_ramps_after_warmup() -> None:
@@ -57,7 +73,9 @@ def test_phase_weight_ramps_after_warmup() -> None:
 def test_inert_epo_options_warned() -> None:
     assert any("epo_alpha" in m for m in GRPOConfig(epo_alpha=0.5).inert_options())
     with pytest.raises(Exception, match="epo_window"):
-        GRPOConfig(epo=True, epo_window=0).validate()
+        GRPOConfig(epo=True, epo_window=-1).validate()
+    with pytest.raises(ValueError):
+        EntropyBand(kappa_low=1.2, kappa_high=1.5)
 
 
 @pytest.mark.slow
@@ -68,16 +86,22 @@ def test_train_with_epo_logs_entropy_band_and_weight(tmp_path: Path, tokenizer: 
     recs = records(tmp_path)
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
-        for key in ("epo/entropy", "epo/band_low", "epo/band_high", "epo/phase_weight", "epo/smooth_penalty"):
+        for key in (
+            "losses/epo_entropy",
+            "losses/epo_band_low",
+            "losses/epo_band_high",
+            "losses/epo_phase_weight",
+            "losses/epo_smooth_penalty",
+        ):
             assert key in r, key
     # phase weight, steps 2 (warmup 0.2): step 1 p = 0.5 -> 0.1 + 0.9 * 0.3 / 0.8 = 0.4375; step 2 -> 1.0
     # step 1 has no history (the band is the step's own entropy); step 2's band is 0.5x..1.5x of step 1's
-    h1 = recs[0]["epo/entropy"]
+    h1 = recs[0]["losses/epo_entropy"]
     assert (
         h1 > 0
-        and recs[1]["epo/band_low"] == pytest.approx(0.5 * h1)
-        and recs[1]["epo/band_high"] == pytest.approx(1.5 * h1)
+        and recs[1]["losses/epo_band_low"] == pytest.approx(0.5 * h1)
+        and recs[1]["losses/epo_band_high"] == pytest.approx(1.5 * h1)
     )
-    assert recs[0]["epo/phase_weight"] == pytest.approx(0.4375) and recs[1][
-        "epo/phase_weight"
+    assert recs[0]["losses/epo_phase_weight"] == pytest.approx(0.4375) and recs[1][
+        "losses/epo_phase_weight"
     ] == pytest.approx(1.0)

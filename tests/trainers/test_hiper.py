@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from conftest import register_fake_env, tiny_model
 from test_train import SMALL, records
 
 from toolgym.parsing import parse_command, parse_tags
 from toolgym.trainers.grpo import GRPOConfig, credit
 from toolgym.trainers.grpo import train as train_grpo
-from toolgym.trainers.hiper import hae_from_parts, returns, segments, subgoal
+from toolgym.trainers.hiper import hae_from_parts, hae_gae, returns, segments, subgoal, switches
 from toolgym.trainers.tree import RolloutTree
 
 
@@ -26,9 +27,47 @@ def test_subgoal_tag_is_found_and_envs_ignore_it() -> None:
 def test_segments_and_returns_by_hand() -> None:
     assert segments([True, False, False, True, False]) == [0, 0, 0, 1, 1]
     assert segments([False, False]) == [0, 0]
-    # rewards [0, 1, 0, 2], segments [0, 0, 1, 1], gamma 0.5: rho = [1, 2]; G^H_1 = 2, G^H_0 = 1 + 0.5 * 2 = 2
-    # G^L: t3 = 2; t2 = 0 + 0.5 * 2 = 1; t1 = 1 + 0.5 * G^H_1 = 2 (boundary bootstrap); t0 = 0 + 0.5 * 2 = 1
-    assert returns([0.0, 1.0, 0.0, 2.0], [0, 0, 1, 1], 0.5) == ([2.0, 2.0], [1.0, 2.0, 1.0, 2.0])
+    # rewards [0, 1, 0, 2], segments [0, 0, 1, 1], gamma 0.5 (discount per turn, also across segments):
+    # G^L: t3 = 2; t2 = 0 + 0.5 * 2 = 1; t1 = 1 + 0.5 * G^H_1 = 1 + 0.5 * 1 = 1.5; t0 = 0 + 0.5 * 1.5 = 0.75
+    # G^H_1 = G^L_2 = 1; G^H_0 = G^L_0 = 0 + 0.5 * 1 + 0.25 * 0 + 0.125 * 2 = 0.75 (sum of gamma^(u-s_0) r_u)
+    assert returns([0.0, 1.0, 0.0, 2.0], [0, 0, 1, 1], 0.5) == ([0.75, 1.0], [0.75, 1.5, 1.0, 2.0])
+
+
+def test_a_repeated_subgoal_keeps_the_segment() -> None:
+    # HiPER's KEEP copies the current subgoal; a turn without a tag keeps it too; a new text switches
+    assert switches(["heat mug", "heat mug", None, "cool mug", "heat mug"]) == [
+        True,
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert switches([None, "a"]) == [False, True]  # turn 0 starts segment 0 anyway (segments())
+
+
+def test_hae_gae_with_a_turn_critic_by_hand() -> None:
+    # one row, 3 turns of 1 token each (turn ids 0, 1, 2), plans [T, F, T] -> segments [0, 0, 1].
+    # rewards r = [0, 0, 1], values V = [0.5, 0.2, 0.4], gamma 1, lam 0.5, lam_seg 0.5, terminated (no bootstrap)
+    # low: turn 2 (last of seg 1): delta = 1 + 0 - 0.4 = 0.6 -> A^L_2 = 0.6
+    #      turn 1 (last of seg 0): delta = 0 + V_2 - 0.2 = 0.2, recursion restarts -> A^L_1 = 0.2
+    #      turn 0: delta = 0 + V_1 - 0.5 = -0.3, A^L_0 = -0.3 + 1 * 0.5 * 0.2 = -0.2
+    # high: seg 1 (turn 2): 1 + 0 - V_2 = 0.6 -> A^H_1 = 0.6
+    #       seg 0 (turns 0-1, d = 2): 0 + 0 + 1^2 * V_2 - V_0 = -0.1, + 1^2 * 0.5 * 0.6 = 0.2 -> A^H_0 = 0.2
+    # tokens: turn 0 = A^L_0 + A^H_0 = 0.0; turn 1 = 0.2; turn 2 = A^L_2 + A^H_1 = 1.2
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.2, 0.4, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    turns = torch.tensor([[0, 1, 2, 2]])
+    adv, ret, vmask = hae_gae(rewards, values, mask, turns, [[True, False, True]], 1.0, 0.5, 0.5)
+    assert [round(x, 6) for x in adv[0].tolist()] == [0.0, 0.2, 1.2, 0.0]
+    # critic targets: A^L_k + V_k on each turn's first token = [-0.2 + 0.5, 0.2 + 0.2, 0.6 + 0.4]
+    assert [round(x, 6) for x in ret[0].tolist()] == [0.3, 0.4, 1.0, 0.0]
+    assert vmask[0].tolist() == [1.0, 1.0, 1.0, 0.0]
+    # a truncated row bootstraps after its last turn: V_next of turn 2 = 2.0 -> A^L_2 = 1 + 2 - 0.4 = 2.6
+    adv_t, _, _ = hae_gae(
+        rewards, values, mask, turns, [[True, False, True]], 1.0, 0.5, 0.5, torch.tensor([2.0])
+    )
+    assert round(float(adv_t[0, 2]), 6) == 5.2  # A^L_2 = 2.6 plus A^H_1 = 1 + 2 - 0.4 = 2.6
 
 
 def test_hae_two_levels_by_hand() -> None:
@@ -73,4 +112,4 @@ def test_train_with_hiper(tmp_path: Path, tokenizer: Any) -> None:
     cfg = GRPOConfig(steps=2, output_dir=str(tmp_path), estimator="hiper", **SMALL)
     train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)
     recs = records(tmp_path)
-    assert [r["step"] for r in recs] == [1, 2] and all("hiper/subgoal_fraction" in r for r in recs)
+    assert [r["step"] for r in recs] == [1, 2] and all("charts/subgoal_fraction" in r for r in recs)

@@ -20,7 +20,7 @@ from toolgym.trainers.loss import (
     aggregate,
     denominator,
     llds_penalty,
-    overlong_penalty,
+    overlong_shaping,
     policy_loss,
     value_loss,
     void_keep,
@@ -180,9 +180,9 @@ def test_filters_and_shaping() -> None:
         False,
     ]
     assert void_keep([False, True]) == [True, False]
-    assert overlong_penalty(90, 100, 20, factor=0.5) == pytest.approx(-0.25)
-    assert overlong_penalty(120, 100, 0) == -1.0
-    assert overlong_penalty(80, 100, 0) == 0.0
+    assert overlong_shaping(90, 100, 20, factor=0.5) == pytest.approx(-0.25)
+    assert overlong_shaping(120, 100, 0) == -1.0
+    assert overlong_shaping(80, 100, 0) == 0.0
 
 
 def test_mask_excludes_tool_tokens() -> None:

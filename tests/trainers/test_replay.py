@@ -61,6 +61,17 @@ def test_no_replay_when_a_rollout_succeeded_or_the_prompt_differs() -> None:
     assert buf.inject([unknown])[0] is unknown
 
 
+def test_replayed_success_is_drawn_uniformly_from_the_task_buffer() -> None:
+    buf = SuccessBuffer(per_task=8, seed=3)
+    for base in (50, 70):  # two stored successes of task 7: tokens 50/60 and 70/80
+        buf.add([group("q", 7, [True], base=base)])
+    picked = set()
+    for _ in range(40):  # P(one of the two never drawn in 40 draws) = 2 * 0.5**40
+        [new] = buf.inject([group("q", 7, [False, False])])
+        picked.add(flatten([new])[-1].token_ids[2])
+    assert picked == {50, 70}
+
+
 def test_buffer_keeps_the_newest_per_task_and_not_replays() -> None:
     buf = SuccessBuffer(per_task=1)
     buf.add([group("q", 7, [True, True])])
@@ -81,7 +92,7 @@ def test_task_selector_drops_always_and_never_solved_then_refreshes() -> None:
                group("d", 3, [False, False])], step=1, buffer=buf)  # fmt: skip
     assert s.rate[("e", 2)] == 0.5
     assert [t.seed for t in s.draw(4, step=2)] == [2, 3, 2, 3]
-    assert s.metrics(2)["replay/active_tasks"] == 2.0
+    assert s.metrics(2)["rollout/active_tasks"] == 2.0
     # refresh = 3: dropped at step 1, back at step 4
     assert [t.seed for t in s.draw(4, step=4)] == [0, 1, 2, 3]
 
@@ -110,13 +121,13 @@ def test_train_with_replay_and_task_selection(tmp_path: Path, tokenizer: Any) ->
     )
     metrics = train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)
     for key in (
-        "replay/buffer_size",
-        "replay/replaced_groups",
-        "replay/active_tasks",
-        "replay/measured_tasks",
+        "rollout/replay_buffer_size",
+        "rollout/replay_replaced_groups",
+        "rollout/active_tasks",
+        "rollout/measured_tasks",
     ):
         assert key in metrics, key
-    assert metrics["replay/buffer_size"] >= 1  # the fake env succeeds often
+    assert metrics["rollout/replay_buffer_size"] >= 1  # the fake env succeeds often
     assert [r["step"] for r in records(tmp_path)] == [1, 2]
 
 

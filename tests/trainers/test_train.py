@@ -43,7 +43,7 @@ def test_grpo_two_steps_move_every_parameter(tmp_path: Path, tokenizer: Any) -> 
     assert not unchanged, f"parameters that did not change: {unchanged}"
     assert [r["step"] for r in records(tmp_path)] == [1, 2]
     for key in ("charts/episode_reward", "charts/success", "losses/policy", "losses/approx_kl", "losses/clipfrac",
-                "rollout/tokens_per_s", "eval/success", "train/zero_variance_fraction"):  # fmt: skip
+                "rollout/tokens_per_s", "eval/success", "rollout/zero_variance_fraction"):  # fmt: skip
         assert key in metrics, key
     assert (tmp_path / "reward.png").is_file() and (tmp_path / "checkpoint" / "model.pt").is_file()
 
@@ -63,7 +63,7 @@ def test_grpo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) ->
     assert a["losses/kl_ref"] > 0  # the policy moved away from the initial one in step 1
     for k in a:
         if not k.startswith(
-            ("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s", "train/tokens")
+            ("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s")
         ):
             assert a[k] == b[k], k
     for (n, p1), p2 in zip(m1.named_parameters(), m2.parameters(), strict=True):
@@ -178,7 +178,7 @@ def test_minibatches_make_llds_act(tmp_path: Path, tokenizer: Any) -> None:
         cfg = GRPOConfig(steps=1, output_dir=str(tmp_path / name), llds_coef=llds, minibatches=minibatches,
                          filter_zero_variance=False, **small)  # fmt: skip
         metrics = train_grpo(cfg, model, tokenizer)
-        assert metrics["train/updates"] == minibatches
+        assert metrics["losses/updates"] == minibatches
         return snapshot(model)
 
     same_a, same_b = run(0.0, 1, "a"), run(5.0, 1, "b")
@@ -194,7 +194,7 @@ def test_refill_draws_until_enough_groups_survive(tmp_path: Path, tokenizer: Any
     cfg = GRPOConfig(steps=1, output_dir=str(tmp_path), refill=True, max_gen_batches=3, acc_filter_low=0.0,
                      acc_filter_high=0.0, **small)  # fmt: skip
     metrics = train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)
-    assert metrics["train/gen_batches"] == 3.0
+    assert metrics["rollout/gen_batches"] == 3.0
     state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=False)
     assert state["data_pos"] == 6
 
@@ -214,4 +214,4 @@ def test_ppo_options_run_one_step(tmp_path: Path, tokenizer: Any, options: dict[
     )
     assert "losses/value" in metrics
     if opts["max_total_tokens"] == 40:
-        assert metrics["train/truncated_rows"] > 0  # token-budget truncation reaches GAE as truncated
+        assert metrics["rollout/truncated_rows"] > 0  # token-budget truncation reaches GAE as truncated
