@@ -111,7 +111,8 @@ def test_cli_resolves_yaml_then_flags(tmp_path: Path) -> None:
         "turn_entropy",
         False,
     )
-    args = build_parser().parse_args(["train", "--algorithm", "ppo", "--estimator", "gigpo"])
+    cfg_file.write_text("algorithm: ppo\n")
+    args = build_parser().parse_args(["train", "--config", str(cfg_file), "--estimator", "gigpo"])
     with pytest.raises(ConfigError, match="do not apply to ppo"):
         resolve(args)
     cfg_file.write_text("stepz: 3\n")

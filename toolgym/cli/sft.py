@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from toolgym.errors import ConfigError
+from toolgym.errors import DependencyNotInstalled
 
 
 def register(subparsers: Any) -> None:
@@ -51,7 +51,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401
     except ImportError as exc:
-        raise ConfigError("toolgym sft needs torch and transformers: pip install 'toolgym[train]'") from exc
+        raise DependencyNotInstalled(
+            "torch", "train", why="toolgym sft needs torch and transformers"
+        ) from exc
     cfg = resolve(args)
     if args.print_config:
         print(json.dumps({"algorithm": "sft", **cfg.to_dict()}, indent=2))

@@ -1,0 +1,78 @@
+"""`toolgym train grpo|ppo`: each subcommand shows its own defaults; a YAML names the algorithm; the old
+`--algorithm` flag and renamed keys still work, with a warning."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolgym.cli import build_parser, main
+from toolgym.cli.train import resolve
+from toolgym.errors import ConfigError
+from toolgym.trainers.config import GRPOConfig, PPOConfig
+
+
+def help_text(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines: compare on single spaces
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "epochs", "eps_high"), [("ppo", 2, 0.2), ("grpo", 1, 0.28)], ids=["ppo", "grpo"]
+)
+def test_each_subcommand_shows_its_own_defaults(capsys, algorithm, epochs, eps_high) -> None:
+    text = help_text(capsys, "train", algorithm)
+    assert f"(default: {epochs})" in text.split("--epochs EPOCHS", 2)[2][:120]
+    assert f"(default: {eps_high})" in text.split("--eps-high EPS_HIGH", 2)[2][:80]
+    cls = {"ppo": PPOConfig, "grpo": GRPOConfig}[algorithm]
+    assert (cls().epochs, cls().eps_high) == (epochs, eps_high)
+
+
+def test_ppo_lists_only_ppo_flags(capsys) -> None:
+    assert "--critic" in help_text(capsys, "train", "ppo")
+    assert "--estimator" not in help_text(capsys, "train", "ppo")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "ppo", "--estimator", "gigpo"])
+
+
+def test_yaml_names_the_algorithm(tmp_path: Path, capsys) -> None:
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("algorithm: ppo\nsteps: 3\n")
+    algorithm, cfg = resolve(build_parser().parse_args(["train", "--config", str(cfg_file), "--epochs", "4"]))
+    assert (
+        algorithm == "ppo"
+        and isinstance(cfg, PPOConfig)
+        and (cfg.steps, cfg.epochs, cfg.eps_high) == (3, 4, 0.2)
+    )
+    for argv in (["train", "ppo", "--config", str(cfg_file)], ["train", "--config", str(cfg_file), "ppo"]):
+        assert resolve(build_parser().parse_args(argv))[0] == "ppo"
+    with pytest.raises(ConfigError, match="named twice"):
+        resolve(build_parser().parse_args(["train", "grpo", "--config", str(cfg_file)]))
+    assert main(["train", "--config", str(cfg_file), "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["algorithm"] == "ppo" and printed["critic"] == "token"
+
+
+def test_without_algorithm_anywhere_it_is_grpo(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("steps: 3\n")
+    algorithm, cfg = resolve(build_parser().parse_args(["train", "--config", str(cfg_file)]))
+    assert algorithm == "grpo" and isinstance(cfg, GRPOConfig)
+
+
+def test_old_algorithm_flag_maps_with_a_warning() -> None:
+    args = build_parser().parse_args(["train", "--algorithm", "ppo", "--steps", "2"])
+    with pytest.warns(FutureWarning, match="toolgym train ppo"):
+        algorithm, cfg = resolve(args)
+    assert algorithm == "ppo" and cfg.steps == 2
+
+
+def test_renamed_key_is_accepted_with_a_deprecation_warning(tmp_path: Path) -> None:
+    with pytest.warns(DeprecationWarning, match="overlong_factor"):
+        assert GRPOConfig.from_dict({"overlong_penalty": 0.5}).overlong_factor == 0.5
+    with pytest.raises(ConfigError, match="not both"), pytest.warns(DeprecationWarning):
+        GRPOConfig.from_dict({"overlong_penalty": 0.5, "overlong_factor": 0.5})
+    args = build_parser().parse_args(["train", "grpo", "--overlong-penalty", "0.25"])
+    with pytest.warns(DeprecationWarning):
+        assert resolve(args)[1].overlong_factor == 0.25
