@@ -15,7 +15,7 @@ that extends an earlier call's prompt + generation starts from that call's cache
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolgym.agents.kv_reuse import KVStore, build_cache, row_layers, weights_version
@@ -30,6 +30,9 @@ from toolgym.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
+
+# called as each token is sampled: (row of the prompts, token id, its logprob); `toolgym serve` streams with it
+TokenCallback = Callable[[int, int, float], None]
 
 
 def load_model(name_or_path: str, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
@@ -115,21 +118,29 @@ class HFPolicy(RenderedTokenPolicy):
 
     # ----- tokens ------------------------------------------------------------------------------------------
     def generate(
-        self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
+        self,
+        prompts: Sequence[list[int]],
+        sampling: SamplingParams | None = None,
+        *,
+        on_token: TokenCallback | None = None,
     ) -> list[Generation]:
-        """Sample one continuation per prompt (ids in, ids + logprobs out), in chunks of ``batch_size``."""
+        """Sample one continuation per prompt (ids in, ids + logprobs out), in chunks of ``batch_size``;
+        ``on_token(row, id, logprob)`` hears each token as it is sampled."""
         sampling = sampling or self.sampling
         out: list[Generation] = []
         was_training = bool(getattr(self.model, "training", False))
         self.model.eval()  # dropout off, and the KV cache on even with gradient checkpointing
         try:
             for start in range(0, len(prompts), self.batch_size):
-                out += self._generate_batch(prompts[start : start + self.batch_size], sampling)
+                hear = _shifted(on_token, start) if on_token is not None else None
+                out += self._generate_batch(prompts[start : start + self.batch_size], sampling, hear)
         finally:
             self.model.train(was_training)
         return out
 
-    def _generate_batch(self, prompts: Sequence[list[int]], sp: SamplingParams) -> list[Generation]:
+    def _generate_batch(
+        self, prompts: Sequence[list[int]], sp: SamplingParams, on_token: TokenCallback | None = None
+    ) -> list[Generation]:
         import torch
 
         if not prompts:
@@ -217,6 +228,8 @@ class HFPolicy(RenderedTokenPolicy):
                     logps[i].append(chosen_l[j])
                     if ent is not None:
                         ents[i].append(ent[j])
+                    if on_token is not None:
+                        on_token(i, nxt_l[j], chosen_l[j])
                     stopped = bool(is_stop[j]) or bool(sp.stop and self._hit_stop_string(tokens[i], sp.stop))
                     if stopped:
                         finish[i] = "stop"
@@ -288,6 +301,11 @@ class HFPolicy(RenderedTokenPolicy):
     def _hit_stop_string(self, row: list[int], stops: tuple[str, ...]) -> bool:
         tail = self._renderer.decode(row[-16:])
         return any(s in tail for s in stops)
+
+
+def _shifted(on_token: TokenCallback, start: int) -> TokenCallback:
+    """The callback of a chunk of prompts, reporting rows of the whole call."""
+    return lambda row, token_id, logprob: on_token(start + row, token_id, logprob)
 
 
 def _common_prefix(prompts: Sequence[list[int]]) -> int:

@@ -11,9 +11,12 @@ range, image parts) is answered 400 with an OpenAI-style ``{"error": {"message",
 - **Logprobs**: each token's real text and bytes (a token holding part of a UTF-8 character has its raw
   bytes, and its text is those bytes escaped), and with ``top_logprobs: k`` the k most likely tokens at
   each step (one extra scoring forward over prompt + reply). Extension: ``choices[i].token_ids``.
-- **Streaming** (``stream: true``): server-sent ``chat.completion.chunk`` events, one per token, then the
-  tool calls and the finish reason, ``usage`` when ``stream_options.include_usage``, and ``[DONE]``. The
-  reply is generated in one batched call first, then streamed (no incremental decoding yet).
+- **Streaming** (``stream: true``): server-sent ``chat.completion.chunk`` events, sent as the tokens are
+  sampled (a policy whose ``generate`` takes ``on_token``, such as ``hf``, with a byte-level tokenizer),
+  then the tool calls and the finish reason, ``usage`` when ``stream_options.include_usage``, and
+  ``[DONE]``. With tools, text from ``<tool_call>`` on is held back and sent as ``tool_calls``. Policies
+  that only return whole replies (an OpenAI proxy, ``engine``), and ``top_logprobs`` (one scoring forward
+  after the reply), stream the finished reply token by token instead.
 
 Requests arriving together are answered by one batched generation (a worker thread collects them for
 ``batch_window_s``), so concurrent clients share the model.
@@ -226,6 +229,18 @@ def token_text(raw: bytes) -> str:
 
 
 # ----- the batcher -----------------------------------------------------------------------------------------
+class _Sink:
+    """Tokens of a streamed request, handed from the generation thread to the event loop as each is
+    sampled: ``(choice, token id, logprob)``, then ``(choice, None, 0.0)`` when that choice is done."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[int, int | None, float]] = asyncio.Queue()
+
+    def push(self, choice: int, token_id: int | None, logprob: float = 0.0) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (choice, token_id, logprob))
+
+
 @dataclass
 class _Job:
     conversation: list[dict[str, Any]]
@@ -233,6 +248,8 @@ class _Job:
     sampling: SamplingParams
     top_k: int
     future: Future[_Reply]
+    sink: _Sink | None = None
+    choice: int = 0
 
 
 @dataclass
@@ -347,10 +364,25 @@ class PolicyServer:
         tools: list[dict[str, Any]] | None,
         sampling: SamplingParams,
         top_k: int = 0,
+        sink: _Sink | None = None,
+        choice: int = 0,
     ) -> Future[_Reply]:
         fut: Future[_Reply] = Future()
-        self._jobs.put(_Job(conversation, tools, sampling, top_k, fut))
+        self._jobs.put(_Job(conversation, tools, sampling, top_k, fut, sink, choice))
         return fut
+
+    @property
+    def streams_tokens(self) -> bool:
+        """Whether replies can be streamed as they are sampled: the policy's ``generate`` reports each
+        token (``on_token``) and a token's bytes add up to the decoded text (byte-level tokenizers)."""
+        import inspect
+
+        if self._renderer is None or self._token_bytes is None or not self._token_bytes.byte_level:
+            return False
+        try:
+            return "on_token" in inspect.signature(self.policy.generate).parameters  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            return False
 
     def _work(self) -> None:
         while True:
@@ -377,9 +409,13 @@ class PolicyServer:
                 except Exception as exc:  # answered as a 500 to each waiting request
                     for j in jobs:
                         j.future.set_exception(exc)
+                        if j.sink is not None:
+                            j.sink.push(j.choice, None)
                     continue
                 for j, reply in zip(jobs, replies, strict=True):
                     j.future.set_result(reply)
+                    if j.sink is not None:
+                        j.sink.push(j.choice, None)
 
     def _conversation(self, conv: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
         """The conversation and tools as the model gets them: tools in the system prompt when the template
@@ -398,7 +434,16 @@ class PolicyServer:
             return [_Reply(t, int(t.usage.get("prompt_tokens", 0))) for t in turns]
         policy: Any = self.policy
         prompts = [self._renderer.prompt_ids(c, t) for c, t in prepared]
-        gens = policy.generate(prompts, sampling)
+        if any(j.sink is not None for j in jobs):
+
+            def on_token(row: int, token_id: int, logprob: float) -> None:
+                job = jobs[row]
+                if job.sink is not None:
+                    job.sink.push(job.choice, token_id, logprob)
+
+            gens = policy.generate(prompts, sampling, on_token=on_token)
+        else:
+            gens = policy.generate(prompts, sampling)
         replies = []
         for j, (_, tools), prompt, gen in zip(jobs, prepared, prompts, gens, strict=True):
             reply = _Reply(policy.to_turn(gen, tools, len(prompt)), len(prompt))
@@ -425,11 +470,16 @@ class PolicyServer:
 
     # ----- the API -----------------------------------------------------------------------------------------
     async def replies(self, req: ChatCompletionRequest) -> list[_Reply]:
+        futures = self.submit_request(req)
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+    def submit_request(self, req: ChatCompletionRequest, sink: _Sink | None = None) -> list[Future[_Reply]]:
+        """One job per choice (``n``); with a sink, each token is reported as it is sampled."""
         conv = [m.to_plain() for m in req.messages]
         sampling = req.sampling()
         top_k = (req.top_logprobs or 0) if req.logprobs else 0
-        futures = [self.submit(conv, req.tool_dicts(), sampling, top_k) for _ in range(req.n)]
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        tools = req.tool_dicts()
+        return [self.submit(conv, tools, sampling, top_k, sink, i) for i in range(req.n)]
 
     def choice(self, index: int, reply: _Reply, req: ChatCompletionRequest) -> dict[str, Any]:
         turn = reply.turn
@@ -446,6 +496,11 @@ class PolicyServer:
             out["logprobs"] = {"content": self.logprob_entries(reply)}
             out["token_ids"] = list(turn.token_ids)
         return out
+
+    def token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        """The logprob entry of one sampled token (no alternatives: they need the scoring forward)."""
+        raw = self._token_bytes(token_id) if self._token_bytes is not None else b""
+        return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw), "top_logprobs": []}
 
     def logprob_entries(self, reply: _Reply) -> list[dict[str, Any]]:
         turn, tb = reply.turn, self._token_bytes
@@ -501,6 +556,17 @@ def build_app(server: PolicyServer) -> Any:
     @app.post("/v1/chat/completions", response_model=None)
     @app.post("/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest) -> Any:
+        if req.stream and not req.top_logprobs and server.streams_tokens:
+            sink = _Sink(asyncio.get_running_loop())
+            futures = server.submit_request(req, sink)
+            head = {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": req.model or server.model_name,
+            }
+            events = _live_events(server, head, req, sink, futures)
+            return StreamingResponse(events, media_type="text/event-stream")
         try:
             replies = await server.replies(req)
         except ConfigError as exc:
@@ -594,3 +660,121 @@ def _token_pieces(tb: TokenBytes, renderer: Any, turn: AssistantTurn) -> list[st
     if "".join(pieces) != turn.text:  # a tokenizer whose pieces do not add up: send the text whole
         return [turn.text]
     return pieces
+
+
+_CALL_TAG = "<tool_call>"
+
+
+class _LiveChoice:
+    """One choice of a live stream: turns sampled tokens into content deltas. A character split over
+    tokens is sent with its last token; the stop token adds nothing; with tools, text from ``<tool_call>``
+    on (and any tail that could start it) is held back until the reply is parsed."""
+
+    def __init__(self, server: PolicyServer, hold_calls: bool) -> None:
+        self.server = server
+        self.hold_calls = hold_calls
+        self.pending = b""
+        self.text = ""
+        self.sent = 0  # characters of ``text`` sent as content
+        self.stop_ids: set[int] = set(getattr(server._renderer, "stop_ids", ()) or ())
+
+    def add(self, token_id: int) -> str:
+        """The content this token releases ("" while a character or a possible tool call is incomplete)."""
+        tb = self.server._token_bytes
+        if token_id not in self.stop_ids and tb is not None:
+            self.pending += tb(token_id)
+            try:
+                self.text += self.pending.decode("utf-8")
+                self.pending = b""
+            except UnicodeDecodeError:
+                if len(self.pending) >= 4:  # not a character in progress: invalid bytes
+                    self.text += self.pending.decode("utf-8", errors="replace")
+                    self.pending = b""
+        return self._release(len(self.text) - self._held_tail())
+
+    def _held_tail(self) -> int:
+        if not self.hold_calls:
+            return 0
+        start = self.text.find(_CALL_TAG, self.sent)
+        if start >= 0:
+            return len(self.text) - start
+        for k in range(min(len(_CALL_TAG) - 1, len(self.text) - self.sent), 0, -1):
+            if _CALL_TAG.startswith(self.text[-k:]):
+                return k
+        return 0
+
+    def _release(self, end: int) -> str:
+        if end <= self.sent:
+            return ""
+        piece, self.sent = self.text[self.sent : end], end
+        return piece
+
+    def finish(self, message: dict[str, Any]) -> str:
+        """The content still owed once the reply is parsed: the held text, or with tool calls the text
+        outside the calls."""
+        if self.pending:
+            self.text += self.pending.decode("utf-8", errors="replace")
+            self.pending = b""
+        if message.get("tool_calls"):
+            rest = _TOOL_CALL.sub("", self.text[self.sent :])
+            self.sent = len(self.text)
+            return rest if rest.strip() else ""
+        return self._release(len(self.text))
+
+
+async def _live_events(
+    server: PolicyServer,
+    head: dict[str, Any],
+    req: ChatCompletionRequest,
+    sink: _Sink,
+    futures: list[Future[_Reply]],
+) -> AsyncIterator[str]:
+    """SSE chunks sent while the reply is sampled: the role, each token's content (and logprob) as it
+    arrives, then per choice its tool calls and finish reason once parsed, usage, [DONE]."""
+
+    def event(choice: dict[str, Any] | None, **extra: Any) -> str:
+        body = dict(head, choices=[choice] if choice else [], **extra)
+        return f"data: {json.dumps(body)}\n\n"
+
+    hold = bool(req.tool_dicts())
+    live = [_LiveChoice(server, hold) for _ in futures]
+    for index in range(len(futures)):
+        yield event({"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+    open_choices = len(futures)
+    while open_choices:
+        index, token_id, logprob = await sink.queue.get()
+        if token_id is not None:
+            piece = live[index].add(token_id)
+            if piece or req.logprobs:  # with logprobs, one chunk per token (its content may be "")
+                delta: dict[str, Any] = {"index": index, "delta": {"content": piece}, "finish_reason": None}
+                if req.logprobs:
+                    delta["logprobs"] = {"content": [server.token_entry(token_id, logprob)]}
+                yield event(delta)
+            continue
+        open_choices -= 1
+        try:
+            reply = await asyncio.wrap_future(futures[index])
+        except Exception as exc:  # the reply is under way: the error goes in the stream (the client raises)
+            body = {"message": f"{type(exc).__name__}: {exc}", "type": "server_error", "param": None}
+            yield f"data: {json.dumps({'error': body})}\n\n"
+            return
+        choice = server.choice(index, reply, req)
+        rest = live[index].finish(choice["message"])
+        if rest:
+            yield event({"index": index, "delta": {"content": rest}, "finish_reason": None})
+        calls = choice["message"].get("tool_calls")
+        if calls:
+            deltas = [dict(c, index=i) for i, c in enumerate(calls)]
+            yield event({"index": index, "delta": {"tool_calls": deltas}, "finish_reason": None})
+        yield event({"index": index, "delta": {}, "finish_reason": choice["finish_reason"]})
+    if req.stream_options and req.stream_options.include_usage:
+        replies = [f.result() for f in futures]
+        prompt_tokens = max((r.prompt_tokens for r in replies), default=0)
+        completion_tokens = sum(len(r.turn.token_ids) for r in replies)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        yield event(None, usage=usage)
+    yield "data: [DONE]\n\n"

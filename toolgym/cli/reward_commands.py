@@ -1,8 +1,10 @@
-"""``toolgym serve-reward``: serve a rubric over HTTP in OpenRLHF's remote reward-model shape."""
+"""``toolgym serve-reward``: serve a rubric over HTTP (FastAPI + uvicorn) in OpenRLHF's remote reward-model
+shape (``toolgym.serving.reward_server``)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any
 
 
@@ -46,7 +48,7 @@ def load_reward(name: str) -> Any:
 def cmd_serve_reward(args: argparse.Namespace) -> int:
     from toolgym.errors import ConfigError
     from toolgym.rewards.rubric import Rubric
-    from toolgym.rewards.server import make_server
+    from toolgym.serving.reward_server import RewardServer
 
     funcs: dict[str, Any] = {}
     weights: list[float] = []
@@ -58,12 +60,9 @@ def cmd_serve_reward(args: argparse.Namespace) -> int:
             raise ConfigError(f"--reward {spec}: the weight must be a number") from exc
         funcs[name] = load_reward(name)
     rubric = Rubric(funcs, weights)
-    server = make_server(rubric, args.host, args.port, args.gold_key, args.none_value)
-    host, port = server.server_address[:2]
+    server = RewardServer(rubric, args.host, args.port, gold_key=args.gold_key, none_value=args.none_value)
     parts = ", ".join(f"{n}×{w:g}" for n, w in zip(rubric.names, weights, strict=True))
-    print(f"serving {parts} on http://{host!s}:{port}/get_reward (Ctrl-C stops)", flush=True)
-    try:
+    print(f"serving {parts} on {server.url}/get_reward (OpenAPI: /docs; Ctrl-C stops)", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    finally:
-        server.server_close()
     return 0

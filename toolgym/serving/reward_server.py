@@ -1,0 +1,100 @@
+"""``toolgym serve-reward`` on FastAPI: a rubric in OpenRLHF's remote reward-model shape (``--remote_rm_url``).
+
+``POST /get_reward`` takes ``{"query": [...], "prompts": [...], "labels": [...]}`` (plus any other list of
+the same length, passed to the rubric as a column of that name) and answers ``{"rewards", "scores",
+"extra_logs": {"valid", part…}}``; the scoring is ``toolgym.rewards.server.score_request``, so both servers
+answer alike. The body is a pydantic model: a missing ``query``, a non-string query or lists of unequal
+length are answered 422 with the field and the reason. ``GET /health`` lists the parts; ``/docs`` is the
+OpenAPI page. Scoring runs in FastAPI's thread pool, so slow rewards (a sandbox) do not block the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolgym.errors import ConfigError
+from toolgym.rewards.rubric import Rubric
+from toolgym.serving.base import AppServer
+
+
+class RewardRequest(BaseModel):
+    """OpenRLHF's request: ``query`` is prompt + response (the prompt prefix is cut off before scoring)."""
+
+    model_config = ConfigDict(extra="allow")
+    query: list[str] = Field(min_length=1)
+    prompts: list[str] | None = None
+    labels: list[Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _queries_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "query" not in data and "queries" in data:
+            data = {**data, "query": data["queries"]}
+            del data["queries"]
+        return data
+
+    @model_validator(mode="after")
+    def _same_length(self) -> RewardRequest:
+        n = len(self.query)
+        for name in ("prompts", "labels"):
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                raise ValueError(f'"{name}" has {len(value)} items but "query" has {n}')
+        return self
+
+
+class RewardResponse(BaseModel):
+    rewards: list[float]
+    scores: list[float]
+    extra_logs: dict[str, list[float]]
+
+
+def build_reward_app(rubric: Rubric, gold_key: str = "answer", none_value: float = 0.0) -> Any:
+    """The FastAPI application serving ``rubric``."""
+    from fastapi import FastAPI, HTTPException
+
+    from toolgym.rewards.server import score_request
+
+    app = FastAPI(title="toolgym serve-reward", description="A toolgym rubric as OpenRLHF's remote reward.")
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"ok": True, "parts": rubric.names}
+
+    @app.post("/get_reward", response_model=RewardResponse)
+    @app.post("/", response_model=RewardResponse, include_in_schema=False)
+    def get_reward(req: RewardRequest) -> dict[str, Any]:
+        payload = {
+            "query": req.query,
+            "prompts": req.prompts,
+            "labels": req.labels,
+            **(req.model_extra or {}),
+        }
+        payload = {k: v for k, v in payload.items() if v is not None}
+        try:
+            return score_request(rubric, payload, gold_key, none_value)
+        except ConfigError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+        except Exception as exc:  # a bad sample must not take the server down
+            raise HTTPException(status_code=500, detail=f"{type(exc).__name__}: {exc}") from exc
+
+    return app
+
+
+class RewardServer(AppServer):
+    """``RewardServer(rubric_or_fn, host, port)``; ``.start()`` / ``.serve_forever()`` / ``.close()``."""
+
+    def __init__(
+        self,
+        fn: Rubric | Callable[..., Any],
+        host: str = "127.0.0.1",
+        port: int = 5000,
+        *,
+        gold_key: str = "answer",
+        none_value: float = 0.0,
+    ) -> None:
+        self.rubric = fn if isinstance(fn, Rubric) else Rubric([fn])
+        super().__init__(build_reward_app(self.rubric, gold_key, none_value), host, port)
