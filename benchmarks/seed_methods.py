@@ -122,9 +122,18 @@ def rl_config(name: str, runs: Path, model: str, device: str, steps: int, quick:
     return cfg
 
 
+def write_yaml(path: Path, cfg: dict[str, Any]) -> None:
+    """YAML, not JSON: PyYAML reads JSON's 1e-05 as a string (YAML 1.1 floats need a dot)."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
 def launch(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     f = log.open("wb")
-    return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
 
 
 def wait(procs: dict[str, subprocess.Popen[bytes]], deadline: float) -> dict[str, int | None]:
@@ -155,9 +164,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if not (runs / "sft" / "summary.json").is_file():
         n = write_data(runs / "sft_data.jsonl", 2 if a.quick else a.sft_episodes)
         summary["sft_conversations"] = n
-        (runs / "sft.yaml").write_text(json.dumps(sft_config(runs, a.model, a.device, a.quick)))
+        write_yaml(runs / "sft.yaml", sft_config(runs, a.model, a.device, a.quick))
         p = launch([*py, "sft", "--config", str(runs / "sft.yaml")], runs / "sft.log")
         summary["sft_rc"] = wait({"sft": p}, deadline)["sft"]
+        if summary["sft_rc"] != 0 and not a.quick:  # RL from the bare model would waste the GPU call
+            (runs / "summary.json").write_text(json.dumps(summary, indent=2))
+            raise SystemExit(f"the SFT warm start failed (rc {summary['sft_rc']}): see {runs / 'sft.log'}")
     sft_summary = runs / "sft" / "summary.json"
     if sft_summary.is_file():
         summary["sft"] = json.loads(sft_summary.read_text())
@@ -166,7 +178,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     procs = {}
     for name in METHODS:
         cfg = rl_config(name, runs, a.model, a.device, 1 if a.quick else a.steps, a.quick)
-        (runs / f"{name}.yaml").write_text(json.dumps(cfg))
+        write_yaml(runs / f"{name}.yaml", cfg)
         procs[name] = launch([*py, "train", "--config", str(runs / f"{name}.yaml")], runs / f"{name}.log")
     summary["rl_rc"] = wait(procs, deadline - 5)
     summary["seconds_wall"] = time.monotonic() - t0
