@@ -103,6 +103,79 @@ def plot(runs: dict[str, list[dict[str, Any]]], warm: float | None, out: Path) -
     return written
 
 
+def with_tokens(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each record with ``tokens``: generated tokens of the run so far (rollouts only, not evaluations)."""
+    total, out = 0.0, []
+    for r in records:
+        total += float(r.get("rollout/generated_tokens", 0.0))
+        out.append({**r, "tokens": total})
+    return out
+
+
+def at_tokens(records: list[dict[str, Any]], budget: float) -> float | None:
+    """Held-out success of the last evaluation made within ``budget`` generated tokens."""
+    ev = [r for r in evals(records) if r["tokens"] <= budget]
+    return ev[-1]["eval/success"] if ev else None
+
+
+def branching(runs_dir: Path, out: Path) -> dict[str, Any]:
+    """Run c: plain GRPO vs ARPO branching + tree advantages on CalculatorChain-v0, compared at the largest
+    number of generated tokens every run reached (``branching_gain``: mean success difference there)."""
+    runs = {
+        name: with_tokens(read_metrics(runs_dir / name))
+        for name in ("plain_s1", "plain_s2", "arpo_s1", "arpo_s2")
+        if read_metrics(runs_dir / name)
+    }
+    if not runs:
+        return {}
+    budget = min(recs[-1]["tokens"] for recs in runs.values())
+    at = {name: at_tokens(recs, budget) for name, recs in runs.items()}
+    arms = {
+        arm: [v for k, v in at.items() if k.startswith(arm) and v is not None] for arm in ("plain", "arpo")
+    }
+    mean = {arm: sum(v) / len(v) if v else None for arm, v in arms.items()}
+    sft_path = runs_dir / "branching_sft" / "summary.json"
+    sft = json.loads(sft_path.read_text()) if sft_path.is_file() else {}
+    result: dict[str, Any] = {
+        "branching_token_budget": budget,
+        "branching_success_at_budget": at,
+        "branching_plain_success": mean["plain"],
+        "branching_arpo_success": mean["arpo"],
+        "branching_warm_start_success": sft.get("success_after"),
+        "branching_steps": {name: recs[-1]["step"] for name, recs in runs.items()},
+        "branching_tokens": {name: recs[-1]["tokens"] for name, recs in runs.items()},
+    }
+    if mean["plain"] is not None and mean["arpo"] is not None:
+        result["branching_gain"] = round(mean["arpo"] - mean["plain"], 4)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for name, recs in runs.items():
+        ev = evals(recs)
+        style = "-" if name.startswith("arpo") else "--"
+        ax.plot(
+            [r["tokens"] / 1e6 for r in ev],
+            [r["eval/success"] for r in ev],
+            style,
+            marker="o",
+            ms=3,
+            label=name,
+        )
+    ax.axvline(budget / 1e6, color="gray", lw=1, ls=":")
+    ax.set_xlabel("generated tokens (millions)")
+    ax.set_ylabel("held-out success (test templates)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / "learning_branching.png", dpi=110)
+    plt.close(fig)
+    return result
+
+
 def report(
     runs_dir: Path, out: Path, gpus: dict[str, str], commands: dict[str, str], notes: str = ""
 ) -> dict[str, Any]:
@@ -111,9 +184,10 @@ def report(
     a = with_minutes(read_metrics(runs_dir / "rl_only"))
     a0 = with_minutes(read_metrics(runs_dir / "rl_only_lenient"))
     b = with_minutes(read_metrics(runs_dir / "sft_rl"))
+    b_strict = with_minutes(read_metrics(runs_dir / "sft_rl_strict"))
     sft_summary_path = runs_dir / "sft" / "summary.json"
     sft = json.loads(sft_summary_path.read_text()) if sft_summary_path.is_file() else {}
-    ev_a, ev_a0, ev_b = evals(a), evals(a0), evals(b)
+    ev_a, ev_a0, ev_b, ev_bs = evals(a), evals(a0), evals(b), evals(b_strict)
     warm = ev_b[0]["eval/success"] if ev_b and ev_b[0]["step"] == 0 else sft.get("success_after")
     first_60 = next((r for r in ev_a if r["eval/success"] >= 0.6), None)
     result: dict[str, Any] = {
@@ -132,6 +206,10 @@ def report(
         "sft_rl_best_success": max((r["eval/success"] for r in ev_b), default=None),
         "sft_rl_minutes": round(b[-1]["minutes"], 2) if b else None,
         "sft_rl_steps": b[-1]["step"] if b else None,
+        "full_distribution_success_strict": ev_bs[-1]["eval/success"] if ev_bs else None,
+        "sft_rl_strict_best_success": max((r["eval/success"] for r in ev_bs), default=None),
+        "sft_rl_strict_warm_start": ev_bs[0]["eval/success"] if ev_bs and ev_bs[0]["step"] == 0 else None,
+        "sft_rl_strict_steps": b_strict[-1]["step"] if b_strict else None,
         "sft_seconds": sft.get("seconds"),
         "sft_conversations": sft.get("conversations"),
         "gpus": gpus,
@@ -141,8 +219,11 @@ def report(
         result["rl_gain_over_warm_start"] = round(result["full_distribution_success"] - warm, 4)
     out.mkdir(parents=True, exist_ok=True)
     curves = {"a: RL alone (strict answers, tool bonus)": a, "b: narrow SFT, then RL": b}
+    if b_strict:
+        curves["b_strict: narrow SFT, then RL (a's reward)"] = b_strict
     if a0:
         curves["a0: RL alone (lenient answers)"] = a0
+    result.update(branching(runs_dir, out))
     plot(curves, warm, out)
     (out / "learning.json").write_text(json.dumps(result, indent=2) + "\n")
     r = result
@@ -156,12 +237,34 @@ def report(
          f"{a0[-1]['step']} / {round(a0[-1]['minutes'], 2)}" if a0 else "n/a"),
         ("GPU", gpus.get("a", ""), gpus.get("b", ""), gpus.get("a0", "")),
     ]  # fmt: skip
+    if b_strict:  # one more column: b with a's reward
+        extra = [
+            "b_strict: SFT on 1 op, then RL (a's reward)", _f(r["sft_rl_strict_warm_start"]),
+            _f(r["full_distribution_success_strict"]), _f(r["sft_rl_strict_best_success"]),
+            _f(ev_bs[-1].get("eval/tool_calls") if ev_bs else None),
+            f"{r['sft_rl_strict_steps']} / {round(b_strict[-1]['minutes'], 2)}", gpus.get("b_strict", ""),
+        ]  # fmt: skip
+        table = [(*row, x) for row, x in zip(table, extra, strict=True)]
     md = ["# Learning: RL alone, and RL past a narrow warm start (SmolLM2-135M-Instruct, Calculator-v0)", ""]
     md += ["![held-out success](learning_curve.png)", ""]
-    md += ["| " + " | ".join(table[0]) + " |", "| --- | --- | --- | --- |"]
+    md += ["| " + " | ".join(table[0]) + " |", "|" + " --- |" * len(table[0])]
     md += ["| " + " | ".join(row) + " |" for row in table[1:]]
     md += ["", "![curves](learning_panels.png)", "", "Commands (from the repository root):", "", "```"]
     md += [f"{k}: {v}" for k, v in commands.items()] + ["```", ""]
+    if "branching_gain" in r:
+        md += ["## c: branching where credit matters (CalculatorChain-v0, one operation per call)", ""]
+        md += ["![success against generated tokens](learning_branching.png)", ""]
+        md += [
+            "| run | steps | generated tokens | held-out success at the common token budget |",
+            "| --- | --- | --- | --- |",
+        ]
+        md += [
+            f"| {k} | {r['branching_steps'][k]} | {r['branching_tokens'][k]:,.0f} | {_f(v)} |"
+            for k, v in r["branching_success_at_budget"].items()
+        ]
+        md += ["", f"Token budget every run reached: {r['branching_token_budget']:,.0f}; warm start alone: "
+               f"{_f(r['branching_warm_start_success'])}; plain GRPO {_f(r['branching_plain_success'])}, ARPO + tree "
+               f"{_f(r['branching_arpo_success'])}: `branching_gain` {r['branching_gain']:+.3f}.", ""]  # fmt: skip
     if notes:
         md += [notes.strip(), ""]
     (out / "learning.md").write_text("\n".join(md))
