@@ -137,6 +137,12 @@
     const ok = hit && (el.contains(hit) || hit.control === el || (el.tagName === 'LABEL' && el.control === hit) ||
                        (hit.tagName === 'LABEL' && hit.contains(el)));
     if (!ok) fail(`element [${id}] is covered by ${describe(hit)} at (${Math.round(x)}, ${Math.round(y)})`);
+    // The page after the click: armed now, read once the mouse-up's task (and with it the click) is over.
+    tg.clicked = new Promise((resolve) => {
+      const after = () => setTimeout(resolve, 0);
+      window.addEventListener('mouseup', after, {capture: true, once: true});
+      setTimeout(resolve, 2000);  // no mouse-up came (the click failed): read the page anyway
+    }).then(() => JSON.stringify({error: null, snapshot: tg.snapshot()}));
     return [x, y];
   };
 
@@ -186,17 +192,18 @@
 
   // One step done in the page: returns {error, snapshot}, or for 'point' (a mouse click the caller sends
   // as real input) {point} when the element can be clicked.
+  // Results travel as one JSON string: cheaper for Playwright's value serialisers on both ends.
   tg.act = async (name, args, waitMs) => {
     try {
-      if (name === 'point') return {point: await point(args[0], waitMs)};
+      if (name === 'point') return JSON.stringify({point: await point(args[0], waitMs)});
       if (name === 'type') type(args[0], String(args[1]));
       else if (name === 'select') select(args[0], args[1]);
       else if (name === 'scroll') find(args[1]).scrollBy(args[0][0] * 100, args[0][1] * 100);
       else if (name !== 'snapshot') fail(`unknown action ${JSON.stringify(name)}`);
-      return {error: null, snapshot: tg.snapshot()};
+      return JSON.stringify({error: null, snapshot: tg.snapshot()});
     } catch (e) {
       if (!(e instanceof ActionError)) throw e;
-      return {error: e.message, snapshot: tg.snapshot()};
+      return JSON.stringify({error: e.message, snapshot: tg.snapshot()});
     }
   };
 
@@ -209,12 +216,14 @@
     Math.seedrandom(seed);
     core.EPISODE_MAX_TIME = maxTime;
     core.startEpisodeReal();
+    // Without an episode clock the countdown display only repaints every page once a second: stop it.
+    if (maxTime >= 1e9) core.clearTimer();
     const end = performance.now() + 30000;
     while (typeof WOB_TASK_READY !== 'undefined' && !WOB_TASK_READY) {
-      if (performance.now() > end) return {error: 'the task did not become ready within 30 s', snapshot: null};
+      if (performance.now() > end) return JSON.stringify({error: 'the task did not become ready within 30 s'});
       await new Promise((r) => setTimeout(r, 5));
     }
-    return {error: null, snapshot: tg.snapshot()};
+    return JSON.stringify({error: null, snapshot: tg.snapshot()});
   };
 
   Object.defineProperty(window, '__toolgym', {value: tg});

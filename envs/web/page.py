@@ -8,8 +8,10 @@ actionability polling (the page itself waits out running animations before givin
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
+import json
 import mimetypes
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +120,9 @@ class MiniWoBPage:
         if reload or self.task != task:
             await page.goto(f"{BASE_URL}miniwob/{task}.html", wait_until="load")
             self.task = task
-        out = await page.evaluate("([s, t]) => window.__toolgym.start(s, t)", [str(seed), max_time_ms])
+        out = json.loads(
+            await page.evaluate("([s, t]) => window.__toolgym.start(s, t)", [str(seed), max_time_ms])
+        )
         if out.get("error"):
             raise InfrastructureError(f"MiniWoB {task}: {out['error']}")
         return Snapshot.from_js(out["snapshot"])
@@ -127,7 +131,7 @@ class MiniWoBPage:
         return self._call(self._snapshot())
 
     async def _snapshot(self) -> Snapshot:
-        out = await self.page.evaluate("() => window.__toolgym.act('snapshot', [], 0)")
+        out = json.loads(await self.page.evaluate("() => window.__toolgym.act('snapshot', [], 0)"))
         return Snapshot.from_js(out["snapshot"])
 
     def act(self, name: str, args: tuple[Any, ...]) -> tuple[str | None, Snapshot]:
@@ -155,8 +159,10 @@ class MiniWoBPage:
             raise
 
     async def _in_page(self, name: str, args: list[Any]) -> tuple[str | None, Snapshot]:
-        out = await self.page.evaluate(
-            "([n, a, w]) => window.__toolgym.act(n, a, w)", [name, args, self.action_timeout_ms]
+        out = json.loads(
+            await self.page.evaluate(
+                "([n, a, w]) => window.__toolgym.act(n, a, w)", [name, args, self.action_timeout_ms]
+            )
         )
         return out.get("error"), Snapshot.from_js(out["snapshot"])
 
@@ -168,12 +174,19 @@ class MiniWoBPage:
             if name in ("type", "select"):
                 return await self._in_page(name, [args[0], str(args[1])])
             if name == "click":
-                out = await page.evaluate(
-                    "([a, w]) => window.__toolgym.act('point', a, w)", [[args[0]], self.action_timeout_ms]
+                out = json.loads(
+                    await page.evaluate(
+                        "([a, w]) => window.__toolgym.act('point', a, w)", [[args[0]], self.action_timeout_ms]
+                    )
                 )
                 if out.get("error"):
                     return out["error"], Snapshot.from_js(out["snapshot"])
-                await page.mouse.click(*out["point"])
+                # the click and the read of the page after it go out together (the page waits for the
+                # mouse-up), so a click costs two sequential round trips, not three
+                _, after = await asyncio.gather(
+                    page.mouse.click(*out["point"]), page.evaluate("() => window.__toolgym.clicked")
+                )
+                return None, Snapshot.from_js(json.loads(after)["snapshot"])
             elif name == "press":
                 key = str(args[0])
                 await page.keyboard.press(" " if key == "Space" else key)
