@@ -36,6 +36,11 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1000000.0,
         rms_norm_eps=1e-6, max_position_embeddings=32768,
     ),
+    "tiny": dict(  # CPU smoke runs of the benchmark scripts (--smoke): numbers mean nothing
+        kind="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=4096,
+    ),
 }  # fmt: skip
 DATASHEET = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12)}  # bytes/s, dense bf16 FLOP/s
 

@@ -1,21 +1,28 @@
-"""Throughput and MFU of a full GRPO update: old and reference logprob passes + clipped-loss fwd/bwd +
-AdamW, eager HF padded micro-batches vs our packed path (trainers/packing.py: packed rows, chunked
-logprobs, optionally torch.compile), same rows, same run. Random weights in the model shapes; fp32
-master weights under bf16 autocast, as the trainer runs.
+"""Throughput and MFU of a full GRPO update, timed on the trainer's own update step (``grpo.optimize``):
+old-policy logprobs + reference logprobs + clipped-loss fwd/bwd + AdamW, eager HF padded micro-batches vs
+the packed path (trainers/packing.py: packed rows, per-row causal attention, chunked logprobs), optionally
+with ``torch.compile``. Random weights in the model shapes; fp32 master weights under bf16 autocast, as
+the trainer runs.
 
     python benchmarks/update.py [--models smollm2-135m,qwen2.5-0.5b] [--rows 32] [--max-len 1024]
-        [--out benchmarks/results/update]
+        [--variants eager_padded:8,packed:8,packed:16,packed_compile:16] [--out benchmarks/results/update]
+    python benchmarks/update.py --smoke      # tiny shape on CPU: checks the script runs (numbers mean nothing)
 
+The update is the trainer's with ``epochs=1, minibatches=2, kl_coef=0.01`` (so the old-logprob pass and
+the reference pass both run, and two optimizer steps), ``micro_batch_rows`` = the number after the colon.
 Rows have lengths uniform in [max_len/4, max_len] (multi-turn rows vary), the second half of each row is
 "model" tokens. MFU counts 10·N FLOPs a real token (6N fwd/bwd + 2N old + 2N reference) over 989 TFLOP/s
-(dense bf16, H100/H200). Keys: gpu, mfu_0p5b (best variant), fits_0p5b_32k (32 rows × 1024 tokens of
-the 0.5B shape in one update without running out of memory), per-variant tokens/s and peak memory.
+(dense bf16, H100/H200). ``fits_0p5b_32k``: 32 rows × 1024 tokens of the 0.5B shape in one micro-batch
+(fwd/bwd + reference pass, packed) without running out of memory; if it does not fit as is, again with
+gradient checkpointing (``fit_0p5b_32k.gradient_checkpointing`` says which fit). Keys: gpu, mfu_0p5b
+(best variant), fits_0p5b_32k, per-variant tokens/s, MFU and peak memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,8 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from generation import SHAPES, build
 
-from toolgym.trainers.batch import TrainBatch, forward
-from toolgym.trainers.packing import packed_forward
+from toolgym.trainers.batch import TrainBatch
 
 PEAK = 989e12
 
@@ -43,66 +49,85 @@ def rows(n: int, max_len: int, vocab: int, full: bool, seed: int = 0) -> TrainBa
         ids[i, :L] = torch.randint(100, vocab - 100, (L,), generator=g)
         attn[i, :L] = 1
         mask[i, L // 2 : L] = 1.0
-    adv = torch.randn((n, T), generator=g)
-    z = torch.zeros((n, T))
-    return TrainBatch(ids, attn, mask, adv, z, torch.full((n, T), -1), torch.zeros(n), torch.zeros(n))
+    adv = torch.randn((n, T), generator=g) * attn
+    roll = (torch.randn((n, T), generator=g) * 0.1 - 2.0) * mask  # engine logprobs (for the IS correction)
+    turns = torch.where(mask > 0, 0, -1)
+    return TrainBatch(ids, attn, mask, adv, roll, turns, torch.zeros(n), torch.zeros(n))
 
 
-def split(batch: TrainBatch, parts: int) -> list[TrainBatch]:
-    n = batch.input_ids.shape[0]
-    step = -(-n // parts)
-    return [batch.select(torch.arange(i, min(n, i + step))) for i in range(0, n, step)]
+def config(variant: str, micro: int, device: str, **kw: Any) -> Any:
+    from toolgym.trainers.grpo import GRPOConfig
+
+    packing = "off" if variant == "eager_padded" else "on"
+    fields: dict[str, Any] = dict(
+        env_ids=["toolgym/Calculator-v0"], device=device, epochs=1, minibatches=2, micro_batch_rows=micro,
+        kl_coef=0.01, lr=1e-6, progress=False, tensorboard=False, filter_zero_variance=False,
+        packing=packing, compile=variant.endswith("compile"),
+    )  # fmt: skip
+    return GRPOConfig(**(fields | kw))
 
 
-def update(model: Any, ref: Any, opt: Any, batch: TrainBatch, fwd: Any, micro: int) -> None:
-    """Old + reference logprobs, then clipped policy loss + k3 KL fwd/bwd per micro-batch, one AdamW step."""
-    dev = next(model.parameters()).device
-    mbs = [mb.to(dev) for mb in split(batch, micro)]
-    denom = float(batch.loss_mask.sum())
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        olds = [fwd(model, mb)[0] for mb in mbs]
-        refs = [fwd(ref, mb)[0] for mb in mbs]
-    opt.zero_grad(set_to_none=True)
-    for mb, old, rf in zip(mbs, olds, refs, strict=True):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logp, _, _ = fwd(model, mb)
-        ratio = (logp - old).exp()
-        pg = -torch.minimum(ratio * mb.advantages, ratio.clamp(0.8, 1.28) * mb.advantages)
-        kl = (rf - logp).exp() - (rf - logp) - 1
-        loss = ((pg + 0.01 * kl) * mb.loss_mask).sum() / denom
-        loss.backward()
-    opt.step()
+def measure(
+    name: str, variant: str, batch: TrainBatch, micro: int, repeats: int, checkpointing: bool = False,
+    **kw: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """The trainer's update step (grpo.optimize) on `batch`, as `toolgym train` sets it up."""
+    from toolgym.trainers.grpo import optimize
+    from toolgym.trainers.modeling import Reference, trainable_parameters
+    from toolgym.trainers.packing import compile_decoder, update_forward, use_packing
 
-
-def measure(name: str, variant: str, batch: TrainBatch, micro: int, repeats: int) -> dict[str, Any]:
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    model = build(name, "cuda", torch.float32).train()
-    ref = build(name, "cuda", torch.float32).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
-    fwd = forward if variant == "eager_padded" else packed_forward
-    if variant == "packed_compile":
-        model.model.compile()
-        ref.model.compile()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    cfg = config(variant, micro, device.type, gradient_checkpointing=checkpointing, **kw)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model = build(name, device.type, torch.float32).train()
+    if cfg.gradient_checkpointing:  # as modeling.build_policy does
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()
+    ref = Reference(model) if cfg.kl_coef > 0 else None
+    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    fwd = update_forward(use_packing(cfg.packing, model, device), cfg.logprob_chunk)
+    if cfg.compile and cuda:
+        compile_decoder(model)
     n_params = sum(p.numel() for p in model.parameters())
+    b = batch.to(device)
     tokens = int(batch.attention_mask.sum())
-    try:
-        update(model, ref, opt, batch, fwd, micro)  # warm-up (compiles)
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            update(model, ref, opt, batch, fwd, micro)
+
+    def sync() -> None:
+        if cuda:
             torch.cuda.synchronize()
+
+    try:
+        t0 = time.perf_counter()
+        optimize(cfg, 1, b, model, model, opt, ref=ref, fwd=fwd)  # warm-up (compiles)
+        sync()
+        first = time.perf_counter() - t0
+        best = float("inf")
+        for step in range(repeats):
+            t0 = time.perf_counter()
+            optimize(cfg, 2 + step, b, model, model, opt, ref=ref, fwd=fwd)
+            sync()
             best = min(best, time.perf_counter() - t0)
     except torch.OutOfMemoryError as exc:
-        return {"oom": True, "error": str(exc)[:200], "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
+        peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0
+        return {"oom": True, "error": str(exc)[:200], "peak_gb": peak}
     finally:
         del model, ref, opt
     return {
-        "tok_s": tokens / best, "update_s": best, "tokens": tokens, "micro_batches": micro,
-        "mfu": 10 * n_params * tokens / best / PEAK, "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+        "tok_s": tokens / best, "update_s": best, "first_s": first, "tokens": tokens, "micro_batch_rows": micro,
+        "mfu": 10 * n_params * tokens / best / PEAK,
+        "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0,
     }  # fmt: skip
+
+
+def guarded(fn: Any, *args: Any, **kw: Any) -> dict[str, Any]:
+    """A variant that fails (a compile error, say) is reported, not fatal to the run."""
+    try:
+        return fn(*args, **kw)  # type: ignore[no-any-return]
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
 
 def main() -> None:
@@ -111,44 +136,72 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--variants", default="eager_padded,packed,packed_compile")
+    ap.add_argument(
+        "--variants",
+        default="eager_padded:8,packed:8,packed:16,packed_compile:16",
+        help="VARIANT:MICRO_BATCH_ROWS, VARIANT in eager_padded | packed | packed_compile",
+    )
+    ap.add_argument("--no-fit", action="store_true", help="skip the 0.5B 32x1024 fit check")
+    ap.add_argument("--smoke", action="store_true", help="tiny shape, few rows, on CPU: checks the script")
     ap.add_argument("--out", default="benchmarks/results/update")
     args = ap.parse_args()
+    if args.smoke:
+        args.models, args.rows, args.max_len, args.repeats = "tiny", 6, 48, 1
+        args.variants, args.no_fit = "eager_padded:2,packed:2,packed:4", True
+    cuda = torch.cuda.is_available()
     res: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(),
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu",
         "command": "python " + " ".join(sys.argv),
+        "load_avg": os.getloadavg()[0],
         "rows": [],
     }
     for name in args.models.split(","):
         batch = rows(args.rows, args.max_len, SHAPES[name]["vocab_size"], full=False)
-        for variant in args.variants.split(","):
-            micro = (
-                4 if variant == "eager_padded" else 1
-            )  # eager: 8 rows a micro-batch, as the trainer's default
-            r = {"model": name, "variant": variant, **measure(name, variant, batch, micro, args.repeats)}
+        for spec in args.variants.split(","):
+            variant, _, micro = spec.partition(":")
+            r = {"model": name, "variant": variant}
+            r |= guarded(measure, name, variant, batch, int(micro or 8), args.repeats)
             print(json.dumps(r), flush=True)
             res["rows"].append(r)
-    if "qwen2.5-0.5b" in args.models:
+    if "qwen2.5-0.5b" in args.models and not args.no_fit:
         full = rows(32, 1024, SHAPES["qwen2.5-0.5b"]["vocab_size"], full=True)
-        fit = measure("qwen2.5-0.5b", "packed", full, 1, 1)
+        fit: dict[str, Any] = {}
+        for ckpt in (False, True):  # one micro-batch of 32 rows: fwd/bwd + the reference pass
+            fit = guarded(measure, "qwen2.5-0.5b", "packed", full, 32, 1, ckpt, minibatches=1)
+            fit["gradient_checkpointing"] = ckpt
+            print("fit", json.dumps(fit), flush=True)
+            if "tok_s" in fit:
+                break
         res["fit_0p5b_32k"] = fit
-        res["fits_0p5b_32k"] = not fit.get("oom", False)
-        res["mfu_0p5b"] = max(r.get("mfu", 0.0) for r in res["rows"] if r["model"] == "qwen2.5-0.5b")
+        res["fits_0p5b_32k"] = "tok_s" in fit
+    best = [r.get("mfu", 0.0) for r in res["rows"] if r["model"] == "qwen2.5-0.5b"]
+    if best:
+        res["mfu_0p5b"] = max(best)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2))
-    lines = ["# update", "", f"Command: `{res['command']}`", f"Machine: {res['gpu']}; torch {torch.__version__}", "",
-             "| model | variant | tok/s | MFU (10N) | update s | peak GB |", "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["# update", "", f"Command: `{res['command']}`",
+             f"Machine: {res['gpu']}; torch {torch.__version__}; load average {res['load_avg']:.1f}", "",
+             "The trainer's update step (`grpo.optimize`: old + reference logprob passes, fwd/bwd, 2 AdamW steps).", "",
+             "| model | variant | micro-batch rows | tok/s | MFU (10N) | update s | first call s | peak GB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in res["rows"]:
-        if r.get("oom"):
-            lines.append(f"| {r['model']} | {r['variant']} | OOM | | | {r['peak_gb']:.1f} |")
+        if "tok_s" not in r:
+            why = "OOM" if r.get("oom") else r.get("error", "failed")
+            lines.append(f"| {r['model']} | {r['variant']} | | {why} | | | | {r.get('peak_gb', 0):.1f} |")
         else:
             lines.append(
-                f"| {r['model']} | {r['variant']} | {r['tok_s']:,.0f} | {r['mfu']:.3f} | {r['update_s']:.2f} | {r['peak_gb']:.1f} |"
+                f"| {r['model']} | {r['variant']} | {r['micro_batch_rows']} | {r['tok_s']:,.0f} | {r['mfu']:.3f} "
+                f"| {r['update_s']:.2f} | {r['first_s']:.1f} | {r['peak_gb']:.1f} |"
             )
+    lines.append("")
     for k in ("mfu_0p5b", "fits_0p5b_32k"):
         if k in res:
             lines.append(f"- `{k}`: {res[k]}")
+    if "fit_0p5b_32k" in res:
+        f = res["fit_0p5b_32k"]
+        lines.append(f"- 0.5B, 32 x 1024 tokens in one micro-batch: peak {f.get('peak_gb', 0):.1f} GB, "
+                     f"gradient checkpointing {f.get('gradient_checkpointing')}")  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

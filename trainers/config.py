@@ -43,6 +43,7 @@ GigpoMode = Literal["mean_norm", "mean_std_norm"]
 TreepoWeight = Literal["average", "group_size"]
 Objective = Literal["ppo", "cispo"]
 Critic = Literal["token", "turn", "hiper"]
+Packing = Literal["auto", "on", "off"]
 
 ENGINES: tuple[str, ...] = get_args(Engine)
 RATIO_LEVELS: tuple[str, ...] = get_args(RatioLevel)
@@ -475,6 +476,21 @@ class GRPOConfig(SeedMethodsConfig):
         default_factory=lambda: {},
         metadata={"help": "gym.make keywords for evaluations on top of env_kwargs, e.g. {split: test}"},
     )
+    # --- update path (trainers/packing.py)
+    packing: Packing = field(
+        default="auto",
+        metadata=choices(
+            "update on packed rows (no padding) with chunked logprobs; auto: on CUDA (never under DDP)",
+            get_args(Packing),
+        ),
+    )
+    logprob_chunk: int = field(
+        default=4096,
+        metadata={"help": "packed update: tokens per LM-head chunk (float32 logits of that many)"},
+    )
+    compile: bool = field(
+        default=False, metadata={"help": "torch.compile the decoder layers for the update (CUDA only)"}
+    )
 
     RENAMED: ClassVar[dict[str, str]] = {"overlong_penalty": "overlong_factor"}
 
@@ -489,6 +505,8 @@ class GRPOConfig(SeedMethodsConfig):
             raise ConfigError("max_gen_batches must be >= 1 and hgpo_history >= 0")
         if self.overlong_buffer >= self.max_total_tokens:
             raise ConfigError(f"overlong_buffer ({self.overlong_buffer}) must be < max_total_tokens")
+        if self.logprob_chunk < 1:
+            raise ConfigError(f"logprob_chunk must be >= 1, got {self.logprob_chunk}")
         check_loss_rules(self)
         self.branch_policy()  # unknown branching names or options are a ConfigError
 

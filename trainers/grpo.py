@@ -47,7 +47,7 @@ from toolgym.trainers.advantages import (
     masked_whiten,
     token_advantages,
 )
-from toolgym.trainers.batch import collate, forward, micro_batches
+from toolgym.trainers.batch import TrainBatch, collate, forward, micro_batches
 from toolgym.trainers.config import (  # the config lives in config.py (no torch); re-exported here
     GRPO_ESTIMATORS,
     GRPOConfig,
@@ -67,6 +67,7 @@ from toolgym.trainers.loss import (
     policy_loss,
 )
 from toolgym.trainers.modeling import Reference, autocast, build_policy, pick_device, trainable_parameters
+from toolgym.trainers.packing import Forward, compile_decoder, update_forward, use_packing
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.runlog import RunLog
 from toolgym.trainers.seed_config import SeedState
@@ -154,7 +155,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     """Runs (or resumes) GRPO as configured; returns the last step's metrics."""
 
     cfg.validate()
-    loss_cfg, rollout_cfg = cfg.loss_config(), cfg.rollout_config()
+    rollout_cfg = cfg.rollout_config()
     dist = Dist.from_env(cfg.device)  # torchrun: one rank per GPU (or CPU process); else world 1
     if cfg.prompts_per_step % dist.world:
         raise ConfigError(
@@ -191,6 +192,10 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
                 stacklevel=2,
             )
     trainer = dist.wrap(model, device)  # DDP under torchrun: averages gradients over ranks
+    # the update's forward: packed rows + chunked logprobs (trainers/packing.py), or the padded one
+    fwd = update_forward(use_packing(cfg.packing, trainer, device, quiet=not dist.main), cfg.logprob_chunk)
+    if cfg.compile and device.type == "cuda":
+        compile_decoder(model)
     log = (
         RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None) if dist.main else None
     )
@@ -268,67 +273,10 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             metrics[f"rollout/dropped_{name}"] = float(n)
         metrics["rollout/kept_rows"] = float(sum(keep))
 
-        # 4. optimize: epochs x minibatches optimizer steps; micro-batches of a minibatch share one global
-        # denominator. Several steps need the sampling policy's logprobs first (eval mode, no dropout).
-        multi = cfg.epochs * cfg.minibatches > 1
-        old = _old_logprobs(model, batch, cfg, device) if multi else None
-        model.train()
-        sums: dict[str, float] = {}
-        seeds.start_step(step)
-        ent_grad = cfg.entropy_coef > 0 or cfg.epo  # EPO's entropy terms need the entropy's gradient
-        t_train, trained_tokens, updates = time.perf_counter(), 0, 0
-        g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
-        for _epoch in range(cfg.epochs):
-            order = torch.randperm(len(rows), generator=g) if cfg.minibatches > 1 else torch.arange(len(rows))
-            per_mb = -(-len(rows) // cfg.minibatches)
-            for mb_rows in micro_batches(len(rows), per_mb, order):
-                chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows)
-                denom = dist.sum(sum(denominator(batch.loss_mask[i], loss_cfg) for i in chunks))  # all ranks
-                if denom == 0:
-                    continue  # nothing to learn from these rows (every group was filtered out)
-                optimizer.zero_grad(set_to_none=True)
-                for i, idx in enumerate(chunks):
-                    mb = batch.select(idx)
-                    if mb.loss_mask.sum() == 0 and dist.world == 1:
-                        continue  # (under DDP every rank runs every micro-batch: the last one syncs gradients)
-                    T = mb.input_ids.shape[1]
-                    sync = dist.no_sync(trainer, sync=i == len(chunks) - 1)
-                    with sync, autocast(device, cfg.bf16):
-                        logp, ent, _ = forward(
-                            trainer, mb, cfg.temperature, entropy=True, entropy_grad=ent_grad
-                        )
-                        ref_logp = None
-                        if ref is not None:
-                            with torch.no_grad(), ref.active() as ref_model:
-                                ref_logp, _, _ = forward(ref_model, mb, cfg.temperature)
-                    adv = mb.advantages  # [b, t]
-                    if cfg.entropy_advantage and ent is not None:
-                        adv = entropy_scaled(adv, ent, mb.loss_mask, cfg.entropy_advantage)
-                    pb = PolicyBatch(
-                        logprobs=logp, old_logprobs=old[idx, :T] if old is not None else logp.detach(),
-                        advantages=adv, mask=mb.loss_mask, rollout_logprobs=mb.rollout_logprobs,
-                        ref_logprobs=ref_logp, entropy=ent, turn_ids=mb.turn_ids,
-                    )  # fmt: skip
-                    loss, st = policy_loss(pb, loss_cfg, denom)
-                    loss = seeds.epo_term(loss, ent, mb, len(mb_rows))
-                    with dist.no_sync(trainer, sync=i == len(chunks) - 1):
-                        (loss * dist.world).backward()
-                    w = float(mb.loss_mask.sum())
-                    trained_tokens += int(mb.attention_mask.sum())
-                    for k, v in st.items():
-                        sums[k] = sums.get(k, 0.0) + v * w
-                    sums["_w"] = sums.get("_w", 0.0) + w
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    trainable_parameters(model), cfg.grad_clip or float("inf")
-                )
-                optimizer.step()
-                updates += 1
-                metrics["losses/grad_norm"] = float(grad_norm)
-        w = sums.pop("_w", 0.0)
-        metrics |= {f"losses/{k}": v / w if w else 0.0 for k, v in sums.items()}
-        metrics["losses/updates"] = float(updates)
-        seeds.end_step(metrics)
-        metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
+        # 4. optimize (see `optimize`)
+        metrics |= optimize(
+            cfg, step, batch, model, trainer, optimizer, ref=ref, dist=dist, seeds=seeds, fwd=fwd
+        )
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics = dist.mean_metrics(metrics)  # (rank means; tokens_per_s is then per rank)
         progress.step = step
@@ -357,6 +305,81 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         log.close()
     dist.barrier()
     dist.close()
+    return metrics
+
+
+def optimize(
+    cfg: GRPOConfig, step: int, batch: TrainBatch, model: Any, trainer: Any, optimizer: Any, *,
+    ref: Reference | None = None, dist: Dist | None = None, seeds: SeedState | None = None,
+    fwd: Forward = forward,
+) -> dict[str, float]:  # fmt: skip
+    """Step 4 of the loop (benchmarks/update.py times exactly this): the sampling policy's logprobs when
+    several optimizer steps follow (eval mode, no dropout), then epochs x minibatches optimizer steps;
+    micro-batches of a minibatch share one global denominator. `trainer` is `model` or its DDP wrapper;
+    `fwd` the forward of every pass (`packing.update_forward`). Returns the losses/time metrics."""
+    dist = dist or Dist()
+    seeds = seeds or SeedState(cfg, dist.world)
+    loss_cfg = cfg.loss_config()
+    device = batch.input_ids.device
+    n_rows = batch.input_ids.shape[0]
+    metrics: dict[str, float] = {}
+    multi = cfg.epochs * cfg.minibatches > 1
+    old = _old_logprobs(model, batch, cfg, device, fwd) if multi else None
+    model.train()
+    sums: dict[str, float] = {}
+    seeds.start_step(step)
+    ent_grad = cfg.entropy_coef > 0 or cfg.epo  # EPO's entropy terms need the entropy's gradient
+    t_train, trained_tokens, updates = time.perf_counter(), 0, 0
+    g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
+    for _epoch in range(cfg.epochs):
+        order = torch.randperm(n_rows, generator=g) if cfg.minibatches > 1 else torch.arange(n_rows)
+        per_mb = -(-n_rows // cfg.minibatches)
+        for mb_rows in micro_batches(n_rows, per_mb, order):
+            chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows)
+            denom = dist.sum(sum(denominator(batch.loss_mask[i], loss_cfg) for i in chunks))  # all ranks
+            if denom == 0:
+                continue  # nothing to learn from these rows (every group was filtered out)
+            optimizer.zero_grad(set_to_none=True)
+            for i, idx in enumerate(chunks):
+                mb = batch.select(idx)
+                if mb.loss_mask.sum() == 0 and dist.world == 1:
+                    continue  # (under DDP every rank runs every micro-batch: the last one syncs gradients)
+                T = mb.input_ids.shape[1]
+                sync = dist.no_sync(trainer, sync=i == len(chunks) - 1)
+                with sync, autocast(device, cfg.bf16):
+                    logp, ent, _ = fwd(trainer, mb, cfg.temperature, entropy=True, entropy_grad=ent_grad)
+                    ref_logp = None
+                    if ref is not None:
+                        with torch.no_grad(), ref.active() as ref_model:
+                            ref_logp, _, _ = fwd(ref_model, mb, cfg.temperature)
+                adv = mb.advantages  # [b, t]
+                if cfg.entropy_advantage and ent is not None:
+                    adv = entropy_scaled(adv, ent, mb.loss_mask, cfg.entropy_advantage)
+                pb = PolicyBatch(
+                    logprobs=logp, old_logprobs=old[idx, :T] if old is not None else logp.detach(),
+                    advantages=adv, mask=mb.loss_mask, rollout_logprobs=mb.rollout_logprobs,
+                    ref_logprobs=ref_logp, entropy=ent, turn_ids=mb.turn_ids,
+                )  # fmt: skip
+                loss, st = policy_loss(pb, loss_cfg, denom)
+                loss = seeds.epo_term(loss, ent, mb, len(mb_rows))
+                with dist.no_sync(trainer, sync=i == len(chunks) - 1):
+                    (loss * dist.world).backward()
+                w = float(mb.loss_mask.sum())
+                trained_tokens += int(mb.attention_mask.sum())
+                for k, v in st.items():
+                    sums[k] = sums.get(k, 0.0) + v * w
+                sums["_w"] = sums.get("_w", 0.0) + w
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                trainable_parameters(model), cfg.grad_clip or float("inf")
+            )
+            optimizer.step()
+            updates += 1
+            metrics["losses/grad_norm"] = float(grad_norm)
+    w = sums.pop("_w", 0.0)
+    metrics |= {f"losses/{k}": v / w if w else 0.0 for k, v in sums.items()}
+    metrics["losses/updates"] = float(updates)
+    seeds.end_step(metrics)
+    metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
     return metrics
 
 
@@ -403,7 +426,9 @@ def _kl_into_rewards(
     return total / max(tokens, 1.0)
 
 
-def _old_logprobs(model: Any, batch: Any, cfg: RunConfig, device: torch.device) -> torch.Tensor:
+def _old_logprobs(
+    model: Any, batch: Any, cfg: RunConfig, device: torch.device, fwd: Forward = forward
+) -> torch.Tensor:
     """Logprobs of the policy that sampled the batch, [B, T], in eval mode (no dropout), before any update."""
 
     B, T = batch.input_ids.shape
@@ -413,7 +438,7 @@ def _old_logprobs(model: Any, batch: Any, cfg: RunConfig, device: torch.device) 
     with torch.no_grad(), autocast(device, cfg.bf16):
         for idx in micro_batches(B, cfg.micro_batch_rows):
             mb = batch.select(idx)
-            out[idx, : mb.input_ids.shape[1]] = forward(model, mb, cfg.temperature)[0].float()
+            out[idx, : mb.input_ids.shape[1]] = fwd(model, mb, cfg.temperature)[0].float()
     model.train(was_training)
     return out
 

@@ -1,27 +1,51 @@
 """The packed update path: every row's real tokens in one sequence, logprobs through a chunked LM head.
 
 ``packed_forward`` is a drop-in for ``batch.forward`` (same outputs, same alignment) that
-1. packs the rows of a padded ``TrainBatch`` into one ``[1, N]`` sequence whose position ids restart at
-   each row (transformers then masks attention block-diagonally: no row sees another, no padding is run);
-2. runs the decoder once and scores only the tokens the loss reads (``loss_mask``), in chunks of
-   ``chunk`` tokens, each chunk recomputed in the backward pass (activation checkpointing), so the float32
-   logits of a 152k vocabulary never exist for more than ``chunk`` tokens at a time;
-3. scatters the token logprobs (and entropies) back to ``[B, T]``, zero elsewhere.
+1. packs the rows of a padded ``TrainBatch`` into one ``[1, N]`` sequence (positions restart at each row),
+   so the projections, MLPs and norms of the decoder run on real tokens only;
+2. runs attention per row: our attention function (registered with transformers as ``toolgym_packed``)
+   lays each row's queries/keys/values out in a ``[B, H, L, D]`` block and calls SDPA with
+   ``is_causal`` and no mask (FlashAttention on CUDA): a row never sees another, no ``N x N`` mask is
+   built (transformers' own packed-sequence mask is dense, ``N^2`` memory and compute). Models loaded with
+   a FlashAttention implementation keep it and get the packed positions, which it handles natively;
+3. scores only the tokens the loss reads (``loss_mask``), through the LM head in chunks of ``chunk``
+   tokens, each recomputed in the backward pass, so the float32 logits of a 152k vocabulary never exist
+   for more than ``chunk`` tokens at a time (the padded path materialises ``[B, T, V]`` twice: logits and
+   softmax). Logprob-only passes (old policy, reference) run the same way without gradients;
+4. scatters the token logprobs (and entropies) back to ``[B, T]``, zero elsewhere.
 
-What is not covered: value heads (PPO reads hidden states of every position; use ``batch.forward``), and
-DDP (the decoder and head are called directly, which bypasses DistributedDataParallel's forward: use it
-with a single process).
+``update_forward(model, packing=..., compile=...)`` gives the trainer its forward function.
+
+Not covered: value heads (PPO reads hidden states of every position; use ``batch.forward``), and DDP
+(the decoder and head are called directly, which bypasses DistributedDataParallel's forward: a DDP model
+gets ``batch.forward``).
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from toolgym.trainers.batch import TrainBatch
+from toolgym.trainers.batch import TrainBatch, forward
+
+ATTN = "toolgym_packed"
+FLASH = ("flash_attention_2", "flash_attention_3")
+Forward = Callable[..., tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class PackInfo:
+    """Where each packed token sits in the ``[B, L]`` per-row layout of the attention (``flat = b * L + t``)."""
+
+    flat: torch.Tensor  # [N] long
+    rows: int  # B
+    length: int  # L, the longest row
 
 
 def pack(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -34,17 +58,88 @@ def pack(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
     return batch.input_ids[row, col][None], col[None], row, col
 
 
+def _packed_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    toolgym_pack: PackInfo | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention interface: per-row causal SDPA over packed tokens, plain SDPA otherwise."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if toolgym_pack is None:  # an ordinary (padded, cached, generation) call: what "sdpa" does
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    p = toolgym_pack
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [1, H, N, D] -> [B, H, L, D], zeros after each row's end
+        flat = x[0].transpose(0, 1)  # [N, H, D]
+        out = flat.new_zeros((p.rows * p.length, *flat.shape[1:])).index_copy(0, p.flat, flat)
+        return out.view(p.rows, p.length, *flat.shape[1:]).transpose(1, 2)
+
+    # right padding + causal: a real query only sees keys at or before it, all real; padded queries are dropped
+    out, _ = sdpa_attention_forward(
+        module,
+        rows(query),
+        rows(key),
+        rows(value),
+        None,
+        dropout=dropout,
+        scaling=scaling,
+        is_causal=True,
+        **kwargs,
+    )  # [B, L, H, D]
+    out = out.reshape(p.rows * p.length, *out.shape[2:]).index_select(0, p.flat)  # [N, H, D]
+    return out[None], None
+
+
+def _register() -> None:
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(ATTN, _packed_attention)
+    AttentionMaskInterface.register(ATTN, sdpa_mask)  # padded calls keep sdpa's masks
+
+
+def _set_attn(model: Any, name: str) -> None:
+    try:
+        model.set_attn_implementation(name)
+    except (AttributeError, ValueError):  # transformers without the setter (or one that refuses custom names)
+        model.config._attn_implementation = name
+
+
+def attention_mode(model: Any) -> str:
+    """``ours`` (toolgym_packed, switched to from sdpa/eager on first use) or ``flash`` (native varlen)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    impl = getattr(base.config, "_attn_implementation", None) or "sdpa"
+    if impl == ATTN:
+        return "ours"
+    if impl in FLASH:
+        return "flash"
+    _register()
+    _set_attn(base, ATTN)
+    return "ours"
+
+
 def _score(
-    h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, tgt: torch.Tensor, temp: float
-) -> torch.Tensor:
+    h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, tgt: torch.Tensor, temp: float, ent: bool,
+    ent_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(logp [c], entropy [c] or empty) of one chunk of scored positions: h [c, H], targets [c]."""
     logits = F.linear(h, w, b).float() / temp  # [c, V]
-    return logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)  # [c]
-
-
-def _entropy(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, temp: float) -> torch.Tensor:
-    logits = F.linear(h, w, b).float() / temp
-    lse = torch.logsumexp(logits, -1)
-    return lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    lse = torch.logsumexp(logits, -1)  # [c]
+    logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - lse
+    if not ent:
+        return logp, logp.new_zeros(0)
+    with torch.set_grad_enabled(ent_grad and torch.is_grad_enabled()):
+        h_ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)  # H = logsumexp - E_p[logit]
+    return logp, h_ent
 
 
 def packed_forward(
@@ -62,31 +157,67 @@ def packed_forward(
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder, head = base.get_decoder(), base.get_output_embeddings()
     ids, pos, row, col = pack(batch)
-    hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]  # [N, H]
+    B, T = batch.input_ids.shape
+    if attention_mode(model) == "ours":
+        info = PackInfo(row * T + col, B, T)
+        # a 4D mask is taken as given (no N x N mask is built); our attention ignores it
+        dummy = torch.zeros((1, 1, 1, 1), dtype=torch.bool, device=ids.device)
+        out = decoder(
+            input_ids=ids, position_ids=pos, attention_mask=dummy, use_cache=False, toolgym_pack=info
+        )
+    else:  # FlashAttention: transformers reads the packed positions itself
+        out = decoder(input_ids=ids, position_ids=pos, use_cache=False)
+    hidden = out.last_hidden_state[0]  # [N, H]
     scored = (col >= 1) & (batch.loss_mask[row, col] > 0)  # [N] tokens the loss reads
     k = scored.nonzero().squeeze(-1)  # [M]
     src, tgt = hidden[k - 1], ids[0, k]  # [M, H], [M]: token k is scored by the hidden state before it
     temp = temperature if temperature > 0 else 1.0
     w, b = head.weight, getattr(head, "bias", None)
-    parts = []
+    grad = torch.is_grad_enabled()
+    lps, ents = [], []
     for i in range(0, len(k), chunk):
-        parts.append(
-            checkpoint(_score, src[i : i + chunk], w, b, tgt[i : i + chunk], temp, use_reentrant=False)
-        )
-    B, T = batch.input_ids.shape
+        args = (src[i : i + chunk], w, b, tgt[i : i + chunk], temp, entropy, entropy_grad)
+        lp, en = checkpoint(_score, *args, use_reentrant=False) if grad else _score(*args)
+        lps.append(lp)
+        ents.append(en)
     logp = torch.zeros((B, T), device=hidden.device, dtype=torch.float32)
-    if parts:
-        logp = logp.index_put((row[k], col[k]), torch.cat(parts))
+    if lps:
+        logp = logp.index_put((row[k], col[k]), torch.cat(lps))
     ent = None
     if entropy:
         ent = torch.zeros((B, T), device=hidden.device, dtype=torch.float32)
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            eparts = [
-                checkpoint(_entropy, src[i : i + chunk], w, b, temp, use_reentrant=False)
-                if entropy_grad
-                else _entropy(src[i : i + chunk], w, b, temp)
-                for i in range(0, len(k), chunk)
-            ]
-            if eparts:
-                ent = ent.index_put((row[k], col[k]), torch.cat(eparts))
+        if ents:
+            ent = ent.index_put((row[k], col[k]), torch.cat(ents))
     return logp, ent, None
+
+
+def use_packing(setting: str, model: Any, device: torch.device, quiet: bool = False) -> bool:
+    """Whether the update packs rows: ``on``/``off``; ``auto`` packs on CUDA. A DDP-wrapped model never
+    packs (its forward must run through the wrapper); ``on`` then says so on stderr."""
+    want = setting == "on" or (setting == "auto" and device.type == "cuda")
+    if want and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        if setting == "on" and not quiet:
+            print("toolgym: packing is off under DDP (the padded update runs)", file=sys.stderr)
+        return False
+    return want
+
+
+def compile_decoder(model: Any) -> None:
+    """``torch.compile`` every decoder layer (shapes are dynamic: packed lengths change every micro-batch)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for layer in base.get_decoder().layers:
+        layer.compile(dynamic=True)
+
+
+def update_forward(packing: bool, chunk: int = 4096) -> Forward:
+    """The trainer's forward for the policy, old-logprob and reference passes (``batch.forward`` signature)."""
+    if not packing:
+        return forward
+
+    def fwd(
+        model: Any, batch: TrainBatch, temperature: float = 1.0, entropy: bool = False,
+        value_head: torch.nn.Module | None = None, entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+        return packed_forward(model, batch, temperature, entropy, value_head, entropy_grad, chunk)
+
+    return fwd
