@@ -9,6 +9,7 @@ of the engine vs HF on the same prompts, the Triton step vs the plain-torch step
 
     python benchmarks/generation.py [--models smollm2-135m,qwen2.5-0.5b] [--batch 1,16,64,256]
         [--static 1,256] [--out benchmarks/results/generation]
+    python benchmarks/generation.py --smoke   # tiny shape on CPU: checks the script runs
 
 Writes ``OUT.md`` and ``OUT.json`` (keys: gpu, roofline_fraction_b256, speedup_vs_hf_static_b256,
 ms_per_token_b1, fork_speedup, per-row numbers and peak memory).
@@ -303,8 +304,13 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=960)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU: checks the script runs")
     ap.add_argument("--out", default="benchmarks/results/generation")
     args = ap.parse_args()
+    if args.smoke:  # numbers mean nothing: every code path once, in seconds
+        args.models, args.static_models, args.batch, args.dynamic = "tiny", "tiny", "1,4", "1,4"
+        args.static = "" if not torch.cuda.is_available() else "4"
+        args.prompt, args.new, args.repeats = 48, 8, 1
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32

@@ -1,17 +1,21 @@
 """The rollout phase of ``toolgym train`` (GRPO + ARPO branching on Calculator-v0): old path vs ours.
 
-Old: ``TreeRollout`` over ``HFPolicy`` (rounds, HF forward per token). Ours: the same ``TreeRollout``
-over ``EnginePolicy`` (what ``engine: fast`` gives the trainer: cached turns, forks, CUDA graphs), and
-the episode runner's continuous batching over the engine (no rounds: env steps overlap decoding) beside
-the round-based runner. Every env step waits ``--latency`` seconds (a tool with 10 ms latency). The
-model is SmolLM2-135M's shape with random weights and its real tokenizer and chat template (pass
-``--model DIR`` with config + tokenizer files); random weights rarely write a valid tool call, so turns
-run to the token allowance and episodes to the turn limit.
+Old: ``TreeRollout`` over ``HFPolicy`` (rounds, HF forward per token, env steps one after another).
+Ours: the same ``TreeRollout`` over ``EnginePolicy`` (what ``engine: fast`` gives the trainer): continuous
+batching over every tree (turns join and leave the decode batch one by one, env steps on a thread pool
+while the GPU decodes the others, turns resumed from their KV, branches forked from it, CUDA graphs);
+beside it the same engine driven in rounds (``tree_ours_rounds``, the path before continuous batching),
+and the episode runner, continuous over the engine vs round-based over HF. Every env step waits
+``--latency`` seconds (a tool with 10 ms latency). The model is SmolLM2-135M's shape with random weights
+and its real tokenizer and chat template (``--model DIR`` with config + tokenizer files); random weights
+rarely write a valid tool call, so turns run to the token allowance and episodes to the turn limit.
 
     python benchmarks/rollout.py --model DIR [--tasks 16 --budget 8 --latency 0.01] [--out benchmarks/results/rollout]
+    python benchmarks/rollout.py --smoke   # a 2-layer model with the same tokenizer, on CPU: checks the script
 
-Keys: rollout_speedup (tree rollouts, tokens/s ours / old), runner_speedup, gpu_idle_fraction (the
-continuous runner's share of wall time with nothing to decode), gpu.
+Keys: rollout_speedup (tree rollouts, tokens/s ours / old), gpu_idle_fraction (ours, tree rollouts: share
+of the wall time with nothing to decode, waiting for envs), tree_outside_engine_fraction (1 - time in
+engine steps / wall: idle + host work between steps), runner_speedup, runner_gpu_idle_fraction, gpu.
 """
 
 from __future__ import annotations
@@ -39,23 +43,28 @@ def slow_envs(latency: float) -> None:
     ToolEnv.step = step  # type: ignore[method-assign]
 
 
-def build(folder: str, device: str) -> tuple[Any, Any]:
+def build(folder: str, device: str, tiny: bool = False) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     cfg = AutoConfig.from_pretrained(folder)
+    if tiny:  # --smoke: the same tokenizer and layout, 2 small layers
+        cfg.update(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16))  # fmt: skip
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return model.eval(), AutoTokenizer.from_pretrained(folder)
 
 
-def tree_rollout(policy: Any, args: Any, seed: int) -> dict[str, float]:
+def tree_rollout(policy: Any, args: Any, seed: int, continuous: bool | None = None) -> dict[str, float]:
     from toolgym.trainers.branching import make_branch_policy
     from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
 
     branch = make_branch_policy("turn_entropy", initial=args.budget // 2)
     cfg = RolloutConfig(budget=args.budget, max_new_tokens=args.new, max_total_tokens=2048, entropies=True)
-    roller = TreeRollout(policy, branch, cfg, {"prompt_format": "text", "max_turns": args.turns})
+    roller = TreeRollout(
+        policy, branch, cfg, {"prompt_format": "text", "max_turns": args.turns}, continuous=continuous
+    )
     tasks = [RolloutTask(ENV, 1000 + i) for i in range(args.tasks)]
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -68,7 +77,7 @@ def tree_rollout(policy: Any, args: Any, seed: int) -> dict[str, float]:
     return {
         "wall_s": wall, "tokens": stats.generated_tokens, "tok_s": stats.generated_tokens / wall,
         "leaves": leaves, "generate_s": stats.generate_s, "env_s": stats.env_s, "calls": stats.generate_calls,
-        "forks": sum(stats.forks.values()),
+        "forks": sum(stats.forks.values()), "idle_s": stats.idle_s, "env_errors": stats.env_errors,
     }  # fmt: skip
 
 
@@ -101,8 +110,11 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--latency", type=float, default=0.010)
     ap.add_argument("--skip-old", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="2-layer model, 2 tasks, on CPU: checks the script")
     ap.add_argument("--out", default="benchmarks/results/rollout")
     args = ap.parse_args()
+    if args.smoke:
+        args.tasks, args.budget, args.turns, args.new = 2, 4, 2, 8
     import sys
 
     from toolgym.agents.engine import EnginePolicy
@@ -110,15 +122,19 @@ def main() -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     slow_envs(args.latency)
-    model, tok = build(args.model, device)
+    model, tok = build(args.model, device, tiny=args.smoke)
     res: dict[str, Any] = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                           "command": "python " + " ".join(sys.argv), "args": vars(args)}  # fmt: skip
+                           "command": "python " + " ".join(sys.argv), "args": vars(args),
+                           "load_avg": __import__("os").getloadavg()[0]}  # fmt: skip
     fast = EnginePolicy(
         model, tok, slots=min(512, 4 * args.tasks * args.budget), capacity=2048 + args.new + 8
     )
     tree_rollout(fast, args, seed=0)  # warm-up: graph captures
     res["tree_ours"] = tree_rollout(fast, args, seed=1)
     print("tree ours", res["tree_ours"], flush=True)
+    fast.clear_kv()
+    res["tree_ours_rounds"] = tree_rollout(fast, args, seed=1, continuous=False)
+    print("tree ours (rounds)", res["tree_ours_rounds"], flush=True)
     fast.clear_kv()
     runner(fast, args)  # warm-up
     res["runner_ours"] = runner(fast, args)
@@ -132,21 +148,27 @@ def main() -> None:
         print("runner old", res["runner_old"], flush=True)
         res["rollout_speedup"] = res["tree_ours"]["tok_s"] / res["tree_old"]["tok_s"]
         res["runner_speedup"] = res["runner_ours"]["tok_s"] / res["runner_old"]["tok_s"]
-    res["gpu_idle_fraction"] = res["runner_ours"]["idle_s"] / res["runner_ours"]["wall_s"]
-    res["tree_gpu_idle_fraction"] = 1 - res["tree_ours"]["generate_s"] / res["tree_ours"]["wall_s"]
+    res["gpu_idle_fraction"] = res["tree_ours"]["idle_s"] / res["tree_ours"]["wall_s"]
+    res["tree_outside_engine_fraction"] = 1 - res["tree_ours"]["generate_s"] / res["tree_ours"]["wall_s"]
+    res["runner_gpu_idle_fraction"] = res["runner_ours"]["idle_s"] / res["runner_ours"]["wall_s"]
+    res["rounds_gpu_idle_fraction"] = (
+        1 - res["tree_ours_rounds"]["generate_s"] / res["tree_ours_rounds"]["wall_s"]
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2))
     lines = ["# rollout", "", f"Command: `{res['command']}`", f"Machine: {res['gpu']}; torch {torch.__version__}", "",
              f"{args.tasks} Calculator-v0 tasks x {args.budget} leaves, <= {args.turns} turns, <= {args.new} tokens a turn, "
-             f"{args.latency * 1e3:.0f} ms per env step; SmolLM2-135M shape, random weights, real tokenizer/template.", "",
+             f"{args.latency * 1e3:.0f} ms per env step; SmolLM2-135M shape, random weights, real tokenizer/template. "
+             f"Load average {res['load_avg']:.1f}.", "",
              "| path | wall s | generated tokens | tok/s |", "|---|---:|---:|---:|"]  # fmt: skip
-    for key in ("tree_old", "tree_ours", "runner_old", "runner_ours"):
+    for key in ("tree_old", "tree_ours_rounds", "tree_ours", "runner_old", "runner_ours"):
         if key in res:
             r = res[key]
             lines.append(f"| {key} | {r['wall_s']:.2f} | {r['tokens']:,} | {r['tok_s']:,.0f} |")
     lines.append("")
-    for key in ("rollout_speedup", "runner_speedup", "gpu_idle_fraction", "tree_gpu_idle_fraction"):
+    for key in ("rollout_speedup", "gpu_idle_fraction", "tree_outside_engine_fraction", "rounds_gpu_idle_fraction",
+                "runner_speedup", "runner_gpu_idle_fraction"):  # fmt: skip
         if key in res:
             lines.append(f"- `{key}`: {res[key]:.3f}")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
