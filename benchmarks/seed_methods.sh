@@ -14,7 +14,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOOLGYM_CACHE=/root/toolgym-cache
 out=${OUT:-/tmp/out}
-runs=/root/seed_runs
+runs=${SEED_RUNS:-/root/seed_runs}   # a fresh folder per comparison (a second call reuses its SFT)
 mkdir -p "$out" "$runs" /root/parts
 mode=${1:-run}
 

@@ -177,9 +177,34 @@ def markdown(r: dict[str, Any], notes: str) -> str:
         "```",
         "",
     ]
+    md += [*DESIGN.strip().splitlines(), ""]
     if notes:
         md += [notes.strip(), ""]
     return "\n".join(md)
+
+
+DESIGN = """
+## How the comparison is set up, and what limits it
+
+- **Env.** `toolgym/Household-v0` at an easy level: one room, 8 receptacles, 2 distractors, pick and clean
+  tasks, the admissible commands listed, 10 turns, reward 1 on success only (sparse, multi-turn, pure
+  Python: no docker or browser). Held-out success = greedy episodes on 64 held-out seeds.
+- **Warm start.** SmolLM2-135M-Instruct gets about 0 on this from scratch, so GRPO would see no signal; all
+  four runs start from one short SFT on 256 scripted-expert episodes (one epoch). The expert's turns carry
+  HiPER's `<subgoal>` tags (one per phase: "take X", "clean X", "put X in/on Y", repeated while it lasts,
+  as HiPER's KEEP), so the HiPER run has segments to work with; the envs ignore the tag, and the other
+  estimators never read it.
+- **Runs.** Same seed, steps, 8 tasks x 8 rollouts per step, lr 1e-5, 2 minibatches, max 32 new tokens a
+  turn; they differ only in the method: `replay` (+ `task_pool` 128, refresh 5: replay needs tasks that
+  recur, so this run also draws from a fixed pool of 128 tasks while the others see fresh seeds; that is
+  part of ARPO's method but confounds the comparison), `epo` (the official defaults: alpha 0.001, so its
+  effect on a short run is expected to be small), `estimator=hiper`.
+- **Equal tokens.** The four runs share one GPU and a time budget, so they may reach different steps; the
+  gains compare success at the same number of generated tokens (see above), not at the same step.
+- **Limits.** One seed per method and 64 held-out episodes: a difference below ~0.1 is within noise
+  (binomial std at p = 0.5 is 0.06 per run). A few dozen steps of a 135M model say nothing about the
+  methods at the papers' scale (7B, hundreds of steps).
+"""
 
 
 def main() -> None:
