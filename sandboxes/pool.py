@@ -2,10 +2,10 @@
 
 At most ``size`` boxes exist at once (idle, busy or being created). A caller that finds none free waits:
 calls are queued, never dropped. A box comes back either clean (one-shot runs clean up after themselves)
-or with ``reset=True`` (sessions), and goes to the idle list only if it answers, is clean and passed the
-supervisor's health check (nothing persistent changed); otherwise it is destroyed (in a tracked, non-daemon
-thread that ``close()`` and interpreter exit wait for, so no container outlives the program) and a fresh
-one is made on the next demand. Safe from many threads.
+or with ``reset=True`` (sessions: reset by a janitor thread, off the caller's path), and goes to the idle
+list only if it answers, is clean and passed the supervisor's health check (nothing persistent changed);
+otherwise it is destroyed (in a tracked, non-daemon thread that ``close()`` and interpreter exit wait for,
+so no container outlives the program) and a fresh one is made on the next demand. Safe from many threads.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from toolgym.errors import InfrastructureError
 from toolgym.sandboxes.box import Box
 
 IDLE_PING_S = 30.0  # an idle box older than this is pinged before it is handed out
+JANITORS = 4  # threads that reset returned session boxes at once (each reset waits on one box)
 
 
 class Pool:
@@ -32,6 +33,8 @@ class Pool:
         self.created = 0
         self.replaced = 0
         self._destroying: set[threading.Thread] = set()
+        self._dirty: list[Box] = []  # session boxes waiting for their reset
+        self._janitors: set[threading.Thread] = set()
 
     def acquire(self, wait_s: float = 600.0) -> Box:
         """A live box; raises InfrastructureError if none can be created or none frees up in ``wait_s``."""
@@ -67,14 +70,36 @@ class Pool:
         return box
 
     def release(self, box: Box, reset: bool = False) -> None:
-        if not box.broken and reset:
-            box.reset()
+        """Gives a box back. ``reset=True`` (a session's box) resets it in the pool's janitor thread, so the
+        caller (an env starting its next episode) does not wait for it; the box is handed out again only
+        once it is clean."""
+        if reset and not box.broken and not self._closed:
+            with self._cond:
+                self._dirty.append(box)
+                if len(self._janitors) < min(JANITORS, len(self._dirty)):
+                    t = threading.Thread(target=self._clean, name="pool-janitor", daemon=True)
+                    self._janitors.add(t)
+                    t.start()
+            return
         if box.broken or self._closed:
             self._discard(box)
             return
         with self._cond:
             self._idle.append(box)
             self._cond.notify()
+
+    def _clean(self) -> None:
+        """The janitor: resets returned session boxes one at a time (each reset is one supervisor call) and
+        puts them back; at close, what is left is destroyed."""
+        while True:
+            with self._cond:
+                if not self._dirty:
+                    self._janitors.discard(threading.current_thread())
+                    return
+                box = self._dirty.pop(0)
+            if not self._closed:
+                box.reset()
+            self.release(box)
 
     def _discard(self, box: Box) -> None:
         self.replaced += 1
@@ -89,8 +114,11 @@ class Pool:
             self._count -= 1
             self._cond.notify()
             refill = not self._closed and len(self._idle) < self._warm_target
-        if refill:
-            threading.Thread(target=self._refill, name="pool-refill", daemon=True).start()
+        if refill:  # tracked like destroy threads: close() waits, so a box made meanwhile is removed too
+            t = threading.Thread(target=self._refill, name="pool-refill")
+            with self._cond:
+                self._destroying.add(t)
+            t.start()
 
     def _destroy(self, box: Box) -> None:
         try:
@@ -101,15 +129,19 @@ class Pool:
 
     def _refill(self) -> None:
         """Starts one replacement box so a dead one does not cost the next caller a cold start."""
-        with self._cond:
-            if self._closed or self._count >= self.size or len(self._idle) >= self._warm_target:
-                return
-            self._count += 1
         try:
-            box = self._create()
-        except Exception:
-            return  # _create gave the slot back; the next acquire retries and reports the fault
-        self.release(box)
+            with self._cond:
+                if self._closed or self._count >= self.size or len(self._idle) >= self._warm_target:
+                    return
+                self._count += 1
+            try:
+                box = self._create()
+            except Exception:
+                return  # _create gave the slot back; the next acquire retries and reports the fault
+            self.release(box)  # after close() this destroys it
+        finally:
+            with self._cond:
+                self._destroying.discard(threading.current_thread())
 
     def warm(self, n: int) -> None:
         """Starts boxes until ``n`` are idle (bounded by the pool size), in parallel."""
@@ -151,6 +183,9 @@ class Pool:
             idle, self._idle = self._idle, []
             self._count -= len(idle)
             self._cond.notify_all()
+            janitors = list(self._janitors)
+        for t in janitors:  # they destroy the boxes still waiting for a reset
+            t.join(timeout=60)
         threads = [threading.Thread(target=b.destroy) for b in idle]
         for t in threads:
             t.start()

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import InfrastructureError
 from toolgym.sandboxes.box import Box, BoxFailure, to_result
@@ -70,17 +70,43 @@ class Session:
         with self._family.lock:
             self._family.open += 1
 
-    def _worker(self, box: Box) -> tuple[int, bool]:
-        """This branch's worker id in ``box``, spawning one if it has none there; and whether it is new
-        after a loss."""
+    def _live_wid(self) -> int | None:
+        """This branch's worker id in the family's current box, or None when it needs a new one."""
         if self._wid is not None and self._generation == self._family.generation:
-            return self._wid, False
-        reply, _ = box.call({"op": "spawn"})
+            return self._wid
+        return None
+
+    def _adopt(self, reply: dict[str, Any]) -> bool:
+        """Takes the new worker a spawning call reports; whether it replaces one that was lost."""
         if "spawn_error" in reply:  # e.g. the session's branches used up the pids cap
             raise BoxFailure("error", f"could not start an interpreter: {reply['spawn_error']}")
         restarted = self._lost or self._wid is not None
         self._wid, self._generation, self._lost = int(reply["wid"]), self._family.generation, False
+        return restarted
+
+    def _worker(self, box: Box) -> tuple[int, bool]:
+        """This branch's worker id in ``box``, spawning one if it has none there; and whether it is new
+        after a loss."""
+        wid = self._live_wid()
+        if wid is not None:
+            return wid, False
+        reply, _ = box.call({"op": "spawn"})
+        restarted = self._adopt(reply)
+        assert self._wid is not None
         return self._wid, restarted
+
+    def _exec(self, box: Box, blobs: Any, timeout: float) -> tuple[dict[str, Any], Any, bool]:
+        """One exec call; a branch without a worker gets one in the same round trip. (reply, output,
+        whether the worker is new after a loss)."""
+        wid = self._live_wid()
+        header: dict[str, Any] = {"op": "exec", "timeout": timeout}
+        if wid is None:
+            header["spawn"] = True
+        else:
+            header["wid"] = wid
+        reply, out = box.call(header, blobs, timeout)
+        restarted = self._adopt(reply) if wid is None else False
+        return reply, out, restarted
 
     def run(self, code: str, *, timeout: float | None = None, stdin: str | bytes | None = None) -> ExecResult:
         if self.closed:
@@ -94,13 +120,11 @@ class Session:
             restarted, gone = False, ""
             try:
                 box = self._family.live_box()
-                wid, restarted = self._worker(box)
-                reply, out = box.call({"op": "exec", "wid": wid, "timeout": timeout}, blobs, timeout)
+                reply, out, restarted = self._exec(box, blobs, timeout)
                 if reply.get("status") == "gone":  # the supervisor restarted the worker (it misbehaved)
                     gone = str(reply.get("why") or LOST)
                     self._wid = None
-                    wid, _ = self._worker(box)
-                    reply, out = box.call({"op": "exec", "wid": wid, "timeout": timeout}, blobs, timeout)
+                    reply, out, _ = self._exec(box, blobs, timeout)
                     restarted = True
             except BoxFailure as exc:
                 self._lost = True
@@ -150,7 +174,8 @@ class Session:
             fam.open -= 1
             box = fam.box
             if (
-                box is not None
+                fam.open > 0  # the last branch's worker goes with the box's reset below
+                and box is not None
                 and not box.broken
                 and self._wid is not None
                 and self._generation == fam.generation

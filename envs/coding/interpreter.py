@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import dataclasses
 import threading
 from typing import Any
 
@@ -144,9 +143,8 @@ class Snapshot:
 
 class Interpreter:
     """An episode's session; ``run`` raises ``InfrastructureError`` on a sandbox fault. The sandbox is
-    resolved on first use (``toolgym list`` builds envs without docker). ``start()`` opens the session and
-    starts its interpreter in the background, so that the worker's start-up overlaps the model's first
-    turn instead of delaying its first call."""
+    resolved on first use (``toolgym list`` builds envs without docker). ``start()`` opens a new session
+    for an episode; its first call starts the interpreter in the same round trip."""
 
     def __init__(self, sandbox: Sandbox | str | None, options: dict[str, Any] | None, timeout: float) -> None:
         if isinstance(sandbox, Sandbox) and options:
@@ -167,23 +165,22 @@ class Interpreter:
         return self._sandbox
 
     def start(self) -> None:
-        """A new session for a new episode, its interpreter started in the background. A session in which
-        no code of the model's ran is kept as it is (episodes ended without code cost nothing)."""
+        """A new session for a new episode. A session in which no code of the model's ran is kept as it
+        is (episodes ended without code cost nothing). The session takes a box from the pool at its first
+        call, which also starts its interpreter (one supervisor round trip); the last episode's box is
+        reset by the pool in the background."""
         if self._session is not None and not self._used and not self._session.closed:
             return
         self.close()
-        session = self._session = self.sandbox.session()
-        threading.Thread(target=_warm, args=(session,), name="interpreter-warmup", daemon=True).start()
+        self._session = self.sandbox.session()
 
     def run(self, code: str, *, stdin: str | None = None, timeout: float | None = None) -> ExecResult:
         if self._session is None:
             self._session = self.sandbox.session()
-        first, self._used = not self._used, True
+        self._used = True
         result = self._session.run(code, timeout=timeout or self.timeout, stdin=stdin)
         if result.infra_failure:
             raise InfrastructureError(f"the sandbox failed: {result.detail or 'sandbox_error'}")
-        if first and result.restarted:  # the warm-up's interpreter died: the model had nothing to lose yet
-            result = dataclasses.replace(result, restarted=False, detail="")
         return result
 
     def snapshot(self) -> Snapshot | None:
@@ -204,8 +201,3 @@ class Interpreter:
         if self._session is not None:
             session, self._session = self._session, None
             session.close()
-
-
-def _warm(session: Session) -> None:
-    with contextlib.suppress(Exception):  # a failure here shows up (and is handled) at the first real call
-        session.run("pass")

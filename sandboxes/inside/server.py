@@ -337,11 +337,16 @@ class Server(Reaper):
         in the box; what code of the last call may have printed after its reply is thrown away. After it:
         no thread and no process it started may be left."""
         w = self.workers[wid]
-        if not self.idle(w):  # code from an earlier call is still in control: it never sees this call
+        # A new worker may still be starting up (a new process waits for a CPU on a busy machine).
+        if not self.idle(
+            w, 1.0 if w.calls else 10.0
+        ):  # code of an earlier call is in control: it never sees this call
             return self._gone(
                 wid, "the interpreter was restarted: code of an earlier call was still running in it"
             )
-        if not self._quiet(w) and self._strays():  # started after its call answered: only code that forged a reply can
+        if (
+            not self._quiet(w) and self._strays()
+        ):  # started after its call answered: only code that forged a reply can
             return self._gone(
                 wid, "the interpreter was restarted: a process of an earlier call was still running"
             )
@@ -568,10 +573,18 @@ class Server(Reaper):
                 return {"wid": self.spawn()}, {}
             except OSError as exc:  # e.g. the branches of a session used up the pids cap
                 return {"spawn_error": f"{type(exc).__name__}: {exc}"}, {}
-        if op == "exec":
-            if header["wid"] not in self.workers:
+        if op == "exec":  # with "spawn": on a new worker (one round trip for a session's first call)
+            wid, extra = header.get("wid"), {}
+            if header.get("spawn"):
+                try:
+                    wid = self.spawn()
+                except OSError as exc:
+                    return {"spawn_error": f"{type(exc).__name__}: {exc}"}, {}
+                extra = {"wid": wid}
+            if wid not in self.workers:
                 return {"status": "gone", "alive": False}, {}
-            return self.execute(header["wid"], blobs["code"], blobs.get("stdin"), float(header["timeout"]))
+            reply, out = self.execute(wid, blobs["code"], blobs.get("stdin"), float(header["timeout"]))
+            return {**reply, **extra}, out
         if op == "fork":
             try:
                 return {"wid": self.fork(header["wid"])}, {}

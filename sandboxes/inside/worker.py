@@ -278,12 +278,85 @@ def _answer(fd: int, reply: dict[str, Any]) -> None:
     os.close(fd)
 
 
+# clone(2) with CLONE_PARENT: the new process is a child of our parent (the supervisor), so a branch needs
+# one fork, not a double fork and a wait for the orphan's adoption; and the fork returns as soon as this
+# (already running) process made it, with no new process to schedule first. x86_64 and aarch64 numbers and
+# argument orders; elsewhere the double fork below.
+CLONE_PARENT, SIGCHLD = 0x00008000, 17
+_CLONE_NR = {"x86_64": 56, "aarch64": 220}
+_clone: list[Any] = []
+
+
+def _clone_parent() -> int | None:
+    """Like ``os.fork()`` (pid in the parent, 0 in the child) but the child is our parent's child; None
+    where that is not available. Safe only in a single-threaded process (the supervisor checks that the
+    worker has one thread before asking it to branch): no lock can be held by another thread then, and
+    the GIL stays held across the call (``PyDLL``), so the child's interpreter state is consistent."""
+    if not _clone:
+        import ctypes
+        import platform
+
+        nr = _CLONE_NR.get(platform.machine())
+        if nr is None:
+            _clone.append(None)
+        else:
+            fn = ctypes.PyDLL(None, use_errno=True).syscall
+            fn.restype = ctypes.c_long
+            fn.argtypes = [ctypes.c_long] * 6
+            _clone.append((fn, nr))
+    if _clone[0] is None:
+        return None
+    fn, nr = _clone[0]
+    pid = int(fn(nr, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0))
+    if pid < 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return pid
+
+
+def _become_branch(door_fd: int, reply_fd: int) -> None:
+    """In a new branch: its own session, no stdio of its parent's (it gets its own per call), its own
+    request socket on fd 3; and a new seed for ``random``, as ``os.fork`` gives a child."""
+    os.close(reply_fd)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.close(null)
+    os.dup2(door_fd, 3)
+    if door_fd != 3:
+        os.close(door_fd)
+    rnd = sys.modules.get("random")
+    if rnd is not None:
+        with contextlib.suppress(Exception):
+            rnd.seed()
+
+
 def _fork(n: int, door_fd: int, reply_fd: int) -> None:
-    """Branches this interpreter: the grandchild (orphaned at once, so adopted by the supervisor, which is a
-    subreaper) becomes a new worker on ``door_fd``; the middle child tells the supervisor its pid."""
+    """Branches this interpreter: the new process (a child of the supervisor: CLONE_PARENT, or, where that
+    is missing, a grandchild orphaned at once and so adopted by the supervisor, a subreaper) becomes a new
+    worker on ``door_fd``; this process (or the middle child) tells the supervisor its pid."""
+    try:
+        pid = _clone_parent()
+    except OSError as exc:  # e.g. the pids cap: the branch fails, this interpreter lives on
+        os.close(door_fd)
+        _answer(reply_fd, {"n": n, "error": f"fork failed: {exc}"})
+        return
+    if pid is not None:
+        if pid == 0:
+            try:
+                _become_branch(door_fd, reply_fd)
+                return  # back in session_loop as the new branch
+            except BaseException:
+                os._exit(1)
+        os.close(door_fd)
+        _answer(reply_fd, {"n": n, "pid": pid})
+        return
     try:
         first = os.fork()
-    except OSError as exc:  # e.g. the pids cap: the branch fails, this interpreter lives on
+    except OSError as exc:
         os.close(door_fd)
         _answer(reply_fd, {"n": n, "error": f"fork failed: {exc}"})
         return
@@ -293,15 +366,7 @@ def _fork(n: int, door_fd: int, reply_fd: int) -> None:
             if second != 0:
                 _answer(reply_fd, {"n": n, "pid": second})
                 os._exit(0)
-            os.close(reply_fd)
-            os.setsid()
-            null = os.open(os.devnull, os.O_RDWR)
-            for target in (0, 1, 2):  # the parent's pipes are not the branch's: it gets its own per call
-                os.dup2(null, target)
-            os.close(null)
-            os.dup2(door_fd, 3)
-            if door_fd != 3:
-                os.close(door_fd)
+            _become_branch(door_fd, reply_fd)
             return  # back in session_loop as the new branch
         except BaseException:
             os._exit(1)

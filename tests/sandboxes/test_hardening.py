@@ -12,8 +12,8 @@ import time
 import warnings
 
 import pytest
-from hostile_checks import contained
 
+from tests.sandboxes.hostile_checks import contained
 from toolgym.sandboxes import Sandbox
 
 T = 5.0

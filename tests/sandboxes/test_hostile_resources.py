@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from hostile_checks import contained, host_pids
 
+from tests.sandboxes.hostile_checks import contained, host_pids
 from toolgym.sandboxes import Sandbox
 
 T = 3.0  # the wall clock given to each hostile run

@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from hostile_checks import contained
 
+from tests.sandboxes.hostile_checks import contained
 from toolgym.sandboxes import ExecResult, Sandbox
 
 

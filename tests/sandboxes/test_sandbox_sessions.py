@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from hostile_checks import host_unaffected, survivors
 
+from tests.sandboxes.hostile_checks import host_unaffected, survivors
 from toolgym.sandboxes import Sandbox
 
 
@@ -141,6 +141,33 @@ def test_fork_copies_state_and_branches_diverge(any_sb: Sandbox) -> None:
             g.close()
             assert f.run("print(n)").stdout == "11\n"
         assert s.run("print(n)").stdout == "2\n"
+    _closed_cleanly(any_sb)
+
+
+@pytest.mark.bound(40)
+def test_a_branch_is_a_full_process_of_its_own(any_sb: Sandbox) -> None:
+    """A branch is made with one clone(CLONE_PARENT) (a child of the supervisor, not of its parent
+    interpreter): it gets a new ``random`` seed as after ``os.fork``, runs threads, subprocesses and forks
+    of its own, and a signal it raises on itself reaches only itself."""
+    probe = (
+        "import os, random, subprocess, threading\n"
+        "t = threading.Thread(target=lambda: None)\nt.start()\nt.join()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n    os._exit(7)\n"
+        "print(os.waitpid(pid, 0)[1] >> 8, subprocess.run(['echo', 'sub'], capture_output=True, text=True).stdout.strip())"
+    )
+    with any_sb.session() as s:
+        s.run("import random\nrandom.seed(1)\nv = 5")
+        first = s.run("print(random.random())").stdout
+        s.run("random.seed(1)")
+        with s.fork() as f:
+            assert f.run("print(random.random())").stdout != first
+            assert f.run(probe, timeout=10).stdout == "7 sub\n"
+            res = f.run("import signal\nsignal.raise_signal(signal.SIGKILL)")
+            assert res.status == "error" and res.exit_code == -9, res
+            assert f.run("print(v)").restarted
+        assert s.run("print(random.random())").stdout == first  # the parent's state is its own
+        assert s.run("print(v)").stdout == "5\n"
     _closed_cleanly(any_sb)
 
 
