@@ -1,7 +1,8 @@
 """Seed methods vs plain GRPO on a sparse-reward multi-turn env (issue 19): the runs behind replay_gain,
 epo_gain and hiper_gain.
 
-One warm start, then four RL runs side by side on one GPU (separate processes), identical but for the method:
+One warm start, then four RL runs side by side on one GPU (separate processes; on a machine with several
+GPUs one run per GPU), identical but for the method:
 plain GRPO, GRPO + success replay + task selection (ARPO), GRPO + EPO, and HiPER (estimator=hiper). The env
 is an easy Household level (one room, 8 receptacles, pick and clean tasks, admissible commands listed,
 10 turns, reward 1 on success only): SmolLM2-135M solves ~0 of it from scratch, so every run starts from a
@@ -129,11 +130,23 @@ def write_yaml(path: Path, cfg: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
-def launch(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+def launch(cmd: list[str], log: Path, gpu: int | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     f = log.open("wb")
-    return subprocess.Popen(
-        cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+
+
+def gpu_count(device: str) -> int:
+    if device == "cpu":
+        return 0
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except ImportError:
+        return 0
 
 
 def wait(procs: dict[str, subprocess.Popen[bytes]], deadline: float) -> dict[str, int | None]:
@@ -176,10 +189,15 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     summary["sft_seconds_wall"] = time.monotonic() - t0
     # 2. the four RL runs side by side, stopped at the deadline
     procs = {}
-    for name in METHODS:
+    gpus = gpu_count(a.device)  # several GPUs: one run on each (round-robin); one GPU: all four share it
+    summary["gpus"] = gpus
+    for i, name in enumerate(METHODS):
         cfg = rl_config(name, runs, a.model, a.device, 1 if a.quick else a.steps, a.quick)
         write_yaml(runs / f"{name}.yaml", cfg)
-        procs[name] = launch([*py, "train", "--config", str(runs / f"{name}.yaml")], runs / f"{name}.log")
+        gpu = i % gpus if gpus > 1 else None
+        procs[name] = launch(
+            [*py, "train", "--config", str(runs / f"{name}.yaml")], runs / f"{name}.log", gpu
+        )
     summary["rl_rc"] = wait(procs, deadline - 5)
     summary["seconds_wall"] = time.monotonic() - t0
     summary["commands"] = {
