@@ -1,0 +1,205 @@
+"""toolgym/GEM-v0 and toolgym/GEM-<Game>-<level>-v0: GEM's text games through ``gem.make``."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import numpy as np
+
+from toolgym.envs.base import CommandOutcome, Task, ToolEnv
+from toolgym.envs.gem import GAMES, class_name, gem_id
+from toolgym.envs.gem.expert import HAS_EXPERT, expert_move, solved
+from toolgym.errors import ConfigError, DependencyNotInstalled
+from toolgym.parsing import ParseResult
+
+
+def _gem() -> Any:
+    try:
+        import gem
+    except ImportError as exc:
+        raise DependencyNotInstalled("gem-llm", "gem") from exc
+    return gem
+
+
+def _observation(text: Any, info: dict[str, Any]) -> str:
+    """One turn's text as GEM's own observation wrapper builds it: prefix, the text, then the suffix
+    (most games put the board and "Enter your move" in ``info["suffix"]``)."""
+    body = str(text)
+    if body and not body.endswith("\n"):
+        body += "\n"
+    return str(info.get("prefix", "")) + body + str(info.get("suffix", ""))
+
+
+def _game_name(gem_env_id: str) -> str:
+    """``game:Sudoku-v0-easy`` -> ``Sudoku``."""
+    return gem_env_id.split(":", 1)[-1].split("-v", 1)[0]
+
+
+class GemEnv(ToolEnv):
+    """GEM's text games (PyPI ``gem-llm``) driven through its own ``gem.make`` API.
+
+    ## Description
+    Each episode is one game of a GEM environment (Sudoku, Minesweeper, Mastermind, Tower of Hanoi, Guess
+    the Number, 2048, Sokoban, the 15-puzzle, crosswords), made with ``gem.make(env_id)`` and reset with a
+    seed drawn from ``np_random``. GEM writes the instructions and the board; the model replies with a move.
+
+    ## Action Space
+    Text: the model's whole reply goes to GEM's ``step``, which reads the move from its last
+    ``\\boxed{…}`` (``\\boxed{reveal 2 3}``, ``\\boxed{A C}``, …). An empty reply is an invalid action
+    (format penalty, feedback); GEM itself scores a reply without a readable move (usually -0.1, game over).
+
+    ## Observation Space
+    ``Messages``: on reset the system prompt and GEM's first observation; on each step GEM's next one,
+    each composed as GEM's ``ObservationWrapper`` does: ``info["prefix"]``, the text, ``info["suffix"]``
+    (where most games put the board).
+
+    ## Tools
+    None: moves are text (``action_format="command"``).
+
+    ## Rewards
+    ``gem``: GEM's step reward (1.0 for a win, partial progress in some games, -0.1 for an unreadable move).
+    ``format``: ``format_penalty`` for an empty reply. ``info["success"]``: the game was won.
+
+    ## Starting State
+    GEM's ``reset(seed)`` with a seed drawn from ``np_random``. GEM seeds Python's and numpy's global RNGs;
+    this env gives each game a private copy of both (swapped in around every GEM call), so envs and forks
+    never disturb each other or the caller.
+
+    ## Episode End
+    Terminated when GEM ends the game (won, lost, out of GEM's own turns). Truncated after ``max_turns``
+    (a cap above GEM's, 200) as ``turn_limit``.
+
+    ## Arguments
+    ``env_id`` (GEM's id, e.g. "game:Sudoku-v0-easy"; fixed for the per-game ids), ``env_kwargs`` (passed to
+    ``gem.make``), ``max_turns`` (200), ``format_penalty``.
+
+    ## Version History
+    - v0: first version (gem-llm 0.1.0).
+    """
+
+    family: ClassVar[str] = "gem"
+    expert_success_rate: ClassVar[float] = 0.0
+    reward_keys: ClassVar[tuple[str, ...]] = ("gem", "format")
+    action_format = "command"
+    fixed_env: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        *,
+        env_id: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        max_turns: int = 200,
+        **kwargs: Any,
+    ) -> None:
+        if self.fixed_env is not None and env_id not in (None, self.fixed_env):
+            raise ConfigError(f"this id plays {self.fixed_env!r}; use toolgym/GEM-v0 for env_id={env_id!r}")
+        self.gem_env_id = env_id or self.fixed_env or "game:GuessTheNumber-v0-easy"
+        if not isinstance(self.gem_env_id, str) or ":" not in self.gem_env_id:
+            raise ConfigError(f"env_id must be a GEM id such as 'game:Sudoku-v0-easy', got {env_id!r}")
+        self.game_name = _game_name(self.gem_env_id)
+        self.env_kwargs = dict(env_kwargs or {})
+        self._game: Any = None
+        self._rng: tuple[Any, Any] | None = None
+        self._last_reward = 0.0
+        super().__init__(max_turns=max_turns, **kwargs)
+
+    @contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """Run GEM code on this game's private copy of the global RNGs (GEM draws from ``random``)."""
+        outer = (random.getstate(), np.random.get_state())
+        if self._rng is not None:
+            random.setstate(self._rng[0])
+            np.random.set_state(self._rng[1])
+        try:
+            yield
+        finally:
+            self._rng = (random.getstate(), np.random.get_state())
+            random.setstate(outer[0])
+            np.random.set_state(outer[1])
+
+    def _make_game(self) -> Any:
+        gem = _gem()
+        from gem.envs.registration import ENV_REGISTRY
+
+        if self.gem_env_id not in ENV_REGISTRY:
+            games = sorted(k for k in ENV_REGISTRY if k.startswith("game:"))
+            raise ConfigError(f"GEM has no env {self.gem_env_id!r}; its games: {', '.join(games)}")
+        try:
+            return gem.make(self.gem_env_id, **self.env_kwargs)
+        except TypeError as exc:
+            if not self.env_kwargs:
+                raise  # GEM's own fault, not the user's settings
+            raise ConfigError(f"gem.make({self.gem_env_id!r}) rejected env_kwargs: {exc}") from exc
+
+    def instructions(self) -> str:
+        return (
+            "You are playing a text game. Each turn, reply with your next move written inside \\boxed{} "
+            "exactly as the game's instructions describe (the last \\boxed{} of your reply is read)."
+        )
+
+    def make_task(self) -> Task:
+        if self._game is None:
+            self._game = self._make_game()
+        seed = int(self.np_random.integers(2**31 - 1))
+        self._rng = None
+        self._last_reward = 0.0
+        with self._own_rng():
+            random.seed(seed)
+            np.random.seed(seed)
+            observation, info = self._game.reset(seed=seed)
+        prompt = _observation(observation, info)
+        return Task(task_id=f"gem-{self.gem_env_id}-{seed}", prompt=prompt, data={"seed": seed})
+
+    def parse(self, action: Any) -> ParseResult:
+        """The whole reply (GEM reads the move from it); only an empty or non-text reply is invalid here."""
+        parsed = super().parse(action)
+        if parsed.ok and parsed.command is not None and parsed.text.strip():
+            return ParseResult(text=parsed.text, command=parsed.text.strip(), message=parsed.message)
+        return parsed
+
+    def run_command(self, command: str) -> CommandOutcome:
+        with self._own_rng():
+            observation, reward, terminated, truncated, info = self._game.step(command)
+        reward = float(reward)
+        self._last_reward = reward
+        over = bool(terminated or truncated)
+        return CommandOutcome(
+            observation=_observation(observation, info or {}),
+            reward_components={"gem": reward},
+            terminated=over,
+            success=over and solved(self.game_name, self._game, reward),
+        )
+
+    def extra_state(self) -> Any:
+        return {"game": self._game, "rng": self._rng, "last_reward": self._last_reward}
+
+    def load_extra_state(self, state: Any) -> None:
+        self._game, self._rng, self._last_reward = state["game"], state["rng"], state["last_reward"]
+
+    def expert_action(self) -> str:
+        """The game's scripted expert (it reads the hidden state); a fixed move where there is none."""
+        move = expert_move(self.game_name, self._game)
+        return move if move is not None else "\\boxed{1}"
+
+
+def _game_class(game: str, level: str) -> type[GemEnv]:
+    doc = f"GEM's ``{gem_id(game, level)}`` (see ``GemEnv`` for the contract).\n"
+    declared = 1.0 if game in HAS_EXPERT else 0.0
+    attrs = {"fixed_env": gem_id(game, level), "__doc__": doc, "expert_success_rate": declared}
+    return type(class_name(game, level), (GemEnv,), attrs)
+
+
+_CLASSES = {class_name(g, lv): (g, lv) for g, levels in GAMES.items() for lv in levels}
+
+
+def __getattr__(name: str) -> type[GemEnv]:
+    """``GEM_Sudoku_easy`` and friends: one class per game and level, made on first use."""
+    found = _CLASSES.get(name)
+    if found is None:
+        raise AttributeError(name)
+    cls = _game_class(*found)
+    globals()[name] = cls
+    return cls
