@@ -73,7 +73,7 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     """The trainer's update step (grpo.optimize) on `batch`, as `toolgym train` sets it up."""
     from toolgym.trainers.grpo import optimize
-    from toolgym.trainers.modeling import Reference, trainable_parameters
+    from toolgym.trainers.modeling import Reference, make_optimizer
     from toolgym.trainers.packing import compile_decoder, update_forward, use_packing
 
     cuda = torch.cuda.is_available()
@@ -87,7 +87,7 @@ def measure(
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
     ref = Reference(model) if cfg.kl_coef > 0 else None
-    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     fwd = update_forward(use_packing(cfg.packing, model, device), cfg.logprob_chunk)
     if cfg.compile and cuda:
         compile_decoder(model)

@@ -66,7 +66,14 @@ from toolgym.trainers.loss import (
     overlong_shaping,
     policy_loss,
 )
-from toolgym.trainers.modeling import Reference, autocast, build_policy, pick_device, trainable_parameters
+from toolgym.trainers.modeling import (
+    Reference,
+    autocast,
+    build_policy,
+    make_optimizer,
+    pick_device,
+    trainable_parameters,
+)
 from toolgym.trainers.packing import Forward, compile_decoder, update_forward, use_packing
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.runlog import RunLog
@@ -172,7 +179,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main,
     )  # fmt: skip
     branch = cfg.branch_policy(vocab_size(model))
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)  # fused AdamW on CUDA
     out = Path(cfg.output_dir)
     # the KL reference is the initial policy: copied before a checkpoint is loaded, and saved with it
     ref = Reference(model) if cfg.kl_coef > 0 else None

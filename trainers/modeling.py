@@ -90,3 +90,10 @@ def value_head(model: Any) -> torch.nn.Module:
 
 def trainable_parameters(*modules: Any) -> list[torch.nn.Parameter]:
     return [p for m in modules if m is not None for p in m.parameters() if p.requires_grad]
+
+
+def make_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters; the fused kernel on CUDA (one launch per step, not per tensor)."""
+    params = trainable_parameters(model)
+    fused = True if params and all(p.is_cuda for p in params) else None
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)

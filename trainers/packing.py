@@ -110,7 +110,7 @@ def _register() -> None:
 def _set_attn(model: Any, name: str) -> None:
     try:
         model.set_attn_implementation(name)
-    except (AttributeError, ValueError):  # transformers without the setter (or one that refuses custom names)
+    except Exception:  # transformers without the setter, or one that refuses custom names
         model.config._attn_implementation = name
 
 
