@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolgym.envs.base import ToolEnv, knobs
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, DependencyNotInstalled
 
 # the knobs every ToolEnv takes; a card lists them on one line and the family's own ones with defaults
 COMMON_KNOBS = knobs(ToolEnv)
@@ -36,6 +36,7 @@ class EnvCard:
     expert_source: str
     supports_fork: bool
     example: list[dict[str, Any]] = field(default_factory=list)
+    example_error: str = ""
 
 
 def _first_line(text: str | None) -> str:
@@ -105,8 +106,12 @@ def build_card(
         declared = float(env.expert_success_rate)
         success, source = declared, "declared"
         transcript: list[dict[str, Any]] = []
+        missing = ""
         if example:
-            transcript, _ = _play_expert(env, 0)
+            try:
+                transcript, _ = _play_expert(env, 0)
+            except DependencyNotInstalled as exc:  # the card's static part still says what the env is
+                missing = str(exc)
         if measure > 0:
             wins = sum(_play_expert(env, 1000 + seed)[1] for seed in range(measure))
             success, source = wins / measure, f"measured over {measure} episodes (declared {declared:.2f})"
@@ -133,6 +138,7 @@ def build_card(
         expert_source=source,
         supports_fork=bool(cls.supports_fork),
         example=transcript,
+        example_error=missing,
     )
 
 
@@ -172,6 +178,8 @@ def render_text(card: EnvCard) -> str:
         parts.append(
             "example episode (expert, seed 0):\n" + "\n".join("  " + x for x in _example_lines(card))
         )
+    elif card.example_error:
+        parts.append(f"example episode: not played ({card.example_error})")
     return "\n".join(parts)
 
 
@@ -194,4 +202,6 @@ def render_markdown(card: EnvCard) -> str:
     out = ["| | |", "|---|---|"] + [f"| {k} | {v.replace('|', '/')} |" for k, v in rows]
     if card.example:
         out += ["", "Example episode (expert, seed 0):", "", "```text", *_example_lines(card), "```"]
+    elif card.example_error:
+        out += ["", f"Example episode: not played ({card.example_error})."]
     return "\n".join(out)

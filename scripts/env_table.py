@@ -93,7 +93,9 @@ def table() -> str:
     lines += [
         "",
         "Generated from the env cards by `python scripts/env_table.py`; `toolgym info ID` prints one card "
-        "(tools, reward components, action formats, knobs with defaults, expert success, an example episode).",
+        "(tools, reward components, action formats, knobs with defaults, expert success, an example episode). "
+        "reasoning-gym's and GEM's envs, and `toolgym new NAME` for an env package of your own: "
+        "`docs/peers.md`.",
     ]
     return "\n".join(lines)
 
