@@ -96,6 +96,7 @@ def report(runs_dir: Path, out: Path, notes: str = "") -> dict[str, Any]:
     result |= {
         "curves": {m: data[m] for m in METHODS},
         "machine": summary.get("machine", ""),
+        "gpus_used": summary.get("gpus"),
         "gpu": gpu,
         "sft": summary.get("sft", {}),
         "rl_return_codes": summary.get("rl_rc", {}),
@@ -156,7 +157,8 @@ def markdown(r: dict[str, Any], notes: str) -> str:
     md = [
         "# Seed methods vs plain GRPO (issue 19): replay, EPO, HiPER on sparse-reward Household",
         "",
-        f"Machine: {r.get('machine') or '?'}; {r.get('gpu') or ''}".strip(),
+        f"Machine: {r.get('machine') or '?'} ({r.get('gpus_used')} GPU(s): one GPU shared by the four runs, "
+        f"or one run per GPU); {r.get('gpu') or ''}".strip(),
         "",
         f"Equal generated tokens T* = {r['equal_tokens']:.0f} (the smallest total of the four runs up to their "
         "last evaluation); gains are success differences vs plain GRPO at T*.",
