@@ -55,12 +55,30 @@ def test_continuous_trees_equal_the_round_based_ones(chatml_tokenizer: Any, make
                 assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
     assert sum(t.branch_count() for t in ours) > 0 and stats.forks.get("entropy", 0) > 0
     assert stats.generated_tokens > 0 and stats.env_s > 0
-    # forks and continued turns come from held caches: far fewer prefilled than generated + prompt tokens
+    # forks and continued turns come from held caches: only new tokens are prefilled, not each turn's prompt
     eng = engine.engine
     assert eng.stats.forked_tokens > 0 and not eng.busy()
+    recompute = sum(len(t.prefix_ids(n.parent)) for t in ours for n in t.nodes if n.kind == "model")  # type: ignore[arg-type]
+    assert eng.stats.prefill_tokens < recompute / 3
     # the round-based driver over the engine grows the same trees too
     rounds, _ = grow(engine, cfg, continuous=False)
     assert [shape(t) for t in rounds] == [shape(t) for t in ours]
+
+
+def test_token_level_forks_inside_turns_equal_the_round_based_ones(
+    chatml_tokenizer: Any, make_tiny_model: Any
+) -> None:
+    from toolgym.trainers.branching import TokenEntropyTopK
+
+    model = make_tiny_model(len(chatml_tokenizer), seed=5)
+    cfg = RolloutConfig(budget=4, max_new_tokens=6, temperature=0.0, max_total_tokens=900)
+    branch = TokenEntropyTopK(initial=2, n_forks=1, n_children=2)
+    engine = EnginePolicy(model, chatml_tokenizer, slots=12, capacity=1024)
+    ours, stats = grow(engine, cfg, continuous=True, branch=branch)
+    theirs, _ = grow(HFPolicy(model, chatml_tokenizer), cfg, continuous=False, branch=branch)
+    assert stats.forks.get("token", 0) > 0
+    assert [shape(t) for t in ours] == [shape(t) for t in theirs]
+    assert any(n.branch_reason == "token" and ours[0].nodes[n.parent].kind == "model" for n in ours[0].nodes)  # type: ignore[index]
 
 
 def test_sampled_forks_continue_exactly_as_the_recomputed_path(
