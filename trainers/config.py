@@ -145,6 +145,12 @@ class RunConfig:
     save_every: int = field(
         default=0, metadata={"help": "write the checkpoint every N steps (0: only at the end)"}
     )
+    save_rollouts: int = field(
+        default=0,
+        metadata={
+            "help": "GRPO: save every N-th step's rollout trees to rollouts/ for `toolgym view` (0: never)"
+        },
+    )
     resume: bool = field(default=False, metadata={"help": "continue from the checkpoint in output_dir"})
     tensorboard: bool = field(default=True, metadata={"help": "also write tensorboard events"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})

@@ -76,6 +76,7 @@ from toolgym.trainers.modeling import (
 )
 from toolgym.trainers.packing import Forward, compile_decoder, update_forward, use_packing
 from toolgym.trainers.rollout import TreeRollout
+from toolgym.trainers.rollout_log import save_step
 from toolgym.trainers.runlog import RunLog
 from toolgym.trainers.seed_config import SeedState
 from toolgym.trainers.tree import RolloutTree, Row, flatten, leaf_rewards
@@ -268,6 +269,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         # 2-3. rows, shaped rewards, advantages (groups = trees), filters
         c = credit(cfg, forest, scorer)
         rows, keep, advantages = c.rows, c.keep, c.advantages
+        if cfg.save_rollouts and dist.main and step % cfg.save_rollouts == 0:  # for `toolgym view`
+            save_step(out, step, forest, rows, c.node_adv, keep, policy.renderer.decode)
         truncated = [
             bool(forest[r.tree].nodes[r.leaf].info.get("episode", {}).get("truncated")) for r in rows
         ]
