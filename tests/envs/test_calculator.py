@@ -71,12 +71,12 @@ def test_episode_flow_and_reward_parts():
     obs, r1, term, trunc, info = env.step(call)
     assert obs[0]["role"] == "tool" and obs[0]["content"] == str(inner.task.answer)
     assert obs[0]["tool_call_id"] == "call_0"
-    assert r1 == pytest.approx(0.1) and not term and not trunc
+    assert r1 == 0.0 and not term and not trunc  # the bonus is earned now, paid with the answer
     obs, r2, *_ = env.step(call)
     assert obs[0]["tool_call_id"] == "call_1"
-    assert r2 == pytest.approx(0.05)  # the cap
+    assert r2 == 0.0 and inner.episode.bonus_given == pytest.approx(0.15)  # the cap
     obs, r3, term, trunc, info = env.step(f"<answer>{inner.task.answer}</answer>")
-    assert term and not trunc and obs == [] and r3 == 1.0
+    assert term and not trunc and obs == [] and r3 == pytest.approx(1.15)
     assert info["success"] is True
     assert info["episode_reward"] == pytest.approx(1.15)
     assert info["episode_reward_components"] == pytest.approx({"correct": 1.0, "format": 0.0, "tool": 0.15})
@@ -290,14 +290,26 @@ def test_chain_env_refuses_several_operations_per_call_and_caps_the_bonus() -> N
     assert "one operation per call" in obs[-1]["content"] and not term and reward == 0.0
     first, second = task.data["steps"]
     obs, reward, *_ = env.step(f"<calculator>{first}</calculator>")
-    assert reward == pytest.approx(0.1)  # a working call earns the (capped) bonus
-    state = env.unwrapped.get_state()  # the bonus already paid is forked with the episode
+    assert reward == 0.0  # a working call earns the (capped) bonus, paid with the answer
+    state = env.unwrapped.get_state()  # the bonus already earned is forked with the episode
     obs, reward, *_ = env.step(f"<calculator>{second}</calculator>")
-    assert obs[-1]["content"] == str(task.answer) and reward == 0.0  # the cap is reached
+    assert obs[-1]["content"] == str(task.answer) and reward == 0.0
     obs, reward, term, *_ = env.step(f"<answer>{task.answer}</answer>")
-    assert term and reward == 1.0
+    assert term and reward == pytest.approx(1.1)  # correct + the capped bonus
     env.unwrapped.set_state(state)
     assert env.unwrapped.episode.bonus_given == pytest.approx(0.1)
+
+
+def test_tool_bonus_needs_an_answer() -> None:
+    env = gym.make(
+        "toolgym/Calculator-v0", action_format="tags", tool_bonus=0.5, tool_bonus_cap=0.5, max_turns=2
+    )
+    env.reset(seed=0)
+    total = 0.0
+    for _ in range(2):  # call the tool until the turn limit: no bonus without an answer
+        _, reward, term, trunc, _ = env.step("<calculator>2 + 2</calculator>")
+        total += reward
+    assert trunc and not term and total == 0.0
 
 
 def test_chain_expert_makes_one_call_per_operation() -> None:
