@@ -4,7 +4,8 @@ Old: ``TreeRollout`` over ``HFPolicy`` (rounds, HF forward per token, env steps 
 Ours: the same ``TreeRollout`` over ``EnginePolicy`` (what ``engine: fast`` gives the trainer): continuous
 batching over every tree (turns join and leave the decode batch one by one, env steps on a thread pool
 while the GPU decodes the others, turns resumed from their KV, branches forked from it, CUDA graphs);
-beside it the same engine driven in rounds (``tree_ours_rounds``, the path before continuous batching),
+beside it the same engine driven in rounds (``tree_ours_rounds``, the path before continuous batching)
+and with batched admission (``tree_ours_admit4``: a ready turn waits up to 4 decode steps for company),
 and the episode runner, continuous over the engine vs round-based over HF. Every env step waits
 ``--latency`` seconds (a tool with 10 ms latency). The model is SmolLM2-135M's shape with random weights
 and its real tokenizer and chat template (``--model DIR`` with config + tokenizer files); random weights
@@ -133,6 +134,11 @@ def main() -> None:
     res["tree_ours"] = tree_rollout(fast, args, seed=1)
     print("tree ours", res["tree_ours"], flush=True)
     fast.clear_kv()
+    fast.engine.admit_wait = 4  # newcomers gather up to 4 steps: fewer, larger prefills
+    res["tree_ours_admit4"] = tree_rollout(fast, args, seed=1)
+    print("tree ours (admit_wait 4)", res["tree_ours_admit4"], flush=True)
+    fast.engine.admit_wait = 0
+    fast.clear_kv()
     res["tree_ours_rounds"] = tree_rollout(fast, args, seed=1, continuous=False)
     print("tree ours (rounds)", res["tree_ours_rounds"], flush=True)
     fast.clear_kv()
@@ -162,7 +168,7 @@ def main() -> None:
              f"{args.latency * 1e3:.0f} ms per env step; SmolLM2-135M shape, random weights, real tokenizer/template. "
              f"Load average {res['load_avg']:.1f}.", "",
              "| path | wall s | generated tokens | tok/s |", "|---|---:|---:|---:|"]  # fmt: skip
-    for key in ("tree_old", "tree_ours_rounds", "tree_ours", "runner_old", "runner_ours"):
+    for key in ("tree_old", "tree_ours_rounds", "tree_ours", "tree_ours_admit4", "runner_old", "runner_ours"):
         if key in res:
             r = res[key]
             lines.append(f"| {key} | {r['wall_s']:.2f} | {r['tokens']:,} | {r['tok_s']:,.0f} |")

@@ -51,6 +51,7 @@ class Seq:
     entropies: list[float] = field(default_factory=list)
     finish: str = ""
     tag: Any = None
+    queued_at: int = 0  # the engine step at which the sequence was queued
 
 
 @dataclass
@@ -111,6 +112,10 @@ class Engine:
         self.stop_ids = set(int(i) for i in stop_ids)
         self.decode_text = decode_text
         self.prefill_tokens = prefill_tokens
+        # steps a queued turn may wait for company while others decode (0: admit at once): a prefill is an
+        # eager pass, so newcomers admitted together cost one instead of one each
+        self.admit_wait = 0
+        self._step_no = 0
         self.generator = torch.Generator(device=self.device)
         self.generator.seed()
         self.stats = EngineStats()
@@ -173,6 +178,7 @@ class Engine:
         if seq.state == "idle":
             self.idle.pop(seq.id, None)
         seq.state, seq.mode, seq.max_new, seq.stop = "queued", mode, max(1, max_new), tuple(stop)
+        seq.queued_at = self._step_no
         seq.out, seq.logprobs, seq.entropies, seq.finish = [], [], [], ""
         self.queue.append(seq)
 
@@ -224,15 +230,21 @@ class Engine:
         done: list[Seq] = []
         admitted: list[Seq] = []
         waiting: list[Seq] = []
-        for seq in self.queue:
-            if seq.slot is None:
-                seq.slot = self._alloc()
+        self._step_no += 1
+        hold = False
+        if self.admit_wait > 0 and self.active and self.queue:
+            waited = self._step_no - min(s.queued_at for s in self.queue)
+            hold = waited <= self.admit_wait and len(self.queue) < max(1, len(self.active) // 2)
+        if not hold:  # (held: newcomers gather a few steps while the others decode)
+            for seq in self.queue:
                 if seq.slot is None:
-                    waiting.append(seq)
-                    continue
-                seq.kv = 0
-            admitted.append(seq)
-        self.queue = waiting
+                    seq.slot = self._alloc()
+                    if seq.slot is None:
+                        waiting.append(seq)
+                        continue
+                    seq.kv = 0
+                admitted.append(seq)
+            self.queue = waiting
         if admitted:
             t0 = time.perf_counter()
             for batch in self._prefill_batches(admitted):

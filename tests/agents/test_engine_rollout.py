@@ -60,9 +60,12 @@ def test_continuous_trees_equal_the_round_based_ones(chatml_tokenizer: Any, make
     assert eng.stats.forked_tokens > 0 and not eng.busy()
     recompute = sum(len(t.prefix_ids(n.parent)) for t in ours for n in t.nodes if n.kind == "model")  # type: ignore[arg-type]
     assert eng.stats.prefill_tokens < recompute / 3
-    # the round-based driver over the engine grows the same trees too
+    # the round-based driver over the engine grows the same trees too, and so does batched admission
     rounds, _ = grow(engine, cfg, continuous=False)
     assert [shape(t) for t in rounds] == [shape(t) for t in ours]
+    eng.admit_wait = 3
+    held, _ = grow(engine, cfg, continuous=True)
+    assert [shape(t) for t in held] == [shape(t) for t in ours] and not eng.queue
 
 
 def test_token_level_forks_inside_turns_equal_the_round_based_ones(
