@@ -219,6 +219,17 @@ def test_episode_reads_and_acts(pinned):
         env.close()
 
 
+def test_half_covered_button_is_clicked_where_it_shows(pinned):
+    """Seed 1007 of click-button-sequence puts TWO over the centre of ONE: the click lands on ONE's visible
+    part (a covered centre alone is not an error), and the episode is solved."""
+    env = gym.make("toolgym/MiniWoB-click-button-sequence-v0")
+    try:
+        info = _play(env, 1007)
+        assert info.get("success"), info
+    finally:
+        env.close()
+
+
 def test_same_seed_same_page(pinned):
     env = gym.make("toolgym/MiniWoB-click-checkboxes-v0")
     try:
