@@ -20,7 +20,8 @@ ENV_ID = "letter_count/LetterCount-v0"
 
 
 def _run(args, cwd, site, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(site))
+    path = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
