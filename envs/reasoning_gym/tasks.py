@@ -28,9 +28,9 @@ def reasoning_gym() -> Any:
 
 def registry_names() -> list[str]:
     """Every dataset name in the installed reasoning-gym's registry (imports reasoning-gym)."""
-    from reasoning_gym.factory import DATASETS  # the module is the registry; importing it fills it
+    reasoning_gym()  # first: importing the package fills the registry (and says what to install if missing)
+    from reasoning_gym.factory import DATASETS
 
-    reasoning_gym()
     return sorted(DATASETS)
 
 
@@ -58,9 +58,9 @@ def dataset(task: str, config: dict[str, Any] | None = None, size: int | None = 
 
 def describe(task: str) -> tuple[str, str]:
     """(category, one-line description) of a dataset, from its class (imports reasoning-gym)."""
+    reasoning_gym()
     from reasoning_gym.factory import DATASETS
 
-    reasoning_gym()
     cls = DATASETS[task][0]
     category = cls.__module__.split(".")[1] if cls.__module__.count(".") >= 2 else "other"
     doc = (cls.__doc__ or "").strip().splitlines()
