@@ -1,6 +1,7 @@
 """The base of every toolgym environment: the contract of docs/envs.md.
 
-A subclass fills in small named hooks, and the loop in ``step`` is never overridden:
+A subclass fills in small named hooks; ``reset``, ``step`` are ``@typing.final`` (mypy rejects an override),
+so the episode loop, its bookkeeping and forking stay the same for every family:
 
 - ``new_episode()``: a fresh object holding the family's per-episode state (``self.episode``); ``reset``
   makes it and ``get_state``/``set_state`` copy it, so a field kept there can never be forgotten by a fork.
@@ -12,6 +13,9 @@ A subclass fills in small named hooks, and the loop in ``step`` is never overrid
 - ``run_command(command)``: for command-format envs (household): advance the world.
 - ``tool_reward(call, output)``: optional shaping for a tool call.
 - ``expert_action()``: the scripted expert's next action (used by checks, tests, SFT data).
+- ``extra_info(info, ended)``: family-specific keys for the info of ``reset`` and of every ``step``.
+- ``decorate_observation(messages, ended)``: change the messages ``reset``/``step`` return (screenshots).
+- ``begin_episode(options)``, ``extra_state()``/``load_extra_state(state)``: resources beyond plain data.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 import gymnasium as gym
 
@@ -221,6 +225,27 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
             parsed = lenient_answer(parsed)
         return parsed
 
+    def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
+        """Family-specific keys for the info dict that ``reset`` and every ``step`` return.
+
+        Receives the info built so far (read it, do not change it): ``task_id`` and ``turn`` always
+        (``turn == 0`` only in reset's info); in a step also ``invalid_action``, ``tool_calls``,
+        ``reward_components``, and when they apply ``parse_error``, ``truncation``, ``infra_error`` and, when
+        ``ended``, ``success`` and the ``episode_*`` totals. ``ended`` is True on the step that ends the
+        episode (terminated or truncated), False in reset's info. Returns the keys to add; a returned key
+        replaces the base's (e.g. ``invalid_action`` for a command the world refused). Called exactly once per
+        ``reset`` and per ``step``, after the turn's world change, so it may count per-turn facts in
+        ``self.episode``. Default: no keys. An exception here propagates out of ``reset``/``step`` (it is an
+        env bug, not the model's failure)."""
+        return {}
+
+    def decorate_observation(self, messages: list[dict[str, Any]], ended: bool) -> list[dict[str, Any]]:
+        """The messages ``reset`` and ``step`` return, as plain dicts: return them as they are (the default) or
+        changed (a web env adds a screenshot to the last one). ``ended`` is True on the step that ends the
+        episode. To keep the transcript in step, change ``self._transcript``'s last entries the same way. May
+        raise ``InfrastructureError`` only where its caller can: it is not caught here."""
+        return messages
+
     def instructions(self) -> str:
         """The task-specific part of the system prompt."""
         return "Solve the task."
@@ -283,6 +308,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         info.update(extra)
         return info
 
+    @final
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -305,8 +331,11 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         ]
         self._transcript = list(obs)
         # the tool specs travel once, with the task: they do not change during an episode
-        return [m.to_dict() for m in obs], self._info(tools=self._tool_dicts)
+        info = self._info(tools=self._tool_dicts)
+        info.update(self.extra_info(info, False))
+        return self.decorate_observation([m.to_dict() for m in obs], False), info
 
+    @final
     def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
         if self._task is None or self._done:
             raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
@@ -383,7 +412,15 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
             info["episode_reward_components"] = dict(self._episode_components)
             info["episode_tool_calls"] = self._tool_calls
             info["episode_invalid_actions"] = self._invalid
-        return [m.to_dict() for m in obs], reward, terminated, truncated, info
+        ended = terminated or truncated
+        info.update(self.extra_info(info, ended))
+        return (
+            self.decorate_observation([m.to_dict() for m in obs], ended),
+            reward,
+            terminated,
+            truncated,
+            info,
+        )
 
     def format_feedback(self, parsed: ParseResult) -> str:
         """The observation after an invalid action: what was wrong and the expected format."""

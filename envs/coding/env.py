@@ -274,11 +274,9 @@ class CodingEnv(ToolEnv):
         _GRADES.put(key, score)
         return score
 
-    def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = super().step(action)
-        if terminated or truncated:
-            info["hidden_pass_rate"] = self._pass_rate
-        return obs, reward, terminated, truncated, info
+    def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
+        """At the episode's end, the pass rate on the hidden tests of the last submission."""
+        return {"hidden_pass_rate": self._pass_rate} if ended else {}
 
     def extra_state(self) -> Any:
         return {"pass_rate": self._pass_rate, "interpreter": self._interpreter.snapshot()}

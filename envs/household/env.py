@@ -261,19 +261,22 @@ class HouseholdEnv(ToolEnv):
     def _commands_text(self) -> str:
         return "\nAdmissible commands: " + ", ".join(self._world().commands()) + "."
 
-    def _info(self, **extra: Any) -> dict[str, Any]:
-        info = super()._info(**extra)
+    def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
+        """Admissible commands, the state key (GiGPO), the optimal step count and the task type; a command
+        the world refused makes the turn invalid."""
         world = self.world
         if world is None:
-            return info
+            return {}
+        out: dict[str, Any] = {
+            "admissible_commands": world.commands(),
+            "state_key": world.key(),
+            "optimal_steps": self.episode.optimal,
+            "task_type": world.scene.goal.kind,
+        }
         if not self._command_ok:
-            info["invalid_action"] = True
+            out["invalid_action"] = True
             self._command_ok = True
-        info["admissible_commands"] = world.commands()
-        info["state_key"] = world.key()
-        info["optimal_steps"] = self.episode.optimal
-        info["task_type"] = world.scene.goal.kind
-        return info
+        return out
 
     _pending: dict[str, float] = {}  # noqa: RUF012  (set per step; read by tool_reward)
 

@@ -241,14 +241,16 @@ class PythonMathEnv(ToolEnv):
         self._bonus_given += bonus
         return {"tool": bonus}
 
-    def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = super().step(action)
+    def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
+        """A step's ``void_turn`` (no tool call and no answer), and the episode's count when it ends."""
+        if info["turn"] == 0:  # reset's info
+            return {}
         void = info.get("parse_error") == "no_action"
         self._void_turns += int(void)
-        info["void_turn"] = void
-        if terminated or truncated:
-            info["episode_void_turns"] = self._void_turns
-        return obs, reward, terminated, truncated, info
+        out: dict[str, Any] = {"void_turn": void}
+        if ended:
+            out["episode_void_turns"] = self._void_turns
+        return out
 
     def extra_state(self) -> Any:
         return {

@@ -202,13 +202,11 @@ class SearchEnv(ToolEnv):
             data={"hops": q.hops, "kind": q.kind, "plan": q.plan, "question": q.text},
         )
 
-    def _info(self, **extra: Any) -> dict[str, Any]:
-        info = super()._info(**extra)
-        # for trainers only (IGPO-style rewards); the policy's messages never contain it
-        info["gold"] = list(self.task.answer)
-        info["hops"] = self.task.data["hops"]
-        info["question_kind"] = self.task.data["kind"]
-        return info
+    def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
+        """The gold answers, hops and question kind: for trainers only (IGPO-style rewards); the policy's
+        messages never contain them."""
+        data = self.task.data
+        return {"gold": list(self.task.answer), "hops": data["hops"], "question_kind": data["kind"]}
 
     def check_answer(self, answer: str) -> dict[str, float]:
         golds = [g for g in self.task.answer if normalize_answer(g)]

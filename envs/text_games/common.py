@@ -160,15 +160,13 @@ class EngineEnv(ToolEnv):
         text = f"{self._state.observation}\x00{self._state.inventory}"
         return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
-    def _info(self, **extra: Any) -> dict[str, Any]:
-        info = super()._info(**extra)
-        if self._task is not None:
-            info["state_key"] = self.state_key()
-            info["score"] = self._state.score
-            if self._state.admissible is not None:
-                info["admissible_commands"] = list(self._state.admissible)
-            info["gold_steps"] = len(self._gold)
-        return info
+    def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
+        """The state key (GiGPO), the game's score, its admissible commands and the walkthrough's length."""
+        out: dict[str, Any] = {"state_key": self.state_key(), "score": self._state.score}
+        if self._state.admissible is not None:
+            out["admissible_commands"] = list(self._state.admissible)
+        out["gold_steps"] = len(self._gold)
+        return out
 
     def _drop_engine(self) -> None:
         engine, self._engine = self._engine, None

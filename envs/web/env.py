@@ -310,19 +310,18 @@ class WebEnv(ToolEnv):
             return f"<{name}>{json.dumps(arguments)}</{name}>"
         return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
-    def _info(self, **extra: Any) -> dict[str, Any]:
-        info = super()._info(**extra)
+    def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
+        """The MiniWoB task, the page's element count, its reward once done; a refused command is invalid."""
         ep = self.episode
         if ep is None or not ep.task:
-            return info
+            return {}
+        out: dict[str, Any] = {"miniwob_task": ep.task, "elements": len(ep.snapshot.elements)}
         if not self._command_ok:
-            info["invalid_action"] = True
+            out["invalid_action"] = True
             self._command_ok = True
-        info["miniwob_task"] = ep.task
-        info["elements"] = len(ep.snapshot.elements)
         if ep.done:
-            info["miniwob_reward"] = ep.reward
-        return info
+            out["miniwob_reward"] = ep.reward
+        return out
 
     # ----- the actions (tools in hermes/tags formats) -------------------------------------------------------
     def click(self, id: int) -> str:
@@ -432,17 +431,9 @@ class WebEnv(ToolEnv):
         self._transcript[-1] = old.model_copy(update={"content": parts})
         return messages
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        obs, info = super().reset(seed=seed, options=options)
-        return (self._with_image(obs) if self.screenshots else obs), info
-
-    def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = super().step(action)
-        if self.screenshots and not (terminated or truncated) and obs:
-            obs = self._with_image(obs)
-        return obs, reward, terminated, truncated, info
+    def decorate_observation(self, messages: list[dict[str, Any]], ended: bool) -> list[dict[str, Any]]:
+        """With ``screenshots``: the page's screenshot joins the last message while the episode runs."""
+        return self._with_image(messages) if self.screenshots and not ended and messages else messages
 
 
 def _task_class(task: str) -> type[WebEnv]:

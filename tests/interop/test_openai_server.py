@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-from interop_models import chatml_policy, qwen_style_policy
 
+from tests.interop.interop_models import chatml_policy, qwen_style_policy
 from toolgym.agents.policy import AssistantTurn, parse_turn
 from toolgym.agents.server import PolicyServer
 

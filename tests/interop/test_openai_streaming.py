@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from interop_models import chatml_policy
 
+from tests.interop.interop_models import chatml_policy
 from toolgym.agents.policy import Generation, RenderedTokenPolicy, SamplingParams
 from toolgym.agents.server import PolicyServer
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from interop_models import agents_fixtures
 
+from tests.interop.interop_models import agents_fixtures
 from toolgym.adapters.trl import dataset, environment_factory
 from toolgym.errors import ConfigError
 

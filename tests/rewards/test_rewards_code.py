@@ -6,8 +6,8 @@ candidate cannot cause."""
 from __future__ import annotations
 
 import pytest
-from code_cheats import CHEATS, cheat
 
+from tests.rewards.code_cheats import CHEATS, cheat
 from toolgym.rewards import code_tests, counters, reset_counters
 from toolgym.rewards.code import extract_code, grade
 

@@ -10,8 +10,8 @@ import os
 from typing import Any
 
 import pytest
-from code_cheats import CHEATS, cheat
 
+from tests.rewards.code_cheats import CHEATS, cheat
 from toolgym.rewards import code_tests
 
 

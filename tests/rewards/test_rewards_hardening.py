@@ -8,8 +8,8 @@ import functools
 import time
 
 import pytest
-from adversarial import ADVERSARIAL
 
+from tests.rewards.adversarial import ADVERSARIAL
 from toolgym.rewards import (
     exact_match,
     extract_answer,

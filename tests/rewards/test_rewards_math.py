@@ -6,19 +6,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.rewards.math_pairs import math_pairs
 from toolgym.rewards import counters, math_match, math_match_async, numeric_match, reset_counters
 from toolgym.rewards.extract import extract_answer, extract_boxed, strip_reasoning
 from toolgym.rewards.math_pool import MathJudgePool
-
-sys.path.insert(0, str(Path(__file__).parent))
-from math_pairs import math_pairs
 
 NESTED = "\\frac{1}{" * 10_000 + "2" + "}" * 10_000
 PATHOLOGICAL = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.testing_env import VOWEL_COUNT, register
 from toolgym.trainers.tree import RolloutTree
 
 
@@ -26,12 +27,13 @@ def tree3() -> RolloutTree:
     return three_leaf_tree()
 
 
-# ----- a tiny random Llama with a locally built tokenizer, and a fake env with varied rewards -----------------
+# ----- a tiny random Llama with a locally built tokenizer, and the fake env of tests/testing_env.py ----------
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-FAKE_ENV = "tests/VowelCount-v0"
+FAKE_ENV = VOWEL_COUNT  # two turns, rewards that vary with every token: tests/testing_env.py
+register_fake_env = register
 
 
 def tiny_tokenizer() -> object:
@@ -68,43 +70,3 @@ def tiny_model(vocab: int, seed: int = 0) -> object:
 @pytest.fixture(scope="session")
 def tokenizer() -> object:
     return tiny_tokenizer()
-
-
-def register_fake_env() -> None:
-    """`tests/VowelCount-v0`: two turns; the first gets a tool reply, the second ends the episode with a
-    reward computed from the reply's characters (so rewards vary between rollouts of a random model)."""
-    import gymnasium as gym
-
-    from toolgym.envs.base import ToolEnv
-
-    class VowelCountEnv(ToolEnv):
-        def __init__(self, **kwargs: object) -> None:
-            super().__init__(max_turns=2)
-
-        def tools(self) -> list:  # type: ignore[type-arg]
-            return []
-
-        def reset(self, *, seed: int | None = None, options: object = None):  # type: ignore[no-untyped-def,override]
-            gym.Env.reset(self, seed=seed)
-            self.turn, self.done = 0, False
-            return [{"role": "user", "content": f"Say vowels. Task {seed}."}], {
-                "task_id": str(seed),
-                "tools": [],
-            }
-
-        def step(self, action):  # type: ignore[no-untyped-def,override]
-            text = str(action)
-            self.turn += 1
-            if self.turn == 1:
-                return [{"role": "tool", "content": "ok"}], 0.0, False, False, {"invalid_action": False}
-            r = (sum(map(ord, text)) % 7) / 6  # varies with every token, so groups rarely tie
-            return [], r, True, False, {"success": r > 0.1, "episode_reward": r, "invalid_action": False}
-
-        def get_state(self):  # type: ignore[no-untyped-def,override]
-            return {"turn": self.turn}
-
-        def set_state(self, state):  # type: ignore[no-untyped-def,override]
-            self.turn = state["turn"]
-
-    if FAKE_ENV not in gym.registry:
-        gym.register(FAKE_ENV, entry_point=VowelCountEnv)

@@ -248,8 +248,7 @@ def test_aepo_dynamic_split() -> None:
 
 def test_fixed_segments_fork_every_s_tokens() -> None:
     """Chains of 3 turns x 3 tokens (tool nodes between): offset S = 4 lies at token 1 of turn 1."""
-    from test_branching import grow
-
+    from tests.trainers.test_branching import grow
     from toolgym.trainers.branching import FixedSegments
 
     t = grow(FixedSegments(initial=2, segment_tokens=4, n_children=1, iterations=1), budget=4)
@@ -261,8 +260,7 @@ def test_fixed_segments_fork_every_s_tokens() -> None:
 
 
 def test_fixed_segments_fallback_on_short_paths() -> None:
-    from test_branching import grow
-
+    from tests.trainers.test_branching import grow
     from toolgym.trainers.branching import FixedSegments
 
     t = grow(FixedSegments(initial=1, segment_tokens=100, n_children=1, iterations=2), budget=3)
@@ -272,9 +270,8 @@ def test_fixed_segments_fallback_on_short_paths() -> None:
 
 def test_dynamic_split_in_the_rollout_loop() -> None:
     """The fake policy's first turn has entropy 1, later turns 2: m = int(4 sigmoid(-0.5)) + 1 = 2."""
-    from conftest import register_fake_env
-    from test_rollout import FakePolicy
-
+    from tests.trainers.conftest import register_fake_env
+    from tests.trainers.test_rollout import FakePolicy
     from toolgym.trainers.branching import TurnBoundaryEntropy
     from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
 

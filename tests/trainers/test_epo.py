@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import register_fake_env, tiny_model
-from test_train import SMALL, records
 
+from tests.trainers.conftest import register_fake_env, tiny_model
+from tests.trainers.test_train import SMALL, records
 from toolgym.trainers.epo import EntropyBand, epo_loss, phase_weight, smoothing_penalty, trajectory_entropy
 from toolgym.trainers.grpo import GRPOConfig
 from toolgym.trainers.grpo import train as train_grpo

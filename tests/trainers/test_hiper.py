@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import register_fake_env, tiny_model
-from test_train import SMALL, records
 
+from tests.trainers.conftest import register_fake_env, tiny_model
+from tests.trainers.test_train import SMALL, records
 from toolgym.parsing import parse_command, parse_tags
 from toolgym.trainers.grpo import GRPOConfig, credit
 from toolgym.trainers.grpo import train as train_grpo

@@ -204,8 +204,7 @@ def test_bug6_gae_bootstraps_truncated_rows() -> None:
 
 
 def test_bug6_forward_keeps_the_value_after_the_last_token(tokenizer: Any) -> None:
-    from conftest import tiny_model
-
+    from tests.trainers.conftest import tiny_model
     from toolgym.trainers.batch import collate, final_values, forward
     from toolgym.trainers.modeling import value_head
     from toolgym.trainers.tree import Row
@@ -277,8 +276,7 @@ def test_bug8_turn_entropy_is_normalised_by_the_vocabulary() -> None:
 
 
 def test_bug8_the_trainer_passes_the_model_vocabulary(tokenizer: Any) -> None:
-    from conftest import tiny_model
-
+    from tests.trainers.conftest import tiny_model
     from toolgym.trainers.grpo import vocab_size
 
     model = tiny_model(len(tokenizer))
@@ -289,8 +287,7 @@ def test_bug8_the_trainer_passes_the_model_vocabulary(tokenizer: Any) -> None:
 def test_top_p_logprob_is_under_the_sampled_nucleus(tokenizer: Any) -> None:
     """With top_p < 1 the engine samples from the renormalised nucleus; its logprob must be
     log p(x) - log(mass kept), not log p(x) of the full softmax (TIS would correct for the wrong thing)."""
-    from conftest import tiny_model
-
+    from tests.trainers.conftest import tiny_model
     from toolgym.agents.hf import HFPolicy
     from toolgym.agents.policy import SamplingParams
 

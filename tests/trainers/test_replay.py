@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import register_fake_env, tiny_model
-from test_train import SMALL, records
 
+from tests.trainers.conftest import register_fake_env, tiny_model
+from tests.trainers.test_train import SMALL, records
 from toolgym.errors import ConfigError
 from toolgym.trainers.grpo import GRPOConfig, credit
 from toolgym.trainers.grpo import train as train_grpo

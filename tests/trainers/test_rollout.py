@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FAKE_ENV, register_fake_env
 
+from tests.trainers.conftest import FAKE_ENV, register_fake_env
 from toolgym.agents.policy import Generation
 from toolgym.errors import ConfigError
 from toolgym.trainers.branching import NoBranching, TurnBoundaryEntropy

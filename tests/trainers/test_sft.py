@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_model
 
+from tests.trainers.conftest import tiny_model
 from toolgym.agents.rendering import ChatRenderer, sample_tool_conversation
 from toolgym.errors import ConfigError
 from toolgym.trainers.sft import (

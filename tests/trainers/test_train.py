@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import FAKE_ENV, register_fake_env, tiny_model
 
+from tests.trainers.conftest import FAKE_ENV, register_fake_env, tiny_model
 from toolgym.trainers.grpo import GRPOConfig
 from toolgym.trainers.grpo import train as train_grpo
 from toolgym.trainers.ppo import PPOConfig
 from toolgym.trainers.ppo import train as train_ppo
+from toolgym.trainers.runlog import NAMESPACES
 
 SMALL: dict[str, Any] = dict(
     env_ids=[FAKE_ENV], env_kwargs={}, prompts_per_step=2, budget=4, max_new_tokens=6, max_total_tokens=256,
@@ -34,6 +35,12 @@ def records(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_namespaced(folder: Path, metrics: dict[str, float]) -> None:
+    """Every logged key lies under charts/, losses/, rollout/, eval/ or time/ (docs/trainer.md)."""
+    keys = set(metrics) | {k for r in records(folder) for k in r if k != "step"}
+    assert keys and not sorted(k for k in keys if not k.startswith(NAMESPACES))
+
+
 def test_grpo_two_steps_move_every_parameter(tmp_path: Path, tokenizer: Any) -> None:
     model = tiny_model(len(tokenizer))
     before = snapshot(model)
@@ -46,6 +53,7 @@ def test_grpo_two_steps_move_every_parameter(tmp_path: Path, tokenizer: Any) -> 
                 "rollout/tokens_per_s", "eval/success", "rollout/zero_variance_fraction"):  # fmt: skip
         assert key in metrics, key
     assert (tmp_path / "reward.png").is_file() and (tmp_path / "checkpoint" / "model.pt").is_file()
+    assert_namespaced(tmp_path, metrics)
 
 
 def test_grpo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) -> None:
@@ -62,9 +70,7 @@ def test_grpo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) ->
     assert a["step"] == b["step"] == 2
     assert a["losses/kl_ref"] > 0  # the policy moved away from the initial one in step 1
     for k in a:
-        if not k.startswith(
-            ("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s")
-        ):
+        if not k.startswith(("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s")):
             assert a[k] == b[k], k
     for (n, p1), p2 in zip(m1.named_parameters(), m2.parameters(), strict=True):
         assert torch.equal(p1, p2), n
@@ -87,7 +93,8 @@ def test_ppo_two_steps_move_every_parameter(tmp_path: Path, tokenizer: Any) -> N
     metrics = train_ppo(PPOConfig(steps=2, output_dir=str(tmp_path), **SMALL), model, tokenizer)
     after = snapshot(model)
     assert not [n for n in before if torch.equal(before[n], after[n])]
-    assert "losses/value" in metrics and "losses/policy" in metrics
+    assert "losses/value" in metrics and "losses/policy" in metrics and "losses/explained_variance" in metrics
+    assert_namespaced(tmp_path, metrics)
 
 
 def test_forward_aligns_logprobs_and_entropy(tokenizer: Any) -> None:

@@ -76,3 +76,17 @@ def test_renamed_key_is_accepted_with_a_deprecation_warning(tmp_path: Path) -> N
     args = build_parser().parse_args(["train", "grpo", "--overlong-penalty", "0.25"])
     with pytest.warns(DeprecationWarning):
         assert resolve(args)[1].overlong_factor == 0.25
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_yaml_algorithm_runs_that_loop(tmp_path: Path, monkeypatch, capsys, algorithm) -> None:
+    import importlib
+
+    loop = importlib.import_module(f"toolgym.trainers.{algorithm}")
+    ran: list[object] = []
+    monkeypatch.setattr(loop, "train", lambda cfg: ran.append(cfg) or {"charts/success": 0.5})
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(f"algorithm: {algorithm}\nsteps: 1\noutput_dir: {tmp_path / 'run'}\n")
+    assert main(["train", "--config", str(cfg_file)]) == 0
+    assert [type(c) for c in ran] == [{"ppo": PPOConfig, "grpo": GRPOConfig}[algorithm]]
+    assert "charts/success=0.5" in capsys.readouterr().out
