@@ -98,6 +98,27 @@ def docker_problem(image: str) -> str | None:
     return None
 
 
+def runtime_problem(runtime: str | None) -> str | None:
+    """None when ``runtime`` (a docker runtime such as gVisor's ``runsc``; None: the default) is registered
+    with the daemon; otherwise what is wrong and how to register it."""
+    if not runtime:
+        return None
+    try:
+        known = sorted(client().info().get("Runtimes") or {})
+    except Exception as exc:
+        return f"could not ask the docker daemon for its runtimes ({type(exc).__name__}: {exc})"
+    if runtime in known:
+        return None
+    how = (
+        "install gVisor (apt-get install runsc), add it to /etc/docker/daemon.json as "
+        '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}} and reload '
+        "the daemon (kill -HUP the dockerd process; running containers are not touched)"
+        if runtime == "runsc"
+        else 'register it in /etc/docker/daemon.json under "runtimes" and reload the daemon'
+    )
+    return f"the docker runtime {runtime!r} is not registered with this docker daemon (it has {known}): {how}"
+
+
 def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
     """The hardened settings of `containers.create` (also printed by `toolgym sandbox doctor`)."""
     from docker.types import Ulimit

@@ -31,6 +31,10 @@ def get_sandbox(backend: str = "auto", limits: Limits | None = None, **overrides
         from toolgym.sandboxes.docker_backend import DockerSandbox, docker_problem
 
         problem = docker_problem(lim.image)
+        if problem is None and lim.runtime:
+            from toolgym.sandboxes.docker_backend import runtime_problem
+
+            problem = runtime_problem(lim.runtime)
         if problem is None:
             return DockerSandbox(lim)
         if backend == "auto":
@@ -39,6 +43,8 @@ def get_sandbox(backend: str = "auto", limits: Limits | None = None, **overrides
                 'get_sandbox("process") explicitly (bubblewrap boxes, weaker: see docs/sandboxes.md)'
             )
         raise InfrastructureError(problem)
+    if lim.runtime:
+        raise ConfigError(f"runtime={lim.runtime!r} is a docker runtime: use it with the docker backend")
     from toolgym.sandboxes.process_backend import ProcessSandbox, process_problem
 
     problem = process_problem()

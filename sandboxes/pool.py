@@ -19,6 +19,7 @@ from toolgym.sandboxes.box import Box
 
 IDLE_PING_S = 30.0  # an idle box older than this is pinged before it is handed out
 JANITORS = 4  # threads that reset returned session boxes at once (each reset waits on one box)
+JANITOR_IDLE_S = 5.0  # a janitor with nothing to do waits this long for more before it ends
 
 
 class Pool:
@@ -27,7 +28,11 @@ class Pool:
         self.size = size
         self._idle: list[Box] = []
         self._count = 0  # idle + busy + being created
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        # janitors wait on their own condition (same lock): a notify() meant for a caller waiting for a box
+        # must never wake a janitor instead
+        self._work = threading.Condition(lock)
         self._closed = False
         self._warm_target = 0  # boxes to keep idle: replacements are started in the background
         self.created = 0
@@ -76,6 +81,7 @@ class Pool:
         if reset and not box.broken and not self._closed:
             with self._cond:
                 self._dirty.append(box)
+                self._work.notify()
                 if len(self._janitors) < min(JANITORS, len(self._dirty)):
                     t = threading.Thread(target=self._clean, name="pool-janitor", daemon=True)
                     self._janitors.add(t)
@@ -93,6 +99,8 @@ class Pool:
         puts them back; at close, what is left is destroyed."""
         while True:
             with self._cond:
+                if not self._dirty and not self._closed:
+                    self._work.wait(timeout=JANITOR_IDLE_S)  # more boxes come back at every episode's end
                 if not self._dirty:
                     self._janitors.discard(threading.current_thread())
                     return
@@ -183,6 +191,7 @@ class Pool:
             idle, self._idle = self._idle, []
             self._count -= len(idle)
             self._cond.notify_all()
+            self._work.notify_all()
             janitors = list(self._janitors)
         for t in janitors:  # they destroy the boxes still waiting for a reset
             t.join(timeout=60)

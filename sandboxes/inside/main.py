@@ -25,7 +25,7 @@ def serve_main(argv: list[str]) -> None:
     for item in _values(argv, "limit"):
         name, _, value = item.partition("=")
         limits[name] = int(value)
-    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1) == 0  # gVisor (runsc) has none: see Server.fork
     prctl(PR_SET_DUMPABLE, 0)
     set_oom_adj(-1000)  # the OOM killer takes the code's processes, never the supervisor
     with contextlib.suppress(OSError):  # ahead of the code's processes (a fork bomb) when it must kill them
@@ -44,6 +44,7 @@ def serve_main(argv: list[str]) -> None:
         int((_values(argv, "uid") or ["65534"])[0]),
         int((_values(argv, "gid") or ["65534"])[0]),
         limits,
+        subreaper,
     )
     server.serve()
 

@@ -31,9 +31,12 @@ RLIMITS = ("RLIMIT_AS", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_NPROC", "RLIMIT
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def prctl(option: int, value: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        _libc.prctl(option, value, 0, 0, 0)
+def prctl(option: int, value: int) -> int:
+    """prctl(2) with one argument: 0 when it worked, -1 when not."""
+    try:
+        return 0 if _libc.prctl(option, value, 0, 0, 0) == 0 else -1
+    except (OSError, AttributeError):
+        return -1
 
 
 def set_oom_adj(value: int) -> None:
@@ -293,7 +296,9 @@ class Reaper:
             time.sleep(0.0005)
 
     def descendants(self) -> dict[int, int]:
-        """pid -> parent pid for every live process below this server (orphans included: we are a subreaper)."""
+        """pid -> parent pid for every live process below this server (orphans included: we are a subreaper).
+        Alone in a pid namespace (``contained``), every process but init and this server counts: that holds
+        even where orphans go to init (gVisor has no subreaper)."""
         parents: dict[int, int] = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
@@ -306,6 +311,8 @@ class Reaper:
                 except (OSError, ValueError, IndexError):
                     continue
         me = os.getpid()
+        if self.contained:
+            return {pid: ppid for pid, ppid in parents.items() if pid not in (1, me)}
         below: dict[int, int] = {}
         for pid in parents:
             chain: list[int] = []

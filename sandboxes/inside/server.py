@@ -68,8 +68,10 @@ class Server(Reaper):
         uid: int,
         gid: int,
         limits: dict[str, int],
+        subreaper: bool = True,
     ) -> None:
         super().__init__(scratch, contained)
+        self.subreaper = subreaper
         self.max_output = max_output
         self.uid, self.gid, self.limits = uid, gid, limits
         self.env = dict(os.environ)
@@ -498,6 +500,11 @@ class Server(Reaper):
         return (exc, int(m[3])) if exc.isidentifier() and len(exc) <= 200 else None
 
     def fork(self, wid: int) -> int:
+        if not self.subreaper:
+            raise RuntimeError(
+                "branching a session needs a child subreaper, which this kernel lacks (gVisor/runsc): use the "
+                "default docker runtime for sessions that fork"
+            )
         parent = self.workers[wid]
         if not self.idle(parent):
             self.kill_worker(wid)

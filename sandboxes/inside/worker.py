@@ -338,22 +338,29 @@ def _fork(n: int, door_fd: int, reply_fd: int) -> None:
     """Branches this interpreter: the new process (a child of the supervisor: CLONE_PARENT, or, where that
     is missing, a grandchild orphaned at once and so adopted by the supervisor, a subreaper) becomes a new
     worker on ``door_fd``; this process (or the middle child) tells the supervisor its pid."""
+    supervisor = os.getppid()
     try:
         pid = _clone_parent()
     except OSError as exc:  # e.g. the pids cap: the branch fails, this interpreter lives on
         os.close(door_fd)
         _answer(reply_fd, {"n": n, "error": f"fork failed: {exc}"})
         return
+    if pid == 0:
+        if os.getppid() != supervisor:
+            os._exit(0)  # CLONE_PARENT was ignored (gVisor does): our parent falls back to the double fork
+        try:
+            _become_branch(door_fd, reply_fd)
+            return  # back in session_loop as the new branch
+        except BaseException:
+            os._exit(1)
     if pid is not None:
-        if pid == 0:
-            try:
-                _become_branch(door_fd, reply_fd)
-                return  # back in session_loop as the new branch
-            except BaseException:
-                os._exit(1)
-        os.close(door_fd)
-        _answer(reply_fd, {"n": n, "pid": pid})
-        return
+        try:  # a child of ours means CLONE_PARENT was ignored
+            os.waitpid(pid, 0)
+            _clone[:] = [None]
+        except ChildProcessError:
+            os.close(door_fd)
+            _answer(reply_fd, {"n": n, "pid": pid})
+            return
     try:
         first = os.fork()
     except OSError as exc:
