@@ -381,7 +381,9 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         log.log(step, metrics)
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{metrics['losses/sft']:.3f}", acc=f"{metrics['charts/token_accuracy']:.2f}")
+            bar.set_postfix(
+                loss=f"{metrics['losses/sft']:.3f}", acc=f"{metrics['charts/token_accuracy']:.2f}"
+            )
     if bar is not None:
         bar.close()
     save_model(model, policy.tokenizer, out / "model")

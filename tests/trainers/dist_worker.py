@@ -9,7 +9,9 @@ import sys
 def main(out: str) -> None:
     import torch
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
+    sys.path.insert(
+        0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )  # repo root
     from tests.trainers.conftest import FAKE_ENV, register_fake_env, tiny_model, tiny_tokenizer
     from toolgym.trainers.grpo import GRPOConfig, train
 
