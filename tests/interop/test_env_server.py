@@ -158,3 +158,35 @@ def test_bad_settings_fail_at_start() -> None:
         EnvServer("toolgym/Nope-v0", port=0)
     with pytest.raises(ConfigError, match="unknown argument"):
         EnvServer(ENV, {"digitz": 3}, port=0)
+
+
+def test_a_typed_env_client_subclass(server: EnvServer) -> None:
+    """An env package's own client, written the way OpenEnv's are: an ``EnvClient`` with typed models."""
+    from openenv.core.client_types import StepResult
+    from pydantic import BaseModel
+
+    class CalcAction(BaseModel):
+        message: str
+
+    class CalcObservation(BaseModel):
+        messages: list[dict[str, Any]]
+        info: dict[str, Any] = {}
+        terminated: bool = False
+        truncated: bool = False
+
+    class CalculatorClient(openenv_core.EnvClient):
+        def _step_payload(self, action: CalcAction) -> dict[str, Any]:
+            return action.model_dump()
+
+        def _parse_result(self, payload: dict[str, Any]) -> Any:
+            obs = CalcObservation.model_validate(payload["observation"])
+            return StepResult(observation=obs, reward=payload.get("reward"), done=payload.get("done", False))
+
+        def _parse_state(self, payload: dict[str, Any]) -> dict[str, Any]:
+            return payload
+
+    actions, _ = expert_actions(seed=21)
+    with CalculatorClient(base_url=server.url).sync() as client:
+        assert "word problems" in client.reset(seed=21).observation.messages[0]["content"]
+        results = [client.step(CalcAction(message=a)) for a in actions]
+        assert results[-1].observation.terminated and results[-1].reward == 1.0

@@ -212,7 +212,7 @@ def test_a_real_training_run_saves_its_trees(tmp_path: Path) -> None:
     register_fake_env()
     tokenizer = tiny_tokenizer()
     cfg = GRPOConfig(
-        steps=2, output_dir=str(tmp_path), env_ids=[FAKE_ENV], env_kwargs={}, prompts_per_step=2, budget=6,
+        steps=2, output_dir=str(tmp_path), env_ids=[FAKE_ENV], env_kwargs={}, prompts_per_step=1, budget=4,
         max_new_tokens=6, max_total_tokens=256, device="cpu", tensorboard=False, progress=False,
         eval_episodes=2, micro_batch_rows=4, branching="turn_entropy",
         branch_kwargs={"entropy_weight": 0.0, "tau": 0.0}, save_rollouts=1,
@@ -221,10 +221,10 @@ def test_a_real_training_run_saves_its_trees(tmp_path: Path) -> None:
     files = sorted(p.name for p in (tmp_path / "rollouts").iterdir())
     assert files == ["step_000001.jsonl", "step_000002.jsonl"]
     trees = [json.loads(x) for x in (tmp_path / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
-    assert len(trees) == 2
+    assert len(trees) == 1
     for tree in trees:
         leaves = [n for n in tree["nodes"] if not n["children"] and n["id"] != 0]
-        assert len(leaves) == 6 and all(n["reward"] is not None for n in leaves)
+        assert len(leaves) == 4 and all(n["reward"] is not None for n in leaves)
         assert any(len(n["children"]) >= 2 for n in tree["nodes"])  # branch points
         model = [n for n in tree["nodes"] if n["kind"] == "model"]
         assert model and all("advantages" in n for n in model)
