@@ -216,6 +216,9 @@
     }
   };
 
+  // The page once the click armed by the last 'point' is over.
+  tg.afterClick = () => tg.clicked || JSON.stringify({error: null, snapshot: tg.snapshot()});
+
   // Start a seeded episode through MiniWoB's own JavaScript and return its first page once it is ready.
   tg.start = async (seed, maxTime) => {
     if (core.EP_TIMER !== null) { clearTimeout(core.EP_TIMER); core.EP_TIMER = null; }

@@ -2,9 +2,11 @@
 as a list of elements, and act on it. Every call is one trip to the browser loop (see ``browser.py``).
 
 Speed: ``page.js`` is installed in the page and does each action and the observation in ONE evaluate
-(type, select, element scroll, episode start); a click is a hit-tested point from the page, a real mouse
-click there (trusted input through CDP), then the observation: three round trips, no Playwright
-actionability polling (the page itself waits out running animations before giving the point)."""
+(type, select, element scroll, episode start); a click is a hit-tested point from the page, then a real
+mouse click there (trusted input through CDP) sent together with the read of the page after it: two
+sequential round trips, no Playwright actionability polling (the page itself waits out running animations
+before giving the point). The evaluates go as raw CDP ``Runtime.evaluate`` on the page's CDP session:
+about a third less CPU per call than ``page.evaluate`` (no Playwright utility-script serialisation)."""
 
 from __future__ import annotations
 
@@ -65,6 +67,10 @@ def _is_dead(exc: BaseException) -> bool:
     return any(s in text for s in ("Target closed", "has been closed", "Browser closed", "Connection closed"))
 
 
+class PageScriptError(Exception):
+    """page.js threw (not an action error: those come back as text)."""
+
+
 class MiniWoBPage:
     """One browser context with one page showing MiniWoB++ tasks."""
 
@@ -74,6 +80,7 @@ class MiniWoBPage:
         self.action_timeout_ms = action_timeout_ms
         self.context: Any = None
         self.page: Any = None
+        self.cdp: Any = None
         self.task: str | None = None
 
     # ----- life cycle --------------------------------------------------------------------------------------
@@ -88,6 +95,7 @@ class MiniWoBPage:
         await self.context.route(BASE_URL + "**", self._serve)
         await self.context.add_init_script(PAGE_JS)
         page = await self.context.new_page()
+        self.cdp = await self.context.new_cdp_session(page)
         page.set_default_timeout(self.action_timeout_ms)
         page.set_default_navigation_timeout(30_000)  # a loaded machine loads slowly; actions stay short
         return page
@@ -102,7 +110,7 @@ class MiniWoBPage:
         await route.fulfill(status=200, body=path.read_bytes(), headers={"content-type": kind})
 
     def close(self) -> None:
-        context, self.context, self.page, self.task = self.context, None, None, None
+        context, self.context, self.page, self.cdp, self.task = self.context, None, None, None, None
         if context is not None:
             with contextlib.suppress(Exception):  # a dead browser took the context with it
                 self.host.run(context.close(), timeout=10)
@@ -120,9 +128,7 @@ class MiniWoBPage:
         if reload or self.task != task:
             await page.goto(f"{BASE_URL}miniwob/{task}.html", wait_until="load")
             self.task = task
-        out = json.loads(
-            await page.evaluate("([s, t]) => window.__toolgym.start(s, t)", [str(seed), max_time_ms])
-        )
+        out = await self._eval("start", json.dumps(str(seed)), str(max_time_ms))
         if out.get("error"):
             raise InfrastructureError(f"MiniWoB {task}: {out['error']}")
         return Snapshot.from_js(out["snapshot"])
@@ -131,7 +137,7 @@ class MiniWoBPage:
         return self._call(self._snapshot())
 
     async def _snapshot(self) -> Snapshot:
-        out = json.loads(await self.page.evaluate("() => window.__toolgym.act('snapshot', [], 0)"))
+        out = await self._eval("act", '"snapshot"', "[]", "0")
         return Snapshot.from_js(out["snapshot"])
 
     def act(self, name: str, args: tuple[Any, ...]) -> tuple[str | None, Snapshot]:
@@ -158,12 +164,19 @@ class MiniWoBPage:
                 raise InfrastructureError(f"the browser failed: {exc}") from exc
             raise
 
+    async def _eval(self, function: str, *args: str) -> Any:
+        """``window.__toolgym.<function>(args...)`` (args are JS literals), awaited, its JSON result parsed."""
+        expression = f"window.__toolgym.{function}({', '.join(args)})"
+        params = {"expression": expression, "awaitPromise": True, "returnByValue": True}
+        result = await self.cdp.send("Runtime.evaluate", params)
+        if "exceptionDetails" in result:
+            details = result["exceptionDetails"]
+            text = (details.get("exception") or {}).get("description") or details.get("text") or "error"
+            raise PageScriptError(f"the page's script failed: {str(text).splitlines()[0][:200]}")
+        return json.loads(result["result"]["value"])
+
     async def _in_page(self, name: str, args: list[Any]) -> tuple[str | None, Snapshot]:
-        out = json.loads(
-            await self.page.evaluate(
-                "([n, a, w]) => window.__toolgym.act(n, a, w)", [name, args, self.action_timeout_ms]
-            )
-        )
+        out = await self._eval("act", json.dumps(name), json.dumps(args), str(self.action_timeout_ms))
         return out.get("error"), Snapshot.from_js(out["snapshot"])
 
     async def _act(self, name: str, args: tuple[Any, ...]) -> tuple[str | None, Snapshot]:
@@ -174,19 +187,13 @@ class MiniWoBPage:
             if name in ("type", "select"):
                 return await self._in_page(name, [args[0], str(args[1])])
             if name == "click":
-                out = json.loads(
-                    await page.evaluate(
-                        "([a, w]) => window.__toolgym.act('point', a, w)", [[args[0]], self.action_timeout_ms]
-                    )
-                )
+                out = await self._eval("act", '"point"', json.dumps([args[0]]), str(self.action_timeout_ms))
                 if out.get("error"):
                     return out["error"], Snapshot.from_js(out["snapshot"])
                 # the click and the read of the page after it go out together (the page waits for the
                 # mouse-up), so a click costs two sequential round trips, not three
-                _, after = await asyncio.gather(
-                    page.mouse.click(*out["point"]), page.evaluate("() => window.__toolgym.clicked")
-                )
-                return None, Snapshot.from_js(json.loads(after)["snapshot"])
+                _, after = await asyncio.gather(page.mouse.click(*out["point"]), self._eval("afterClick"))
+                return None, Snapshot.from_js(after["snapshot"])
             elif name == "press":
                 key = str(args[0])
                 await page.keyboard.press(" " if key == "Space" else key)
@@ -207,7 +214,7 @@ class MiniWoBPage:
                 await page.mouse.click(x, y)
             else:  # the env only sends known names
                 return f"unknown action {name!r}", await self._snapshot()
-        except PlaywrightError as exc:
+        except (PlaywrightError, PageScriptError) as exc:
             if _is_dead(exc):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
