@@ -71,3 +71,15 @@ def test_names_and_bad_input(tmp_path):
     with pytest.raises(ConfigError, match="not an empty folder"):
         scaffold(NAME, tmp_path / "full")
     assert main(["new", NAME, "--dir", str(tmp_path / "full")]) == 2  # the CLI reports the ConfigError
+
+
+def test_scaffold_is_lint_clean(tmp_path):
+    pytest.importorskip("ruff")
+    pkg = scaffold(NAME, tmp_path / "pkg")
+    rules = ["--isolated", "--line-length", "110"]
+    check = [sys.executable, "-m", "ruff", "check", *rules, "--select", "E,F,W,I,B,UP,SIM", str(pkg)]
+    out = subprocess.run(check, cwd=pkg, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout
+    fmt = [sys.executable, "-m", "ruff", "format", "--check", *rules, str(pkg)]
+    out = subprocess.run(fmt, cwd=pkg, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout
