@@ -33,4 +33,5 @@ for name in "$@"; do
     *) echo "unknown benchmark $name (rollout | update | grpo_step | generation)"; continue ;;
   esac 2>&1 | tee "$out/$name.log" | tail -30
   echo "$name: rc=${PIPESTATUS[0]} seconds=$(( $(date +%s) - start ))" | tee -a "$out/gpu.txt"
+  [ -f "$out/$name.json" ] && rm -f "$out/$name.partial.json"  # a call returns at most 8 files
 done
