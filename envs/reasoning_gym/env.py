@@ -10,7 +10,7 @@ from toolgym.envs.coding.interpreter import Interpreter, Snapshot, render, show_
 from toolgym.envs.reasoning_gym import catalog, class_name, working_tasks
 from toolgym.envs.reasoning_gym.expert import expert_action
 from toolgym.envs.reasoning_gym.tasks import dataset, registry_names
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.sandboxes import Sandbox
 from toolgym.tools import Tool
 
@@ -166,16 +166,30 @@ class ReasoningGymEnv(ToolEnv):
         rng = self.np_random
         name = self.tasks[int(rng.integers(len(self.tasks)))] if len(self.tasks) > 1 else self.tasks[0]
         items = dataset(name, self.task_config, self.size)
-        index = self._index if self._index is not None else int(rng.integers(len(items)))
-        if not 0 <= index < len(items):
-            raise ConfigError(f"options['index'] must be in [0, {len(items)}), got {index}")
-        entry = items[index]
+        if self._index is not None:
+            if not 0 <= self._index < len(items):
+                raise ConfigError(f"options['index'] must be in [0, {len(items)}), got {self._index}")
+            index, entry = self._index, items[self._index]
+        else:
+            index, entry = self._draw(items)
         return Task(
             task_id=f"rg-{name}-{index}",
             prompt=str(entry["question"]),
             answer=entry.get("answer"),
             data={"task": name, "index": index, "entry": entry},
         )
+
+    def _draw(self, items: Any, tries: int = 8) -> tuple[int, dict[str, Any]]:
+        """A drawn item; an item whose generator raises (a few reasoning-gym generators fail on rare
+        indices) is skipped for the next draw, so a seed still gives one fixed task."""
+        error: Exception | None = None
+        for _ in range(tries):
+            index = int(self.np_random.integers(len(items)))
+            try:
+                return index, items[index]
+            except Exception as exc:  # the dataset's bug, not the caller's: draw again
+                error = exc
+        raise InfrastructureError(f"reasoning-gym's generator failed {tries} times in a row: {error!r}")
 
     def check_answer(self, answer: str) -> dict[str, float]:
         data = self.task.data

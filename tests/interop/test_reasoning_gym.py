@@ -133,3 +133,27 @@ def test_without_reasoning_gym_the_ids_say_what_to_install():
     )
     assert out.returncode == 0, out.stderr
     assert "reasoning-gym is not installed" in out.stdout and "toolgym[interop]" in out.stdout
+
+
+def test_an_item_whose_generator_raises_is_skipped_deterministically(monkeypatch):
+    import toolgym.envs.reasoning_gym.env as rg_env
+
+    real = dataset("chain_sum")
+
+    class Flaky:
+        def __len__(self):
+            return 1000
+
+        def __getitem__(self, index):
+            if index % 2:  # as codeio's generator does on rare items (an int64 it cannot serialise)
+                raise TypeError("Object of type int64 is not JSON serializable")
+            return real[index]
+
+        def score_answer(self, answer, entry):
+            return real.score_answer(answer, entry)
+
+    monkeypatch.setattr(rg_env, "dataset", lambda *a, **k: Flaky())
+    env = gym.make("toolgym/ReasoningGym-v0", task="chain_sum")
+    first = [env.reset(seed=s)[0][1]["content"] for s in range(5)]
+    assert first == [env.reset(seed=s)[0][1]["content"] for s in range(5)]
+    assert all(int(env.reset(seed=s)[1]["task_id"].rsplit("-", 1)[1]) % 2 == 0 for s in range(5))
