@@ -95,7 +95,12 @@ def run_ours(args: Any) -> dict[str, float]:
     spec.loader.exec_module(mod)
     engine = "fast" if torch.cuda.is_available() else "hf"
     ns = argparse.Namespace(
-        model=args.model, steps=args.steps, prompts=args.prompts, samples=args.samples, new=args.new
+        model=args.model,
+        steps=args.steps,
+        prompts=args.prompts,
+        samples=args.samples,
+        new=args.new,
+        smoke=False,
     )
     return dict(mod.run(engine, ns))
 
