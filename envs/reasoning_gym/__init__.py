@@ -10,7 +10,8 @@ result): reading it imports nothing, so ``import toolgym`` stays cheap with or w
 from pathlib import Path
 
 CATALOG_FILE = Path(__file__).with_name("catalog.tsv")
-CATALOG_COLUMNS = ("task", "category", "status", "seconds", "description", "note")
+# status: the short check's result ("ok", "ok-no-gold" or "fail:WHICH"); full: `toolgym check`'s own settings
+CATALOG_COLUMNS = ("task", "category", "status", "seconds", "description", "note", "full")
 
 
 def catalog() -> list[dict[str, str]]:
