@@ -121,10 +121,10 @@ def at_tokens(records: list[dict[str, Any]], budget: float) -> float | None:
 def branching(runs_dir: Path, out: Path) -> dict[str, Any]:
     """Run c: plain GRPO vs ARPO branching + tree advantages on CalculatorChain-v0, compared at the largest
     number of generated tokens every run reached (``branching_gain``: mean success difference there)."""
-    runs = {
+    runs = {  # a run that never finished a training step (a crash at start) has nothing to compare
         name: with_tokens(read_metrics(runs_dir / name))
         for name in ("plain_s1", "plain_s2", "arpo_s1", "arpo_s2")
-        if read_metrics(runs_dir / name)
+        if any("rollout/generated_tokens" in r for r in read_metrics(runs_dir / name))
     }
     if not runs:
         return {}
@@ -183,6 +183,7 @@ def report(
     there, rl_only_lenient/: the RL-alone recipe that does not find the tool)."""
     a = with_minutes(read_metrics(runs_dir / "rl_only"))
     a0 = with_minutes(read_metrics(runs_dir / "rl_only_lenient"))
+    a_prev = with_minutes(read_metrics(runs_dir / "rl_only_previous"))  # an earlier run of a, for the record
     b = with_minutes(read_metrics(runs_dir / "sft_rl"))
     b_strict = with_minutes(read_metrics(runs_dir / "sft_rl_strict"))
     sft_summary_path = runs_dir / "sft" / "summary.json"
@@ -198,6 +199,7 @@ def report(
         "rl_only_steps": a[-1]["step"] if a else None,
         "rl_only_minutes_to_60": round(first_60["minutes"], 2) if first_60 else None,
         "rl_only_eval_tool_calls": ev_a[-1].get("eval/tool_calls") if ev_a else None,
+        "rl_only_success_previous": evals(a_prev)[-1]["eval/success"] if evals(a_prev) else None,
         "rl_only_lenient_success": ev_a0[-1]["eval/success"] if ev_a0 else None,
         "rl_only_lenient_tool_calls": ev_a0[-1].get("eval/tool_calls") if ev_a0 else None,
         "sft_success_before": sft.get("success_before"),
@@ -223,6 +225,8 @@ def report(
         curves["b_strict: narrow SFT, then RL (a's reward)"] = b_strict
     if a0:
         curves["a0: RL alone (lenient answers)"] = a0
+    if a_prev:
+        curves["a, previous session's run (older templates)"] = a_prev
     result.update(branching(runs_dir, out))
     plot(curves, warm, out)
     (out / "learning.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -245,6 +249,8 @@ def report(
             f"{r['sft_rl_strict_steps']} / {round(b_strict[-1]['minutes'], 2)}", gpus.get("b_strict", ""),
         ]  # fmt: skip
         table = [(*row, x) for row, x in zip(table, extra, strict=True)]
+    if not a0:  # no a0 run: drop its column
+        table = [row[:3] + row[4:] for row in table]
     md = ["# Learning: RL alone, and RL past a narrow warm start (SmolLM2-135M-Instruct, Calculator-v0)", ""]
     md += ["![held-out success](learning_curve.png)", ""]
     md += ["| " + " | ".join(table[0]) + " |", "|" + " --- |" * len(table[0])]
@@ -291,8 +297,11 @@ def main() -> None:
         "a": "toolgym train --config trainers/configs/learning_rl_alone.yaml",
         "b (1)": "toolgym sft --config trainers/configs/learning_sft.yaml",
         "b (2)": "toolgym train --config trainers/configs/learning_rl.yaml --init runs/learning_sft",
-        "a0": "toolgym train --config trainers/configs/learning_rl.yaml",
-        "device": "bash benchmarks/learning.sh run 520   # a and b side by side on one GPU, stopped by time",
+        "b_strict (2)": "toolgym train --config trainers/configs/learning_rl_strict.yaml --init runs/learning_sft",
+        "c (1)": "toolgym sft --config trainers/configs/branching_sft.yaml",
+        "c (2)": "toolgym train --config trainers/configs/branching_plain.yaml --init runs/branching_sft --seed S",
+        "c (3)": "toolgym train --config trainers/configs/branching_arpo.yaml --init runs/branching_sft --seed S",
+        "device": "bash benchmarks/gpu_stage.sh; bash benchmarks/gpu_proofs.sh run 540   # 4 GPUs, by time",
         "report": "python benchmarks/learning_report.py --runs DIR --notes benchmarks/learning_notes.md",
     }
     notes = args.notes.read_text() if args.notes else ""
