@@ -116,6 +116,10 @@ class Engine:
         # eager pass, so newcomers admitted together cost one instead of one each
         self.admit_wait = 0
         self._step_no = 0
+        # a newcomer with at most this many ids to prefill (an env reply, a fork's last prompt token) runs them
+        # as extra rows of the decode step (each row reads its slot up to its own position, so rows of one
+        # sequence are causal) instead of an eager prefill pass of ~50 launches a layer; 0: always prefill
+        self.inline_prefill = 64
         self.generator = torch.Generator(device=self.device)
         self.generator.seed()
         self.stats = EngineStats()
@@ -245,6 +249,19 @@ class Engine:
                     seq.kv = 0
                 admitted.append(seq)
             self.queue = waiting
+        inline: list[Seq] = []
+        if admitted and self.inline_prefill > 0:
+            room = self.buckets[-1] - len(self.active)  # rows one decode step can take
+            eager = []
+            for s in admitted:
+                s.kv = min(s.kv, len(s.ids) - 1)  # at least the last token runs: its logits start the turn
+                n = len(s.ids) - s.kv
+                if n <= min(self.inline_prefill, room):
+                    inline.append(s)
+                    room -= n
+                else:
+                    eager.append(s)
+            admitted = eager
         if admitted:
             t0 = time.perf_counter()
             for batch in self._prefill_batches(admitted):
@@ -263,10 +280,13 @@ class Engine:
                     done += self._record([batch[r] for r in rows], tok, lp, ent)
             self._sync()
             self.stats.prefill_s += time.perf_counter() - t0
-        if self.active:
+        if self.active or inline:
             t0 = time.perf_counter()
-            for mode, rows in _by_mode(self.active):
-                done += self._decode([self.active[r] for r in rows], mode)
+            active = self.active
+            modes = dict.fromkeys([s.mode for s in active] + [s.mode for s in inline])
+            for mode in modes:
+                group = [s for s in active if s.mode == mode]
+                done += self._decode(group, mode, [s for s in inline if s.mode == mode])
             self.stats.decode_steps += 1
             self.stats.decode_s += time.perf_counter() - t0
         if done:
@@ -307,12 +327,37 @@ class Engine:
                     self.stats.prefill_tokens += n - s.kv
                     s.kv = n
 
-    def _decode(self, rows: list[Seq], mode: SampleMode) -> list[Seq]:
-        n = len(rows)
+    def _decode(self, rows: list[Seq], mode: SampleMode, inline: Sequence[Seq] = ()) -> list[Seq]:
+        """One decode step for ``rows``; ``inline`` newcomers run their uncached ids as extra rows (their
+        last row samples their first token)."""
         tokens = [s.out[-1] for s in rows]
         slots = [s.slot for s in rows]
         pos = [len(s.ids) + len(s.out) - 1 for s in rows]
-        self.stats.decode_tokens += n
+        last = []
+        for s in inline:
+            new = s.ids[s.kv :]
+            tokens += new
+            slots += [s.slot] * len(new)
+            pos += range(s.kv, len(s.ids))
+            last.append(len(tokens) - 1)
+        self.stats.decode_tokens += len(rows)
+        tok, lp, ent = self._run_rows(tokens, slots, pos, mode)  # type: ignore[arg-type]
+        k = len(rows)
+        done = self._record(rows, tok[:k], lp[:k], ent[:k] if ent is not None else None)
+        if inline:
+            idx = torch.tensor(last, device=tok.device)
+            for s in inline:
+                self.stats.prefill_tokens += len(s.ids) - s.kv
+                s.kv = len(s.ids)
+            done += self._record(list(inline), tok[idx], lp[idx], ent[idx] if ent is not None else None)
+        return done
+
+    def _run_rows(
+        self, tokens: list[int], slots: list[int], pos: list[int], mode: SampleMode
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(token, logprob, entropy or None) sampled after one token per row: the graph of the row count's
+        bucket on CUDA, eager otherwise."""
+        n = len(tokens)
         if self.cuda_graphs:
             b = next(x for x in self.buckets if x >= n)
             self._in_host[0, :n] = torch.tensor(tokens)
@@ -328,8 +373,7 @@ class Engine:
                 self._in[:, :b].copy_(self._in_host[:, :b], non_blocking=True)
             graph.replay()
             out = self._out[:n].cpu()  # [n, 3] the one sync of a step
-            tok = out[:, 0].long()
-            return self._record(rows, tok, out[:, 1], out[:, 2] if mode.entropies else None)
+            return out[:, 0].long(), out[:, 1], out[:, 2] if mode.entropies else None
         t = torch.tensor(tokens, device=self.device)
         sl = torch.tensor(slots, device=self.device)
         ps = torch.tensor(pos, device=self.device)
@@ -337,8 +381,7 @@ class Engine:
             logits = decode_triton(self.weights, self.cache, t, sl, ps, self._nsplit(n))
         else:
             logits = decode_torch(self.weights, self.cache, t, sl, ps, span=max(pos) + 1)
-        tok, lp, ent = sample(logits, mode, self.generator)
-        return self._record(rows, tok, lp, ent)
+        return sample(logits, mode, self.generator)
 
     def _nsplit(self, b: int) -> int:
         """Time splits of the decode attention: enough programs to fill the GPU when rows are few."""

@@ -66,6 +66,10 @@ def test_continuous_trees_equal_the_round_based_ones(chatml_tokenizer: Any, make
     eng.admit_wait = 3
     held, _ = grow(engine, cfg, continuous=True)
     assert [shape(t) for t in held] == [shape(t) for t in ours] and not eng.queue
+    # short prefills (env replies, forks) run as rows of the decode step; a full prefill pass gives the same
+    eng.admit_wait, eng.inline_prefill = 0, 0
+    eager, _ = grow(engine, cfg, continuous=True)
+    assert [shape(t) for t in eager] == [shape(t) for t in ours]
 
 
 def test_token_level_forks_inside_turns_equal_the_round_based_ones(
