@@ -191,9 +191,16 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         raise NotImplementedError
 
     def tools(self) -> list[Tool]:
+        """The tools the model may call, as ``Tool`` objects (built from typed, documented functions). Called
+        once, by ``__init__``; their specs go to the system prompt and to reset's ``info["tools"]``. Default:
+        none."""
         return []
 
     def run_tool(self, call: ToolCall) -> str:
+        """Run one parsed ``ToolCall`` (its name is one of ``tools()``) and return the observation text. Default:
+        call the tool's function; any exception but ``InfrastructureError`` becomes ``"Error: …"`` feedback
+        for the model. Raise ``InfrastructureError`` for a fault of the env's machinery (a dead sandbox): the
+        episode then ends as ``truncation="env_error"`` and is not scored as the model's failure."""
         tool = self._tools[call.name]
         try:
             return str(tool(**call.arguments))
@@ -203,18 +210,30 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
             return f"Error: {exc}"
 
     def check_answer(self, answer: str) -> dict[str, float]:
+        """The reward components of a final answer (the text inside ``<answer>``), e.g. ``{"correct": 1.0}``;
+        the step's reward is their sum and the episode ends. Required unless the env is command-format. May
+        raise ``InfrastructureError`` (a grader that could not run)."""
         raise NotImplementedError
 
     def is_success(self, components: dict[str, float]) -> bool:
+        """Whether the final answer's reward components mean solved (``info["success"]``). Default:
+        ``correct >= 1``."""
         return components.get("correct", 0.0) >= 1.0
 
     def run_command(self, command: str) -> CommandOutcome:
+        """Command-format envs (household, text games): advance the world by one command and return a
+        ``CommandOutcome`` (observation, reward components, whether the episode ended and was won). May raise
+        ``InfrastructureError`` (an engine that died)."""
         raise NotImplementedError
 
     def tool_reward(self, call: ToolCall, output: str) -> dict[str, float]:
+        """Optional shaping for one tool call, given its output: reward components added to the step's.
+        Default: none."""
         return {}
 
     def expert_action(self) -> str:
+        """The scripted expert's next action as model text, from the episode so far (used by ``toolgym check``,
+        tests and SFT data). Required by the checks: determinism, fork and expert checks play it."""
         raise NotImplementedError
 
     def parse(self, action: Any) -> ParseResult:
