@@ -286,7 +286,7 @@ class Server(Reaper):
         return self._register(pid, mine)
 
     def _register(self, pid: int, door: socket.socket, mark: tuple[str, ...] | None = None) -> int:
-        door.settimeout(5.0)
+        door.setblocking(True)  # sends use MSG_DONTWAIT: never blocked, and no poll() before each send
         wid = self.next_wid
         self.next_wid += 1
         self.workers[wid] = Worker(pid, door)
@@ -456,7 +456,12 @@ class Server(Reaper):
         """Reads what the (non-blocking) session pipes hold now, keeping up to ``cap`` bytes of each;
         whether anything was cut."""
         truncated = False
-        for fd, buf in bufs.items():
+        try:  # one call tells which pipes hold anything (usually none)
+            ready, _, _ = select.select(list(bufs), [], [], 0)
+        except (OSError, ValueError):
+            ready = list(bufs)
+        for fd in ready:
+            buf = bufs[fd]
             while True:
                 try:
                     data = os.read(fd, 65536)
@@ -518,7 +523,7 @@ class Server(Reaper):
         mine.shutdown(socket.SHUT_RD)
         rep_r, rep_w = os.pipe()
         try:
-            socket.send_fds(parent.door, [b"fork %d" % n], [theirs.fileno(), rep_w])
+            socket.send_fds(parent.door, [b"fork %d" % n], [theirs.fileno(), rep_w], socket.MSG_DONTWAIT)
         finally:
             theirs.close()
             os.close(rep_w)

@@ -183,6 +183,7 @@ def session_loop(door: socket.socket) -> None:
         os._exit,
     )
     read, settrace, setprofile, sys_, byteorder = os.read, sys.settrace, sys.setprofile, sys, sys.byteorder
+    closerange = os.closerange
     putenv, unsetenv, environ = os.putenv, os.unsetenv, os.environ
     hard = [(k.encode(), v.encode()) for k, v in HARDEN.items()]
     unset = [k.encode() for k in UNSET]
@@ -215,10 +216,16 @@ def session_loop(door: socket.socket) -> None:
                 close(fds[4])
             # Received fds take the lowest free numbers in order, so one the code freed among 0-2 may
             # already be its own target (never another's: each is >= its target).
-            for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
-                if fd != target:
-                    dup2(fd, target)
-                    close(fd)
+            if stdin_fd > 3 and out_fd == stdin_fd + 1 and err_fd == stdin_fd + 2:  # the usual case
+                dup2(stdin_fd, 0)
+                dup2(out_fd, 1)
+                dup2(err_fd, 2)
+                closerange(stdin_fd, err_fd + 1)  # one close_range(2)
+            else:
+                for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
+                    if fd != target:
+                        dup2(fd, target)
+                        close(fd)
             settrace(None)  # trace and profile hooks of earlier calls do not watch this one
             setprofile(None)
             # fds 0-2 are this call's (above); the Python objects over them are rebuilt unless the last call
