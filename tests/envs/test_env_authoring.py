@@ -101,6 +101,15 @@ def test_step_and_reset_are_final():
         assert getattr(ToolEnv, name).__doc__, name
 
 
+@pytest.mark.slow  # seconds with CI's mypy cache (mypy runs first there), about a minute of CPU without
+def test_mypy_rejects_an_env_that_overrides_step():
+    api = pytest.importorskip("mypy.api")
+    bad = "from typing import Any\nfrom envs.base import ToolEnv\n\n\nclass Bad(ToolEnv):\n"
+    bad += "    def step(self, action: Any) -> Any:\n        return None\n"
+    out, _, status = api.run(["--no-error-summary", "--follow-imports=silent", "-c", bad])
+    assert status == 1 and 'Cannot override final attribute "step"' in out, out
+
+
 class _Hooked(CounterEnv):
     """Records each extra_info call and marks every returned message."""
 
