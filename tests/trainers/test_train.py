@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,20 @@ def records(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
+def documented_metrics() -> list[re.Pattern[str]]:
+    """The metric names of docs/trainer.md's table (`rollout/dropped_<filter>` matches any filter)."""
+    text = (Path(__file__).parents[2] / "docs" / "trainer.md").read_text()
+    table = text.split("## Logged metrics", 1)[1].split("\n## ", 1)[0]
+    names = re.findall(r"`((?:charts|losses|rollout|eval|time)/[^`]+)`", table)
+    return [re.compile(re.sub(r"<[a-z]+>", "[a-z_]+", re.escape(n)) + "$") for n in names]
+
+
 def assert_namespaced(folder: Path, metrics: dict[str, float]) -> None:
-    """Every logged key lies under charts/, losses/, rollout/, eval/ or time/ (docs/trainer.md)."""
+    """Every logged key lies under charts/, losses/, rollout/, eval/ or time/ and has a row in docs/trainer.md."""
     keys = set(metrics) | {k for r in records(folder) for k in r if k != "step"}
     assert keys and not sorted(k for k in keys if not k.startswith(NAMESPACES))
+    documented = documented_metrics()
+    assert not sorted(k for k in keys if not any(p.match(k) for p in documented))
 
 
 def test_grpo_two_steps_move_every_parameter(tmp_path: Path, tokenizer: Any) -> None:
