@@ -1,5 +1,6 @@
 """Rollout trees, branching policies, advantage estimators, losses and the GRPO/PPO loops.
 
-The math modules (`tree`, `advantages`, `loss`, `branching`) import only torch/numpy; the loops import
-the agents and transformers when used.
+`config` (`RunConfig`, `GRPOConfig`, `PPOConfig`) imports no torch, so the CLI's help and config checks run
+without it; the math modules (`tree`, `advantages`, `loss`, `branching`) import only torch/numpy; the
+loops `grpo` and `ppo` import torch and the agents at the top (`sft` when it runs).
 """
