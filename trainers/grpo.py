@@ -332,6 +332,9 @@ def optimize(
     loss_cfg = cfg.loss_config()
     device = batch.input_ids.device
     n_rows = batch.input_ids.shape[0]
+    # per-row counts read once: the micro-batch loop then never waits on the GPU for them
+    mask_cpu = batch.loss_mask.cpu()  # [B, T]
+    row_mask, row_len = mask_cpu.sum(1), batch.attention_mask.sum(1).cpu()  # [B], [B]
     metrics: dict[str, float] = {}
     multi = cfg.epochs * cfg.minibatches > 1
     old = _old_logprobs(model, batch, cfg, device, fwd) if multi else None
@@ -346,13 +349,13 @@ def optimize(
         per_mb = -(-n_rows // cfg.minibatches)
         for mb_rows in micro_batches(n_rows, per_mb, order):
             chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows)
-            denom = dist.sum(sum(denominator(batch.loss_mask[i], loss_cfg) for i in chunks))  # all ranks
+            denom = dist.sum(sum(denominator(mask_cpu[i], loss_cfg) for i in chunks))  # all ranks
             if denom == 0:
                 continue  # nothing to learn from these rows (every group was filtered out)
             optimizer.zero_grad(set_to_none=True)
             for i, idx in enumerate(chunks):
                 mb = batch.select(idx)
-                if mb.loss_mask.sum() == 0 and dist.world == 1:
+                if row_mask[idx].sum() == 0 and dist.world == 1:
                     continue  # (under DDP every rank runs every micro-batch: the last one syncs gradients)
                 T = mb.input_ids.shape[1]
                 sync = dist.no_sync(trainer, sync=i == len(chunks) - 1)
@@ -374,8 +377,8 @@ def optimize(
                 loss = seeds.epo_term(loss, ent, mb, len(mb_rows))
                 with dist.no_sync(trainer, sync=i == len(chunks) - 1):
                     (loss * dist.world).backward()
-                w = float(mb.loss_mask.sum())
-                trained_tokens += int(mb.attention_mask.sum())
+                w = float(row_mask[idx].sum())
+                trained_tokens += int(row_len[idx].sum())
                 for k, v in st.items():
                     sums[k] = sums.get(k, 0.0) + v * w
                 sums["_w"] = sums.get("_w", 0.0) + w
