@@ -28,7 +28,6 @@ import asyncio
 import json
 import queue
 import re
-import socket
 import threading
 import time
 import uuid
@@ -41,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy
 from toolgym.errors import ConfigError
+from toolgym.serving.base import AppServer
 
 _TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.S)
 
@@ -271,9 +271,10 @@ def tools_system_text(tools: Sequence[dict[str, Any]]) -> str:
     )
 
 
-class PolicyServer:
+class PolicyServer(AppServer):
     """Serves ``policy`` on ``host:port`` (port 0 picks a free one; see ``.port``). ``start()`` runs uvicorn
-    in a background thread, ``serve_forever()`` in this one; ``close()`` stops it."""
+    in a background thread, ``serve_forever()`` in this one; ``close()`` stops it (``AppServer``), and a
+    batching thread feeds the policy."""
 
     def __init__(
         self,
@@ -294,68 +295,28 @@ class PolicyServer:
         self._renderer = getattr(policy, "renderer", None) if isinstance(policy, TokenPolicy) else None
         tok = getattr(self._renderer, "tokenizer", None)
         self._token_bytes = TokenBytes(tok) if tok is not None else None
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._sock.bind((host, port))
-        except OSError as exc:
-            self._sock.close()
-            raise ConfigError(f"cannot listen on {host}:{port} ({exc}); pick another --port") from exc
-        self._host = host
+        super().__init__(None, host, port, lifespan="off")
         self.app = build_app(self)
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self._sock.getsockname()[1])
 
     @property
     def url(self) -> str:
-        return f"http://{self._host}:{self.port}/v1"
+        return f"{super().url}/v1"
 
-    def _uvicorn(self) -> Any:
-        import uvicorn
-
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        return self._server
-
-    def start(self) -> PolicyServer:
+    def start(self, timeout_s: float = 60.0) -> PolicyServer:
         self._worker.start()
-        server = self._uvicorn()
-        self._thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [self._sock]}, name="toolgym-serve", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 60
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise ConfigError(f"the server on port {self.port} did not start")
-            time.sleep(0.01)
+        super().start(timeout_s)
         return self
 
     def serve_forever(self) -> None:
         self._worker.start()
-        try:
-            self._uvicorn().run(sockets=[self._sock])
-        finally:
-            self.close()
+        super().serve_forever()
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
-        self._sock.close()
+        super().close()
         self._jobs.put(None)
 
     def __enter__(self) -> PolicyServer:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ----- batching ----------------------------------------------------------------------------------------
     def submit(
