@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from toolgym.agents.factory import AGENT_HELP
+from toolgym.cli.arguments import json_object
 from toolgym.cli.table import format_table
 
 
@@ -32,7 +32,9 @@ def register(subparsers: Any) -> None:
         default="auto",
         help="auto: text when the model's chat template cannot show tools",
     )
-    p.add_argument("--env-kwargs", default="{}", help="JSON of keyword arguments for gym.make")
+    p.add_argument(
+        "--env-kwargs", type=json_object, default={}, help="JSON of keyword arguments for gym.make"
+    )
     p.add_argument("--out", default=None, help="output folder (default runs/eval-TIMESTAMP)")
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -82,12 +84,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--env-kwargs must be a JSON object: {exc}") from exc
-    if not isinstance(env_kwargs, dict):
-        raise ConfigError("--env-kwargs must be a JSON object")
+    env_kwargs = dict(args.env_kwargs)
     from gymnasium.envs.registration import registry
 
     import toolgym  # noqa: F401  (registers the ids)

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from toolgym.cli.arguments import json_object
 from toolgym.cli.table import format_table
 
 
@@ -16,7 +17,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("play", help="play an environment in the terminal")
     p.add_argument("env_id")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--kwargs", default="{}", help="JSON of keyword arguments for gym.make")
+    p.add_argument("--kwargs", type=json_object, default={}, help="JSON of keyword arguments for gym.make")
     p.set_defaults(func=cmd_play)
     p = subparsers.add_parser("check", help="run the env checks (gymnasium, determinism, garbage, expert)")
     p.add_argument("env_ids", nargs="*", help="ids to check (default: all)")
@@ -47,10 +48,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     from toolgym.envs.base import tool_env
     from toolgym.errors import ConfigError
 
-    try:
-        kwargs = json.loads(args.kwargs)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--kwargs must be a JSON object: {exc}") from exc
+    kwargs = args.kwargs
     try:
         env = gym.make(args.env_id, **kwargs)
     except gym.error.Error as exc:

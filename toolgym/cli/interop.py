@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 from typing import Any
+
+from toolgym.cli.arguments import json_object
 
 
 def register(subparsers: Any) -> None:
@@ -19,7 +20,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("env_id", metavar="ENV", help="a registered id, e.g. toolgym/Calculator-v0")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--env-kwargs", default="{}", help="JSON of keyword arguments for gym.make")
+    p.add_argument(
+        "--env-kwargs", type=json_object, default={}, help="JSON of keyword arguments for gym.make"
+    )
     p.add_argument("--max-sessions", type=int, default=64, help="sessions open at once (one env each)")
     p.add_argument(
         "--idle-timeout",
@@ -48,15 +51,9 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_serve_env(args: argparse.Namespace) -> int:
-    from toolgym.errors import ConfigError
     from toolgym.serving.env_server import EnvServer
 
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--env-kwargs must be a JSON object: {exc}") from exc
-    if not isinstance(env_kwargs, dict):
-        raise ConfigError("--env-kwargs must be a JSON object")
+    env_kwargs = args.env_kwargs
     server = EnvServer(
         args.env_id,
         env_kwargs,

@@ -17,6 +17,7 @@ import sys
 import warnings
 from typing import Any
 
+from toolgym.cli.arguments import json_object
 from toolgym.errors import ConfigError
 
 ALGORITHMS = ("grpo", "ppo")
@@ -99,7 +100,7 @@ def add_config_flags(
         elif typ.startswith("list"):
             p.add_argument(flag, nargs="+", metavar="X", **kw)
         elif typ.startswith("dict"):
-            p.add_argument(flag, type=_json_object, metavar="JSON", **kw)
+            p.add_argument(flag, type=json_object, metavar="JSON", **kw)
         else:
             p.add_argument(flag, type={"int": int, "float": float}.get(typ, str), choices=choices, **kw)
 
@@ -120,16 +121,6 @@ def config_fields(*classes: Any) -> dict[str, tuple[str, Any, str, Any]]:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out[f.name] = (str(f.type), default, f.metadata.get("help", ""), f.metadata.get("choices"))
     return out
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError('expected a JSON object, e.g. \'{"prompt_format": "text"}\'')
-    return value
 
 
 def _algorithm(args: argparse.Namespace, data: dict[str, Any]) -> str:
