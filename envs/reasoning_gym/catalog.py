@@ -99,7 +99,8 @@ def table(rows: list[dict[str, str]], version: str) -> str:
         f"reasoning-gym {version}: **{ok} of {len(rows)}** datasets pass the checks and have an id "
         f"`toolgym/ReasoningGym-<task>-v0` ({no_gold} of them give no gold answer, so they have no expert "
         "and declare an expert success of 0); every dataset (and a newer version's) also plays through "
-        "`toolgym/ReasoningGym-v0` with `task=NAME` (and `config=` where it needs one).",
+        "`toolgym/ReasoningGym-v0` with `task=NAME` (and `config=` where it needs one). "
+        f"{sum(r.get('full') == 'pass' for r in rows)} pass `toolgym check`'s own settings (last column).",
         "",
         "| task | category | short check | seconds | what | why it fails | `toolgym check` (200/20) |",
         "|---|---|---|---|---|---|---|",
