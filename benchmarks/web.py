@@ -269,6 +269,7 @@ def browsergym_driver(args: argparse.Namespace) -> None:
     lat: list[float] = []
     tokens: list[int] = []
     wins: list[int] = []
+    by_task: dict[str, list[int]] = {}
     steps, wall, cpu, errors = 0, 0.0, 0.0, 0
     for k, task in enumerate(tasks):
         env = gym.make(f"browsergym/miniwob.{task}", **extra)
@@ -292,6 +293,7 @@ def browsergym_driver(args: argparse.Namespace) -> None:
                 errors += 1
                 print(f"reset failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr, flush=True)
                 wins.append(0)
+                by_task.setdefault(task, []).append(0)
                 continue
             text = flatten_axtree_to_str(obs["axtree_object"])
             tokens.append(len(text) // 4)
@@ -305,11 +307,13 @@ def browsergym_driver(args: argparse.Namespace) -> None:
                 if term or trunc:
                     break
             wins.append(int(float(reward) > 0))
+            by_task.setdefault(task, []).append(wins[-1])
         wall += time.perf_counter() - start
         cpu += tree_cpu_ms() - cpu0
         env.close()
     out = _summary(lat, tokens, steps, wall, cpu)
     out.update({"wall": wall, "cpu_ms": cpu, "episodes": len(wins), "wins": sum(wins), "lat": lat, "errors": errors,
+                "wins_by_task": {t: f"{sum(w)}/{len(w)}" for t, w in by_task.items()},
                 "chromium_after_close": chromium_processes()})  # fmt: skip
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -399,7 +403,9 @@ def run_browsergym(python: str, n_envs: int, seconds: float, tuned: bool) -> dic
     out["obs_tokens_p50"] = statistics.median(r["obs_tokens_p50"] for r in results)
     out["success"] = sum(r["wins"] for r in results) / max(1, sum(r["episodes"] for r in results))
     out["chromium_after_close"] = sum(r["chromium_after_close"] for r in results)
+    out["obs_tokens_max"] = max(r["obs_tokens_max"] for r in results)
     out["reset_errors"] = sum(r["errors"] for r in results)
+    out["wins_by_task"] = {t: w for r in results for t, w in r["wins_by_task"].items()}
     return out
 
 
@@ -446,7 +452,9 @@ def main() -> None:
             ("browsergym_tuned_1", lambda: run_browsergym(py, 1, args.seconds, True)),
             ("browsergym_tuned_8", lambda: run_browsergym(py, 8, args.seconds, True)),
         ]
+    results["load_1min_at_mode_start"] = {}
     for name, fn in plan:
+        results["load_1min_at_mode_start"][name] = os.getloadavg()[0]
         print(f"mode {name} ... (load {os.getloadavg()[0]:.1f})", flush=True)
         results["modes"][name] = fn()
         print(f"  {results['modes'][name]}", flush=True)
@@ -499,7 +507,7 @@ def main() -> None:
 
 Command: `python benchmarks/web.py --seconds {args.seconds:g} --solver-episodes {args.solver_episodes}`
 Machine: {results["machine"]}; load average (1, 5, 15 min) {", ".join(f"{x:.1f}" for x in load_before)} at the
-start, {", ".join(f"{x:.1f}" for x in load_after)} at the end. NOTE: 2 cores shared with other engineers' jobs
+start, {", ".join(f"{x:.1f}" for x in load_after)} at the end (1-min load as each mode started: {", ".join(f"{k} {v:.1f}" for k, v in results["load_1min_at_mode_start"].items())}; the 8 BrowserGym processes raise it themselves). NOTE: 2 cores shared with other engineers' jobs
 during the run: absolute rates are low and noisy; the modes ran one after the other in one run.
 
 Tasks: {", ".join(TASKS)}; 1 env plays them in turn, 8 envs play one each at the same time. Ours act with
@@ -520,6 +528,27 @@ BrowserGym as shipped waits `slow_mo` 100 ms per Playwright call and 0.5 s befor
 - `obs_tokens_p50` (chars/4): {results["obs_tokens_p50"]:.0f} (goal <= 800)
 - `leftover_chromium_processes` after close(): {results["chromium_processes_after_close"]}
 
+## What limits it
+
+- Sharing one Chromium saves per-browser fixed costs, not per-step work: 8 envs in one browser have one
+  browser process, one GPU/compositor process, one network and storage service, one Playwright driver
+  and one event-loop thread instead of 8 of each (8 idle MiniWoB pages, measured once at load ~15: ~50 CPU
+  ms/s shared against ~95 with a browser each) and far less memory. Every step still crosses Python,
+  Playwright's driver, the browser process and the page's own renderer (browser contexts never share a
+  renderer), so on 2 saturated cores both modes are bound by the same CPU per step and the steps/s ratio
+  is about the ratio of CPU per step (table). With the old step path (Playwright handles, actionability
+  polling, ~160 ms a step) 8 browsers polled more and the ratio was 2.2; with the lean path both modes got
+  4-5x faster and the gap shrank. A speedup of 4 over a browser per env does not exist on this machine
+  unless the baseline pays its browser per episode, as BrowserGym does.
+- BrowserGym's rate is set by its reset: every episode closes and relaunches its task Chromium and its chat
+  Chromium (seconds each here; with 8 envs, 16 launches compete for 2 cores), then each step waits 0.5 s
+  (`pre_observation_delay`) plus 100 ms per Playwright call (`slow_mo`) and extracts a DOM snapshot and an
+  accessibility tree (~0.6 s of CPU per step even tuned). Its episodes per task:
+  {_wins_by_task(m)}.
+- Latency of ours under load is mostly waiting for a core: a step is 1-2 sequential CDP round trips
+  (click: point, then the mouse click together with the read of the page) at ~25-40 ms of CPU over four
+  processes.
+
 ## Scripted solvers ({args.solver_episodes} episodes each, seeds 1000..)
 
 | task | success |
@@ -528,6 +557,15 @@ BrowserGym as shipped waits `slow_mo` 100 ms per Playwright call and 0.5 s befor
 """
     out.with_suffix(".md").write_text(md)
     print(md)
+
+
+def _wins_by_task(m: dict[str, Any]) -> str:
+    parts = []
+    for name, v in m.items():
+        if name.startswith("browsergym") and isinstance(v, dict):
+            wins = ", ".join(f"{t} {w}" for t, w in v.get("wins_by_task", {}).items())
+            parts.append(f"{name}: {wins}")
+    return "; ".join(parts) or "not run"
 
 
 def _bgym_version(python: str) -> str:
