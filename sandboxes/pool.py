@@ -45,8 +45,9 @@ class Pool:
         """A live box; raises InfrastructureError if none can be created or none frees up in ``wait_s``."""
         end = time.monotonic() + wait_s
         while True:
+            dirty = None
             with self._cond:
-                while not self._idle and self._count >= self.size:
+                while not self._idle and not self._dirty and self._count >= self.size:
                     if self._closed:
                         raise InfrastructureError("the sandbox pool is closed")
                     if not self._cond.wait(timeout=max(0.0, end - time.monotonic())):
@@ -54,10 +55,17 @@ class Pool:
                 if self._closed:
                     raise InfrastructureError("the sandbox pool is closed")
                 box = self._idle.pop() if self._idle else None
+                if box is None and self._dirty:  # none idle: reset one here, not wait (nor cold-start)
+                    dirty = box = self._dirty.pop(0)
                 if box is None:
                     self._count += 1
             if box is None:
                 return self._create()
+            if dirty is not None:
+                if not dirty.reset():
+                    self._discard(dirty)
+                    continue
+                return dirty
             if box.broken or (time.monotonic() - box.last_used > IDLE_PING_S and not box.ping()):
                 self._discard(box)
                 continue
@@ -82,6 +90,7 @@ class Pool:
             with self._cond:
                 self._dirty.append(box)
                 self._work.notify()
+                self._cond.notify()  # a caller waiting for a box may reset this one itself
                 if len(self._janitors) < min(JANITORS, len(self._dirty)):
                     t = threading.Thread(target=self._clean, name="pool-janitor", daemon=True)
                     self._janitors.add(t)
