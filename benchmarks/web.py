@@ -270,6 +270,7 @@ def browsergym_driver(args: argparse.Namespace) -> None:
     tokens: list[int] = []
     wins: list[int] = []
     by_task: dict[str, list[int]] = {}
+    failures: list[str] = []
     steps, wall, cpu, errors = 0, 0.0, 0.0, 0
     for k, task in enumerate(tasks):
         env = gym.make(f"browsergym/miniwob.{task}", **extra)
@@ -298,9 +299,10 @@ def browsergym_driver(args: argparse.Namespace) -> None:
             text = flatten_axtree_to_str(obs["axtree_object"])
             tokens.append(len(text) // 4)
             reward: Any = 0.0
+            info: dict[str, Any] = {}
             for action in browsergym_plan(task, obs["goal"], text)[:MAX_STEPS]:
                 t = time.perf_counter()
-                obs, reward, term, trunc, _ = env.step(action)
+                obs, reward, term, trunc, info = env.step(action)
                 lat.append((time.perf_counter() - t) * 1000)
                 steps += 1
                 tokens.append(len(flatten_axtree_to_str(obs["axtree_object"])) // 4)
@@ -308,12 +310,15 @@ def browsergym_driver(args: argparse.Namespace) -> None:
                     break
             wins.append(int(float(reward) > 0))
             by_task.setdefault(task, []).append(wins[-1])
+            if not wins[-1]:  # why, for the record: its last action error or MiniWoB's reason
+                reason = obs.get("last_action_error") or str(info.get("task_info", {}).get("REWARD_REASON"))
+                failures.append(f"{task} seed {seed}: {reason[:200]}")
         wall += time.perf_counter() - start
         cpu += tree_cpu_ms() - cpu0
         env.close()
     out = _summary(lat, tokens, steps, wall, cpu)
     out.update({"wall": wall, "cpu_ms": cpu, "episodes": len(wins), "wins": sum(wins), "lat": lat, "errors": errors,
-                "wins_by_task": {t: f"{sum(w)}/{len(w)}" for t, w in by_task.items()},
+                "wins_by_task": {t: f"{sum(w)}/{len(w)}" for t, w in by_task.items()}, "failures": failures,
                 "chromium_after_close": chromium_processes()})  # fmt: skip
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -406,6 +411,7 @@ def run_browsergym(python: str, n_envs: int, seconds: float, tuned: bool) -> dic
     out["obs_tokens_max"] = max(r["obs_tokens_max"] for r in results)
     out["reset_errors"] = sum(r["errors"] for r in results)
     out["wins_by_task"] = {t: w for r in results for t, w in r["wins_by_task"].items()}
+    out["failures"] = [f for r in results for f in r["failures"]]
     return out
 
 
@@ -564,7 +570,8 @@ def _wins_by_task(m: dict[str, Any]) -> str:
     for name, v in m.items():
         if name.startswith("browsergym") and isinstance(v, dict):
             wins = ", ".join(f"{t} {w}" for t, w in v.get("wins_by_task", {}).items())
-            parts.append(f"{name}: {wins}")
+            failed = "; ".join(v.get("failures", []))
+            parts.append(f"{name}: {wins}" + (f" (failed: {failed})" if failed else ""))
     return "; ".join(parts) or "not run"
 
 

@@ -201,6 +201,9 @@ def test_episode_reads_and_acts(pinned):
         assert info["invalid_action"] and "Invalid action" in obs[0]["content"] and reward < 0
         obs, _, _, _, _ = env.step('select(1, "x")')
         assert "Error:" in obs[0]["content"]
+        button = next(e["id"] for e in env.unwrapped.episode.snapshot.elements if e["role"] == "button")
+        obs, _, terminated, _, _ = env.step(f'type({button}, "x")')
+        assert f"element [{button}] is not a text field" in obs[0]["content"] and not terminated
         obs, _, _, _, _ = env.step('press("NoSuchKey")')
         assert "unknown key" in obs[0]["content"]
         obs, _, _, _, _ = env.step("click_xy(9999, 1)")
