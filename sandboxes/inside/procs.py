@@ -39,6 +39,12 @@ def prctl(option: int, value: int) -> int:
         return -1
 
 
+def set_name(name: bytes) -> None:
+    """This process's name (``comm``, what ``ps -o comm`` shows)."""
+    with contextlib.suppress(OSError, AttributeError):
+        _libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+
+
 def set_oom_adj(value: int) -> None:
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write(str(value))

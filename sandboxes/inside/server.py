@@ -21,12 +21,23 @@ import time
 from typing import Any
 
 from .frames import Blobs, encode, read_frame, write_all
-from .procs import Reaper, Worker, become_grader, drop_to, harden_env, oom_kills, open_proc, pread_proc
+from .procs import (
+    Reaper,
+    Worker,
+    become_grader,
+    drop_to,
+    harden_env,
+    oom_kills,
+    open_proc,
+    pread_proc,
+    set_name,
+)
 from .worker import run_once, session_loop
 
 MAX_REPLY = 512  # a genuine worker reply is a few dozen bytes
 INLINE_CODE = 32 << 10  # session code up to this size travels in the request message, bigger in a memfd
 MISBEHAVED = "the code wrote on the supervisor's reply channel"
+ZYGOTE_NAME = b"tg-spare"  # the comm of a box's zygote worker, which never runs code (tests tell it apart)
 # Exactly what a worker's loop writes (`worker.session_loop`), nothing else: one regex match per call.
 REPLY = re.compile(
     rb'\{"n": ([1-9][0-9]{0,17}), "exc": (null|"[^"\\\x00-\x1f]{1,800}"), "exit": ([0-9]{1,3})\}'
@@ -78,6 +89,7 @@ class Server(Reaper):
         harden_env(self.env)
         self.next_wid = 1
         self.runs = 0
+        self.zygote: int | None = None  # wid of a worker that never ran code (`spawn`)
         self.null = os.open(os.devnull, os.O_RDONLY)  # the stdin of session calls that bring none
         me = os.getpid()
         self.my_children = open_proc(f"/proc/{me}/task/{me}/children")
@@ -85,6 +97,7 @@ class Server(Reaper):
     # -- one-shot runs
     def run_once(self, header: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], Blobs]:
         self.runs += 1
+        self.drop_zygote()  # a one-shot run has the box to itself (and its cleanup kills everything at once)
         files = {k[len("file:") :]: v for k, v in blobs.items() if k.startswith("file:")}
         bad = [rel for rel in files if not _safe_rel(rel)]
         if bad:
@@ -264,6 +277,32 @@ class Server(Reaper):
 
     # -- session workers
     def spawn(self) -> int:
+        """A new session worker. The box keeps a *zygote*: a worker that never ran code, waiting in its
+        loop. A new session takes the zygote itself (a process that is already running, so its first call
+        does not wait for a new process to be scheduled, which on a busy machine costs tens of ms) after
+        the zygote branched once (`fork`): that branch, as pristine as its parent, is the next zygote and
+        has until the next session to start up. Without a zygote (the box's first session, after a one-shot
+        run, under gVisor), a fresh fork of the supervisor."""
+        if self.subreaper and self.zygote is None:
+            with contextlib.suppress(OSError):
+                self.zygote = self._fork_worker(zygote=True)
+        if self.zygote is not None:
+            wid, self.zygote = self.zygote, None
+            try:
+                self.zygote = self.fork(wid, spawn=True)
+                self.workers[wid].calls = 0  # the session's calls count from 1, as on a fresh worker
+                return wid
+            except (RuntimeError, OSError):
+                self.kill_worker(wid)
+                self.kill_strays()
+        return self._fork_worker()
+
+    def drop_zygote(self) -> None:
+        if self.zygote is not None:
+            self.kill_worker(self.zygote)
+            self.zygote = None
+
+    def _fork_worker(self, zygote: bool = False) -> int:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         mine.shutdown(socket.SHUT_RD)  # the worker can never write to us on it
         workdir = os.path.join(self.scratch[0], "work")
@@ -273,6 +312,8 @@ class Server(Reaper):
             try:
                 null = os.open(os.devnull, os.O_RDWR)
                 _child_io(null, null, null, door=theirs.fileno())
+                if zygote:
+                    set_name(ZYGOTE_NAME)
                 drop_to(self.uid, self.gid, self.limits)
                 os.environ.clear()
                 os.environ.update(env)
@@ -425,7 +466,8 @@ class Server(Reaper):
         if alive and self._quiet(w):
             pass  # nothing started by this call is left: no /proc scan needed
         elif not alive:
-            if self.contained and len(self.workers) == 1:
+            if self.contained and len(self.workers) - (self.zygote is not None) == 1:
+                self.drop_zygote()
                 with contextlib.suppress(OSError):  # everything at once, before a fork bomb takes more CPU
                     os.kill(-1, signal.SIGKILL)
             self.kill_worker(wid, keep_pipes=True)
@@ -504,14 +546,16 @@ class Server(Reaper):
             return None
         return (exc, int(m[3])) if exc.isidentifier() and len(exc) <= 200 else None
 
-    def fork(self, wid: int) -> int:
+    def fork(self, wid: int, spawn: bool = False) -> int:
+        """A branch of worker ``wid``; ``spawn``: ``wid`` is the zygote, which goes on to serve a new
+        session while the branch becomes the next zygote (`spawn`)."""
         if not self.subreaper:
             raise RuntimeError(
                 "branching a session needs a child subreaper, which this kernel lacks (gVisor/runsc): use the "
                 "default docker runtime for sessions that fork"
             )
         parent = self.workers[wid]
-        if not self.idle(parent):
+        if not self.idle(parent, 1.0 if parent.calls else 10.0):  # a new zygote may still be starting
             self.kill_worker(wid)
             self.kill_strays()
             raise RuntimeError(
@@ -523,7 +567,8 @@ class Server(Reaper):
         mine.shutdown(socket.SHUT_RD)
         rep_r, rep_w = os.pipe()
         try:
-            socket.send_fds(parent.door, [b"fork %d" % n], [theirs.fileno(), rep_w], socket.MSG_DONTWAIT)
+            message = b"fork %d s" % n if spawn else b"fork %d" % n
+            socket.send_fds(parent.door, [message], [theirs.fileno(), rep_w], socket.MSG_DONTWAIT)
         finally:
             theirs.close()
             os.close(rep_w)
@@ -568,7 +613,8 @@ class Server(Reaper):
 
     def reset(self) -> dict[str, Any]:
         for wid in list(self.workers):
-            self.kill_worker(wid)
+            if wid != self.zygote:  # it never ran code: it stays for the next session
+                self.kill_worker(wid)
         clean = self.kill_strays()
         clean &= self.wipe(self.scratch) and self.wipe_ipc()
         problems = self.health()
@@ -577,7 +623,7 @@ class Server(Reaper):
     def handle(self, header: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], Blobs]:
         op = header["op"]
         if op == "ping":
-            return {"ok": True, "workers": len(self.workers)}, {}
+            return {"ok": True, "workers": len(self.workers) - (self.zygote is not None)}, {}
         if op == "run":
             return self.run_once(header, blobs)
         if op == "spawn":

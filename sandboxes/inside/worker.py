@@ -22,7 +22,7 @@ import traceback
 import types
 from typing import Any
 
-from .procs import HARDEN, UNSET, harden_env
+from .procs import HARDEN, UNSET, harden_env, set_name
 
 INLINE_MAX = (32 << 10) + 64  # the supervisor's INLINE_CODE plus the request's head
 
@@ -173,6 +173,7 @@ def session_loop(door: socket.socket) -> None:
     pipe for the new branch."""
     namespace = _main_module()
     me = os.getpid()
+    workdir = os.getcwd()
     recvmsg, cmsg_space = door.recvmsg, socket.CMSG_SPACE(8 * 4)
     from_bytes, dup2, close, write, getpid, exit_ = (
         int.from_bytes,
@@ -274,6 +275,11 @@ def session_loop(door: socket.socket) -> None:
                 door.detach()  # fd 3 now holds the branch's own request socket
                 door = socket.socket(fileno=3)
                 recvmsg = door.recvmsg
+            elif flags == b"s":  # a zygote that branched: it now serves a session, its branch is the zygote
+                set_name(b"python3")
+                with contextlib.suppress(OSError):  # its work dir may have been wiped by a reset
+                    os.makedirs(workdir, mode=0o700, exist_ok=True)
+                    os.chdir(workdir)
         else:
             for fd in fds:
                 close(fd)

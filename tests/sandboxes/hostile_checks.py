@@ -15,20 +15,25 @@ def host_pids() -> int:
     return sum(1 for p in os.listdir("/proc") if p.isdigit())
 
 
+ZYGOTE = "tg-spare"  # a box's zygote worker, which never runs code (`inside.server.ZYGOTE_NAME`)
+
+
 def survivors(sb: Sandbox) -> list[str]:
     """The code's processes still alive in this sandbox's boxes (call when no session is open): docker,
-    anything beyond init and the supervisor (workers are forks of the supervisor, so they are counted,
-    not matched by name); process backend, anything running under a box uid."""
+    anything beyond init, the supervisor and one zygote worker that never ran code (workers are forks of
+    the supervisor, so they are counted, not matched by name; a zygote renames itself when it takes a
+    session); process backend, anything running under a box uid but a zygote."""
     left: list[str] = []
     if sb.backend == "docker":
         from toolgym.sandboxes.docker_backend import client
 
         for c in client().containers.list(filters={"name": sb._prefix}):  # type: ignore[attr-defined]
             try:
-                procs = c.top(ps_args="-o pid,stat,args")["Processes"] or []
+                procs = c.top(ps_args="-o pid,stat,comm,args")["Processes"] or []
             except Exception:  # removed meanwhile (the pool replaced it)
                 continue
-            if len(procs) > 2:
+            zygotes = [p for p in procs if p[2] == ZYGOTE]
+            if len(procs) - min(1, len(zygotes)) > 2:
                 left += [" ".join(p) for p in procs]
     else:
         from toolgym.sandboxes.process_backend import UID_BASE, UID_SPAN
@@ -39,6 +44,8 @@ def survivors(sb: Sandbox) -> list[str]:
             try:
                 status = Path(f"/proc/{entry}/status").read_text()
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                if Path(f"/proc/{entry}/comm").read_text().strip() == ZYGOTE:
+                    continue
             except OSError:
                 continue
             uid = int(status.split("\nUid:")[1].split()[0])
