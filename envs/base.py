@@ -61,9 +61,10 @@ class CommandOutcome:
 
 
 @functools.cache
-def knobs(cls: type) -> tuple[str, ...]:
-    """Every keyword argument an env class accepts, over its whole class hierarchy."""
-    names: list[str] = []
+def knob_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """Every keyword argument an env class accepts, over its whole class hierarchy, each as the first
+    ``__init__`` in MRO order declares it (so a subclass's default wins)."""
+    found: dict[str, inspect.Parameter] = {}
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None or klass is object:
@@ -73,10 +74,15 @@ def knobs(cls: type) -> tuple[str, ...]:
             if (
                 p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
                 and p.name != "self"
-                and p.name not in names
+                and p.name not in found
             ):
-                names.append(p.name)
-    return tuple(names)
+                found[p.name] = p
+    return found
+
+
+def knobs(cls: type) -> tuple[str, ...]:
+    """Every keyword argument an env class accepts, over its whole class hierarchy."""
+    return tuple(knob_parameters(cls))
 
 
 def _knob_checked(init: Callable[..., None]) -> Callable[..., None]:

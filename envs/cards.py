@@ -14,7 +14,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolgym.envs.base import ToolEnv, knobs
+from toolgym.envs.base import ToolEnv, knob_parameters, knobs
 from toolgym.errors import ConfigError, DependencyNotInstalled
 
 # the knobs every ToolEnv takes; a card lists them on one line and the family's own ones with defaults
@@ -46,17 +46,10 @@ def _first_line(text: str | None) -> str:
 
 def _defaults(cls: type) -> dict[str, str]:
     """Each knob's default as written in the first ``__init__`` (in MRO order) that declares it."""
-    found: dict[str, str] = {}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
-            continue
-        init = getattr(init, "__wrapped__", init)
-        for p in inspect.signature(init).parameters.values():
-            if p.name in ("self",) or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or p.name in found:
-                continue
-            found[p.name] = "required" if p.default is inspect.Parameter.empty else repr(p.default)
-    return found
+    return {
+        name: "required" if p.default is inspect.Parameter.empty else repr(p.default)
+        for name, p in knob_parameters(cls).items()
+    }
 
 
 _COMMON_DEFAULTS = _defaults(ToolEnv)
