@@ -536,13 +536,7 @@ def build_app(server: PolicyServer) -> Any:
             return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         model = req.model or server.model_name
-        prompt_tokens = max((r.prompt_tokens for r in replies), default=0)
-        completion_tokens = sum(len(r.turn.token_ids) for r in replies)
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
+        usage = _usage(replies)
         choices = [server.choice(i, r, req) for i, r in enumerate(replies)]
         if not req.stream:
             return {
@@ -624,6 +618,17 @@ def _token_pieces(tb: TokenBytes, renderer: Any, turn: AssistantTurn) -> list[st
 
 
 _CALL_TAG = "<tool_call>"
+
+
+def _usage(replies: Sequence[_Reply]) -> dict[str, int]:
+    """OpenAI's usage block: the prompt counted once (choices share it), every choice's completion."""
+    prompt_tokens = max((r.prompt_tokens for r in replies), default=0)
+    completion_tokens = sum(len(r.turn.token_ids) for r in replies)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 class _LiveChoice:
@@ -730,12 +735,6 @@ async def _live_events(
         yield event({"index": index, "delta": {}, "finish_reason": choice["finish_reason"]})
     if req.stream_options and req.stream_options.include_usage:
         replies = [f.result() for f in futures]
-        prompt_tokens = max((r.prompt_tokens for r in replies), default=0)
-        completion_tokens = sum(len(r.turn.token_ids) for r in replies)
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
+        usage = _usage(replies)
         yield event(None, usage=usage)
     yield "data: [DONE]\n\n"
