@@ -445,7 +445,7 @@ class PolicyServer(AppServer):
     def choice(self, index: int, reply: _Reply, req: ChatCompletionRequest) -> dict[str, Any]:
         turn = reply.turn
         message: dict[str, Any] = {"role": "assistant", "content": turn.text}
-        finish = turn.finish_reason if turn.finish_reason != "error" else "stop"
+        finish: str = turn.finish_reason if turn.finish_reason != "error" else "stop"
         if req.tool_dicts() and turn.message.tool_calls:
             message["tool_calls"] = [
                 dict(c.to_dict(), id=f"call_{uuid.uuid4().hex[:16]}") for c in turn.message.tool_calls

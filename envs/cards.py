@@ -59,7 +59,7 @@ def _action_formats(env: ToolEnv) -> tuple[str, ...]:
     """The default format first; ``tags`` where every tool takes one argument at most (``<tool>ARG</tool>``
     has room for one); a structured assistant message (OpenAI ``tool_calls``) always."""
     default = env.action_format
-    formats = [default]
+    formats: list[str] = [default]
     single = all(len(s.parameters.get("properties", {})) <= 1 for s in env.tool_specs)
     if default == "hermes" and single and env.tool_specs:
         formats.append("tags")

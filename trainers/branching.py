@@ -324,8 +324,9 @@ class FixedSegments(_ForkAfterCompletion):
                 pos = offset - seen
                 return (nid, pos) if pos > 0 else (n.parent, len(parent.token_ids)) if parent else None  # type: ignore[return-value]
             seen += len(n.token_ids)
-        if self.fallback and last_turn is not None and tree.meta.get(("fallback", leaf)) is None:
-            tree.meta[("fallback", leaf)] = True  # once per path
+        fell_back: set[int] = tree.meta.setdefault("fallback_leaves", set())
+        if self.fallback and last_turn is not None and leaf not in fell_back:
+            fell_back.add(leaf)  # once per path
             return last_turn
         return None
 

@@ -57,7 +57,7 @@ import numpy as np
 
 from toolgym.errors import ConfigError
 from toolgym.trainers.branching import BranchPolicy, NoBranching, apply_forks
-from toolgym.trainers.tree import RolloutTree
+from toolgym.trainers.tree import NodeKind, RolloutTree
 
 
 @dataclass(frozen=True)
@@ -394,7 +394,7 @@ class TreeRollout:
             self._finish(tree, nid, end)
             self._release(tree.meta["env_id"], req.env)
             return None
-        kind = "tool" if any(m.get("role") == "tool" for m in obs) else "user"
+        kind: NodeKind = "tool" if any(m.get("role") == "tool" for m in obs) else "user"
         where = anchor(obs, info)
         env_node = tree.add(
             nid, kind, suffix, turn=node.turn, state_key=where["state_key"], info=where["info"]

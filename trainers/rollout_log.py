@@ -60,7 +60,7 @@ def tree_record(
         }
         if node.kind == "model":
             action = node.info.get("action", text)
-            calls = parse_turn(str(action), tools).tool_calls or []
+            calls = parse_turn(str(action), tools).tool_calls or ()
             entry["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in calls]
             entry["invalid"] = bool(node.info.get("invalid", False))
             if node.info.get("infra_error"):

@@ -179,17 +179,16 @@ class EnginePolicy(RenderedTokenPolicy):
             if shared >= self.min_shared_prefix:
                 root = eng.new(prompts[leaders[0]][:shared])
                 eng.prefill_only([root], [shared])
-        heads = []
+        heads: dict[int, Seq] = {}  # leader -> its sequence (out's entries are Optional; these are set)
         for i in leaders:
-            out[i] = (
+            out[i] = heads[i] = (
                 eng.fork(root, prompts[i], len(prompts[i]) - 1) if root is not None else eng.new(prompts[i])
             )
-            heads.append(out[i])
-        multi = [(out[members[0]], members) for members in groups.values() if len(members) > 1]
-        eng.prefill_only([h for h, _ in multi], [len(h.ids) - 1 for h, _ in multi])  # type: ignore[union-attr]
+        multi = [(heads[members[0]], members) for members in groups.values() if len(members) > 1]
+        eng.prefill_only([h for h, _ in multi], [len(h.ids) - 1 for h, _ in multi])
         for head, members in multi:
             for i in members[1:]:
-                out[i] = eng.fork(head, prompts[i])  # type: ignore[arg-type]
+                out[i] = eng.fork(head, prompts[i])
         if root is not None:
             eng.release(root)
         return [s for s in out if s is not None]
