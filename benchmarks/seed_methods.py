@@ -107,7 +107,7 @@ def rl_config(name: str, runs: Path, model: str, device: str, steps: int, quick:
         "algorithm": "grpo", "env_ids": [ENV_ID], "env_kwargs": ENV_KWARGS, "device": device,
         "steps": steps, "prompts_per_step": 8, "budget": 8, "max_new_tokens": 32, "max_total_tokens": 2048,
         "temperature": 1.0, "lr": 1.0e-5, "minibatches": 2, "micro_batch_rows": 16, "eval_every": 5,
-        "eval_episodes": 64, "seed": 0, "output_dir": str(runs / name), "progress": False,
+        "eval_episodes": 64, "save_every": 5, "seed": 0, "output_dir": str(runs / name), "progress": False,
         "tensorboard": False, **METHODS[name],
     }  # fmt: skip
     if (runs / "sft" / "model").is_dir():
@@ -132,9 +132,11 @@ def write_yaml(path: Path, cfg: dict[str, Any]) -> None:
 
 def launch(cmd: list[str], log: Path, gpu: int | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    f = log.open("wb")
+    if gpu is not None:  # an index among the GPUs this process sees
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        ids = [v for v in visible.split(",") if v.strip()] if visible else []
+        env["CUDA_VISIBLE_DEVICES"] = ids[gpu] if gpu < len(ids) else str(gpu)
+    f = log.open("ab")
     return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
@@ -195,8 +197,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         cfg = rl_config(name, runs, a.model, a.device, 1 if a.quick else a.steps, a.quick)
         write_yaml(runs / f"{name}.yaml", cfg)
         gpu = i % gpus if gpus > 1 else None
+        # a second call on the same machine continues each run from its last checkpoint
+        resume = ["--resume"] if (runs / name / "checkpoint" / "state.pt").is_file() else []
         procs[name] = launch(
-            [*py, "train", "--config", str(runs / f"{name}.yaml")], runs / f"{name}.log", gpu
+            [*py, "train", "--config", str(runs / f"{name}.yaml"), *resume], runs / f"{name}.log", gpu
         )
     summary["rl_rc"] = wait(procs, deadline - 5)
     summary["seconds_wall"] = time.monotonic() - t0
