@@ -71,7 +71,7 @@ class PythonMathEnv(ToolEnv):
     Math-Verify, so ``\\frac{3}{7}``, ``3/7`` and ``0.428571…`` forms are judged by value), else 0.
     ``format``: ``format_penalty`` (default -0.1) on each invalid action, including void turns.
     ``tool``: ``tool_bonus`` per python call that ran without error, at most ``tool_bonus_cap`` per episode
-    (default 0: off).
+    (default 0: off), paid with the final answer: an episode that never answers earns none of it.
 
     ## Starting State
     A problem from ``make_problem(np_random, kinds, difficulty)``, or a dataset row drawn with ``np_random``
@@ -93,7 +93,8 @@ class PythonMathEnv(ToolEnv):
     ``format_penalty`` (-0.1), ``action_format``, ``prompt_format``, ``token_budget``, ``time_limit_s``.
 
     ## Version History
-    - v0: first version.
+    - v0: first version; later the opt-in tool bonus is paid with the final answer instead of at each call
+      (the default reward, without a bonus, is unchanged).
     """
 
     family: ClassVar[str] = "code"
@@ -232,14 +233,19 @@ class PythonMathEnv(ToolEnv):
 
     def check_answer(self, answer: str) -> dict[str, float]:
         score = math_match([f"<answer>{answer}</answer>"], answer=[self.task.answer])[0]
-        return {"correct": float(score or 0.0)}
+        # the tool bonus earned so far is paid with the answer: paid per call, a policy can farm it by running
+        # code until the turn limit and never answering (what RL learnt on Calculator-v0)
+        earned = self._bonus_given
+        return {"correct": float(score or 0.0), **({"tool": earned} if earned else {})}
 
     def tool_reward(self, call: ToolCall, output: str) -> dict[str, float]:
-        if self.tool_bonus <= 0 or not self._last_ok:
+        # read once: a call that raised before python() recorded its result must not reuse the last one's flag
+        ran_ok, self._last_ok = self._last_ok, False
+        if self.tool_bonus <= 0 or not ran_ok:
             return {}
         bonus = min(self.tool_bonus, max(0.0, self.tool_bonus_cap - self._bonus_given))
         self._bonus_given += bonus
-        return {"tool": bonus}
+        return {}  # paid with the final answer (check_answer)
 
     def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
         """A step's ``void_turn`` (no tool call and no answer), and the episode's count when it ends."""

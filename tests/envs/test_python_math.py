@@ -248,12 +248,30 @@ def test_output_truncation_and_timeout():
     env.close()
 
 
-def test_tool_bonus_capped():
+def test_tool_bonus_capped_and_paid_with_the_answer():
     env = gym.make(ID, sandbox=BACKEND, tool_bonus=0.1, tool_bonus_cap=0.15)
     env.reset(seed=0)
-    assert env.step(call("print(1)"))[1] == pytest.approx(0.1)
-    assert env.step(call("1/0"))[1] == 0.0  # an error earns nothing
-    assert env.step(call("print(2)"))[1] == pytest.approx(0.05)
+    inner = env.unwrapped
+    assert env.step(call("print(1)"))[1] == 0.0  # earned now, paid with the answer
+    assert env.step(call("1/0"))[1] == 0.0 and inner.get_state()["extra"]["bonus_given"] == pytest.approx(0.1)
+    assert env.step(call("print(2)"))[1] == 0.0  # an error earned nothing; this one reaches the cap
+    assert inner.get_state()["extra"]["bonus_given"] == pytest.approx(0.15)
+    _, reward, term, _, info = env.step(f"<answer>{inner.task.answer}</answer>")
+    assert term and info["success"] and reward == pytest.approx(1.15)
+    env.close()
+
+
+def test_tool_spamming_policy_earns_no_bonus():
+    """Paid per call, a policy could run code until the turn limit and never answer (RL found that on
+    Calculator-v0): the bonus comes only with a final answer."""
+    env = gym.make(ID, sandbox=BACKEND, tool_bonus=0.5, tool_bonus_cap=0.5, max_turns=3)
+    env.reset(seed=0)
+    rewards = []
+    for _ in range(3):
+        _, reward, term, trunc, info = env.step(call("print(1)"))
+        rewards.append(reward)
+    assert trunc and not term and info["truncation"] == "turn_limit"
+    assert rewards == [0.0, 0.0, 0.0]
     env.close()
 
 
