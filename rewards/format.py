@@ -13,7 +13,14 @@ from typing import Any
 
 from toolgym.errors import ConfigError
 from toolgym.parsing import ActionFormat, ParseResult, parse_action
-from toolgym.rewards.extract import answer_blocks, assistant_turns, message_text, strip_reasoning
+from toolgym.rewards.extract import (
+    answer_blocks,
+    assistant_turns,
+    completion_text,
+    extract_answer,
+    message_text,
+    strip_reasoning,
+)
 
 _BAD_CALL = {"bad_json", "bad_arguments", "unknown_tool", "bad_message"}
 
@@ -146,23 +153,38 @@ def tool_call_bonus(
     per_call: float = 0.1,
     cap: float = 0.3,
     fmt: ActionFormat = "hermes",
+    needs_answer: bool = True,
     **kwargs: Any,
 ) -> list[float | None]:
-    """``per_call`` for each valid tool call in the assistant turns, at most ``cap`` (tool use encouraged
-    without rewarding endless calling).
+    """``per_call`` for each valid tool call in the assistant turns, at most ``cap``, paid only when the last
+    assistant turn gives a final answer (tool use encouraged without rewarding endless calling: paid per call
+    alone, a policy farms it by calling tools and never answering). ``needs_answer=False`` pays the calls of
+    a completion without an answer too (one-turn completions, where a call and an answer cannot share a turn).
 
     >>> call = '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>'
-    >>> tool_call_bonus([call, call * 2, call * 9, "<answer>x</answer>"])
-    [0.1, 0.2, 0.3, 0.0]
-    >>> tool_call_bonus(['<tool_call>{bad</tool_call>'])
-    [0.0]
+    >>> turns = lambda n: [call] * n + ["<answer>x</answer>"]  # n calling turns, then the answer
+    >>> tool_call_bonus([turns(1), turns(2), turns(9), turns(0), [call, call]])
+    [0.1, 0.2, 0.3, 0.0, 0.0]
+    >>> tool_call_bonus([call * 2, '<tool_call>{bad</tool_call>'], needs_answer=False)
+    [0.2, 0.0]
     """
     out: list[float | None] = []
     for completion in completions:
         parsed = [_parse(m, kwargs.get("tools"), fmt) for m in _messages(completion)]
+        if needs_answer and not _answers(parsed, completion):
+            out.append(0.0)
+            continue
         calls = sum(len(r.tool_calls) for r in parsed if r is not None)
         out.append(round(min(cap, per_call * calls), 10))
     return out
+
+
+def _answers(parsed: list[ParseResult | None], completion: Any) -> bool:
+    """Whether the last assistant turn gives a non-empty final answer: an ``answer`` call or ``<answer>``
+    (what the parser reads), or a ``\\boxed{}`` one (what the answer rewards read)."""
+    if parsed and parsed[-1] is not None and (parsed[-1].answer or "").strip():
+        return True
+    return bool((extract_answer(completion_text(completion)) or "").strip())  # an empty answer is none
 
 
 def _lengths(completions: list[Any], kwargs: dict[str, Any], unit: str) -> list[int]:

@@ -117,12 +117,31 @@ CALL = '<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'
 )
 def test_tool_call_rewards(completion, valid, bonus, void):
     assert tool_call_format([completion]) == [valid]
-    assert tool_call_bonus([completion]) == [bonus]
+    assert tool_call_bonus([completion], needs_answer=False) == [bonus]  # the count; none of these answers
+    assert tool_call_bonus([completion]) == [0.0]
     assert void_turn([completion]) == [void]
 
 
+def test_tool_call_bonus_needs_a_final_answer():
+    """Paid per call alone, a policy farms the bonus by calling tools until it runs out of turns and never
+    answering; the bonus comes only with a final answer in the last turn."""
+    result = {"role": "tool", "content": "r"}
+    spam = [{"role": "assistant", "content": CALL}, result] * 5
+    assert tool_call_bonus([spam]) == [0.0]
+    answer_call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "9", "function": {"name": "answer", "arguments": '{"answer": "4"}'}}],
+    }
+    endings = ["<answer>4</answer>", "so \\boxed{4}", answer_call, "<answer> </answer>", "<think><answer>4"]
+    paid = [tool_call_bonus([[*spam, ending]])[0] for ending in endings]
+    assert paid == [0.3, 0.3, 0.3, 0.0, 0.0]  # the cap; an empty or hidden answer is none
+    # an answer in an earlier turn, then more calls: the last turn is not an answer
+    assert tool_call_bonus([[{"role": "assistant", "content": "<answer>4</answer>"}, *spam]]) == [0.0]
+
+
 def test_tool_call_bonus_cap_and_known_tools():
-    assert tool_call_bonus([CALL * 10], per_call=0.05, cap=0.2) == [0.2]
+    assert tool_call_bonus([[CALL * 10, "<answer>4</answer>"]], per_call=0.05, cap=0.2) == [0.2]
     from toolgym.tools import ToolSpec
 
     spec = ToolSpec(
