@@ -223,6 +223,25 @@ def test_dense_rewards_and_penalty():
     assert total["invalid"] == -0.05
 
 
+def test_subgoal_reward_cannot_be_farmed():
+    """Undo and redo a subgoal (put the goal object back, take it again): progress is a high-water mark, so
+    the holding subgoal pays once; a per-step shaping term that paid again would be farmed by RL."""
+    env = HouseholdEnv(task_types=["heat"], subgoal_reward=0.1, max_turns=60)
+    env.reset(seed=2)
+    while True:
+        take = env.expert_action()
+        *_, info = env.step(take)
+        if info["reward_components"]["progress"]:
+            break
+    assert take.startswith("take ")
+    put = next(c for c in info["admissible_commands"] if c.startswith("put "))
+    for _ in range(5):
+        for command in (put, take):
+            _, reward, term, trunc, info = env.step(command)
+            assert reward == 0.0 and not term and not trunc, command
+    assert info["reward_components"]["progress"] == 0.0
+
+
 @pytest.mark.parametrize("fmt", ["hermes", "tags"])
 def test_act_tool_format(fmt):
     env = gym.make("toolgym/Household-v0", action_format=fmt, task_types=["clean"])
