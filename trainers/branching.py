@@ -324,9 +324,9 @@ class FixedSegments(_ForkAfterCompletion):
                 pos = offset - seen
                 return (nid, pos) if pos > 0 else (n.parent, len(parent.token_ids)) if parent else None  # type: ignore[return-value]
             seen += len(n.token_ids)
-        fell_back: set[int] = tree.meta.setdefault("fallback_leaves", set())
-        if self.fallback and last_turn is not None and leaf not in fell_back:
-            fell_back.add(leaf)  # once per path
+        key = f"fallback/{leaf}"  # a flat value: replay's dict(tree.meta) copy must not share it
+        if self.fallback and last_turn is not None and key not in tree.meta:
+            tree.meta[key] = True  # once per path
             return last_turn
         return None
 
