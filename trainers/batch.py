@@ -28,10 +28,11 @@ class TrainBatch(NamedTuple):
     rewards: torch.Tensor  # [B] float, leaf reward of each row
     truncated: torch.Tensor  # [B] float, 1 where the episode was cut (turn limit, token budget, timeout)
 
-    def select(self, idx: torch.Tensor) -> TrainBatch:
-        """The rows `idx` (a micro-batch), trimmed to their longest row."""
+    def select(self, idx: torch.Tensor, length: int | None = None) -> TrainBatch:
+        """The rows `idx` (a micro-batch), trimmed to their longest row: `length` when the caller knows it
+        (the update loops read the row lengths once per step; measuring here waits for the GPU)."""
         sub = TrainBatch(*(t[idx] for t in self))
-        T = int(sub.attention_mask.sum(1).max()) if len(idx) else 0
+        T = length if length is not None else int(sub.attention_mask.sum(1).max()) if len(idx) else 0
         return TrainBatch(*(t[:, :T] if t.dim() == 2 else t for t in sub))
 
     def to(self, device: torch.device | str) -> TrainBatch:

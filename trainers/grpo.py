@@ -60,6 +60,7 @@ from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
 from toolgym.trainers.igpo import igpo_advantages
 from toolgym.trainers.loss import (
     PolicyBatch,
+    StatLog,
     accuracy_keep,
     denominator,
     kl_penalty,
@@ -334,12 +335,13 @@ def optimize(
     n_rows = batch.input_ids.shape[0]
     # per-row counts read once: the micro-batch loop then never waits on the GPU for them
     mask_cpu = batch.loss_mask.cpu()  # [B, T]
-    row_mask, row_len = mask_cpu.sum(1), batch.attention_mask.sum(1).cpu()  # [B], [B]
+    row_mask: list[float] = mask_cpu.sum(1).tolist()  # [B]
+    row_len: list[int] = batch.attention_mask.sum(1).tolist()  # [B]
     metrics: dict[str, float] = {}
     multi = cfg.epochs * cfg.minibatches > 1
     old = _old_logprobs(model, batch, cfg, device, fwd) if multi else None
     model.train()
-    sums: dict[str, float] = {}
+    stats = StatLog()  # the loss stats stay on the device until each optimizer step ends
     seeds.start_step(step)
     ent_grad = cfg.entropy_coef > 0 or cfg.epo  # EPO's entropy terms need the entropy's gradient
     t_train, trained_tokens, updates = time.perf_counter(), 0, 0
@@ -354,9 +356,11 @@ def optimize(
                 continue  # nothing to learn from these rows (every group was filtered out)
             optimizer.zero_grad(set_to_none=True)
             for i, idx in enumerate(chunks):
-                mb = batch.select(idx)
-                if row_mask[idx].sum() == 0 and dist.world == 1:
+                rows = idx.tolist()
+                w = sum(row_mask[r] for r in rows)
+                if w == 0 and dist.world == 1:
                     continue  # (under DDP every rank runs every micro-batch: the last one syncs gradients)
+                mb = batch.select(idx, max(row_len[r] for r in rows))
                 T = mb.input_ids.shape[1]
                 sync = dist.no_sync(trainer, sync=i == len(chunks) - 1)
                 with sync, autocast(device, cfg.bf16):
@@ -377,19 +381,15 @@ def optimize(
                 loss = seeds.epo_term(loss, ent, mb, len(mb_rows))
                 with dist.no_sync(trainer, sync=i == len(chunks) - 1):
                     (loss * dist.world).backward()
-                w = float(row_mask[idx].sum())
-                trained_tokens += int(row_len[idx].sum())
-                for k, v in st.items():
-                    sums[k] = sums.get(k, 0.0) + v * w
-                sums["_w"] = sums.get("_w", 0.0) + w
+                trained_tokens += sum(row_len[r] for r in rows)
+                stats.add(st, w)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 trainable_parameters(model), cfg.grad_clip or float("inf")
             )
             optimizer.step()
             updates += 1
-            metrics["losses/grad_norm"] = float(grad_norm)
-    w = sums.pop("_w", 0.0)
-    metrics |= {f"losses/{k}": v / w if w else 0.0 for k, v in sums.items()}
+            metrics["losses/grad_norm"] = stats.read(grad_norm=grad_norm)["grad_norm"]  # the step's one sync
+    metrics |= {f"losses/{k}": v for k, v in stats.means().items()}
     metrics["losses/updates"] = float(updates)
     seeds.end_step(metrics)
     metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)

@@ -15,19 +15,24 @@ Departures from the papers (docs/trainer.md):
 7. The top-entropy-quantile mask (Wang et al. 2025, TRL `top_entropy_quantile`) multiplies the policy
    term only and keeps the denominator, as TRL; the quantile is taken over the micro-batch's trained
    tokens (TRL: over the local batch).
+
+Diagnostics stay on the device: `policy_loss` and `value_loss` return `Stat`s (tensors, no host sync), and
+the update loops gather a micro-batch's stats in a `StatLog`, which reads them all with one host sync per
+optimizer step (reading each with `float()` waited for the GPU ~30 times per micro-batch).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
 
 Agg = Literal["token_mean", "seq_mean", "constant"]
+QUANTILE_MAX = 1 << 24  # torch.quantile refuses larger inputs
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,84 @@ class LossConfig:
             raise ValueError(f"delta must be > 1 + eps_high ({1 + self.eps_high}), got {self.delta}")
         if not 0 < self.top_entropy_quantile <= 1:
             raise ValueError(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}")
+
+
+class Stat(NamedTuple):
+    """One diagnostic of a loss call, left on the device: the value is `num / den` (0 when `den` is not
+    positive), or `num` itself when `den` is None; both are 0-dim tensors. The ratio is taken in Python
+    after reading, as a `float(num) / float(den)` read on the spot would."""
+
+    num: torch.Tensor
+    den: torch.Tensor | None = None
+
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        return (self.num,) if self.den is None else (self.num, self.den)
+
+    @staticmethod
+    def combine(num: float, den: float | None) -> float:
+        if den is None:
+            return num
+        return num / den if den > 0 else 0.0
+
+
+Stats = dict[str, Stat]
+
+
+def read_all(tensors: Sequence[torch.Tensor]) -> list[float]:
+    """The values of 0-dim tensors with one host sync (one stacked tensor, one `.tolist()`). Exact: float32,
+    bfloat16 and float16 values convert to float32 (float64 when one of them is) without rounding."""
+    if not tensors:
+        return []
+    device = tensors[0].device
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    return torch.stack([t.detach().reshape(()).to(device=device, dtype=dtype) for t in tensors]).tolist()
+
+
+def read_stats(stats: Stats) -> dict[str, float]:
+    """The values of one loss call's stats (one host sync): for tests and one-off reads.
+
+    >>> read_stats({"a": Stat(torch.tensor(3.0), torch.tensor(4.0)), "b": Stat(torch.tensor(2.0))})
+    {'a': 0.75, 'b': 2.0}
+    """
+    values = iter(read_all([t for s in stats.values() for t in s.parts()]))
+    return {
+        k: Stat.combine(next(values), next(values) if s.den is not None else None) for k, s in stats.items()
+    }
+
+
+class StatLog:
+    """The weighted mean of each stat over the micro-batches of a step, read once per optimizer step.
+
+    `add(stats, weight)` per micro-batch keeps the tensors (no host sync). `read(**extra)` reads every
+    pending stat and the `extra` tensors (the grad norm) with one host sync and returns the extras' values;
+    it folds the stats into Python sums in the order the micro-batches came, with the arithmetic of reading
+    each one with `float()` as it came, so the means are the same to the last bit. `means()`: sum / weight.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Stats, float]] = []
+        self.sums: dict[str, float] = {}
+        self.weight = 0.0
+
+    def add(self, stats: Stats, weight: float) -> None:
+        self._pending.append((stats, weight))
+
+    def read(self, **extra: torch.Tensor) -> dict[str, float]:
+        tensors = [t for stats, _ in self._pending for s in stats.values() for t in s.parts()]
+        values = iter(read_all(tensors + list(extra.values())))
+        for stats, weight in self._pending:
+            for k, s in stats.items():
+                v = Stat.combine(next(values), next(values) if s.den is not None else None)
+                self.sums[k] = self.sums.get(k, 0.0) + v * weight
+            self.weight += weight
+        self._pending = []
+        return {k: next(values) for k in extra}
+
+    def means(self) -> dict[str, float]:
+        """Each stat's weighted mean (0 when no weight was added); read the pending stats first."""
+        if self._pending:
+            raise RuntimeError("StatLog.means() with stats not read yet: call read() first")
+        return {k: v / self.weight if self.weight else 0.0 for k, v in self.sums.items()}
 
 
 class PolicyBatch(NamedTuple):
@@ -113,11 +196,15 @@ def group_mean(x: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None) ->
 
 
 def _run_sum(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Sum of x over the tokens of each (row, id), broadcast back to those tokens. [B, T] -> [B, T]."""
+    """Sum of x over the tokens of each (row, id), broadcast back to those tokens. [B, T] -> [B, T].
+
+    `ids` span at most T values (max - min <= T): turn ids do (-1 on the prompt, then 0, 1, … with a token
+    each). The T + 1 slots need no host read of `ids.max()`; an id beyond them is an index error, not a
+    wrong sum."""
     idx = (ids - ids.min()).long()  # [B, T] non-negative
-    sums = torch.zeros(x.shape[0], int(idx.max()) + 1, dtype=x.dtype, device=x.device).scatter_add(
+    sums = torch.zeros(x.shape[0], x.shape[1] + 1, dtype=x.dtype, device=x.device).scatter_add(
         1, idx, x
-    )  # [B, K]
+    )  # [B, T + 1]
     return sums.gather(1, idx)  # [B, T]
 
 
@@ -163,17 +250,24 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> t
     [[0.0, 1.0, 1.0, 0.0]]
     """
     m = mask.bool()  # [B, T]
-    if rho >= 1.0 or not m.any():
+    if rho >= 1.0:
         return m.to(entropy.dtype)
     h = entropy.detach().float()  # [B, T]
-    thr = torch.quantile(h[m], 1.0 - rho)
+    if h.numel() <= QUANTILE_MAX:
+        # NaN off the trained tokens instead of h[m] (a host sync); no trained token: thr is NaN, keeps none
+        thr = torch.nanquantile(torch.where(m, h, torch.nan), 1.0 - rho)
+    elif m.any():
+        thr = torch.quantile(h[m], 1.0 - rho)
+    else:
+        return m.to(entropy.dtype)
     return (m & (h >= thr)).to(entropy.dtype)
 
 
 def policy_loss(
     batch: PolicyBatch, cfg: LossConfig, denom: float | None = None
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped surrogate with every option of `cfg`; returns (loss, diagnostics)."""
+) -> tuple[torch.Tensor, Stats]:
+    """The clipped surrogate with every option of `cfg`; returns (loss, diagnostics left on the device:
+    `read_stats`, or a `StatLog` over micro-batches)."""
     logp, old, adv = batch.logprobs, batch.old_logprobs.detach(), batch.advantages.detach()
     m = batch.mask.to(logp.dtype)  # [B, T]
     lr = (logp - old).clamp(-20.0, 20.0)  # [B, T]
@@ -208,7 +302,7 @@ def policy_loss(
             raise ValueError("top_entropy_quantile < 1 needs PolicyBatch.entropy")
         keep = top_entropy_mask(batch.entropy, m, cfg.top_entropy_quantile)  # [B, T]
     per_token = pg * w * keep  # [B, T]
-    stats: dict[str, float] = {}
+    stats: Stats = {}
     if cfg.kl_coef and batch.ref_logprobs is not None:
         kl = kl_penalty(logp, batch.ref_logprobs, cfg.kl_estimator)  # [B, T]
         per_token = per_token + cfg.kl_coef * kl
@@ -230,10 +324,10 @@ def policy_loss(
             "dual_clipfrac": _mmean(dual.to(m.dtype), m),
             "approx_kl": _mmean((lr.exp() - 1) - lr, m),
             "ratio_mean": _mmean(r, m),
-            "is_min": float(w[on].min()) if on.any() else 1.0,
+            "is_min": _masked_extreme(w, on, torch.amin),
             "is_mean": _mmean(w, m),
-            "is_max": float(w[on].max()) if on.any() else 1.0,
-            "masked_frac": float(1 - m.mean()),
+            "is_max": _masked_extreme(w, on, torch.amax),
+            "masked_frac": Stat(1 - m.mean()),
             "logp_pos_adv": _mmean(logp.detach(), m * (adv > 0)),
         }
         if batch.entropy is not None:
@@ -270,20 +364,20 @@ def value_loss(
     cfg: LossConfig,
     clip: float | None = 0.5,
     denom: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Stats]:
     """PPO value loss 0.5 * agg(max((V - R)^2, (clip(V, V_old +- clip) - R)^2)). All inputs [B, T]."""
     m = mask.to(values.dtype)  # [B, T]
     err = (values - returns) ** 2  # [B, T]
     if clip is None:
         per_token = err
-        frac = 0.0
+        frac = Stat(torch.zeros((), device=values.device))
     else:
         vc = old_values + (values - old_values).clamp(-clip, clip)  # [B, T]
         err_c = (vc - returns) ** 2  # [B, T]
         per_token = torch.maximum(err, err_c)  # [B, T]
         frac = _mmean((err_c > err).to(m.dtype), m)
     loss = 0.5 * aggregate(per_token, m, cfg, denom)
-    return loss, {"value": float(loss.detach()), "value_clipfrac": frac}
+    return loss, {"value": Stat(loss.detach()), "value_clipfrac": frac}
 
 
 def zero_variance_keep(rewards: Sequence[float], groups: Sequence[Hashable], tol: float = 1e-6) -> list[bool]:
@@ -333,6 +427,15 @@ def overlong_shaping(length: int, max_len: int, buffer: int, factor: float = 1.0
     return max(min(-(length - expected) / buffer * factor, 0.0), -factor)
 
 
-def _mmean(x: torch.Tensor, m: torch.Tensor) -> float:
-    s = float(m.sum())
-    return float((x.detach() * m).sum()) / s if s > 0 else 0.0
+def _mmean(x: torch.Tensor, m: torch.Tensor) -> Stat:
+    """The masked mean of x, as a `Stat` (0 where the mask is empty)."""
+    return Stat((x.detach() * m).sum(), m.sum())
+
+
+def _masked_extreme(w: torch.Tensor, on: torch.Tensor, reduce: Callable[..., torch.Tensor]) -> Stat:
+    """`reduce` (amin/amax) of w over the `on` tokens, 1 when there are none: w[on] would be a host sync."""
+    if w.numel() == 0:
+        return Stat(torch.ones((), dtype=w.dtype, device=w.device))
+    fill = torch.inf if reduce is torch.amin else -torch.inf
+    picked = reduce(torch.where(on, w, fill))
+    return Stat(torch.where(on.any(), picked, torch.ones_like(picked)))

@@ -42,7 +42,7 @@ from toolgym.trainers.batch import TrainBatch, collate, final_values, forward, m
 from toolgym.trainers.config import PPOConfig, warn_inert  # the config lives in config.py; re-exported here
 from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
 from toolgym.trainers.hiper import hae_gae, row_plans
-from toolgym.trainers.loss import PolicyBatch, denominator, kl_penalty, policy_loss, value_loss
+from toolgym.trainers.loss import PolicyBatch, StatLog, denominator, kl_penalty, policy_loss, value_loss
 from toolgym.trainers.modeling import (
     Reference,
     autocast,
@@ -154,9 +154,13 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
             old_values, returns, value_mask * batch.loss_mask
         )
 
-        # 3. epochs x minibatches of clipped policy + value loss
+        # 3. epochs x minibatches of clipped policy + value loss; masks and row counts are read once here
+        # and the loss stats once per optimizer step (StatLog): the micro-batch loop never waits on the GPU
+        mask_cpu, value_mask_cpu = batch.loss_mask.cpu(), value_mask.cpu()  # [B, T] x 2
+        row_mask: list[float] = mask_cpu.sum(1).tolist()  # [B]
+        row_len: list[int] = batch.attention_mask.sum(1).tolist()  # [B]
         model.train()
-        sums: dict[str, float] = {}
+        loss_stats = StatLog()
         g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
         t_train, trained_tokens = time.perf_counter(), 0
         seeds.start_step(step)
@@ -165,15 +169,16 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
             per_mb = -(-len(rows) // cfg.minibatches)
             for mb_rows in micro_batches(len(rows), per_mb, order):
                 chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows)
-                denom = sum(denominator(batch.loss_mask[i], loss_cfg) for i in chunks)
+                denom = sum(denominator(mask_cpu[i], loss_cfg) for i in chunks)
                 if denom == 0:
                     continue
                 vdenom = sum(
-                    denominator(value_mask[i], loss_cfg) for i in chunks
+                    denominator(value_mask_cpu[i], loss_cfg) for i in chunks
                 )  # (turn critic: first tokens)
                 optimizer.zero_grad(set_to_none=True)
                 for idx in chunks:
-                    mb = batch.select(idx)
+                    idx_rows = idx.tolist()
+                    mb = batch.select(idx, max(row_len[r] for r in idx_rows))
                     T = mb.input_ids.shape[1]
                     with autocast(device, cfg.bf16):
                         logp, ent, values = forward(
@@ -202,17 +207,15 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                         vdenom,
                     )
                     (pl + cfg.vf_coef * vl).backward()
-                    w = float(mb.loss_mask.sum())
-                    trained_tokens += int(mb.attention_mask.sum())
-                    for k, v in (st | vst).items():
-                        sums[k] = sums.get(k, 0.0) + v * w
-                    sums["_w"] = sums.get("_w", 0.0) + w
+                    trained_tokens += sum(row_len[r] for r in idx_rows)
+                    loss_stats.add(st | vst, sum(row_mask[r] for r in idx_rows))
                 params = trainable_parameters(model, head)
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
                 optimizer.step()
-                metrics["losses/grad_norm"] = float(grad_norm)
-        w = sums.pop("_w", 0.0)
-        metrics |= {f"losses/{k}": v / w for k, v in sums.items()} if w else {}
+                metrics["losses/grad_norm"] = loss_stats.read(grad_norm=grad_norm)[
+                    "grad_norm"
+                ]  # the one sync
+        metrics |= {f"losses/{k}": v for k, v in loss_stats.means().items()} if loss_stats.weight else {}
         seeds.end_step(metrics)
         metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
         metrics["time/step_s"] = time.perf_counter() - t_step

@@ -10,7 +10,14 @@ import torch
 
 from toolgym.trainers import advantages as adv
 from toolgym.trainers.grpo import GRPOConfig, credit
-from toolgym.trainers.loss import LossConfig, PolicyBatch, kl_penalty, policy_loss, top_entropy_mask
+from toolgym.trainers.loss import (
+    LossConfig,
+    PolicyBatch,
+    kl_penalty,
+    policy_loss,
+    read_stats,
+    top_entropy_mask,
+)
 from toolgym.trainers.tree import RolloutTree, flatten
 
 
@@ -46,6 +53,7 @@ def test_kl_estimators_k1_k2_k3_and_straight_through() -> None:
     b = batch()
     ref2 = b.logprobs.detach() + torch.tensor([[ln2, 0.0, -ln2]])
     loss, stats = policy_loss(b._replace(ref_logprobs=ref2), LossConfig(kl_coef=0.1, kl_estimator="k2"))
+    stats = read_stats(stats)
     assert stats["kl_ref"] == approx(ln2**2 / 3)
     assert loss.item() == approx(-1.58 / 3 + 0.1 * ln2**2 / 3)
 

@@ -22,6 +22,7 @@ from toolgym.trainers.loss import (
     llds_penalty,
     overlong_shaping,
     policy_loss,
+    read_stats,
     value_loss,
     void_keep,
     zero_variance_keep,
@@ -43,6 +44,7 @@ def batch(ratios: list[float] = (1.5, 0.5, 1.1), **kw: object) -> PolicyBatch:  
 def test_clipped_token_loss_and_gradient() -> None:
     b = batch()
     loss, stats = policy_loss(b, LossConfig())
+    stats = read_stats(stats)
     assert loss.item() == pytest.approx(-1.58 / 3)
     loss.backward()
     assert b.logprobs.grad is not None
@@ -59,6 +61,7 @@ def test_symmetric_clip_and_dual_clip() -> None:
     assert loss.item() == pytest.approx((-1.2 + 0.8 - 1.1) / 3)
     # ratio 5 with A = -1: unclipped loss 5, dual clip caps it at 3
     loss, stats = policy_loss(batch((1.0, 5.0, 1.0)), LossConfig())
+    stats = read_stats(stats)
     assert loss.item() == pytest.approx((-1.0 + 3.0 - 1.0) / 3)
     assert stats["dual_clipfrac"] == pytest.approx(1 / 3)
     loss, _ = policy_loss(batch((1.0, 5.0, 1.0)), LossConfig(dual_clip=None))
@@ -97,6 +100,7 @@ def test_truncated_and_masked_importance_sampling() -> None:
     loss, stats = policy_loss(
         batch(rollout_logprobs=rollout), LossConfig(is_mode="token_truncate", is_max=2.0)
     )
+    stats = read_stats(stats)
     assert loss.item() == pytest.approx((-1.28 * 2 + 0.8 - 1.1 * 0.5) / 3)
     assert (stats["is_min"], stats["is_max"]) == pytest.approx((0.5, 2.0))
     loss, _ = policy_loss(batch(rollout_logprobs=rollout), LossConfig(is_mode="token_mask", is_max=2.0))
@@ -116,10 +120,12 @@ def test_k3_kl_and_entropy_bonus() -> None:
     ref = b.logprobs.detach() + torch.tensor([[math.log(2), 0.0, -math.log(2)]])
     # k3 = e^d - d - 1 with d = ref - logp: [1 - ln 2, 0, ln 2 - 0.5]; their mean is 0.5 / 3
     loss, stats = policy_loss(b._replace(ref_logprobs=ref), LossConfig(kl_coef=0.1))
+    stats = read_stats(stats)
     assert stats["kl_ref"] == pytest.approx(0.5 / 3)
     assert loss.item() == pytest.approx(-1.58 / 3 + 0.1 * 0.5 / 3)
     ent = torch.tensor([[1.0, 2.0, 3.0]])
     loss, stats = policy_loss(batch(entropy=ent), LossConfig(entropy_coef=0.01))
+    stats = read_stats(stats)
     assert loss.item() == pytest.approx(-1.58 / 3 - 0.02)
     assert stats["entropy"] == pytest.approx(2.0)
 
@@ -164,6 +170,7 @@ def test_value_loss_clipping() -> None:
     cfg = LossConfig()
     v = torch.tensor([[1.5]])
     loss, stats = value_loss(v, torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.ones(1, 1), cfg, clip=0.2)
+    stats = read_stats(stats)
     assert loss.item() == pytest.approx(0.5 * 0.64)  # clipped value 1.2 is farther from 2.0 than 1.5
     assert stats["value_clipfrac"] == 1.0
     loss, _ = value_loss(v, torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.ones(1, 1), cfg, clip=None)
@@ -189,6 +196,7 @@ def test_mask_excludes_tool_tokens() -> None:
     mask = torch.tensor([[1.0, 0.0, 1.0]])
     b = PolicyBatch(new_logp([1.5, 0.5, 1.1]), OLD, ADV, mask)
     loss, stats = policy_loss(b, LossConfig())
+    stats = read_stats(stats)
     assert loss.item() == pytest.approx((-1.28 - 1.1) / 2)
     loss.backward()
     assert b.logprobs.grad is not None and b.logprobs.grad[0, 1].item() == 0.0

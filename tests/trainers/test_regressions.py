@@ -98,13 +98,14 @@ def test_bug3_sequence_mask_in_log_space() -> None:
     """TRL's sequence_mask zeroes rows whose sequence IS ratio leaves [is_min, is_max]; a summed log ratio
     of 100 overflowed exp in float32 (inf * 0 = NaN). Row 0: log ratios 50 + 50 -> masked (weight 0);
     row 1: 0 -> weight 1. Loss = row 1's clipped term alone: ratio 1, A = 1 -> -1 per token, / 4 tokens."""
-    from toolgym.trainers.loss import LossConfig, PolicyBatch, policy_loss
+    from toolgym.trainers.loss import LossConfig, PolicyBatch, policy_loss, read_stats
 
     old = torch.zeros(2, 2)
     logp = torch.zeros(2, 2, requires_grad=True)
     rollout = torch.tensor([[-50.0, -50.0], [0.0, 0.0]])  # old - rollout = [[50, 50], [0, 0]]
     pb = PolicyBatch(logp, old, torch.ones(2, 2), torch.ones(2, 2), rollout_logprobs=rollout)
     loss, stats = policy_loss(pb, LossConfig(is_mode="sequence_mask", is_max=3.0))
+    stats = read_stats(stats)
     assert loss.item() == approx(-2 / 4)
     loss.backward()
     assert logp.grad is not None and torch.isfinite(logp.grad).all()
