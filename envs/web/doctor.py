@@ -19,9 +19,14 @@ def checks() -> list[tuple[str, bool, str]]:
     try:
         path = chromium_path()
         text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
-        out.append(("chromium", True, f"{path}: {text}"))
+        hint = (
+            ""
+            if "headless-shell" in path
+            else " (apt-get install -y chromium-headless-shell: less CPU per step)"
+        )
+        out.append(("chromium", True, f"{path}: {text}{hint}"))
     except (ConfigError, OSError, subprocess.SubprocessError) as exc:
-        out.append(("chromium", False, f"{exc} (Debian: apt-get install -y chromium)"))
+        out.append(("chromium", False, f"{exc} (Debian: apt-get install -y chromium-headless-shell)"))
     for package in ("playwright", "miniwob"):
         try:
             out.append((package, True, version(package)))
