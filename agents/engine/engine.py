@@ -251,14 +251,16 @@ class Engine:
             self.queue = waiting
         inline: list[Seq] = []
         if admitted and self.inline_prefill > 0:
-            room = self.buckets[-1] - len(self.active)  # rows one decode step can take
+            # rows one decode step can take: every admitted turn takes at least one (an eagerly prefilled one
+            # joins the active rows before the decode step), an inline one n - 1 more
+            room = self.buckets[-1] - len(self.active) - len(admitted)
             eager = []
             for s in admitted:
                 s.kv = min(s.kv, len(s.ids) - 1)  # at least the last token runs: its logits start the turn
                 n = len(s.ids) - s.kv
-                if n <= min(self.inline_prefill, room):
+                if n <= self.inline_prefill and n - 1 <= room:
                     inline.append(s)
-                    room -= n
+                    room -= n - 1
                 else:
                     eager.append(s)
             admitted = eager
@@ -358,6 +360,8 @@ class Engine:
         """(token, logprob, entropy or None) sampled after one token per row: the graph of the row count's
         bucket on CUDA, eager otherwise."""
         n = len(tokens)
+        if n > self.buckets[-1]:  # checked on every device: CPU tests guard the CUDA graphs' largest bucket
+            raise RuntimeError(f"a decode step of {n} rows exceeds the engine's {self.buckets[-1]}")
         if self.cuda_graphs:
             b = next(x for x in self.buckets if x >= n)
             self._in_host[0, :n] = torch.tensor(tokens)

@@ -239,3 +239,23 @@ def test_act_renders_generates_and_parses(engine_policy: EnginePolicy) -> None:
     assert turn.usage["completion_tokens"] == len(turn.token_ids) <= 4
     assert turn.message.role == "assistant" and turn.text == turn.message.content
     assert len(turn.logprobs) == len(turn.token_ids)
+
+
+def test_a_decode_step_never_takes_more_rows_than_slots(llama: Any, chatml_tokenizer: Any) -> None:
+    # long prompts prefilled eagerly join the active rows before the step in which short ones ride inline;
+    # together they must fit the largest CUDA graph bucket (the slot count)
+    policy = EnginePolicy(llama, chatml_tokenizer, slots=4, capacity=256)
+    eng = policy.engine
+    eng.stop_ids = set()
+    greedy = SampleMode(temperature=0)
+    seqs = [
+        eng.new(list(range(20, 120))),
+        eng.new([5, 6, 7]),
+        eng.new([8, 9, 10]),
+        eng.new(list(range(30, 110))),
+    ]
+    for s in seqs:
+        eng.submit(s, greedy, 4)
+    eng.run()
+    for s in seqs:
+        assert s.out == hf_greedy(llama, s.ids, 4)
