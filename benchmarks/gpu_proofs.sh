@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_proofs.sh train SECONDS         carry .parts18b: every training starts (resumable)
 #   bash benchmarks/gpu_proofs.sh train+speed SECONDS   trainings resume on GPUs 0-2; GPU 3 runs the timed
 #                                                       benchmarks alone (trl_speed, rollout, grpo_step)
+#   bash benchmarks/gpu_proofs.sh final SECONDS         (after stage) a on GPU 0, b_refill on 1, c on 2, and
+#                                                       trl_speed + update.py alone on GPU 3; no seed methods
 # Layout of `train`:
 #   GPUs 0, 1: issue 19's seed methods (benchmarks/seed_methods.py: plain GRPO + EPO on 0, replay + HiPER on 1)
 #   GPU 2:     c (CalculatorChain-v0: branching SFT, then plain GRPO and ARPO + tree advantages, 2 seeds each)
@@ -82,6 +84,17 @@ if [ "$mode" = train ]; then
   train 3 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
   ( sft 3 sft trainers/configs/learning_sft.yaml
     train 3 sft_rl_refill trainers/configs/learning_rl_refill.yaml --init "$runs/sft" ) & pids+=($!)
+elif [ "$mode" = final ]; then  # one call on a fresh machine: no seed methods, the update benchmark on GPU 3
+  train 0 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
+  ( sft 1 sft trainers/configs/learning_sft.yaml
+    train 1 sft_rl_refill trainers/configs/learning_rl_refill.yaml --init "$runs/sft" ) & pids+=($!)
+  branching 2 & pids+=($!)
+  ( export CUDA_VISIBLE_DEVICES=3
+    timeout 240 taskset -c 56-63 python3 benchmarks/trl_speed.py --out "$out/trl_speed" > "$out/trl_speed.log" 2>&1
+    echo "trl_speed rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+    timeout "$(( $(left) - 20 ))" taskset -c 56-63 python3 benchmarks/update.py \
+      --variants eager_padded:8,packed:16,packed_compile:16 --out "$out/update" > "$out/update.log" 2>&1
+    echo "update rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt" ) & pids+=($!)
 else
   seed_methods 0,1 & pids+=($!)
   branching 2 & pids+=($!)
@@ -94,7 +107,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 echo "$mode seconds=$(( $(date +%s) - start ))" | tee -a "$out/gpu.txt"
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu.txt"
 tar -czf "$out/runs.tar.gz" -C / --exclude='checkpoint*' --exclude='model' --exclude='tensorboard' \
-  --exclude='sft_data.jsonl' root/runs root/seed_runs
+  --exclude='sft_data.jsonl' root/runs $([ -d /root/seed_runs ] && echo root/seed_runs)
 # at most 8 files come back: the logs and the speed results go into one archive
 ( cd "$out" && tar -czf results.tar.gz $(ls *.log *.md *.json 2>/dev/null) && rm -f *.log *.md *.json )
 ls -la "$out"
