@@ -184,12 +184,16 @@ class RenderedTokenPolicy:
         gens = self.generate(prompts, sampling)
         return [self.to_turn(g, t, len(p)) for g, t, p in zip(gens, tool_lists, prompts, strict=True)]
 
-    def to_turn(self, gen: Generation, tools: ToolDicts | None, prompt_len: int = 0) -> AssistantTurn:
-        """An ``AssistantTurn`` from token-level output: decoded text (stop token removed) and parsed message."""
+    def to_turn(
+        self, gen: Generation, tools: ToolDicts | None, prompt_len: int = 0, *, parse: bool = True
+    ) -> AssistantTurn:
+        """An ``AssistantTurn`` from token-level output: decoded text (stop token removed) and parsed message.
+        ``parse=False`` leaves the message plain text: for a caller that has the env parse the turn
+        (``ToolEnv.read_action``) and records the env's message, so the turn is parsed once."""
         text = self._renderer.decode(self._renderer.strip_stop(gen.token_ids))
         return AssistantTurn(
             text=text,
-            message=parse_turn(text, tools),
+            message=parse_turn(text, tools) if parse else Message(role="assistant", content=text),
             token_ids=gen.token_ids,
             logprobs=gen.logprobs,
             finish_reason=gen.finish_reason,

@@ -8,8 +8,13 @@ Then each env steps (in a thread pool when ``env_workers > 0``, for envs that wa
 With our engine (``EnginePolicy``) there are no rounds: continuous batching over every episode. Each
 episode is one engine sequence; a turn that ends leaves the decode batch at once, its env step (and every
 reset) runs on a thread pool while the GPU keeps decoding the other episodes, and the sequence comes back
-with only the env's reply to prefill (its KV stays in its slot, unless evicted for lack of slots). Each
-model turn is decoded and parsed once (``AssistantTurn``) and that turn goes to the env.
+with only the env's reply to prefill (its KV stays in its slot, unless evicted for lack of slots).
+
+A token-level policy's turn is parsed once, by the env's own parser: the runner has the env read it
+(``ToolEnv.read_action``, on the env's thread), records the env's assistant message (the tool call ids the
+env's tool results answer) and steps with that ``ParsedAction``, which ``step`` takes without parsing again.
+Where the env cannot take one (``Remote-v0``, an ``ActionWrapper``) the policy parses and the env steps on
+the text, as for ``act`` policies (their backend already returned the parsed message).
 
 An exception from an env's ``reset``/``step`` (or an env reporting ``truncation == "env_error"``, or a
 backend turn with ``finish_reason == "error"``) ends that episode only: it is recorded with ``error`` set
@@ -19,6 +24,7 @@ backend turn with ``finish_reason == "error"``) ends that episode only: it is re
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -28,7 +34,9 @@ from typing import Any
 
 from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy
 from toolgym.agents.trajectory import Trajectory
+from toolgym.envs.base import ParsedAction, action_reader
 from toolgym.errors import ConfigError
+from toolgym.messages import Message
 
 EnvFactory = Callable[[], Any]
 
@@ -62,6 +70,8 @@ class _Live:
     started: float
     tools: list[dict[str, Any]] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)  # ids to append before the next prompt (mask 0)
+    # the env's read_action when this runner parses turns through the env (token-level policies)
+    reader: Callable[[Any], ParsedAction] | None = None
 
 
 class EpisodeRunner:
@@ -95,6 +105,8 @@ class EpisodeRunner:
         self.on_episode = on_episode
         self.on_round = on_round  # (round number, live episodes) before each batched policy call
         self.token_level = isinstance(policy, TokenPolicy)
+        # a token policy whose to_turn can skip its parse (RenderedTokenPolicy): the env's is then the only one
+        self._lazy_turns = self.token_level and _has_parameter(getattr(policy, "to_turn", None), "parse")
         self.stats = {"policy_s": 0.0, "env_s": 0.0, "policy_calls": 0, "model_turns": 0, "total_s": 0.0}
         self._pool: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Any]] = {}
         self._pool_lock = threading.Lock()
@@ -169,6 +181,7 @@ class EpisodeRunner:
             self._fail(ep, "reset", exc)
             return ep
         ep.tools = list(info.get("tools") or [])
+        ep.reader = action_reader(ep.env) if self.token_level else None
         traj.task_id = str(info.get("task_id", ""))
         traj.tools = ep.tools
         traj.messages = list(obs)
@@ -236,7 +249,7 @@ class EpisodeRunner:
                         ep = live[idx]
                         assert ep is not None
                         gen = policy.generation(seq)
-                        turn = policy.to_turn(gen, ep.tools, len(seq.ids) - len(seq.out))
+                        turn = self._to_turn(gen, ep, len(seq.ids) - len(seq.out))
                         self.stats["model_turns"] += 1
                         pending[executor.submit(self._step, ep, turn)] = ("step", idx)
                     self.stats["policy_s"] += time.perf_counter() - t1
@@ -291,9 +304,7 @@ class EpisodeRunner:
                     _extend_context(ep.traj, ep.pending)
                     ep.pending = []
             gens = policy.generate([ep.traj.token_ids for ep in eps], self.sampling)
-            turns = [
-                policy.to_turn(g, ep.tools, len(ep.traj.token_ids)) for g, ep in zip(gens, eps, strict=True)
-            ]
+            turns = [self._to_turn(g, ep, len(ep.traj.token_ids)) for g, ep in zip(gens, eps, strict=True)]
         else:
             turns = self.policy.act(
                 [ep.traj.messages for ep in eps],
@@ -341,12 +352,14 @@ class EpisodeRunner:
             traj.turn_spans.append((start, len(traj.token_ids)))
         traj.turn_texts.append(turn.text)
         traj.finish_reasons.append(turn.finish_reason)
-        traj.messages.append(turn.message.to_dict())
         if turn.finish_reason == "error":
+            traj.messages.append(turn.message.to_dict())
             self._fail(ep, "policy", RuntimeError(turn.text or "the backend failed"))
             return True
+        action, message = self._read(ep, turn)
+        traj.messages.append(message.to_dict())
         try:
-            obs, reward, terminated, truncated, info = ep.env.step(turn.action)
+            obs, reward, terminated, truncated, info = ep.env.step(action)
         except Exception as exc:
             self._fail(ep, "step", exc)
             return True
@@ -373,6 +386,25 @@ class EpisodeRunner:
                 return True
         return False
 
+    def _to_turn(self, gen: Any, ep: _Live, prompt_len: int) -> AssistantTurn:
+        """A token-level turn, left unparsed where the env will parse it (on its thread, in ``_read``)."""
+        policy: Any = self.policy
+        if ep.reader is not None and self._lazy_turns:
+            return policy.to_turn(gen, ep.tools, prompt_len, parse=False)
+        return policy.to_turn(gen, ep.tools, prompt_len)
+
+    @staticmethod
+    def _read(ep: _Live, turn: AssistantTurn) -> tuple[Any, Message]:
+        """What to step the env with and the assistant message to record: the env's reading of the turn (its
+        one parse, passed on to its step) where the env reads turns, else the turn as the policy gave it."""
+        if ep.reader is None:
+            return turn.action, turn.message
+        try:
+            read = ep.reader(turn.action)
+        except Exception:  # a family's parse that raises: step raises it again and the episode fails there
+            return turn.action, turn.message
+        return read, turn.message if turn.structured else read.assistant_message()
+
     def _fail(self, ep: _Live, where: str, exc: BaseException) -> None:
         ep.traj.error = f"{where}: {type(exc).__name__}: {exc}"
         ep.traj.truncated, ep.traj.truncation = True, "env_error"
@@ -391,6 +423,13 @@ class EpisodeRunner:
         if self.on_episode is not None:
             self.on_episode(ep.traj)
         return ep.traj
+
+
+def _has_parameter(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # not a callable, or one without a signature
+        return False
 
 
 def _extend_context(traj: Trajectory, ids: list[int]) -> None:

@@ -9,6 +9,8 @@ so the episode loop, its bookkeeping and forking stay the same for every family:
 - ``tools()``: the tools the model may call (``Tool`` objects).
 - ``run_tool(call)``: run one call and return the observation text (default: call the tool's function).
 - ``parse(action)``: read one model turn into a ``ParseResult`` (default: the action format's parser).
+  ``read_action(action)`` runs it ahead of ``step`` and returns a ``ParsedAction`` that ``step`` then takes
+  as it is (the runner records the parsed assistant message and steps with it: each turn is parsed once).
 - ``check_answer(answer)``: the reward components of a final answer (required unless command format).
 - ``run_command(command)``: for command-format envs (household): advance the world.
 - ``tool_reward(call, output)``: optional shaping for a tool call.
@@ -48,6 +50,27 @@ class Task:
     prompt: str
     answer: Any = None
     data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """One model turn as an env's own parser read it (``ToolEnv.read_action``), to pass to that env's
+    ``step`` in place of the raw action: ``step`` takes ``result`` as it is instead of parsing again.
+
+    Trusted only where it was made: ``step`` uses ``result`` when ``stamp`` is the env's current one (the
+    same env object, in the same state: ``reset``, ``step`` and ``set_state`` renew it, since a family's
+    ``parse`` may read the episode and call ids count on) and ``action_format`` is the env's. Anything else
+    (a turn read by another env or family, for a fork, or before another step) has ``raw`` parsed again,
+    exactly as if the raw action had been passed."""
+
+    raw: Any  # what the model gave: text, or an assistant message
+    result: ParseResult
+    action_format: ActionFormat
+    stamp: object = field(default=None, repr=False, compare=False)
+
+    def assistant_message(self) -> Message:
+        """The assistant message ``step`` records for this turn (structured calls when there were any)."""
+        return self.result.assistant_message()
 
 
 @dataclass
@@ -178,6 +201,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self._invalid = 0
         self._call_counter = 0
         self.episode: Any = None
+        self._stamp = object()  # who may trust a ParsedAction: renewed whenever the state changes
 
     # ----- hooks -------------------------------------------------------------------------------------------
     def begin_episode(self, options: dict[str, Any] | None) -> None:
@@ -328,6 +352,22 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
             parts.append("When you know the final answer, write it as <answer>ANSWER</answer>.")
         return "\n\n".join(parts)
 
+    @final
+    def read_action(self, action: Any) -> ParsedAction:
+        """Parse one model turn now, with ``parse`` in the env's current state, for ``step`` to take without
+        parsing it again (see ``ParsedAction``). A ParsedAction passed in is read again from its ``raw``."""
+        raw = action.raw if isinstance(action, ParsedAction) else action
+        return ParsedAction(raw, self.parse(raw), self.action_format, self._stamp)
+
+    def _parse_once(self, action: Any) -> ParseResult:
+        """``step``'s reading of its action: a ParsedAction this env made in this state as it is, any other
+        ParsedAction from its raw action, anything else through ``parse``."""
+        if isinstance(action, ParsedAction):
+            if action.stamp is self._stamp and action.action_format == self.action_format:
+                return action.result
+            action = action.raw
+        return self.parse(action)
+
     def _info(self, **extra: Any) -> dict[str, Any]:
         info: dict[str, Any] = {"task_id": self.task.task_id, "turn": self._turn}
         info.update(extra)
@@ -338,6 +378,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         super().reset(seed=seed)
+        self._stamp = object()
         self.begin_episode(options)
         self.episode = self.new_episode()
         self._task = self.make_task()
@@ -362,9 +403,11 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
 
     @final
     def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        """One model turn: text, an assistant message, or a ``ParsedAction`` from ``read_action``."""
         if self._task is None or self._done:
             raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
-        parsed = self.parse(action)
+        parsed = self._parse_once(action)
+        self._stamp = object()  # the state moves on: a turn read before this step must be read again
         if parsed.message is None:
             self._call_counter += len(parsed.tool_calls)
         self._turn += 1
@@ -484,6 +527,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
+        self._stamp = object()
         self._task = state["task"]
         self._transcript = list(state["transcript"])
         self._turn = state["turn"]
@@ -509,6 +553,20 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
                 body += " " + " ".join(f"[{c.name}({json.dumps(c.arguments)})]" for c in m.tool_calls)
             lines.append(f"[{m.role}] {body}")
         return "\n".join(lines)
+
+
+def action_reader(env: gym.Env[Any, Any]) -> Callable[[Any], ParsedAction] | None:
+    """``read_action`` of the ToolEnv under ``env`` when a ``ParsedAction`` given to ``env.step`` reaches that
+    env's own ``step`` as it is: no ``gym.ActionWrapper`` in between (it would change the text) and the base
+    ``step`` (``Remote-v0`` replaces it: its server parses). None otherwise: step with the raw action."""
+    layer: Any = env
+    while isinstance(layer, gym.Wrapper):
+        if isinstance(layer, gym.ActionWrapper):
+            return None
+        layer = layer.env
+    if not isinstance(layer, ToolEnv) or type(layer).step is not ToolEnv.step:
+        return None
+    return layer.read_action
 
 
 def tool_env(env: gym.Env[Any, Any]) -> ToolEnv:

@@ -21,6 +21,9 @@ generated, never on how the work was scheduled. Two drivers run the loops of all
 Branching draws come from one generator per tree (seeded by the run seed and the tree's index), so both
 drivers make the same branching decisions given the same turns and entropies.
 
+Each model turn is parsed once, by its env: the env call reads it (`ToolEnv.read_action`) and steps with
+that reading, and the turn's node keeps the calls the env read (`info["calls"]`, shown by rollout_log).
+
 Forking an env: a forkable env (`env.unwrapped.supports_fork`) is snapshotted with `get_state()` on every
 env node while a branching policy is active, and a fork restores the snapshot into a pooled env with
 `set_state`; otherwise the fork resets a pooled env with the task's seed and replays the path's actions.
@@ -55,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from toolgym.envs.base import action_reader
 from toolgym.errors import ConfigError
 from toolgym.trainers.branching import BranchPolicy, NoBranching, apply_forks
 from toolgym.trainers.tree import NodeKind, RolloutTree
@@ -341,11 +345,14 @@ class TreeRollout:
 
     def _stepper(self, env: Any, text: str) -> Callable[[], Any]:
         def step() -> tuple[Any, ...]:
-            obs, reward, terminated, truncated, info = env.step(text)
+            # the turn's one parse, by the env's parser: step takes it as it is, the tree keeps its calls
+            reader = action_reader(env)
+            read = reader(text) if reader is not None else None
+            obs, reward, terminated, truncated, info = env.step(read if read is not None else text)
             snap = None
             if self.snapshots and not (terminated or truncated) and env.supports_fork:
                 snap = env.get_state()
-            return obs, reward, terminated, truncated, info, snap
+            return obs, reward, terminated, truncated, info, snap, read
 
         return step
 
@@ -365,11 +372,13 @@ class TreeRollout:
             with contextlib.suppress(Exception):  # a broken env is closed, never pooled
                 req.env.close()
             return None
-        obs, reward, terminated, truncated, info, snap = res
+        obs, reward, terminated, truncated, info, snap, read = res
         node.step_reward = float(reward)
         node.info.update(
             invalid=bool(info.get("invalid_action", False)), tool_calls=int(info.get("tool_calls", 0))
         )
+        if read is not None:  # the env's own reading of the turn: rollout_log shows it without parsing again
+            node.info["calls"] = [{"name": c.name, "arguments": c.arguments} for c in read.result.tool_calls]
         end: dict[str, Any] | None = None
         if terminated or truncated:
             end = {

@@ -59,9 +59,12 @@ def tree_record(
             "branch_reason": node.branch_reason,
         }
         if node.kind == "model":
-            action = node.info.get("action", text)
-            calls = parse_turn(str(action), tools).tool_calls or ()
-            entry["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in calls]
+            if "calls" in node.info:  # the env's own reading of the turn (TreeRollout keeps it)
+                entry["tool_calls"] = list(node.info["calls"])
+            else:
+                action = node.info.get("action", text)
+                calls = parse_turn(str(action), tools).tool_calls or ()
+                entry["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in calls]
             entry["invalid"] = bool(node.info.get("invalid", False))
             if node.info.get("infra_error"):
                 entry["infra_error"] = str(node.info["infra_error"])

@@ -19,6 +19,8 @@ from toolgym.agents import (
     run_episodes,
     save_trajectories,
 )
+from toolgym.agents.policy import Generation, RenderedTokenPolicy, SamplingParams
+from toolgym.agents.rendering import ChatRenderer
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.messages import Message
 
@@ -122,8 +124,6 @@ def test_unknown_env_id_is_a_config_error() -> None:
 
 
 def test_jsonl_round_trip(tmp_path: Any, tiny_policy: Any) -> None:
-    from toolgym.agents import SamplingParams
-
     trajs = run_episodes(ScriptedPolicy(), "toolgym/Calculator-v0", 3)
     trajs += run_episodes(
         tiny_policy,
@@ -140,3 +140,105 @@ def test_jsonl_round_trip(tmp_path: Any, tiny_policy: Any) -> None:
     (tmp_path / "bad.jsonl").write_text('{"env_id": "x", "seed": 0}\n{"trunc')
     with pytest.raises(ConfigError, match=r"bad\.jsonl:2"):
         load_trajectories(tmp_path / "bad.jsonl")
+
+
+# ----- each token-level turn is parsed once, by the env ---------------------------------------------------
+COUNTER_SCRIPT = [
+    '<tool_call>{"name": oops}</tool_call>',  # malformed: an observation and a penalty
+    '<tool_call>{"name": "add", "arguments": {}}</tool_call>',
+    '<tool_call>{"name": "add", "arguments": {}}</tool_call>',
+    "<answer>2</answer>",
+]
+
+
+class CannedTokenPolicy(RenderedTokenPolicy):
+    """A token policy without a model: turn k of an episode (k assistant turns in the prompt) is
+    ``COUNTER_SCRIPT[k]`` encoded, ending with the end-of-turn token."""
+
+    name = "canned"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._renderer = ChatRenderer(tokenizer)
+        self.sampling = SamplingParams()
+        self.stop = min(self._renderer.stop_ids)
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        return self._renderer
+
+    def generate(
+        self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
+    ) -> list[Generation]:
+        out = []
+        for p in prompts:
+            k = self._renderer.decode(p).count("<|im_start|>assistant") - 1
+            ids = [*self._renderer.encode(COUNTER_SCRIPT[k]), self.stop]
+            out.append(Generation(ids, [-0.1] * len(ids), "stop"))
+        return out
+
+
+def count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records every parse of a model turn: the env's (``ToolEnv.parse``) and the policy's (``parse_turn``)."""
+    import toolgym.agents.policy as policy_module
+    from toolgym.envs.base import ToolEnv
+
+    calls: list[str] = []
+    env_parse, policy_parse = ToolEnv.parse, policy_module.parse_turn
+
+    def counted_env(self: Any, action: Any) -> Any:
+        calls.append("env")
+        return env_parse(self, action)
+
+    def counted_policy(*args: Any, **kwargs: Any) -> Any:
+        calls.append("policy")
+        return policy_parse(*args, **kwargs)
+
+    monkeypatch.setattr(ToolEnv, "parse", counted_env)
+    monkeypatch.setattr(policy_module, "parse_turn", counted_policy)
+    return calls
+
+
+def test_token_level_turns_are_parsed_once_by_the_env(
+    chatml_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.testing_env import COUNTER, register
+
+    register()
+    specs = episode_specs([COUNTER], 3, target=2)
+    calls = count_parses(monkeypatch)
+    with EpisodeRunner(CannedTokenPolicy(chatml_tokenizer), concurrency=2) as runner:
+        once = runner.run(specs)
+        turns = runner.stats["model_turns"]
+    assert turns == 12 and calls == ["env"] * 12  # one parse per turn, by the env, passed on to its step
+    calls.clear()
+    with monkeypatch.context() as mp:  # the path without ParsedAction: the policy parses, the env again
+        mp.setattr("toolgym.agents.runner.action_reader", lambda env: None)
+        with EpisodeRunner(CannedTokenPolicy(chatml_tokenizer), concurrency=2) as runner:
+            twice = runner.run(specs)
+    assert sorted(calls) == ["env"] * 12 + ["policy"] * 12
+    for a, b in zip(once, twice, strict=True):
+        assert a.success and a.reward == b.reward and a.rewards == b.rewards and a.infos == b.infos
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask and a.turn_texts == b.turn_texts
+        assert [m["role"] for m in a.messages] == [m["role"] for m in b.messages]
+        assert [m["content"] for m in a.messages] == [m["content"] for m in b.messages]
+        # the recorded calls carry the ids the env's tool results answer (the policy's own parse numbered
+        # every turn's calls from call_0, so the second call's record said call_0 and its result call_1)
+        for m, reply in zip(a.messages[:-1], a.messages[1:], strict=True):
+            if m.get("tool_calls"):
+                assert m["tool_calls"][0]["id"] == reply["tool_call_id"]
+        assert [m["tool_calls"][0]["id"] for m in b.messages if m.get("tool_calls")] == ["call_0", "call_0"]
+
+
+def test_engine_runner_parses_each_turn_once(
+    chatml_tokenizer: Any, make_tiny_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolgym.agents.engine import EnginePolicy
+
+    policy = EnginePolicy(
+        make_tiny_model(len(chatml_tokenizer), seed=2), chatml_tokenizer, slots=2, capacity=512
+    )
+    calls = count_parses(monkeypatch)
+    with EpisodeRunner(policy, concurrency=3, sampling=SamplingParams(temperature=0, max_new_tokens=6)) as r:
+        trajs = r.run(episode_specs(["toolgym/Calculator-v0"], 3, max_turns=2))
+        assert r.continuous and calls == ["env"] * int(r.stats["model_turns"]) and len(calls) == 6
+    assert all(t.turns == 2 and t.error is None for t in trajs)
