@@ -152,3 +152,27 @@ def test_arpo_tops_up_with_global_samples() -> None:
         [RolloutTask(FAKE_ENV, 0)], 0
     )
     assert len(forest[0].leaves()) == 2
+
+
+def test_each_turn_is_parsed_once_by_its_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env call reads the turn (read_action) and steps with that reading: one parse per stepped turn,
+    and the model node keeps the calls the env read (rollout_log shows them without parsing again)."""
+    import gymnasium as gym
+
+    env_cls = gym.spec(FAKE_ENV).entry_point
+    parse = env_cls.parse
+    calls: list[str] = []
+
+    def counted(self: Any, action: Any) -> Any:
+        calls.append(str(action))
+        return parse(self, action)
+
+    monkeypatch.setattr(env_cls, "parse", counted)
+    forest, _ = TreeRollout(FakePolicy(), NoBranching(), RolloutConfig(budget=3), {}).run(
+        [RolloutTask(FAKE_ENV, 0), RolloutTask(FAKE_ENV, 1)], seed=0
+    )
+    model = [n for t in forest for n in t.nodes if n.kind == "model"]
+    assert len(model) == 12 and len(calls) == 12
+    assert sorted(calls) == sorted(n.info["action"] for n in model)
+    assert [n.info["calls"] for n in model if n.turn == 0] == [[{"name": "look", "arguments": {}}]] * 6
+    assert all(n.info["calls"] == [] for n in model if n.turn == 1)  # the answer turn
