@@ -125,7 +125,7 @@ class WebEnv(ToolEnv):
     (False), ``screenshot_dir`` (None: a ``screenshot`` command saves a PNG there, for people playing),
     ``time_penalty`` (False), ``episode_time_limit_s`` (None: no MiniWoB clock), ``action_timeout_ms``
     (2000), ``reload_each_episode`` (False), ``own_browser`` (False: share the process's Chromium; True: a
-    Chromium of its own, the anchors' way, for comparison), plus the base knobs.
+    Chromium of its own with the same step code, for comparison), plus the base knobs.
 
     ## Info
     ``miniwob_task``, ``miniwob_reward`` (after the episode), ``elements`` (count of listed elements).
