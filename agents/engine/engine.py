@@ -206,9 +206,10 @@ class Engine:
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
 
-    def refresh(self) -> bool:
-        """Re-pack the weights if the live model changed; then every idle cache is stale and dropped."""
-        changed = self.weights.refresh()
+    def refresh(self, force: bool = False) -> bool:
+        """Re-pack the weights if the live model changed (or ``force``); then every idle cache is stale and
+        dropped."""
+        changed = self.weights.refresh(force)
         if changed:
             for seq in list(self.idle.values()):
                 self._drop_slot(seq)

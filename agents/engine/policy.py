@@ -103,9 +103,10 @@ class EnginePolicy(RenderedTokenPolicy):
         return self.engine.device
 
     # ----- tokens ------------------------------------------------------------------------------------------
-    def refresh(self) -> None:
-        """Pick up new weights (after an optimizer step); held caches are then dropped."""
-        if self.engine.refresh():
+    def refresh(self, force: bool = False) -> None:
+        """Pick up new weights (seen by itself after any optimizer step or in-place write; ``force`` after a
+        write through ``p.data``); held caches are then dropped."""
+        if self.engine.refresh(force):
             self.index.clear()
 
     def generation(self, seq: Seq) -> Generation:

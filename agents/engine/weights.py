@@ -7,8 +7,10 @@ says why another model is not (the caller then falls back to the HF path).
 
 Packing: q/k/v are concatenated into one ``[(H + 2·Hkv)·D, hidden]`` matrix and gate/up into one
 ``[2·I, hidden]`` matrix per layer, all layers stacked, in the engine's dtype. ``PackedWeights.refresh``
-re-packs in place from the live model whenever a parameter changed (an optimizer step bumps the in-place
-version counters): the engine reads the trainer's current weights with no transfer and no reload, and
+re-packs in place from the live model whenever its weights may have changed (``agents/weights_version.py``:
+after any torch optimizer step, fused ones included, or an in-place write); a write through ``p.data`` needs
+``EnginePolicy.refresh(force=True)``.
+The engine reads the trainer's current weights with no transfer and no reload, and
 the buffers keep their addresses, so captured CUDA graphs stay valid. LoRA adapters (peft) are merged
 into the packed copy (``W + scale·B·A``); the trainer's model is never modified.
 """
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from toolgym.agents.weights_version import WeightsVersion, weights_version
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 
@@ -147,18 +151,13 @@ class PackedWeights:
         rotary = base_model(model).model.rotary_emb
         self.inv_freq = rotary.inv_freq.detach().to(device=device, dtype=torch.float32).clone()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0) or 1.0)
-        self.version = -1
+        self.version: WeightsVersion = (-1, -1, -1)
         self.refresh()
-
-    @staticmethod
-    def weights_version(model: Any) -> int:
-        """Changes whenever a parameter is modified in place (optimizer steps, load_state_dict)."""
-        return sum(int(p._version) for p in model.parameters()) + sum(id(p) for p in model.parameters())
 
     @torch.no_grad()
     def refresh(self, force: bool = False) -> bool:
         """Re-pack from the live model when its weights changed; True when it did."""
-        version = self.weights_version(self.model)
+        version = weights_version(self.model)
         if version == self.version and not force:
             return False
         base = base_model(self.model)

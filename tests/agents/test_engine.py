@@ -207,6 +207,35 @@ def test_live_weights_are_picked_up(llama: Any, chatml_tokenizer: Any) -> None:
     assert not policy.engine.idle or all(s.kv >= 0 for s in policy.engine.idle.values())
 
 
+def test_weights_written_by_a_fused_optimizer_or_through_data_are_picked_up(
+    llama: Any, chatml_tokenizer: Any
+) -> None:
+    # CUDA training uses fused AdamW, whose kernel bumps no version counter: the engine once kept serving the
+    # initial weights for a whole run (every held-out evaluation equal to the first)
+    import copy
+
+    model = copy.deepcopy(llama)
+    policy = EnginePolicy(model, chatml_tokenizer, slots=4, capacity=128)
+    policy.engine.stop_ids = set()
+    sp = SamplingParams(temperature=0, max_new_tokens=8)
+    before = policy.generate(PROMPTS[:1], sp)[0].token_ids
+    opt = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    versions = [p._version for p in model.parameters()]
+    opt.step()
+    assert [p._version for p in model.parameters()] == versions  # the fused kernel is invisible to them
+    (gen,) = policy.generate(PROMPTS[:1], sp)
+    assert gen.token_ids == hf_greedy(model, PROMPTS[0], 8) != before
+    # a write through .data is invisible to every counter: refresh(force=True) picks it up
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data.copy_(torch.randn_like(p))
+    policy.refresh(force=True)
+    (gen,) = policy.generate(PROMPTS[:1], sp)
+    assert gen.token_ids == hf_greedy(model, PROMPTS[0], 8)
+
+
 def test_lora_adapters_are_merged(llama: Any, chatml_tokenizer: Any) -> None:
     peft = pytest.importorskip("peft")
     import copy
