@@ -6,6 +6,11 @@ set -euo pipefail
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# the web env's preferred headless build (it falls back to chromium) and the driver of benchmarks/web.py's
+# MiniWoB++ anchor (Selenium)
+command -v chromium-headless-shell >/dev/null 2>&1 || [ -x /usr/lib/chromium/chromium-headless-shell ] \
+  || need+=(chromium-headless-shell)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # the sandboxes' process backend
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)  # ScienceWorld, TextWorldExpress
