@@ -23,9 +23,28 @@ def _trainer_fixtures() -> Any:
 
 
 @pytest.mark.slow
-def test_grpo_steps_with_the_fast_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_grpo_steps_with_the_fast_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolgym.agents.engine.weights import PackedWeights
+    from toolgym.trainers import grpo
     from toolgym.trainers.grpo import GRPOConfig, train
 
+    # the optimizer of a CUDA run (fused AdamW: its kernel bumps no version counter), and a record of
+    # whether each rollout's engine re-packed the weights the step before changed
+    def fused(model: Any, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        params = [p for p in model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+
+    repacks: list[bool] = []
+    original = PackedWeights.refresh
+
+    def refresh(self: PackedWeights, force: bool = False) -> bool:
+        repacks.append(original(self, force))
+        return repacks[-1]
+
+    monkeypatch.setattr(grpo, "make_optimizer", fused)
+    monkeypatch.setattr(PackedWeights, "refresh", refresh)
     fx = _trainer_fixtures()
     tokenizer = fx.tiny_tokenizer()
     model = fx.tiny_model(len(tokenizer))
@@ -40,6 +59,8 @@ def test_grpo_steps_with_the_fast_engine(tmp_path: Path, capsys: pytest.CaptureF
     assert metrics["rollout/tokens_per_s"] > 0
     unchanged = [n for n, p in model.named_parameters() if torch.equal(before[n], p)]
     assert not unchanged, f"parameters that did not change: {unchanged}"
+    # packed at start, then again after each of the 2 optimizer steps (step 2's rollout, the final eval)
+    assert sum(repacks) >= 3, repacks
 
 
 def test_auto_keeps_hf_on_cpu_and_fast_refuses_other_architectures(
