@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from toolgym.agents.decode_cache import with_room
 from toolgym.agents.kv_reuse import KVStore, build_cache, row_layers, weights_version
 from toolgym.agents.policy import (
     FinishReason,
@@ -173,6 +174,10 @@ class HFPolicy(RenderedTokenPolicy):
         ids = ids.to(device)
         mask = torch.cat([head_mask.to(device), tail_mask.to(device)], dim=1)  # [B, W+P]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, width:]  # [B, P]
+        # rows whose prompts are equal (the samples of one GRPO group) are prefilled once, then copied;
+        # rows that continue kept caches differ by construction
+        first, inverse = _unique_rows(rests) if cache is None else (list(range(B)), list(range(B)))
+        U = len(first)
         if shared:  # one forward for the prefix all prompts share (system prompt, GRPO group), then copies
             head = torch.tensor([prompts[0][:shared]], device=device)  # [1, S]
             with torch.inference_mode():
@@ -184,7 +189,7 @@ class HFPolicy(RenderedTokenPolicy):
                     logits_to_keep=1,
                 )
             cache = getattr(out, self._cache_arg, None) or out.past_key_values
-            cache.batch_repeat_interleave(B)
+            cache.batch_repeat_interleave(U)
         gen = torch.Generator(device=device)
         if sp.seed is not None:
             gen.manual_seed(sp.seed)
@@ -196,25 +201,20 @@ class HFPolicy(RenderedTokenPolicy):
         ents: list[list[float]] = [[] for _ in range(B)]
         finish: list[FinishReason] = ["length"] * B
         rows = list(range(B))  # the rows still sampling; finished rows leave the batch and the cache
-        step_ids, step_pos = ids, positions
         temp = sp.temperature if sp.temperature > 0 else 1.0
         with torch.inference_mode():
-            for _ in range(sp.max_new_tokens):
-                kwargs = {self._cache_arg: cache}
-                out = self.model(
-                    input_ids=step_ids,
-                    attention_mask=mask,
-                    position_ids=step_pos,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **kwargs,
-                )
-                cache = getattr(out, self._cache_arg, None) or out.past_key_values
-                if cache is None:
-                    raise ConfigError(
-                        f"{type(self.model).__name__} returned no KV cache; generation needs one"
-                    )
-                logp = torch.log_softmax(out.logits[:, -1, :].float() / temp, dim=-1)  # [b, V]
+            if U < B:
+                pick = torch.tensor(first, device=device)
+                logits, cache = self._forward(ids[pick], mask[pick], positions[pick], cache)  # [U, V]
+                cache = with_room(cache, sp.max_new_tokens)  # decode writes in place (decode_cache.py)
+                spread = torch.tensor(inverse, device=device)
+                cache.batch_select_indices(spread)
+                logits = logits[spread]  # [B, V]
+            else:
+                logits, cache = self._forward(ids, mask, positions, cache)  # [B, V]
+                cache = with_room(cache, sp.max_new_tokens)
+            for t in range(sp.max_new_tokens):
+                logp = torch.log_softmax(logits.float() / temp, dim=-1)  # [b, V]
                 nxt = self._sample(logp, sp, gen)  # [b]
                 chosen = logp.gather(-1, nxt[:, None]).squeeze(-1)  # [b]
                 if sp.top_p < 1.0 and sp.temperature > 0:  # logprob under the nucleus actually sampled from
@@ -239,20 +239,35 @@ class HFPolicy(RenderedTokenPolicy):
                         layers = row_layers(cache, j, mask[j].bool())  # prompt + sampled ids but the last
                         if layers is not None:
                             store.put([*prompts[i], *tokens[i][:-1]], layers)
-                if not keep:
-                    break
+                if not keep or t == sp.max_new_tokens - 1:
+                    break  # (the last sampled token is never fed: nobody reads its logits)
                 if len(keep) < len(rows):
                     idx = torch.tensor(keep, device=device)
                     cache.batch_select_indices(idx)
-                    nxt, mask, step_pos = nxt[idx], mask[idx], step_pos[idx]
+                    nxt, mask, positions = nxt[idx], mask[idx], positions[idx]
                     rows = [rows[j] for j in keep]
-                step_ids = nxt[:, None]  # [b, 1]
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # [b, P+t]
-                step_pos = step_pos[:, -1:] + 1  # [b, 1]
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # [b, W+P+t+1]
+                positions = positions[:, -1:] + 1  # [b, 1]
+                logits, cache = self._forward(nxt[:, None], mask, positions, cache)
         return [
             Generation(tokens[i], logps[i], finish[i], ents[i] if sp.return_entropies else None)
             for i in range(B)
         ]
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> Any:
+        """(logits of each row's last position [b, V], the cache extended by ``ids``) for ids [b, n]."""
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_arg: cache},
+        )
+        cache = getattr(out, self._cache_arg, None) or out.past_key_values
+        if cache is None:
+            raise ConfigError(f"{type(self.model).__name__} returned no KV cache; generation needs one")
+        return out.logits[:, -1, :], cache
 
     def _kv_store(self) -> KVStore | None:
         if not self.reuse_kv:
@@ -296,7 +311,15 @@ class HFPolicy(RenderedTokenPolicy):
             keep = sorted_p.cumsum(-1) - sorted_p < sp.top_p  # [B, V] always keeps the top token
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        if probs.device.type != "cpu":
+            return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        # on CPU, multinomial draws an exponential per vocabulary entry (~50 ms a step for 32 rows of a 49k
+        # vocabulary, 8% of a decode step); one uniform per row against the cumulative sum (float64, so the
+        # tail keeps its mass) samples the same distribution
+        cdf = probs.double().cumsum(-1)  # [B, V]
+        u = torch.rand((probs.shape[0], 1), generator=gen, dtype=torch.float64) * cdf[:, -1:]  # [B, 1]
+        # the first index whose cumulative sum exceeds u: a zero-probability token is never it
+        return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
     def _hit_stop_string(self, row: list[int], stops: tuple[str, ...]) -> bool:
         tail = self._renderer.decode(row[-16:])
@@ -320,3 +343,21 @@ def _common_prefix(prompts: Sequence[list[int]]) -> int:
         if any(p[i] != t for p in prompts):
             return i
     return max(n, 0)
+
+
+def _unique_rows(rows: Sequence[list[int]]) -> tuple[list[int], list[int]]:
+    """(index of the first row of each distinct value, the distinct value's number for every row).
+
+    >>> _unique_rows([[1, 2], [3], [1, 2], [3], [4]])
+    ([0, 1, 4], [0, 1, 0, 1, 2])
+    """
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    inverse: list[int] = []
+    for i, r in enumerate(rows):
+        key = tuple(r)
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        inverse.append(seen[key])
+    return first, inverse

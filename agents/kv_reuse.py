@@ -33,7 +33,7 @@ def weights_version(model: Any) -> int:
 def cache_layers(cache: Any) -> list[tuple[Any, Any]] | None:
     """(keys, values) per layer [B, H, T, D], or None when the cache is not plain full attention."""
     layers = getattr(cache, "layers", None)
-    if layers is None or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+    if layers is None or any(type(layer).__name__ not in ("DynamicLayer", "RoomyLayer") for layer in layers):
         return None
     return [(layer.keys, layer.values) for layer in layers]
 

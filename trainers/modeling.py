@@ -47,7 +47,9 @@ def build_policy(cfg: RunConfig, device: torch.device, model: Any = None, tokeni
         model.gradient_checkpointing_enable()
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
-    return HFPolicy(model, tokenizer, batch_size=256)
+    # on CPU a turn continues from the KV cache of the turns before it instead of prefilling the whole
+    # conversation again (rollouts and evaluations run between weight updates, which drop the kept caches)
+    return HFPolicy(model, tokenizer, batch_size=256, reuse_kv=device.type == "cpu")
 
 
 def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager[Any]:
