@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolgym.agents.decode_cache import with_room
-from toolgym.agents.kv_reuse import KVStore, build_cache, row_layers, weights_version
+from toolgym.agents.kv_reuse import KVStore, build_cache, row_layers
 from toolgym.agents.policy import (
     FinishReason,
     Generation,
@@ -27,6 +27,7 @@ from toolgym.agents.policy import (
     SamplingParams,
 )
 from toolgym.agents.rendering import ChatRenderer, ToolRole
+from toolgym.agents.weights_version import weights_version
 from toolgym.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -4,8 +4,8 @@ In a multi-turn episode the prompt of turn k+1 starts with the prompt and the sa
 row finishes, its KV cache (prompt + sampled ids but the last, which was never fed) is kept under those
 ids; the next ``generate`` call that gets a prompt extending them starts from that cache and runs only the
 new tokens (the closed turn and the env's messages). Entries are used once, at most ``capacity`` are kept
-(oldest dropped), and all are dropped when the weights change (tracked through the parameters' in-place
-version counters, which an optimizer step bumps), so a trainer never reads a stale cache.
+(oldest dropped), and all are dropped when the weights may have changed (``agents/weights_version.py``: any
+optimizer step, fused ones included, or an in-place write), so a trainer never reads a stale cache.
 
 Only models whose cache is a plain ``DynamicCache`` of full-attention layers take part; others run as if
 ``reuse_kv`` were off.
@@ -18,16 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolgym.agents.weights_version import WeightsVersion
+
 
 @dataclass
 class KVEntry:
     ids: tuple[int, ...]
     layers: list[tuple[Any, Any]]  # per layer (keys [H, L, D], values [H, L, D])
-
-
-def weights_version(model: Any) -> int:
-    """Changes whenever a parameter is modified in place (optimizer steps, load_state_dict)."""
-    return sum(int(p._version) for p in model.parameters())
 
 
 def cache_layers(cache: Any) -> list[tuple[Any, Any]] | None:
@@ -44,11 +41,11 @@ class KVStore:
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
         self.entries: OrderedDict[int, KVEntry] = OrderedDict()
-        self.version: int | None = None
+        self.version: WeightsVersion | None = None
         self.hits = 0
         self.reused_tokens = 0
 
-    def check_version(self, version: int) -> None:
+    def check_version(self, version: WeightsVersion) -> None:
         if version != self.version:
             self.entries.clear()
             self.version = version

@@ -199,6 +199,13 @@ def test_reuse_kv_across_turns_gives_the_same_episodes(chatml_tokenizer: Any, ma
         reuse.model.model.norm.weight.add_(0.0)  # an in-place change of the weights drops the kept caches
     reuse.generate([[5, 6]], sp)
     assert len(reuse._store.entries) == 1
+    # so does a fused optimizer step (CUDA training's AdamW), whose kernel bumps no version counter
+    opt = torch.optim.AdamW(reuse.model.parameters(), lr=0.1, fused=True)
+    for p in reuse.model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    reuse.generate([[7, 8]], sp)
+    assert len(reuse._store.entries) == 1
 
 
 def test_roomy_cache_layer_reads_like_a_dynamic_one() -> None:
