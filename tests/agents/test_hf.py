@@ -127,6 +127,20 @@ def test_generate_in_train_mode_with_checkpointing(tiny_policy: HFPolicy) -> Non
     assert [g.token_ids for g in got] == [g.token_ids for g in ref]
 
 
+def _generate_counting(
+    policy: HFPolicy, prompts: list[list[int]], sp: SamplingParams, dim: int
+) -> tuple[list[Any], list[int]]:
+    """The generations, and the size along ``dim`` (0: rows, 1: tokens) of each forward pass's input ids."""
+    sizes: list[int] = []
+    hook = policy.model.register_forward_pre_hook(
+        lambda m, a, kw: sizes.append(kw["input_ids"].shape[dim]), with_kwargs=True
+    )
+    try:
+        return policy.generate(prompts, sp), sizes
+    finally:
+        hook.remove()
+
+
 def test_shared_prefix_is_computed_once_with_the_same_result(
     chatml_tokenizer: Any, make_tiny_model: Any
 ) -> None:
@@ -134,12 +148,7 @@ def test_shared_prefix_is_computed_once_with_the_same_result(
     prompts = [[*shared, 5, 6, 7], [*shared, 8], [*shared, 9, 10, 11, 12, 13]]
     sp = SamplingParams(temperature=0, max_new_tokens=8, stop=("e",))
     once = HFPolicy(make_tiny_model(len(chatml_tokenizer)), chatml_tokenizer)
-    calls: list[int] = []
-    hook = once.model.register_forward_pre_hook(
-        lambda m, a, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True
-    )
-    got = once.generate(prompts, sp)
-    hook.remove()
+    got, calls = _generate_counting(once, prompts, sp, dim=1)
     assert calls[0] == 40 and calls[1] == 5  # the prefix alone, then the rows' own tokens
     plain = HFPolicy(once.model, chatml_tokenizer, min_shared_prefix=10_000)
     ref = plain.generate(prompts, sp)
@@ -169,12 +178,7 @@ def test_equal_prompts_are_prefilled_once_with_the_same_result(
     prompts = [[5, 6, 7, 8]] * 3 + [[5, 6, 9]] * 3
     sp = SamplingParams(temperature=1.0, max_new_tokens=8, seed=11)
     policy = HFPolicy(make_tiny_model(len(chatml_tokenizer)), chatml_tokenizer)
-    rows: list[int] = []
-    hook = policy.model.register_forward_pre_hook(
-        lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
-    )
-    got = policy.generate(prompts, sp)
-    hook.remove()
+    got, rows = _generate_counting(policy, prompts, sp, dim=0)
     assert rows[0] == 2 and rows[1] == 6
     for g, p in zip(got, prompts, strict=True):
         assert len(g.token_ids) == 8
