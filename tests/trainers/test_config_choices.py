@@ -35,3 +35,18 @@ def test_help_lists_the_choices(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--agg", "nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [0.0, -0.1, 0.95])
+def test_engine_memory_out_of_range_fails_at_construction(value):
+    with pytest.raises(ConfigError, match="engine_memory must be in"):
+        GRPOConfig(engine_memory=value)
+
+
+def test_engine_slots_follow_the_memory_share():
+    import torch
+
+    from toolgym.agents.engine.select import slots_for
+
+    assert slots_for(64, 2048, 1000, torch.device("cpu")) == 128  # no cap off CUDA
+    assert slots_for(1000, 2048, 1000, torch.device("cpu")) == 512
