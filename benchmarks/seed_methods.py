@@ -193,7 +193,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     procs = {}
     gpus = gpu_count(a.device)  # several GPUs: one run on each (round-robin); one GPU: all four share it
     summary["gpus"] = gpus
-    for i, name in enumerate(METHODS):
+    for i, name in enumerate(a.only or list(METHODS)):
         cfg = rl_config(name, runs, a.model, a.device, 1 if a.quick else a.steps, a.quick)
         write_yaml(runs / f"{name}.yaml", cfg)
         gpu = i % gpus if gpus > 1 else None
@@ -237,6 +237,7 @@ def main() -> None:
     r.add_argument("--sft-episodes", type=int, default=256)
     r.add_argument("--model", default="smollm2-135m")
     r.add_argument("--device", default="auto")
+    r.add_argument("--only", nargs="+", choices=list(METHODS), help="run only these methods (e.g. one rerun)")
     r.add_argument("--quick", action="store_true", help="tiny budgets: a smoke test that the pipeline runs")
     a = ap.parse_args()
     if a.cmd == "data":
