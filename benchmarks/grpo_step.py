@@ -9,6 +9,11 @@ given (not implemented here yet: the anchor must run in the same process).
 
     python benchmarks/grpo_step.py --model DIR [--steps 4] [--out benchmarks/results/grpo_step]
     python benchmarks/grpo_step.py --smoke   # a 2-layer model with the same tokenizer, on CPU: checks the script
+    python benchmarks/grpo_step.py --variants fast,fast_block1,fast_compile,hf   # the engine's options, one run
+
+Variants: ``fast`` (the defaults), ``fast_block1`` (the engine reads its samples after every decode step
+instead of every ``engine.block`` steps), ``fast_compile`` (``compile: true``: the update's decoder layers
+compiled), ``hf``.
 
 ``speedup_vs_trl_quoted`` divides the quoted TRL anchor (1.9 s, another run, an H200) by our step: a
 reference point, not a same-run measurement.
@@ -26,9 +31,11 @@ from typing import Any
 import torch
 
 
-def run(engine: str, args: Any) -> dict[str, float]:
+def run(engine: str, args: Any, block: int = 0, compile: bool = False) -> dict[str, float]:
+    """One variant's mean step times; ``block`` > 0 sets the fast engine's decode steps per host read."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from toolgym.agents.engine.engine import Engine
     from toolgym.trainers.grpo import GRPOConfig, train
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -46,8 +53,20 @@ def run(engine: str, args: Any) -> dict[str, float]:
             steps=args.steps, prompts_per_step=args.prompts, budget=args.samples, max_new_tokens=args.new,
             max_total_tokens=1024, lr=1e-6, device=device, tensorboard=False, progress=False, eval_episodes=1,
             eval_every=0, micro_batch_rows=64, engine=engine, output_dir=out, filter_zero_variance=False,
+            compile=compile,
         )  # fmt: skip
-        train(cfg, model, tok)
+        inner = Engine.__init__
+
+        def init(self: Any, *a: Any, **k: Any) -> None:
+            inner(self, *a, **k)
+            if block > 0:
+                self.block = block
+
+        Engine.__init__ = init  # type: ignore[method-assign]
+        try:
+            train(cfg, model, tok)
+        finally:
+            Engine.__init__ = inner  # type: ignore[method-assign]
         recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     steady = recs[1:-1] or recs[-1:]  # drop the first (graph captures, compiles) and the last (evaluation)
     step = sum(r["time/step_s"] for r in steady) / len(steady)
@@ -65,6 +84,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--smoke", action="store_true", help="2-layer model, 2 steps, on CPU: checks the script")
+    ap.add_argument(
+        "--variants", default="fast,hf", help="comma-separated: fast, fast_block1, fast_compile, hf"
+    )
     ap.add_argument("--out", default="benchmarks/results/grpo_step")
     args = ap.parse_args()
     if args.smoke:
@@ -72,10 +94,16 @@ def main() -> None:
     res: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "command": "python " + " ".join(sys.argv),
-        "fast": run("fast", args),
-        "hf": run("hf", args),
         "trl_reference_s": 1.9,
     }
+    variants = {"fast": ("fast", 0, False), "fast_block1": ("fast", 1, False),
+                "fast_compile": ("fast", 0, True), "hf": ("hf", 0, False)}  # fmt: skip
+    names = [v for v in args.variants.split(",") if v]
+    if not {"fast", "hf"} <= set(names) or not set(names) <= set(variants):
+        sys.exit(f"--variants must name fast and hf, and only {sorted(variants)}")
+    for name in names:
+        engine, block, compiled = variants[name]
+        res[name] = run(engine, args, block, compiled)
     res["speedup_vs_hf"] = res["hf"]["step_s"] / res["fast"]["step_s"]
     res["speedup_vs_trl_quoted"] = res["trl_reference_s"] / res["fast"]["step_s"]
     out = Path(args.out)
@@ -83,7 +111,7 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(res, indent=2))
     lines = ["# grpo_step", "", f"Command: `{res['command']}`", f"Machine: {res['gpu']}", "",
              "| engine | step s | generate s | env s | update + rest s | generated tokens |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for k in ("fast", "hf"):
+    for k in names:
         r = res[k]
         lines.append(
             f"| {k} | {r['step_s']:.2f} | {r['generate_s']:.2f} | {r['env_s']:.2f} | {r['rest_s']:.2f} | {r['tokens']:.0f} |"

@@ -50,11 +50,9 @@ class PackInfo:
 
 def pack(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids [1, N], positions [1, N], row [N], col [N]) of every real token, rows one after another."""
-    lens = batch.attention_mask.sum(1)  # [B]
-    dev = batch.input_ids.device
-    row = torch.repeat_interleave(torch.arange(len(lens), device=dev), lens)  # [N]
-    starts = torch.cumsum(lens, 0) - lens  # [B]
-    col = torch.arange(int(lens.sum()), device=dev) - starts[row]  # [N]
+    # rows are right-padded, so the mask's nonzeros in row-major order are the packed tokens and their
+    # columns the positions: one host sync (the token count), where lengths + repeat_interleave took two
+    row, col = batch.attention_mask.nonzero().unbind(1)  # [N], [N]
     return batch.input_ids[row, col][None], col[None], row, col
 
 
@@ -157,6 +155,10 @@ def packed_forward(
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder, head = base.get_decoder(), base.get_output_embeddings()
     ids, pos, row, col = pack(batch)
+    # the scored tokens are found before the decoder runs: their count is the pass's other host sync, which
+    # here waits for nothing (read after the decoder's launches, it waited for its whole forward)
+    scored = (col >= 1) & (batch.loss_mask[row, col] > 0)  # [N] tokens the loss reads
+    k = scored.nonzero().squeeze(-1)  # [M]
     B, T = batch.input_ids.shape
     if attention_mode(model) == "ours":
         info = PackInfo(row * T + col, B, T)
@@ -168,8 +170,6 @@ def packed_forward(
     else:  # FlashAttention: transformers reads the packed positions itself
         out = decoder(input_ids=ids, position_ids=pos, use_cache=False)
     hidden = out.last_hidden_state[0]  # [N, H]
-    scored = (col >= 1) & (batch.loss_mask[row, col] > 0)  # [N] tokens the loss reads
-    k = scored.nonzero().squeeze(-1)  # [M]
     src, tgt = hidden[k - 1], ids[0, k]  # [M, H], [M]: token k is scored by the hidden state before it
     temp = temperature if temperature > 0 else 1.0
     w, b = head.weight, getattr(head, "bias", None)

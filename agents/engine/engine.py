@@ -120,6 +120,12 @@ class Engine:
         # as extra rows of the decode step (each row reads its slot up to its own position, so rows of one
         # sequence are causal) instead of an eager prefill pass of ~50 launches a layer; 0: always prefill
         self.inline_prefill = 64
+        # decode steps run back to back between host syncs when nothing waits to join (each step's sampled
+        # ids feed the next on the device; the host reads the block once and ends rows at their first stop):
+        # a GPU step is then not held up by the host's bookkeeping and a device-to-host sync for every token.
+        # A row that stops inside a block computes to the block's end (discarded), so blocks stay short; 1
+        # on CPU, where the host waits for every op anyway and the draws then match a step-at-a-time run
+        self.block = 8 if cuda else 1
         self.generator = torch.Generator(device=self.device)
         self.generator.seed()
         self.stats = EngineStats()
@@ -137,6 +143,7 @@ class Engine:
             self._in = torch.zeros((3, n), dtype=torch.long, device=self.device)  # tokens, slots, positions
             self._in_host = torch.zeros((3, n), dtype=torch.long).pin_memory()
             self._out = torch.zeros((n, 3), dtype=torch.float32, device=self.device)
+            self._ring = torch.zeros((0, n, 3), dtype=torch.float32, device=self.device)  # a block's steps
             sm = torch.cuda.get_device_properties(self.device).multi_processor_count
             self._sms = sm
 
@@ -229,7 +236,8 @@ class Engine:
     # ----- one scheduling step -----------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> list[Seq]:
-        """Admit what fits, prefill it, run one decode step; returns the sequences whose turn ended."""
+        """Admit what fits, prefill it, run one decode step (a block of ``block`` steps when no newcomer waits);
+        returns the sequences whose turn ended."""
         import time
 
         done: list[Seq] = []
@@ -280,17 +288,18 @@ class Engine:
                 for mode, rows in _by_mode(batch):
                     idx = torch.tensor(rows, device=self.device)
                     tok, lp, ent = sample(logits[idx], mode, self.generator)
-                    done += self._record([batch[r] for r in rows], tok, lp, ent)
+                    done += self._record(
+                        [batch[r] for r in rows], tok[None], lp[None], ent[None] if ent is not None else None
+                    )
             self._sync()
             self.stats.prefill_s += time.perf_counter() - t0
         if self.active or inline:
             t0 = time.perf_counter()
-            active = self.active
-            modes = dict.fromkeys([s.mode for s in active] + [s.mode for s in inline])
-            for mode in modes:
-                group = [s for s in active if s.mode == mode]
-                done += self._decode(group, mode, [s for s in inline if s.mode == mode])
-            self.stats.decode_steps += 1
+            # a block of steps only when no newcomer waits to join (it would wait out the block)
+            k = 1 if inline or self.queue or self.block <= 1 else self._block_len(self.active)
+            for mode, group, extra in _mode_groups(self.active, inline):
+                done += self._decode(group, mode, extra, k)
+            self.stats.decode_steps += k
             self.stats.decode_s += time.perf_counter() - t0
         if done:
             ended = {s.id for s in done}
@@ -330,9 +339,18 @@ class Engine:
                     self.stats.prefill_tokens += n - s.kv
                     s.kv = n
 
-    def _decode(self, rows: list[Seq], mode: SampleMode, inline: Sequence[Seq] = ()) -> list[Seq]:
-        """One decode step for ``rows``; ``inline`` newcomers run their uncached ids as extra rows (their
-        last row samples their first token)."""
+    def _block_len(self, rows: list[Seq]) -> int:
+        """Decode steps the next block may take: no row may pass its token allowance or its slot's end."""
+        cap = self.cache.capacity - 1
+        k = self.block
+        for s in rows:
+            k = min(k, s.max_new - len(s.out), cap - len(s.ids) - len(s.out))
+        return max(k, 1)
+
+    def _decode(self, rows: list[Seq], mode: SampleMode, inline: Sequence[Seq] = (), k: int = 1) -> list[Seq]:
+        """``k`` decode steps for ``rows`` (each step's ids feed the next on the device); ``inline``
+        newcomers (only with ``k == 1``) run their uncached ids as extra rows (their last row samples their
+        first token)."""
         tokens = [s.out[-1] for s in rows]
         slots = [s.slot for s in rows]
         pos = [len(s.ids) + len(s.out) - 1 for s in rows]
@@ -343,23 +361,26 @@ class Engine:
             slots += [s.slot] * len(new)
             pos += range(s.kv, len(s.ids))
             last.append(len(tokens) - 1)
-        self.stats.decode_tokens += len(rows)
-        tok, lp, ent = self._run_rows(tokens, slots, pos, mode)  # type: ignore[arg-type]
-        k = len(rows)
-        done = self._record(rows, tok[:k], lp[:k], ent[:k] if ent is not None else None)
+        self.stats.decode_tokens += len(rows) * k
+        tok, lp, ent = self._run_rows(tokens, slots, pos, mode, k)  # type: ignore[arg-type]
+        n = len(rows)
+        done = self._record(rows, tok[:, :n], lp[:, :n], ent[:, :n] if ent is not None else None)
         if inline:
             idx = torch.tensor(last, device=tok.device)
             for s in inline:
                 self.stats.prefill_tokens += len(s.ids) - s.kv
                 s.kv = len(s.ids)
-            done += self._record(list(inline), tok[idx], lp[idx], ent[idx] if ent is not None else None)
+            done += self._record(
+                list(inline), tok[:, idx], lp[:, idx], ent[:, idx] if ent is not None else None
+            )
         return done
 
     def _run_rows(
-        self, tokens: list[int], slots: list[int], pos: list[int], mode: SampleMode
+        self, tokens: list[int], slots: list[int], pos: list[int], mode: SampleMode, k: int = 1
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(token, logprob, entropy or None) sampled after one token per row: the graph of the row count's
-        bucket on CUDA, eager otherwise."""
+        """(tokens, logprobs, entropies or None), each ``[k, rows]`` on the host: ``k`` decode steps after one
+        token per row, each step's samples fed to the next (the graph of the row count's bucket replayed
+        ``k`` times on CUDA, eager otherwise); read with one sync."""
         n = len(tokens)
         if n > self.buckets[-1]:  # checked on every device: CPU tests guard the CUDA graphs' largest bucket
             raise RuntimeError(f"a decode step of {n} rows exceeds the engine's {self.buckets[-1]}")
@@ -376,17 +397,34 @@ class Engine:
             if graph is None:
                 graph = self._graphs[(b, mode)] = self._capture(b, mode)
                 self._in[:, :b].copy_(self._in_host[:, :b], non_blocking=True)
-            graph.replay()
-            out = self._out[:n].cpu()  # [n, 3] the one sync of a step
-            return out[:, 0].long(), out[:, 1], out[:, 2] if mode.entropies else None
+            if k == 1:
+                graph.replay()
+                out = self._out[:n].cpu()[None]  # [1, n, 3] the one sync of a step
+            else:
+                if self._ring.shape[0] < k:
+                    self._ring = torch.zeros((k, *self._out.shape), dtype=torch.float32, device=self.device)
+                for i in range(k):  # the graph feeds its samples (and positions + 1) to its own next replay
+                    graph.replay()
+                    self._ring[i, :n].copy_(self._out[:n])
+                out = self._ring[:k, :n].cpu()  # [k, n, 3] the one sync of a block
+            return out[..., 0].long(), out[..., 1], out[..., 2] if mode.entropies else None
         t = torch.tensor(tokens, device=self.device)
         sl = torch.tensor(slots, device=self.device)
         ps = torch.tensor(pos, device=self.device)
-        if self.kernels:
-            logits = decode_triton(self.weights, self.cache, t, sl, ps, self._nsplit(n))
-        else:
-            logits = decode_torch(self.weights, self.cache, t, sl, ps, span=max(pos) + 1)
-        return sample(logits, mode, self.generator)
+        span = max(pos) + 1
+        toks, lps, ents = [], [], []
+        for i in range(k):
+            if self.kernels:
+                logits = decode_triton(self.weights, self.cache, t, sl, ps, self._nsplit(n))
+            else:
+                logits = decode_torch(self.weights, self.cache, t, sl, ps, span=span + i)
+            t, lp, ent = sample(logits, mode, self.generator)
+            toks.append(t)
+            lps.append(lp)
+            if ent is not None:
+                ents.append(ent)
+            ps = ps + 1
+        return torch.stack(toks), torch.stack(lps), torch.stack(ents) if ents else None
 
     def _nsplit(self, b: int) -> int:
         """Time splits of the decode attention: enough programs to fill the GPU when rows are few."""
@@ -411,6 +449,9 @@ class Engine:
         self._out[:b, 1] = lp
         if ent is not None:
             self._out[:b, 2] = ent
+        # the next replay of a block continues every row (the host restages the inputs otherwise)
+        self._in[0, :b] = t
+        self._in[2, :b] += 1
 
     def _capture(self, b: int, mode: SampleMode) -> Any:
         """A CUDA graph of one decode step for ``b`` rows (warm-up and capture write to the scratch slot)."""
@@ -436,21 +477,25 @@ class Engine:
     def _record(
         self, rows: list[Seq], tok: torch.Tensor, lp: torch.Tensor, ent: torch.Tensor | None
     ) -> list[Seq]:
-        """Append each row's sampled token; end the rows that hit a stop or their allowance."""
-        toks, lps = tok.tolist(), lp.tolist()
-        ents = ent.tolist() if ent is not None else None
+        """Append each row's sampled tokens (``[k, rows]``: a block's steps in order) up to its first stop or
+        its allowance, where the row ends (its later samples in the block are dropped)."""
+        toks, lps = tok.T.tolist(), lp.T.tolist()  # [rows][k]
+        ents = ent.T.tolist() if ent is not None else None
         done = []
         cap = self.cache.capacity - 1
+        stop_ids = self.stop_ids
         for j, s in enumerate(rows):
-            t = int(toks[j])
-            s.out.append(t)
-            s.logprobs.append(float(lps[j]))
-            if ents is not None:
-                s.entropies.append(float(ents[j]))
-            if t in self.stop_ids or (s.stop and self._hit_stop(s, t)):
-                s.finish = "stop"
-            elif len(s.out) >= s.max_new or len(s.ids) + len(s.out) >= cap:
-                s.finish = "length"
+            for i, t in enumerate(toks[j]):
+                s.out.append(t)
+                s.logprobs.append(lps[j][i])
+                if ents is not None:
+                    s.entropies.append(ents[j][i])
+                if t in stop_ids or (s.stop and self._hit_stop(s, t)):
+                    s.finish = "stop"
+                elif len(s.out) >= s.max_new or len(s.ids) + len(s.out) >= cap:
+                    s.finish = "length"
+                if s.finish:
+                    break
             if s.finish:
                 s.ids += s.out
                 s.kv = len(s.ids) - 1  # the last sampled token was never fed
@@ -499,6 +544,15 @@ class Engine:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _mode_groups(active: list[Seq], inline: list[Seq]) -> list[tuple[SampleMode, list[Seq], list[Seq]]]:
+    """(mode, active rows, inline rows) per sampling mode; one mode (one object) in the common case."""
+    first = active[0].mode if active else inline[0].mode
+    if all(s.mode is first for s in active) and all(s.mode is first for s in inline):
+        return [(first, list(active), list(inline))]
+    modes = dict.fromkeys([s.mode for s in active] + [s.mode for s in inline])
+    return [(m, [s for s in active if s.mode == m], [s for s in inline if s.mode == m]) for m in modes]
 
 
 def _by_mode(seqs: Sequence[Seq]) -> list[tuple[SampleMode, list[int]]]:

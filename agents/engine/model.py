@@ -9,6 +9,7 @@ two implementations of the same math: plain torch (CPU, and CUDA without Triton)
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -51,12 +52,18 @@ def prefill(
     B = len(seqs)
     lens = [len(ids) for _, _, ids in seqs]
     nmax = max(lens)
-    tokens = torch.tensor([t for _, _, ids in seqs for t in ids], device=dev)  # [N]
-    row = torch.repeat_interleave(torch.arange(B, device=dev), torch.tensor(lens, device=dev))  # [N]
-    starts = torch.tensor([st for _, st, _ in seqs], device=dev)  # [B]
-    slots = torch.tensor([sl for sl, _, _ in seqs], device=dev)  # [B]
-    offs = torch.cat([torch.arange(n, device=dev) for n in lens])  # [N]
-    pos = starts[row] + offs  # [N]
+    # every index built on the host and moved in one copy: no device-sized repeat_interleave (a host sync)
+    # and no arange per sequence (a launch each)
+    flat = [
+        [t for _, _, ids in seqs for t in ids],
+        [b for b, n in enumerate(lens) for _ in range(n)],
+        [i for n in lens for i in range(n)],
+        [st + i for (_, st, _), n in zip(seqs, lens, strict=True) for i in range(n)],
+    ]
+    tokens, row, offs, pos = torch.tensor(flat).to(dev, non_blocking=True)  # [N] each
+    starts, slots, last = torch.tensor(
+        [[st for _, st, _ in seqs], [sl for sl, _, _ in seqs], list(itertools.accumulate(lens))]
+    ).to(dev, non_blocking=True)  # [B] each
     tmax = max(st + n for (_, st, _), n in zip(seqs, lens, strict=True))
     cos, sin = cache.cos[pos], cache.sin[pos]  # [N, D/2]
     # rows with nothing cached run causal attention over their new tokens (right padding is harmless:
@@ -100,8 +107,7 @@ def prefill(
         x = x + _linear(F.silu(g) * u, w.wd[layer], _bias(w.bd, layer))
     if not want_logits:
         return None
-    last = torch.tensor(lens, device=dev).cumsum(0) - 1  # [B]
-    h = rms_norm(x[last], w.norm, s.eps)
+    h = rms_norm(x[last - 1], w.norm, s.eps)
     return F.linear(h, w.lm_head).float()  # [B, V]
 
 

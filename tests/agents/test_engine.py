@@ -43,9 +43,11 @@ def llama(chatml_tokenizer: Any, make_tiny_model: Any) -> Any:
     return make_tiny_model(len(chatml_tokenizer), seed=4)
 
 
-@pytest.fixture
-def engine_policy(llama: Any, chatml_tokenizer: Any) -> EnginePolicy:
-    return EnginePolicy(llama, chatml_tokenizer, slots=8, capacity=256)
+@pytest.fixture(params=[1, 8], ids=["step", "block8"])
+def engine_policy(llama: Any, chatml_tokenizer: Any, request: Any) -> EnginePolicy:
+    policy = EnginePolicy(llama, chatml_tokenizer, slots=8, capacity=256)
+    policy.engine.block = request.param  # decode steps between host reads (8 by default on CUDA)
+    return policy
 
 
 def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
@@ -56,14 +58,18 @@ def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+@pytest.mark.parametrize("block", [1, 8])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_greedy_ids_equal_hf_generate(arch: str, chatml_tokenizer: Any, make_tiny_model: Any) -> None:
+def test_greedy_ids_equal_hf_generate(
+    arch: str, block: int, chatml_tokenizer: Any, make_tiny_model: Any
+) -> None:
     model = (
         make_tiny_model(len(chatml_tokenizer), seed=4)
         if arch == "llama"
         else tiny_qwen2(len(chatml_tokenizer))
     )
     policy = EnginePolicy(model, chatml_tokenizer, slots=8, capacity=256)
+    policy.engine.block = block
     policy.engine.stop_ids = set()  # run the whole allowance, as HF generate does without eos
     sp = SamplingParams(temperature=0, max_new_tokens=12)
     for prompt, gen in zip(PROMPTS, policy.generate(PROMPTS, sp), strict=True):
@@ -288,3 +294,37 @@ def test_a_decode_step_never_takes_more_rows_than_slots(llama: Any, chatml_token
     eng.run()
     for s in seqs:
         assert s.out == hf_greedy(llama, s.ids, 4)
+
+
+def test_blocks_of_decode_steps_end_rows_where_single_steps_do(llama: Any, chatml_tokenizer: Any) -> None:
+    # several decode steps between host reads: every row ends at its first stop string, stop token,
+    # allowance or slot end inside a block, with the ids and logprobs of one step at a time
+    prompts = [*PROMPTS, list(range(20, 70))]  # the last one reaches the slot's end (capacity 64)
+    runs, steps = [], []
+    for block in (1, 4):
+        policy = EnginePolicy(llama, chatml_tokenizer, slots=8, capacity=64)
+        policy.engine.block = block
+        policy.engine.stop_ids = {int(hf_greedy(llama, PROMPTS[2], 3)[2])}  # a row stops on a token
+        sp = SamplingParams(temperature=0, max_new_tokens=16, stop=("e",))
+        runs.append(policy.generate(prompts, sp))
+        steps.append(policy.engine.stats.decode_steps)
+    one, blocked = runs
+    assert [g.finish_reason for g in one] == [g.finish_reason for g in blocked]
+    assert {g.finish_reason for g in one} == {"stop", "length"}
+    assert len(one[-1].token_ids) == 63 - 50  # cut at the slot's end
+    for a, b in zip(one, blocked, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert steps[0] == steps[1]  # the same steps ran, read from the host in blocks
+
+
+def test_a_block_is_read_with_one_host_sync(llama: Any, chatml_tokenizer: Any) -> None:
+    policy = EnginePolicy(llama, chatml_tokenizer, slots=8, capacity=256)
+    eng = policy.engine
+    eng.stop_ids, eng.block = set(), 8
+    calls = []
+    inner = eng._run_rows
+    eng._run_rows = lambda *a: calls.append(a[-1]) or inner(*a)  # type: ignore[method-assign]
+    policy.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=20, seed=0))
+    # the first step admits the rows (inline prefill), then blocks of 8, 8 and the 3 steps left
+    assert calls == [1, 8, 8, 3]
