@@ -174,6 +174,32 @@ class Engine:
                 self.stats.forked_tokens += n
         return child
 
+    def fork_many(self, src: Seq, ids: Sequence[Sequence[int]], tag: Any = None) -> list[Seq]:
+        """``[fork(src, x) for x in ids]`` (each child sharing what ``src`` has cached, up to its own last id),
+        with the copies into the children's slots as one gather/scatter per cache tensor and prefix length
+        instead of two copies a child (a GRPO group's samples fork its prompt)."""
+        children = [self.new(x, tag) for x in ids]
+        if src.slot is None:
+            return children
+        if src.state == "idle":
+            self.idle.move_to_end(src.id)
+        by_n: dict[int, list[Seq]] = {}
+        for child in children:
+            n = min(src.kv, len(child.ids) - 1)
+            if n > 0:
+                by_n.setdefault(n, []).append(child)
+        for n, group in by_n.items():
+            got = []
+            for child in group:
+                slot = self._alloc(exclude=src)
+                if slot is None:
+                    break
+                child.slot, child.kv = slot, n
+                got.append(slot)
+            self.cache.copy_prefix_many(src.slot, got, n)
+            self.stats.forked_tokens += n * len(got)
+        return children
+
     def extend(self, seq: Seq, ids: Sequence[int]) -> None:
         """Append ids (an env reply) to an idle sequence; the next turn prefills only these."""
         if seq.state in ("queued", "active"):

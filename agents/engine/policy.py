@@ -188,8 +188,10 @@ class EnginePolicy(RenderedTokenPolicy):
         multi = [(heads[members[0]], members) for members in groups.values() if len(members) > 1]
         eng.prefill_only([h for h, _ in multi], [len(h.ids) - 1 for h, _ in multi])
         for head, members in multi:
-            for i in members[1:]:
-                out[i] = eng.fork(head, prompts[i])
+            for i, child in zip(
+                members[1:], eng.fork_many(head, [prompts[i] for i in members[1:]]), strict=True
+            ):
+                out[i] = child
         if root is not None:
             eng.release(root)
         return [s for s in out if s is not None]

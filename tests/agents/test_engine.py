@@ -126,6 +126,22 @@ def test_a_fork_continues_exactly_as_a_recomputed_prefix(engine_policy: EnginePo
     assert child.logprobs == pytest.approx(fresh.logprobs, abs=1e-5)
 
 
+def test_fork_many_continues_as_single_forks(engine_policy: EnginePolicy) -> None:
+    eng = engine_policy.engine
+    eng.stop_ids = set()
+    greedy = SampleMode(temperature=0)
+    parent = eng.new(list(range(20, 60)))
+    eng.prefill_only([parent], [39])
+    ids = [[*parent.ids, 7], [*parent.ids, 8, 9], parent.ids[:25]]  # 7 of the 8 slots in all
+    many = eng.fork_many(parent, ids)
+    single = [eng.fork(parent, x) for x in ids]
+    assert [c.kv for c in many] == [c.kv for c in single] == [39, 39, 24]
+    for c in many + single:
+        eng.submit(c, greedy, 6)
+    eng.run()
+    assert [c.out for c in many] == [c.out for c in single]
+
+
 def test_a_resumed_turn_prefills_only_the_new_ids(
     engine_policy: EnginePolicy, llama: Any, chatml_tokenizer: Any
 ) -> None:
