@@ -73,6 +73,26 @@ def at_tokens(evals: list[tuple[int, float, float]], t: float) -> float | None:
     return None
 
 
+def mean_to(evals: list[tuple[int, float, float]], t: float) -> float | None:
+    """Mean success over [0, t] generated tokens (the area under the interpolated curve / t): every
+    evaluation up to `t` counts, so one noisy reading moves it less than the value at `t` alone.
+
+    >>> mean_to([(0, 0.0, 0.0), (5, 100.0, 0.4), (10, 300.0, 0.4)], 300.0)
+    0.3333333333333333
+    """
+    if t <= 0 or at_tokens(evals, t) is None:
+        return None
+    area = 0.0
+    for (_, t0, s0), (_, t1, s1) in itertools.pairwise(evals):
+        if t0 >= t:
+            break
+        end = min(t1, t)
+        s_end = at_tokens(evals, end)
+        assert s_end is not None
+        area += (end - t0) * (s0 + s_end) / 2
+    return area / t
+
+
 def report(runs_dir: Path, out: Path, notes: str = "") -> dict[str, Any]:
     data = {m: curves(read_metrics(runs_dir / m)) for m in METHODS}
     present = [m for m in METHODS if data[m]["evals"]]
@@ -89,10 +109,14 @@ def report(runs_dir: Path, out: Path, notes: str = "") -> dict[str, Any]:
         "steps": {m: data[m]["steps"] for m in METHODS},
         "generated_tokens": {m: data[m]["generated_tokens"] for m in METHODS},
     }
+    result["mean_success_to_equal_tokens"] = {m: mean_to(data[m]["evals"], t_star) for m in present}
     base = result["success_at_equal_tokens"].get("grpo")
+    base_mean = result["mean_success_to_equal_tokens"].get("grpo")
     for m, key in GAINS.items():
         s = result["success_at_equal_tokens"].get(m)
         result[key] = round(s - base, 4) if s is not None and base is not None else None
+        s = result["mean_success_to_equal_tokens"].get(m)
+        result[f"{key}_mean"] = round(s - base_mean, 4) if s is not None and base_mean is not None else None
     result |= {
         "curves": {m: data[m] for m in METHODS},
         "machine": summary.get("machine", ""),
@@ -144,24 +168,29 @@ def _f(x: Any) -> str:
 
 def markdown(r: dict[str, Any], notes: str) -> str:
     rows = [
-        "| run | held-out success at start | at equal tokens | gain vs GRPO | at the end | steps | generated tokens |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| run | held-out success at start | at equal tokens | gain vs GRPO | mean over 0..T* | gain (mean) "
+        "| at the end | steps | generated tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    means = r.get("mean_success_to_equal_tokens", {})
     for m in METHODS:
         gain = "" if m == "grpo" else _f(r.get(GAINS[m]))
+        gain_mean = "" if m == "grpo" else _f(r.get(f"{GAINS[m]}_mean"))
         rows.append(
             f"| {m} | {_f(r['start_success'].get(m))} | {_f(r['success_at_equal_tokens'].get(m))} | {gain} | "
-            f"{_f(r['final_success'].get(m))} | {r['steps'].get(m)} | {r['generated_tokens'].get(m, 0):.0f} |"
+            f"{_f(means.get(m))} | {gain_mean} | {_f(r['final_success'].get(m))} | {r['steps'].get(m)} | "
+            f"{r['generated_tokens'].get(m, 0):.0f} |"
         )
     sft = r.get("sft") or {}
     md = [
         "# Seed methods vs plain GRPO (issue 19): replay, EPO, HiPER on sparse-reward Household",
         "",
         f"Machine: {r.get('machine') or '?'} ({r.get('gpus_used')} GPU(s): one GPU shared by the four runs, "
-        f"or one run per GPU); {r.get('gpu') or ''}".strip(),
+        "or one run per GPU).",
         "",
         f"Equal generated tokens T* = {r['equal_tokens']:.0f} (the smallest total of the four runs up to their "
-        "last evaluation); gains are success differences vs plain GRPO at T*.",
+        "last evaluation); gains are success differences vs plain GRPO at T*, and of the mean success over "
+        "0..T* (every evaluation up to T* counts: less noisy than one reading).",
         "",
         *rows,
         "",
