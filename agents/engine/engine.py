@@ -511,7 +511,18 @@ class Engine:
         cap = self.cache.capacity - 1
         stop_ids = self.stop_ids
         for j, s in enumerate(rows):
-            for i, t in enumerate(toks[j]):
+            row = toks[j]
+            if (
+                not s.stop
+                and stop_ids.isdisjoint(row)
+                and len(s.out) + len(row) < min(s.max_new, cap - len(s.ids))
+            ):  # nothing in the block can end the row: take it whole
+                s.out += row
+                s.logprobs += lps[j]
+                if ents is not None:
+                    s.entropies += ents[j]
+                row = []
+            for i, t in enumerate(row):
                 s.out.append(t)
                 s.logprobs.append(lps[j][i])
                 if ents is not None:
