@@ -17,6 +17,8 @@
 #   GPU 2:     c (CalculatorChain-v0: branching SFT, then plain GRPO and ARPO + tree advantages, 2 seeds each)
 #   GPU 3:     a (RL alone) and b_refill (narrow SFT, then RL with DAPO refill)
 # `train+speed` moves a to GPU 0 and b_refill to GPU 1, so that GPU 3 (and cores 56-63) time alone.
+# Run it from a snapshot of a commit (`git archive HEAD | tar -x -C .stable; git rev-parse --short HEAD > .stable/COMMIT`):
+# the device copy's own git HEAD may be another commit, so gpu.txt names the snapshot's COMMIT.
 # $OUT gets gpu.txt, results.tar.gz (the logs, the speed results) and runs.tar.gz (metrics, configs, summaries).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -50,7 +52,7 @@ CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_check.py --model .bench/smollm2 2>
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu_check failed: nothing else runs"; exit 1; }
 { echo "== $mode $(date -u +%H:%M:%S)"; nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  git log -1 --format='commit %h' 2>/dev/null; nproc; } | tee -a "$out/gpu.txt"
+  { [ -f COMMIT ] && echo "commit $(cat COMMIT) (snapshot)"; } || git log -1 --format='commit %h' 2>/dev/null; nproc; } | tee -a "$out/gpu.txt"
 
 left() { echo $(( seconds - ($(date +%s) - start) )); }
 resume() { [ -f "$1/checkpoint/state.pt" ] && echo --resume; }

@@ -32,7 +32,8 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/n
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
-git log -1 --format='commit %h' 2>/dev/null | tee -a "$out/gpu.txt"
+{ { [ -f COMMIT ] && echo "commit $(cat COMMIT) (snapshot)"; } || git log -1 --format='commit %h' 2>/dev/null; } \
+  | tee -a "$out/gpu.txt"
 python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" || exit 1
 
 seconds=${2:-480}
