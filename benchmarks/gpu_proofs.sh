@@ -11,6 +11,8 @@
 #                                                       grpo_step on GPU 0 and every core, on any machine
 #   bash benchmarks/gpu_proofs.sh final SECONDS         (after stage) a on GPU 0, b_refill on 1, c on 2, and
 #                                                       trl_speed + update.py alone on GPU 3; no seed methods
+#   bash benchmarks/gpu_proofs.sh a_sweep SECONDS       (after stage) issue 18 a, RL alone: lr 1e-5, 5e-6, no format
+#                                                       penalty, entropy bonus side by side (one GPU each if 4)
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
 #   GPUs 0, 1: issue 19's seed methods (benchmarks/seed_methods.py: plain GRPO + EPO on 0, replay + HiPER on 1)
@@ -98,6 +100,15 @@ branching() {  # GPU [GPU2]: c's warm start, then its four runs side by side (se
 pids=()
 if [ "$mode" = speed ]; then  # issue 12's timings alone (any GPU count)
   speed 0 "0-$(( $(nproc) - 1 ))" & pids+=($!)
+elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
+  n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }
+  base=trainers/configs/learning_rl_alone.yaml
+  kw='"prompt_format": "text", "action_format": "tags", "max_turns": 3, "lenient_answers": false,
+      "digits": [2, 3], "num_ops": [1, 2], "split": "train", "tool_bonus": 0.5, "tool_bonus_cap": 0.5'
+  train "$(g 0)" a_lr1e5 $base --lr 1e-5 & pids+=($!)
+  train "$(g 1)" a_lr5e6 $base --lr 5e-6 & pids+=($!)
+  train "$(g 2)" a_nopen $base --lr 1e-5 --env-kwargs "{$kw, \"format_penalty\": 0.0}" & pids+=($!)
+  train "$(g 3)" a_ent $base --lr 1e-5 --entropy-coef 0.001 & pids+=($!)
 elif [ "$mode" = spread ]; then  # each seed method on its own GPU; a on 0, b_refill on 1, c's seeds on 2 and 3
   seed_methods 0,1,2,3 & pids+=($!)
   train 0 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
