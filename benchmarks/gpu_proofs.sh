@@ -13,6 +13,7 @@
 #                                                       trl_speed + update.py alone on GPU 3; no seed methods
 #   bash benchmarks/gpu_proofs.sh a_sweep SECONDS       (after stage) issue 18 a, RL alone: lr 1e-5, 5e-6, no format
 #                                                       penalty, entropy bonus side by side (one GPU each if 4)
+#   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) issue 18 c from a 2-3 operation warm start
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
 #   GPUs 0, 1: issue 19's seed methods (benchmarks/seed_methods.py: plain GRPO + EPO on 0, replay + HiPER on 1)
@@ -65,9 +66,10 @@ train() {  # train GPU NAME CONFIG [flags...]: a resumable run stopped by the ti
     --engine-memory 0.15 "$@" \
     >> "$out/$name.log" 2>&1
 }
-sft() {  # sft GPU NAME CONFIG: once
-  [ -f "$runs/$2/summary.json" ] || CUDA_VISIBLE_DEVICES=$1 OMP_NUM_THREADS=4 taskset -c 4-55 \
-    python3 -m toolgym sft --config "$3" --no-progress --output-dir "$runs/$2" >> "$out/$2.log" 2>&1
+sft() {  # sft GPU NAME CONFIG [flags...]: once
+  local gpu=$1 name=$2 cfg=$3; shift 3
+  [ -f "$runs/$name/summary.json" ] || CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=4 taskset -c 4-55 \
+    python3 -m toolgym sft --config "$cfg" --no-progress --output-dir "$runs/$name" "$@" >> "$out/$name.log" 2>&1
 }
 seed_methods() {  # GPUS: the four seed-method runs round-robin over them (a second call resumes them)
   CUDA_VISIBLE_DEVICES=$1 OMP_NUM_THREADS=4 taskset -c 4-55 \
@@ -109,6 +111,17 @@ elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): 
   train "$(g 1)" a_lr5e6 $base --lr 5e-6 & pids+=($!)
   train "$(g 2)" a_nopen $base --lr 1e-5 --env-kwargs "{$kw, \"format_penalty\": 0.0}" & pids+=($!)
   train "$(g 3)" a_ent $base --lr 1e-5 --entropy-coef 0.001 & pids+=($!)
+elif [ "$mode" = c_mixed ]; then  # issue 18 c again: a warm start on 2-3 operation episodes (the 2-operation
+  # one taught a two-call pattern that RL never extended), then both arms, two seeds, one run a GPU
+  sft 0 branching_sft_mixed trainers/configs/branching_sft.yaml --episodes 192 --env-kwargs \
+    '{"prompt_format": "text", "action_format": "tags", "lenient_answers": false, "num_ops": [2, 3], "split": "train"}'
+  n=$(nvidia-smi -L | wc -l); i=0
+  for s in 1 2; do
+    for arm in plain arpo; do
+      train $(( i % n )) "${arm}_mixed_s$s" "trainers/configs/branching_$arm.yaml" \
+        --init "$runs/branching_sft_mixed" --seed "$s" & pids+=($!); i=$(( i + 1 ))
+    done
+  done
 elif [ "$mode" = spread ]; then  # each seed method on its own GPU; a on 0, b_refill on 1, c's seeds on 2 and 3
   seed_methods 0,1,2,3 & pids+=($!)
   train 0 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
