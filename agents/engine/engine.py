@@ -390,7 +390,9 @@ class Engine:
         self.stats.decode_tokens += len(rows) * k
         tok, lp, ent = self._run_rows(tokens, slots, pos, mode, k)  # type: ignore[arg-type]
         n = len(rows)
-        done = self._record(rows, tok[:, :n], lp[:, :n], ent[:, :n] if ent is not None else None)
+        done = (
+            self._record(rows, tok[:, :n], lp[:, :n], ent[:, :n] if ent is not None else None) if rows else []
+        )
         if inline:
             idx = torch.tensor(last, device=tok.device)
             for s in inline:
@@ -450,6 +452,8 @@ class Engine:
             if ent is not None:
                 ents.append(ent)
             ps = ps + 1
+        if k == 1:  # (views, not copies: the usual step)
+            return toks[0][None], lps[0][None], ents[0][None] if ents else None
         return torch.stack(toks), torch.stack(lps), torch.stack(ents) if ents else None
 
     def _nsplit(self, b: int) -> int:
