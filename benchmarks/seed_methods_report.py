@@ -83,7 +83,7 @@ def mean_to(evals: list[tuple[int, float, float]], t: float) -> float | None:
     if t <= 0 or at_tokens(evals, t) is None:
         return None
     area = 0.0
-    for (_, t0, s0), (_, t1, s1) in itertools.pairwise(evals):
+    for (_, t0, s0), (_, t1, _s1) in itertools.pairwise(evals):
         if t0 >= t:
             break
         end = min(t1, t)
