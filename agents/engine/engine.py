@@ -509,11 +509,26 @@ class Engine:
     ) -> list[Seq]:
         """Append each row's sampled tokens (``[k, rows]``: a block's steps in order) up to its first stop or
         its allowance, where the row ends (its later samples in the block are dropped)."""
-        toks, lps = tok.T.tolist(), lp.T.tolist()  # [rows][k]
-        ents = ent.T.tolist() if ent is not None else None
-        done = []
+        done: list[Seq] = []
         cap = self.cache.capacity - 1
         stop_ids = self.stop_ids
+        if tok.shape[0] == 1:  # one step (the CPU default): no per-row lists
+            toks1, lps1 = tok[0].tolist(), lp[0].tolist()
+            ents1 = ent[0].tolist() if ent is not None else None
+            for j, s in enumerate(rows):
+                t = toks1[j]
+                s.out.append(t)
+                s.logprobs.append(lps1[j])
+                if ents1 is not None:
+                    s.entropies.append(ents1[j])
+                if t in stop_ids or (s.stop and self._hit_stop(s, t)):
+                    s.finish = "stop"
+                elif len(s.out) >= s.max_new or len(s.ids) + len(s.out) >= cap:
+                    s.finish = "length"
+                self._settle(s, done)
+            return done
+        toks, lps = tok.T.tolist(), lp.T.tolist()  # [rows][k]
+        ents = ent.T.tolist() if ent is not None else None
         for j, s in enumerate(rows):
             row = toks[j]
             if (
@@ -537,16 +552,20 @@ class Engine:
                     s.finish = "length"
                 if s.finish:
                     break
-            if s.finish:
-                s.ids += s.out
-                s.kv = len(s.ids) - 1  # the last sampled token was never fed
-                s.state = "idle"
-                self.idle[s.id] = s
-                done.append(s)
-            elif s.state != "active":
-                s.state = "active"
-                self.active.append(s)
+            self._settle(s, done)
         return done
+
+    def _settle(self, s: Seq, done: list[Seq]) -> None:
+        """A row whose turn ended goes idle (into ``done``); a newcomer that goes on joins the active rows."""
+        if s.finish:
+            s.ids += s.out
+            s.kv = len(s.ids) - 1  # the last sampled token was never fed
+            s.state = "idle"
+            self.idle[s.id] = s
+            done.append(s)
+        elif s.state != "active":
+            s.state = "active"
+            self.active.append(s)
 
     def _hit_stop(self, s: Seq, t: int) -> bool:
         piece = self._pieces.get(t)
