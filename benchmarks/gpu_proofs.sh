@@ -89,6 +89,16 @@ speed() {  # [GPU CORES] issue 12 / 18d timings, alone on a GPU and cores (defau
   echo "grpo_step rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
   rm -f "$out"/*.partial.json
 }
+env_kwargs() {  # CONFIG KEY=YAML...: the config's env_kwargs as JSON, with these keys changed (for --env-kwargs)
+  python3 - "$@" <<'PY'
+import json, sys, yaml
+kw = yaml.safe_load(open(sys.argv[1]))["env_kwargs"]
+for item in sys.argv[2:]:
+    key, value = item.split("=", 1)
+    kw[key] = yaml.safe_load(value)
+print(json.dumps(kw))
+PY
+}
 branching() {  # GPU [GPU2]: c's warm start, then its four runs side by side (seed 2 on GPU2 when given)
   sft "$1" branching_sft trainers/configs/branching_sft.yaml
   for s in 1 2; do
@@ -105,16 +115,14 @@ if [ "$mode" = speed ]; then  # issue 12's timings alone (any GPU count)
 elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
   n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }
   base=trainers/configs/learning_rl_alone.yaml
-  kw='"prompt_format": "text", "action_format": "tags", "max_turns": 3, "lenient_answers": false,
-      "digits": [2, 3], "num_ops": [1, 2], "split": "train", "tool_bonus": 0.5, "tool_bonus_cap": 0.5'
   train "$(g 0)" a_lr1e5 $base --lr 1e-5 & pids+=($!)
   train "$(g 1)" a_lr5e6 $base --lr 5e-6 & pids+=($!)
-  train "$(g 2)" a_nopen $base --lr 1e-5 --env-kwargs "{$kw, \"format_penalty\": 0.0}" & pids+=($!)
+  train "$(g 2)" a_nopen $base --lr 1e-5 --env-kwargs "$(env_kwargs $base format_penalty=0.0)" & pids+=($!)
   train "$(g 3)" a_ent $base --lr 1e-5 --entropy-coef 0.001 & pids+=($!)
 elif [ "$mode" = c_mixed ]; then  # issue 18 c again: a warm start on 2-3 operation episodes (the 2-operation
   # one taught a two-call pattern that RL never extended), then both arms, two seeds, one run a GPU
-  sft 0 branching_sft_mixed trainers/configs/branching_sft.yaml --episodes 192 --env-kwargs \
-    '{"prompt_format": "text", "action_format": "tags", "lenient_answers": false, "num_ops": [2, 3], "split": "train"}'
+  sft 0 branching_sft_mixed trainers/configs/branching_sft.yaml --episodes 192 \
+    --env-kwargs "$(env_kwargs trainers/configs/branching_sft.yaml 'num_ops=[2, 3]')"
   n=$(nvidia-smi -L | wc -l); i=0
   for s in 1 2; do
     for arm in plain arpo; do

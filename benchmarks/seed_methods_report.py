@@ -83,12 +83,11 @@ def mean_to(evals: list[tuple[int, float, float]], t: float) -> float | None:
     if t <= 0 or at_tokens(evals, t) is None:
         return None
     area = 0.0
-    for (_, t0, s0), (_, t1, _s1) in itertools.pairwise(evals):
+    for (_, t0, s0), (_, t1, s1) in itertools.pairwise(evals):
         if t0 >= t:
             break
         end = min(t1, t)
-        s_end = at_tokens(evals, end)
-        assert s_end is not None
+        s_end = s1 if end == t1 else s0 + (s1 - s0) * (end - t0) / (t1 - t0)
         area += (end - t0) * (s0 + s_end) / 2
     return area / t
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args
 
+from toolgym.agents.engine.select import check_memory
 from toolgym.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -185,8 +186,7 @@ class RunConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
-        if not 0 < self.engine_memory <= 0.9:
-            raise ConfigError(f"engine_memory must be in (0, 0.9], got {self.engine_memory}")
+        check_memory(self.engine_memory)
 
     @classmethod
     def from_dict(cls: type[C], data: dict[str, Any]) -> C:

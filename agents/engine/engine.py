@@ -159,35 +159,25 @@ class Engine:
     ) -> Seq:
         """A new sequence of ``ids`` (default: ``src.ids``) whose first ``shared`` positions (default: all
         that ``src`` has cached and ``ids`` shares) are copied from ``src``'s slot instead of recomputed."""
-        ids = list(src.ids if ids is None else ids)
-        limit = min(src.kv, len(ids) - 1) if src.slot is not None else 0
-        n = limit if shared is None else min(shared, limit)
-        child = self.new(ids, tag)
-        if n > 0:
-            if src.state == "idle":
-                self.idle.move_to_end(src.id)  # recently used: evict it last
-            slot = self._alloc(exclude=src)
-            if slot is not None:
-                assert src.slot is not None
-                self.cache.copy_prefix(src.slot, slot, n)
-                child.slot, child.kv = slot, n
-                self.stats.forked_tokens += n
-        return child
+        return self.fork_many(src, [src.ids if ids is None else ids], tag, shared)[0]
 
-    def fork_many(self, src: Seq, ids: Sequence[Sequence[int]], tag: Any = None) -> list[Seq]:
-        """``[fork(src, x) for x in ids]`` (each child sharing what ``src`` has cached, up to its own last id),
-        with the copies into the children's slots as one gather/scatter per cache tensor and prefix length
-        instead of two copies a child (a GRPO group's samples fork its prompt)."""
+    def fork_many(
+        self, src: Seq, ids: Sequence[Sequence[int]], tag: Any = None, shared: int | None = None
+    ) -> list[Seq]:
+        """``[fork(src, x, shared) for x in ids]``, with the copies into the children's slots as one
+        gather/scatter per cache tensor and prefix length instead of two copies a child (a GRPO group's
+        samples fork its prompt)."""
         children = [self.new(x, tag) for x in ids]
         if src.slot is None:
             return children
-        if src.state == "idle":
-            self.idle.move_to_end(src.id)
         by_n: dict[int, list[Seq]] = {}
         for child in children:
             n = min(src.kv, len(child.ids) - 1)
+            n = n if shared is None else min(shared, n)
             if n > 0:
                 by_n.setdefault(n, []).append(child)
+        if by_n and src.state == "idle":
+            self.idle.move_to_end(src.id)  # recently used: evict it last
         for n, group in by_n.items():
             got = []
             for child in group:
@@ -511,20 +501,11 @@ class Engine:
         its allowance, where the row ends (its later samples in the block are dropped)."""
         done: list[Seq] = []
         cap = self.cache.capacity - 1
-        stop_ids = self.stop_ids
         if tok.shape[0] == 1:  # one step (the CPU default): no per-row lists
             toks1, lps1 = tok[0].tolist(), lp[0].tolist()
             ents1 = ent[0].tolist() if ent is not None else None
             for j, s in enumerate(rows):
-                t = toks1[j]
-                s.out.append(t)
-                s.logprobs.append(lps1[j])
-                if ents1 is not None:
-                    s.entropies.append(ents1[j])
-                if t in stop_ids or (s.stop and self._hit_stop(s, t)):
-                    s.finish = "stop"
-                elif len(s.out) >= s.max_new or len(s.ids) + len(s.out) >= cap:
-                    s.finish = "length"
+                self._take(s, toks1[j], lps1[j], ents1[j] if ents1 is not None else None, cap)
                 self._settle(s, done)
             return done
         toks, lps = tok.T.tolist(), lp.T.tolist()  # [rows][k]
@@ -533,7 +514,7 @@ class Engine:
             row = toks[j]
             if (
                 not s.stop
-                and stop_ids.isdisjoint(row)
+                and self.stop_ids.isdisjoint(row)
                 and len(s.out) + len(row) < min(s.max_new, cap - len(s.ids))
             ):  # nothing in the block can end the row: take it whole
                 s.out += row
@@ -542,18 +523,22 @@ class Engine:
                     s.entropies += ents[j]
                 row = []
             for i, t in enumerate(row):
-                s.out.append(t)
-                s.logprobs.append(lps[j][i])
-                if ents is not None:
-                    s.entropies.append(ents[j][i])
-                if t in stop_ids or (s.stop and self._hit_stop(s, t)):
-                    s.finish = "stop"
-                elif len(s.out) >= s.max_new or len(s.ids) + len(s.out) >= cap:
-                    s.finish = "length"
-                if s.finish:
+                if self._take(s, t, lps[j][i], ents[j][i] if ents is not None else None, cap):
                     break
             self._settle(s, done)
         return done
+
+    def _take(self, s: Seq, t: int, lp: float, ent: float | None, cap: int) -> bool:
+        """Append one sampled token to ``s``; True when it ends the turn (a stop, the allowance, the slot)."""
+        s.out.append(t)
+        s.logprobs.append(lp)
+        if ent is not None:
+            s.entropies.append(ent)
+        if t in self.stop_ids or (s.stop and self._hit_stop(s, t)):
+            s.finish = "stop"
+        elif len(s.out) >= s.max_new or len(s.ids) + len(s.out) >= cap:
+            s.finish = "length"
+        return bool(s.finish)
 
     def _settle(self, s: Seq, done: list[Seq]) -> None:
         """A row whose turn ended goes idle (into ``done``); a newcomer that goes on joins the active rows."""

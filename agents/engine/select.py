@@ -15,6 +15,12 @@ from toolgym.errors import ConfigError
 ENGINES = ("auto", "fast", "hf")
 
 
+def check_memory(memory: float) -> None:
+    """``engine_memory`` is a share of free GPU memory: (0, 0.9] (the rest is the trainer's)."""
+    if not 0 < memory <= 0.9:
+        raise ConfigError(f"engine_memory must be in (0, 0.9], got {memory}")
+
+
 def slots_for(
     rows: int, capacity: int, shape_bytes_per_token: int, device: Any, memory: float = 1 / 3
 ) -> int:
@@ -36,8 +42,7 @@ def choose_engine(
     takes at most ``memory`` of the GPU memory free when it is made."""
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if not 0 < memory <= 0.9:
-        raise ConfigError(f"engine_memory must be in (0, 0.9], got {memory}")
+    check_memory(memory)
     if engine == "hf":
         return policy
     from toolgym.agents.engine.weights import shape_of, unsupported
