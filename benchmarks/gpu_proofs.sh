@@ -81,12 +81,15 @@ speed() {  # [GPU CORES] issue 12 / 18d timings, alone on a GPU and cores (defau
   local cores=${2:-56-63}
   timeout 300 taskset -c "$cores" python3 benchmarks/trl_speed.py --out "$out/trl_speed" > "$out/trl_speed.log" 2>&1
   echo "trl_speed rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
-  timeout "$(( $(left) - 150 ))" taskset -c "$cores" python3 benchmarks/rollout.py --model .bench/smollm2 --new 64 \
-    --turns 3 --out "$out/rollout" > "$out/rollout.log" 2>&1
-  echo "rollout rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
-  timeout "$(( $(left) - 20 ))" taskset -c "$cores" python3 benchmarks/grpo_step.py --model .bench/smollm2 \
-    --out "$out/grpo_step" > "$out/grpo_step.log" 2>&1
+  timeout "$(( $(left) - 80 ))" taskset -c "$cores" python3 benchmarks/grpo_step.py --model .bench/smollm2 \
+    --variants "${GRPO_VARIANTS:-fast,fast_block1,fast_compile,hf}" --out "$out/grpo_step" > "$out/grpo_step.log" 2>&1
   echo "grpo_step rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+  # the step's phases in wall time with a profile of the steady steps (what is left of the call)
+  timeout "$(( $(left) - 15 ))" taskset -c "$cores" python3 benchmarks/host_profile.py --device cuda --real \
+    --steps 4 --profile 40 --out "$out/host_profile_cuda" > "$out/host_profile_cuda.log" 2>&1
+  echo "host_profile rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+  [ "${ROLLOUT:-0}" = 1 ] && timeout "$(( $(left) - 10 ))" taskset -c "$cores" python3 benchmarks/rollout.py \
+    --model .bench/smollm2 --new 64 --turns 3 --out "$out/rollout" > "$out/rollout.log" 2>&1
   rm -f "$out"/*.partial.json
 }
 env_kwargs() {  # CONFIG KEY=YAML...: the config's env_kwargs as JSON, with these keys changed (for --env-kwargs)
