@@ -68,7 +68,8 @@ def run(engine: str, args: Any, block: int = 0, compile: bool = False) -> dict[s
         finally:
             Engine.__init__ = inner  # type: ignore[method-assign]
         recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    steady = recs[1:-1] or recs[-1:]  # drop the first (graph captures, compiles) and the last (evaluation)
+    # drop the first two (graph captures, compiles, the allocator's growth) and the last (evaluation)
+    steady = recs[2:-1] or recs[-1:]
     step = sum(r["time/step_s"] for r in steady) / len(steady)
     gen = sum(r["rollout/generate_s"] for r in steady) / len(steady)
     env = sum(r["rollout/env_s"] for r in steady) / len(steady)
@@ -79,7 +80,7 @@ def run(engine: str, args: Any, block: int = 0, compile: bool = False) -> dict[s
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=".bench/smollm2")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--new", type=int, default=64)

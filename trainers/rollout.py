@@ -502,23 +502,40 @@ class TreeRollout:
                 with self._pool_lock:
                     stats.env_s += time.perf_counter() - t0
 
+        planned: list[_Loop] = []  # trees whose turns wait for the next joint plan
+
         def dispatch(loop: _Loop) -> None:
             work = loop.work
             if isinstance(work, _Env):
                 for k, fn in enumerate(work.calls):
                     pending[pool.submit(timed, fn)] = (loop, k)
                 return
-            seqs = policy._plan(work.prompts)  # continues / forks held caches (the prefix index)
-            for k, (s, left) in enumerate(zip(seqs, work.lefts, strict=True)):
-                room = eng.cache.capacity - 2 - len(s.ids)
-                if room < 1:
-                    raise ConfigError(
-                        f"a prompt of {len(s.ids)} tokens does not fit the engine's capacity "
-                        f"({eng.cache.capacity}): give it max_total_tokens + max_new_tokens + 8"
-                    )
-                s.tag = (loop, k)
-                eng.submit(s, mode, min(left, room), sp.stop)
-                ours.append(s)
+            planned.append(loop)
+
+        def plan() -> None:
+            # every tree's waiting turns in one plan: their prompts' new ids run as one packed prefill (a plan
+            # per tree was a prefill pass per group, ~30 layers of launches each, most of a short step)
+            if not planned:
+                return
+            batch = planned[:]
+            planned.clear()
+            works = [lp.work for lp in batch]
+            assert all(isinstance(w, _Gen) for w in works)
+            t0 = time.perf_counter()
+            seqs = iter(policy._plan([p for w in works for p in w.prompts]))  # continues / forks held caches
+            stats.generate_s += time.perf_counter() - t0
+            for loop, work in zip(batch, works, strict=True):
+                for k, left in enumerate(work.lefts):
+                    s = next(seqs)
+                    room = eng.cache.capacity - 2 - len(s.ids)
+                    if room < 1:
+                        raise ConfigError(
+                            f"a prompt of {len(s.ids)} tokens does not fit the engine's capacity "
+                            f"({eng.cache.capacity}): give it max_total_tokens + max_new_tokens + 8"
+                        )
+                    s.tag = (loop, k)
+                    eng.submit(s, mode, min(left, room), sp.stop)
+                    ours.append(s)
 
         def resume(loop: _Loop) -> None:
             self._advance(loop)
@@ -532,6 +549,7 @@ class TreeRollout:
                 if not loop.done:
                     dispatch(loop)
             while any(not lp.done for lp in loops):
+                plan()
                 if eng.busy():
                     t0 = time.perf_counter()
                     ended = eng.step()
