@@ -498,6 +498,14 @@ class GRPOConfig(SeedMethodsConfig):
             get_args(Packing),
         ),
     )
+    share_prefix: Packing = field(
+        default="auto",
+        metadata=choices(
+            "packed update: run a prefix shared by rows (a group's prompt) once (trainers/prefix_share.py); "
+            "auto: on CPU",
+            get_args(Packing),
+        ),
+    )
     logprob_chunk: int = field(
         default=4096,
         metadata={"help": "packed update: tokens per LM-head chunk (float32 logits of that many)"},
@@ -582,6 +590,10 @@ class GRPOConfig(SeedMethodsConfig):
             out.append(
                 "branching=branching_score: APPO's likelihood gain Omega is 1 (the rollout has no older policy "
                 "to compare with), so forks go to the top-entropy tokens (branching.py departure 6)"
+            )
+        if self.share_prefix == "on" and self.packing == "off":
+            out.append(
+                "share_prefix=on: inert with packing=off (prefixes are shared only on the packed update)"
             )
         if self.branching == "none" and "initial_samples" in changed:
             out.append("initial_samples: inert without branching")

@@ -75,7 +75,7 @@ from toolgym.trainers.modeling import (
     pick_device,
     trainable_parameters,
 )
-from toolgym.trainers.packing import Forward, compile_decoder, update_forward, use_packing
+from toolgym.trainers.packing import Forward, compile_decoder, update_forward, use_packing, use_share
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.rollout_log import save_step
 from toolgym.trainers.runlog import RunLog
@@ -202,7 +202,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             )
     trainer = dist.wrap(model, device)  # DDP under torchrun: averages gradients over ranks
     # the update's forward: packed rows + chunked logprobs (trainers/packing.py), or the padded one
-    fwd = update_forward(use_packing(cfg.packing, trainer, device, quiet=not dist.main), cfg.logprob_chunk)
+    packed = use_packing(cfg.packing, trainer, device, quiet=not dist.main)
+    fwd = update_forward(packed, cfg.logprob_chunk, use_share(cfg.share_prefix, packed, device))
     if cfg.compile and device.type == "cuda":
         compile_decoder(model)
     log = (

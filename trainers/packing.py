@@ -12,7 +12,11 @@
    tokens, each recomputed in the backward pass, so the float32 logits of a 152k vocabulary never exist
    for more than ``chunk`` tokens at a time (the padded path materialises ``[B, T, V]`` twice: logits and
    softmax). Logprob-only passes (old policy, reference) run the same way without gradients;
-4. scatters the token logprobs (and entropies) back to ``[B, T]``, zero elsewhere.
+4. scatters the token logprobs (and entropies) back to ``[B, T]``, zero elsewhere;
+5. with ``share``, runs a prefix that rows share (a GRPO group's prompt, a branched tree's earlier turns)
+   once: only the first row holding a prefix packs its tokens, and attention gathers them into every row
+   that holds it (``prefix_share``; our attention only: FlashAttention models and batches with nothing
+   shared take the path above).
 
 ``update_forward(model, packing=..., compile=...)`` gives the trainer its forward function.
 
@@ -33,6 +37,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from toolgym.trainers.batch import TrainBatch, forward
+from toolgym.trainers.prefix_share import share_layout
 
 ATTN = "toolgym_packed"
 FLASH = ("flash_attention_2", "flash_attention_3")
@@ -46,6 +51,8 @@ class PackInfo:
     flat: torch.Tensor  # [N] long
     rows: int  # B
     length: int  # L, the longest row
+    # shared prefixes (trainers/prefix_share.py): [B * L] packed index each slot reads (N: zeros), else None
+    gather: torch.Tensor | None = None
 
 
 def pack(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,7 +85,10 @@ def _packed_attention(
 
     def rows(x: torch.Tensor) -> torch.Tensor:  # [1, H, N, D] -> [B, H, L, D], zeros after each row's end
         flat = x[0].transpose(0, 1)  # [N, H, D]
-        out = flat.new_zeros((p.rows * p.length, *flat.shape[1:])).index_copy(0, p.flat, flat)
+        if p.gather is None:  # each slot holds its own token
+            out = flat.new_zeros((p.rows * p.length, *flat.shape[1:])).index_copy(0, p.flat, flat)
+        else:  # a shared column reads its owner's token (the backward adds every row's gradient into it)
+            out = torch.cat([flat, flat.new_zeros((1, *flat.shape[1:]))]).index_select(0, p.gather)
         return out.view(p.rows, p.length, *flat.shape[1:]).transpose(1, 2)
 
     # right padding + causal: a real query only sees keys at or before it, all real; padded queries are dropped
@@ -148,20 +158,33 @@ def packed_forward(
     value_head: torch.nn.Module | None = None,
     entropy_grad: bool = False,
     chunk: int = 4096,
+    share: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-    """(logprobs [B, T], entropy [B, T] or None, None) like ``batch.forward``, on the loss-mask tokens."""
+    """(logprobs [B, T], entropy [B, T] or None, None) like ``batch.forward``, on the loss-mask tokens.
+    ``share``: run each shared prefix once (``prefix_share``; our attention only, else ignored)."""
     if value_head is not None:
         raise ValueError("packed_forward has no value head: use toolgym.trainers.batch.forward")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder, head = base.get_decoder(), base.get_output_embeddings()
-    ids, pos, row, col = pack(batch)
-    # the scored tokens are found before the decoder runs: their count is the pass's other host sync, which
-    # here waits for nothing (read after the decoder's launches, it waited for its whole forward)
-    scored = (col >= 1) & (batch.loss_mask[row, col] > 0)  # [N] tokens the loss reads
-    k = scored.nonzero().squeeze(-1)  # [M]
     B, T = batch.input_ids.shape
-    if attention_mode(model) == "ours":
+    mode = attention_mode(model)
+    layout = share_layout(batch.input_ids, batch.attention_mask) if share and mode == "ours" else None
+    if layout is None:
+        ids, pos, row, col = pack(batch)
+        # the scored tokens are found before the decoder runs: their count is the pass's other host sync,
+        # which here waits for nothing (read after the decoder's launches, it waited for its whole forward)
+        scored = (col >= 1) & (batch.loss_mask[row, col] > 0)  # [N] tokens the loss reads
+        k = scored.nonzero().squeeze(-1)  # [M]
+        src_at, tgt, at = k - 1, ids[0, k], (row[k], col[k])  # token k is scored by the state before it
         info = PackInfo(row * T + col, B, T)
+    else:  # owned tokens only; a scored token reads the state before it wherever that was computed
+        ids, pos = batch.input_ids.reshape(-1)[layout.keep][None], (layout.keep % T)[None]  # [1, N']
+        scored_at = batch.loss_mask > 0  # [B, T]
+        scored_at[:, 0] = False  # the first column has no state before it
+        r, c = scored_at.nonzero().unbind(1)  # [M], [M] every row's scored tokens, shared or not
+        src_at, tgt, at = layout.index[r * T + c - 1], batch.input_ids[r, c], (r, c)
+        info = PackInfo(layout.keep, B, T, layout.index)
+    if mode == "ours":
         # a 4D mask is taken as given (no N x N mask is built); our attention ignores it
         dummy = torch.zeros((1, 1, 1, 1), dtype=torch.bool, device=ids.device)
         out = decoder(
@@ -170,24 +193,24 @@ def packed_forward(
     else:  # FlashAttention: transformers reads the packed positions itself
         out = decoder(input_ids=ids, position_ids=pos, use_cache=False)
     hidden = out.last_hidden_state[0]  # [N, H]
-    src, tgt = hidden[k - 1], ids[0, k]  # [M, H], [M]: token k is scored by the hidden state before it
+    src = hidden[src_at]  # [M, H]
     temp = temperature if temperature > 0 else 1.0
     w, b = head.weight, getattr(head, "bias", None)
     grad = torch.is_grad_enabled()
     lps, ents = [], []
-    for i in range(0, len(k), chunk):
+    for i in range(0, len(tgt), chunk):
         args = (src[i : i + chunk], w, b, tgt[i : i + chunk], temp, entropy, entropy_grad)
         lp, en = checkpoint(_score, *args, use_reentrant=False) if grad else _score(*args)
         lps.append(lp)
         ents.append(en)
     logp = torch.zeros((B, T), device=hidden.device, dtype=torch.float32)
     if lps:
-        logp = logp.index_put((row[k], col[k]), torch.cat(lps))
+        logp = logp.index_put(at, torch.cat(lps))
     ent = None
     if entropy:
         ent = torch.zeros((B, T), device=hidden.device, dtype=torch.float32)
         if ents:
-            ent = ent.index_put((row[k], col[k]), torch.cat(ents))
+            ent = ent.index_put(at, torch.cat(ents))
     return logp, ent, None
 
 
@@ -209,8 +232,15 @@ def compile_decoder(model: Any) -> None:
         layer.compile(dynamic=True)
 
 
-def update_forward(packing: bool, chunk: int = 4096) -> Forward:
-    """The trainer's forward for the policy, old-logprob and reference passes (``batch.forward`` signature)."""
+def use_share(setting: str, packing: bool, device: torch.device) -> bool:
+    """Whether the packed update runs shared prefixes once: ``on``/``off``; ``auto`` on CPU only (measured
+    there: docs/sft.md; on CUDA the extra gather is unmeasured). Never without packing."""
+    return packing and (setting == "on" or (setting == "auto" and device.type == "cpu"))
+
+
+def update_forward(packing: bool, chunk: int = 4096, share: bool = False) -> Forward:
+    """The trainer's forward for the policy, old-logprob and reference passes (``batch.forward`` signature);
+    ``share``: shared prefixes once (``prefix_share``)."""
     if not packing:
         return forward
 
@@ -218,6 +248,6 @@ def update_forward(packing: bool, chunk: int = 4096) -> Forward:
         model: Any, batch: TrainBatch, temperature: float = 1.0, entropy: bool = False,
         value_head: torch.nn.Module | None = None, entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
-        return packed_forward(model, batch, temperature, entropy, value_head, entropy_grad, chunk)
+        return packed_forward(model, batch, temperature, entropy, value_head, entropy_grad, chunk, share)
 
     return fwd
