@@ -13,6 +13,7 @@
 #                                                       trl_speed + update.py alone on GPU 3; no seed methods
 #   bash benchmarks/gpu_proofs.sh a_sweep SECONDS       (after stage) issue 18 a, RL alone: lr 1e-5, 5e-6, no format
 #                                                       penalty, entropy bonus side by side (one GPU each if 4)
+#   bash benchmarks/gpu_proofs.sh a SECONDS             (after stage) issue 18 a alone on GPU 0 (learning_rl_alone.yaml)
 #   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) issue 18 c from a 2-3 operation warm start
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
@@ -63,7 +64,7 @@ train() {  # train GPU NAME CONFIG [flags...]: a resumable run stopped by the ti
   local gpu=$1 name=$2 cfg=$3; shift 3
   CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=4 timeout "$(( $(left) - 15 ))" taskset -c 4-55 \
     python3 -m toolgym train --config "$cfg" --no-progress --output-dir "$runs/$name" $(resume "$runs/$name") \
-    --engine-memory 0.15 "$@" \
+    --engine-memory "${ENGINE_MEMORY:-0.15}" "$@" \
     >> "$out/$name.log" 2>&1
 }
 sft() {  # sft GPU NAME CONFIG [flags...]: once
@@ -79,7 +80,11 @@ seed_methods() {  # GPUS: the four seed-method runs round-robin over them (a sec
 speed() {  # [GPU CORES] issue 12 / 18d timings, alone on a GPU and cores (default GPU 3, cores 56-63)
   export CUDA_VISIBLE_DEVICES=${1:-3}
   local cores=${2:-56-63}
-  timeout 300 taskset -c "$cores" python3 benchmarks/trl_speed.py --out "$out/trl_speed" > "$out/trl_speed.log" 2>&1
+  timeout 100 taskset -c "$cores" python3 benchmarks/prefill_probe.py --model .bench/smollm2 --out "$out/prefill_probe" \
+    > "$out/prefill_probe.log" 2>&1
+  echo "prefill_probe rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+  timeout 330 taskset -c "$cores" python3 benchmarks/trl_speed.py --variants "${TRL_VARIANTS:-fast}" \
+    --out "$out/trl_speed" > "$out/trl_speed.log" 2>&1
   echo "trl_speed rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
   timeout "$(( $(left) - 80 ))" taskset -c "$cores" python3 benchmarks/grpo_step.py --model .bench/smollm2 \
     --variants "${GRPO_VARIANTS:-fast,fast_block1,fast_compile,hf}" --out "$out/grpo_step" > "$out/grpo_step.log" 2>&1
@@ -115,6 +120,8 @@ branching() {  # GPU [GPU2]: c's warm start, then its four runs side by side (se
 pids=()
 if [ "$mode" = speed ]; then  # issue 12's timings alone (any GPU count)
   speed 0 "0-$(( $(nproc) - 1 ))" & pids+=($!)
+elif [ "$mode" = a ]; then  # issue 18 a alone on GPU 0 (its recipe after the session-5 sweep)
+  train 0 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
 elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
   n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }
   base=trainers/configs/learning_rl_alone.yaml

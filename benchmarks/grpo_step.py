@@ -13,7 +13,8 @@ given (not implemented here yet: the anchor must run in the same process).
 
 Variants: ``fast`` (the defaults), ``fast_block1`` (the engine reads its samples after every decode step
 instead of every ``engine.block`` steps), ``fast_compile`` (``compile: true``: the update's decoder layers
-compiled), ``hf``.
+compiled), ``fast_nocudnn`` / ``fast_compile_nocudnn`` (SDPA's cuDNN backend off), ``fast_share`` /
+``fast_compile_share`` (``share_prefix: on``: each group's prompt runs once in the update), ``hf``.
 
 ``speedup_vs_trl_quoted`` divides the quoted TRL anchor (1.9 s, another run, an H200) by our step: a
 reference point, not a same-run measurement.
@@ -31,8 +32,11 @@ from typing import Any
 import torch
 
 
-def run(engine: str, args: Any, block: int = 0, compile: bool = False) -> dict[str, float]:
-    """One variant's mean step times; ``block`` > 0 sets the fast engine's decode steps per host read."""
+def run(
+    engine: str, args: Any, block: int = 0, compile: bool = False, cudnn: bool = True, share: str = "auto"
+) -> dict[str, float]:
+    """One variant's mean step times; ``block`` > 0 sets the fast engine's decode steps per host read;
+    ``cudnn=False`` keeps SDPA off its cuDNN backend (engine prefill and update alike) for this run."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from toolgym.agents.engine.engine import Engine
@@ -53,7 +57,7 @@ def run(engine: str, args: Any, block: int = 0, compile: bool = False) -> dict[s
             steps=args.steps, prompts_per_step=args.prompts, budget=args.samples, max_new_tokens=args.new,
             max_total_tokens=1024, lr=1e-6, device=device, tensorboard=False, progress=False, eval_episodes=1,
             eval_every=0, micro_batch_rows=64, engine=engine, output_dir=out, filter_zero_variance=False,
-            compile=compile,
+            compile=compile, share_prefix=share,
         )  # fmt: skip
         inner = Engine.__init__
 
@@ -63,10 +67,13 @@ def run(engine: str, args: Any, block: int = 0, compile: bool = False) -> dict[s
                 self.block = block
 
         Engine.__init__ = init  # type: ignore[method-assign]
+        cudnn_was = torch.backends.cuda.cudnn_sdp_enabled()
+        torch.backends.cuda.enable_cudnn_sdp(cudnn and cudnn_was)
         try:
             train(cfg, model, tok)
         finally:
             Engine.__init__ = inner  # type: ignore[method-assign]
+            torch.backends.cuda.enable_cudnn_sdp(cudnn_was)
         recs = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     # drop the first two (graph captures, compiles, the allocator's growth) and the last (evaluation)
     steady = recs[2:-1] or recs[-1:]
@@ -75,6 +82,25 @@ def run(engine: str, args: Any, block: int = 0, compile: bool = False) -> dict[s
     env = sum(r["rollout/env_s"] for r in steady) / len(steady)
     return {"step_s": step, "generate_s": gen, "env_s": env, "rest_s": step - gen - env,
             "tokens": sum(r["rollout/generated_tokens"] for r in steady) / len(steady)}  # fmt: skip
+
+
+# name: (engine, decode steps a host read (0: the engine's default), compile the update, SDPA's cuDNN backend,
+# share_prefix)
+VARIANTS: dict[str, tuple[str, int, bool, bool, str]] = {
+    "fast": ("fast", 0, False, True, "auto"),
+    "fast_block1": ("fast", 1, False, True, "auto"),
+    "fast_compile": ("fast", 0, True, True, "auto"),
+    "fast_nocudnn": ("fast", 0, False, False, "auto"),
+    "fast_compile_nocudnn": ("fast", 0, True, False, "auto"),
+    "fast_share": ("fast", 0, False, True, "on"),
+    "fast_compile_share": ("fast", 0, True, True, "on"),
+    "hf": ("hf", 0, False, True, "auto"),
+}
+
+
+def run_variant(name: str, args: Any) -> dict[str, float]:
+    engine, block, compiled, cudnn, share = VARIANTS[name]
+    return run(engine, args, block, compiled, cudnn, share)
 
 
 def main() -> None:
@@ -97,14 +123,11 @@ def main() -> None:
         "command": "python " + " ".join(sys.argv),
         "trl_reference_s": 1.9,
     }
-    variants = {"fast": ("fast", 0, False), "fast_block1": ("fast", 1, False),
-                "fast_compile": ("fast", 0, True), "hf": ("hf", 0, False)}  # fmt: skip
     names = [v for v in args.variants.split(",") if v]
-    if not {"fast", "hf"} <= set(names) or not set(names) <= set(variants):
-        sys.exit(f"--variants must name fast and hf, and only {sorted(variants)}")
+    if not {"fast", "hf"} <= set(names) or not set(names) <= set(VARIANTS):
+        sys.exit(f"--variants must name fast and hf, and only {sorted(VARIANTS)}")
     for name in names:
-        engine, block, compiled = variants[name]
-        res[name] = run(engine, args, block, compiled)
+        res[name] = run_variant(name, args)
     res["speedup_vs_hf"] = res["hf"]["step_s"] / res["fast"]["step_s"]
     res["speedup_vs_trl_quoted"] = res["trl_reference_s"] / res["fast"]["step_s"]
     out = Path(args.out)

@@ -88,12 +88,13 @@ def run_trl(args: Any, tuned: bool) -> dict[str, float]:
     return {"step_s": sum(steady) / len(steady), "steps": float(len(times))}
 
 
-def run_ours(args: Any) -> dict[str, float]:
+def run_ours(args: Any, variant: str) -> dict[str, float]:
     spec = importlib.util.spec_from_file_location("grpo_step", Path(__file__).with_name("grpo_step.py"))
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    engine = "fast" if torch.cuda.is_available() else "hf"
+    if not torch.cuda.is_available():
+        variant = "hf"
     ns = argparse.Namespace(
         model=args.model,
         steps=args.steps,
@@ -102,7 +103,7 @@ def run_ours(args: Any) -> dict[str, float]:
         new=args.new,
         smoke=False,
     )
-    return dict(mod.run(engine, ns))
+    return dict(mod.run_variant(variant, ns))
 
 
 def main() -> None:
@@ -116,10 +117,17 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument(
+        "--variants",
+        default="fast",
+        help="our step's variants (grpo_step.py's names); the first is the headline",
+    )
     ap.add_argument("--out", default="benchmarks/results/trl_speed")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    ours = run_ours(args)
+    variants = [v for v in args.variants.split(",") if v]
+    each = {v: run_ours(args, v) for v in variants}
+    ours = each[variants[0]]
     trl_default = run_trl(args, tuned=False)
     trl_tuned = run_trl(args, tuned=True)
     import trl
@@ -133,6 +141,10 @@ def main() -> None:
         "toolgym_generate_s": ours["generate_s"],
         "speedup_vs_trl": trl_default["step_s"] / ours["step_s"],
         "speedup_vs_trl_tuned": trl_tuned["step_s"] / ours["step_s"],
+        "variant": variants[0],
+        "variants": {
+            v: {**r, "speedup_vs_trl": trl_default["step_s"] / r["step_s"]} for v, r in each.items()
+        },
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -150,9 +162,9 @@ def main() -> None:
         "|---|---:|",
         f"| TRL GRPOTrainer, defaults (gradient checkpointing, fp32) | {trl_default['step_s']:.3f} |",
         f"| TRL GRPOTrainer, tuned (no checkpointing, bf16) | {trl_tuned['step_s']:.3f} |",
-        f"| toolgym train (engine fast on CUDA) | {ours['step_s']:.3f} |",
+        *[f"| toolgym train, {v} | {r['step_s']:.3f} |" for v, r in each.items()],
         "",
-        f"- `speedup_vs_trl`: {result['speedup_vs_trl']:.2f}",
+        f"- `speedup_vs_trl`: {result['speedup_vs_trl']:.2f} (ours: {variants[0]})",
         f"- `speedup_vs_trl_tuned`: {result['speedup_vs_trl_tuned']:.2f}",
     ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
