@@ -80,7 +80,7 @@ seed_methods() {  # GPUS: the four seed-method runs round-robin over them (a sec
 speed() {  # [GPU CORES] issue 12 / 18d timings, alone on a GPU and cores (default GPU 3, cores 56-63)
   export CUDA_VISIBLE_DEVICES=${1:-3}
   local cores=${2:-56-63}
-  timeout 100 taskset -c "$cores" python3 benchmarks/prefill_probe.py --model .bench/smollm2 --out "$out/prefill_probe" \
+  [ "${PROBE:-1}" = 1 ] && timeout 100 taskset -c "$cores" python3 benchmarks/prefill_probe.py --model .bench/smollm2 --out "$out/prefill_probe" \
     > "$out/prefill_probe.log" 2>&1
   echo "prefill_probe rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
   timeout 330 taskset -c "$cores" python3 benchmarks/trl_speed.py --variants "${TRL_VARIANTS:-fast}" \
@@ -90,7 +90,7 @@ speed() {  # [GPU CORES] issue 12 / 18d timings, alone on a GPU and cores (defau
     --variants "${GRPO_VARIANTS:-fast,fast_block1,fast_compile,hf}" --out "$out/grpo_step" > "$out/grpo_step.log" 2>&1
   echo "grpo_step rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
   # the step's phases in wall time with a profile of the steady steps (what is left of the call)
-  timeout "$(( $(left) - 15 ))" taskset -c "$cores" python3 benchmarks/host_profile.py --device cuda --real \
+  [ "${HOST_PROFILE:-1}" = 1 ] && timeout "$(( $(left) - 15 ))" taskset -c "$cores" python3 benchmarks/host_profile.py --device cuda --real \
     --steps 4 --profile 40 --out "$out/host_profile_cuda" > "$out/host_profile_cuda.log" 2>&1
   echo "host_profile rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
   [ "${ROLLOUT:-0}" = 1 ] && timeout "$(( $(left) - 10 ))" taskset -c "$cores" python3 benchmarks/rollout.py \
@@ -120,6 +120,9 @@ branching() {  # GPU [GPU2]: c's warm start, then its four runs side by side (se
 pids=()
 if [ "$mode" = speed ]; then  # issue 12's timings alone (any GPU count)
   speed 0 "0-$(( $(nproc) - 1 ))" & pids+=($!)
+elif [ "$mode" = last ]; then  # (after stage) speed alone first (no host_profile), then a's second seed
+  ( HOST_PROFILE=0 speed 0 "0-$(( $(nproc) - 1 ))"
+    train 0 rl_only_s2 trainers/configs/learning_rl_alone.yaml --seed 2 ) & pids+=($!)
 elif [ "$mode" = a ]; then  # issue 18 a alone on GPU 0 (its recipe after the session-5 sweep)
   train 0 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
 elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each

@@ -510,13 +510,19 @@ class GRPOConfig(SeedMethodsConfig):
         default=4096,
         metadata={"help": "packed update: tokens per LM-head chunk (float32 logits of that many)"},
     )
-    compile: bool = field(
-        default=False, metadata={"help": "torch.compile the decoder layers for the update (CUDA only)"}
+    compile: Packing = field(
+        default="auto",
+        metadata=choices(
+            "torch.compile the update's decoder layers (CUDA only); auto: with the packed update on CUDA",
+            get_args(Packing),
+        ),
     )
 
     RENAMED: ClassVar[dict[str, str]] = {"overlong_penalty": "overlong_factor"}
 
     def validate(self) -> None:
+        if isinstance(self.compile, bool):  # `compile: true|false` (and YAML's on/off) before auto existed
+            self.compile = "on" if self.compile else "off"
         super().validate()
         # categorical fields (metadata choices) are checked by RunConfig.validate
         if not 0.0 <= self.gigpo_similarity <= 1.0:

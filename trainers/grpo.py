@@ -75,7 +75,14 @@ from toolgym.trainers.modeling import (
     pick_device,
     trainable_parameters,
 )
-from toolgym.trainers.packing import Forward, compile_decoder, update_forward, use_packing, use_share
+from toolgym.trainers.packing import (
+    Forward,
+    compile_decoder,
+    update_forward,
+    use_compile,
+    use_packing,
+    use_share,
+)
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.rollout_log import save_step
 from toolgym.trainers.runlog import RunLog
@@ -204,7 +211,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     # the update's forward: packed rows + chunked logprobs (trainers/packing.py), or the padded one
     packed = use_packing(cfg.packing, trainer, device, quiet=not dist.main)
     fwd = update_forward(packed, cfg.logprob_chunk, use_share(cfg.share_prefix, packed, device))
-    if cfg.compile and device.type == "cuda":
+    if use_compile(cfg.compile, packed, device):
         compile_decoder(model)
     log = (
         RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None) if dist.main else None

@@ -232,6 +232,12 @@ def compile_decoder(model: Any) -> None:
         layer.compile(dynamic=True)
 
 
+def use_compile(setting: str, packing: bool, device: torch.device) -> bool:
+    """Whether the update's decoder layers are compiled: never off CUDA; ``on``; ``auto`` with the packed
+    update (on an H100 the single-turn GRPO step went 0.81 -> 0.43 s: the eager layers are launch-bound)."""
+    return device.type == "cuda" and (setting == "on" or (setting == "auto" and packing))
+
+
 def use_share(setting: str, packing: bool, device: torch.device) -> bool:
     """Whether the packed update runs shared prefixes once: ``on``/``off``; ``auto`` on CPU only (measured
     there: docs/sft.md; on CUDA the extra gather is unmeasured). Never without packing."""

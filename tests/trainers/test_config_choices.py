@@ -50,3 +50,20 @@ def test_engine_slots_follow_the_memory_share():
 
     assert slots_for(64, 2048, 1000, torch.device("cpu")) == 128  # no cap off CUDA
     assert slots_for(1000, 2048, 1000, torch.device("cpu")) == 512
+
+
+@pytest.mark.parametrize(("value", "want"), [(True, "on"), (False, "off"), ("auto", "auto"), ("on", "on")])
+def test_compile_takes_old_booleans_and_the_new_choices(value, want):
+    # `compile: true` configs (and YAML's bare on/off, which load as booleans) keep working
+    assert GRPOConfig(env_ids=["toolgym/Calculator-v0"], compile=value).compile == want
+
+
+def test_compile_auto_only_on_cuda_with_packing():
+    import torch
+
+    from toolgym.trainers.packing import use_compile
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not use_compile("on", True, cpu) and not use_compile("auto", True, cpu)
+    assert use_compile("auto", True, cuda) and not use_compile("auto", False, cuda)
+    assert use_compile("on", False, cuda) and not use_compile("off", True, cuda)
