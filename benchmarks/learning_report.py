@@ -281,6 +281,31 @@ def _f(x: Any) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def curves(files: list[Path], out: Path, title: str) -> Path:
+    """Held-out success and calculator calls an episode against minutes of steps, one line per curve file
+    (a run's metrics.jsonl, named by its file stem)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for f in files:
+        recs = evals(with_minutes([json.loads(x) for x in f.read_text().splitlines() if x.strip()]))
+        mins = [r["minutes"] for r in recs]
+        ax.plot(mins, [r["eval/success"] for r in recs], label=f.stem)
+        bx.plot(mins, [r.get("eval/tool_calls", 0.0) for r in recs], label=f.stem)
+    ax.set(xlabel="minutes of steps", ylabel="held-out success (test templates)", ylim=(0, 1), title=title)
+    bx.set(xlabel="minutes of steps", ylabel="calculator calls an episode (eval)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    bx.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=Path, help="folder with rl_only/, sft/, sft_rl/")
@@ -288,7 +313,13 @@ def main() -> None:
     p.add_argument("--notes", type=Path, default=None, help="markdown appended to learning.md")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--demo", nargs=2, type=Path, metavar=("SFT_DIR", "RL_DIR"))
+    p.add_argument("--curves", nargs="+", type=Path, metavar="JSONL", help="plot these runs' curves to --png")
+    p.add_argument("--png", type=Path, default=Path("benchmarks/results/learning_curves.png"))
+    p.add_argument("--title", default="")
     args = p.parse_args()
+    if args.curves:
+        print(curves(args.curves, args.png, args.title))
+        return
     if args.demo:
         print(demo_line(*args.demo))
         return
