@@ -52,7 +52,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,6 +203,9 @@ class TreeRollout:
             raise ConfigError("continuous rollouts need a policy with an engine (EnginePolicy)")
         self.continuous = has_engine if continuous is None else continuous
         self.env_workers = max(1, env_workers)
+        # seconds an idle engine waits for env calls in flight before planning the turns that are ready
+        # (continuous driver): about half an eager prefill pass on a GPU host
+        self.plan_wait = 0.02
         self._pool: dict[str, list[Any]] = {}
         self._pool_lock = threading.Lock()
         self._wrappers: list[Any] = []
@@ -481,7 +484,7 @@ class TreeRollout:
     ) -> None:
         """The engine's continuous batching: turns enter and leave the decode batch one by one, env calls
         run on a thread pool meanwhile (see the module docstring)."""
-        from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+        from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
         from toolgym.agents.engine.policy import mode_of
 
@@ -542,6 +545,14 @@ class TreeRollout:
             if not loop.done:
                 dispatch(loop)
 
+        def collect(ready: Iterable[Future[Any]]) -> None:
+            for fut in ready:
+                loop, k = pending.pop(fut)
+                loop.results[k] = fut.result()
+                loop.remaining -= 1
+                if loop.remaining == 0:
+                    resume(loop)
+
         pool = ThreadPoolExecutor(self.env_workers, thread_name_prefix="rollout-env")
         try:
             for loop in loops:
@@ -549,6 +560,14 @@ class TreeRollout:
                 if not loop.done:
                     dispatch(loop)
             while any(not lp.done for lp in loops):
+                if planned and pending and not eng.busy():
+                    # nothing decodes: a turn planned now runs its own prefill pass (~50 launches a layer,
+                    # ~40 ms on an H100 host), so env calls in flight get a moment to join it (resets of a
+                    # step's trees finish one by one, and a tree may need another env call after its reset)
+                    t0 = time.perf_counter()
+                    while planned and pending and (left := t0 + self.plan_wait - time.perf_counter()) > 0:
+                        collect(wait(list(pending), timeout=left, return_when=ALL_COMPLETED)[0])
+                    stats.idle_s += time.perf_counter() - t0
                 plan()
                 if eng.busy():
                     t0 = time.perf_counter()
@@ -570,12 +589,7 @@ class TreeRollout:
                     stats.idle_s += time.perf_counter() - t0
                 else:
                     raise RuntimeError("rollout stalled: trees wait for work that was never queued")
-                for fut in ready:
-                    loop, k = pending.pop(fut)
-                    loop.results[k] = fut.result()
-                    loop.remaining -= 1
-                    if loop.remaining == 0:
-                        resume(loop)
+                collect(ready)
         finally:
             pool.shutdown(wait=True)
             for s in ours:  # an interrupted run leaves nothing in the batch (finished turns stay held)

@@ -141,3 +141,32 @@ def test_an_env_fault_mid_tree_ends_that_path_only(
     assert t.nodes[leaf].info["episode"]["truncated"] is True
     assert len(flatten(forest)) == len(leaves) - 1  # the faulty path gets no training row
     assert all(t.nodes[leaf].reward is not None for t, leaf in leaves)
+
+
+def test_first_turns_of_all_trees_prefill_in_one_pass(
+    chatml_tokenizer: Any, make_tiny_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a plan per tree ran one eager prefill pass per group (launch-bound on a GPU: ~40 ms each); the trees'
+    # waiting turns are planned together, so the first turns of every tree cost one pass of their heads
+    from toolgym.agents.engine import engine as engine_mod
+
+    model = make_tiny_model(len(chatml_tokenizer), seed=2)
+    cfg = RolloutConfig(budget=4, max_new_tokens=3, temperature=1.0, max_total_tokens=900)
+    policy = EnginePolicy(model, chatml_tokenizer, slots=32, capacity=1024)
+    passes: list[int] = []
+    real = engine_mod.prefill
+
+    def counted(w: Any, cache: Any, seqs: Any, want_logits: bool = True) -> Any:
+        passes.append(len(seqs))
+        return real(w, cache, seqs, want_logits)
+
+    monkeypatch.setattr(engine_mod, "prefill", counted)
+    roller = TreeRollout(policy, arpo(), cfg, {**ENV_KW, "max_turns": 1}, continuous=True, env_workers=2)
+    roller.plan_wait = 5.0  # not the 20 ms default: a loaded test machine may take longer for six resets
+    try:
+        roller.run([RolloutTask(ENV, s) for s in range(6)], seed=0)
+    finally:
+        roller.close()
+    # the shared system prompt once, then the six trees' heads together (their resets finish one by one on
+    # the env threads; an idle engine waits for them); a plan per tree made six passes of one head each
+    assert passes == [1, 6], passes
