@@ -76,16 +76,18 @@ def prefill(
         mask = torch.arange(tmax, device=dev)[None, None, :] <= q_abs[:, :, None]  # [B, nmax, tmax]
     H, Hkv, D = s.heads, s.kv_heads, s.head_dim
     x = w.embed[tokens]  # [N, hidden]
+    # the pass is launch-bound on a GPU (~50 kernels a layer for ~1k tokens): what every layer shares is
+    # computed once, and q and k take their rotary embedding in one go
+    token_slot = slots[row]  # [N]
     for layer in range(s.layers):
         h = rms_norm(x, w.ln1[layer], s.eps)
         qkv = _linear(h, w.wqkv[layer], _bias(w.bqkv, layer))  # [N, qkv_dim]
-        q = qkv[:, : H * D].view(-1, H, D)
-        k = qkv[:, H * D : (H + Hkv) * D].view(-1, Hkv, D)
+        qk = rope(qkv[:, : (H + Hkv) * D].view(-1, H + Hkv, D), cos, sin)
+        q, k = qk[:, :H], qk[:, H:]
         v = qkv[:, (H + Hkv) * D :].view(-1, Hkv, D)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
         kc, vc = cache.k[layer], cache.v[layer]  # [S, Hkv, T, D]
-        kc[slots[row], :, pos] = k
-        vc[slots[row], :, pos] = v
+        kc[token_slot, :, pos] = k
+        vc[token_slot, :, pos] = v
         qp = q.new_zeros((B, nmax, H, D))
         qp[row, offs] = q
         if fresh:  # nothing cached before: plain causal attention over the new tokens (flash on CUDA)
