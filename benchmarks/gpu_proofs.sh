@@ -80,9 +80,11 @@ seed_methods() {  # GPUS: the four seed-method runs round-robin over them (a sec
 speed() {  # [GPU CORES] issue 12 / 18d timings, alone on a GPU and cores (default GPU 3, cores 56-63)
   export CUDA_VISIBLE_DEVICES=${1:-3}
   local cores=${2:-56-63}
-  [ "${PROBE:-1}" = 1 ] && timeout 100 taskset -c "$cores" python3 benchmarks/prefill_probe.py --model .bench/smollm2 --out "$out/prefill_probe" \
-    > "$out/prefill_probe.log" 2>&1
-  echo "prefill_probe rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+  if [ "${PROBE:-1}" = 1 ]; then
+    timeout 100 taskset -c "$cores" python3 benchmarks/prefill_probe.py --model .bench/smollm2 \
+      --out "$out/prefill_probe" > "$out/prefill_probe.log" 2>&1
+    echo "prefill_probe rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+  fi
   timeout 330 taskset -c "$cores" python3 benchmarks/trl_speed.py --variants "${TRL_VARIANTS:-fast}" \
     --out "$out/trl_speed" > "$out/trl_speed.log" 2>&1
   echo "trl_speed rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
@@ -90,11 +92,16 @@ speed() {  # [GPU CORES] issue 12 / 18d timings, alone on a GPU and cores (defau
     --variants "${GRPO_VARIANTS:-fast,fast_block1,fast_compile,hf}" --out "$out/grpo_step" > "$out/grpo_step.log" 2>&1
   echo "grpo_step rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
   # the step's phases in wall time with a profile of the steady steps (what is left of the call)
-  [ "${HOST_PROFILE:-1}" = 1 ] && timeout "$(( $(left) - 15 ))" taskset -c "$cores" python3 benchmarks/host_profile.py --device cuda --real \
-    --steps 4 --profile 40 --out "$out/host_profile_cuda" > "$out/host_profile_cuda.log" 2>&1
-  echo "host_profile rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
-  [ "${ROLLOUT:-0}" = 1 ] && timeout "$(( $(left) - 10 ))" taskset -c "$cores" python3 benchmarks/rollout.py \
-    --model .bench/smollm2 --new 64 --turns 3 --out "$out/rollout" > "$out/rollout.log" 2>&1
+  if [ "${HOST_PROFILE:-1}" = 1 ]; then
+    timeout "$(( $(left) - 15 ))" taskset -c "$cores" python3 benchmarks/host_profile.py --device cuda --real \
+      --steps 4 --profile 40 --out "$out/host_profile_cuda" > "$out/host_profile_cuda.log" 2>&1
+    echo "host_profile rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+  fi
+  if [ "${ROLLOUT:-0}" = 1 ]; then
+    timeout "$(( $(left) - 10 ))" taskset -c "$cores" python3 benchmarks/rollout.py --model .bench/smollm2 --new 64 \
+      --turns 3 --out "$out/rollout" > "$out/rollout.log" 2>&1
+    echo "rollout rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+  fi
   rm -f "$out"/*.partial.json
 }
 env_kwargs() {  # CONFIG KEY=YAML...: the config's env_kwargs as JSON, with these keys changed (for --env-kwargs)

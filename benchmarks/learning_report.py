@@ -17,11 +17,15 @@ from pathlib import Path
 from typing import Any
 
 
-def read_metrics(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "metrics.jsonl"
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics file ([] when it is missing)."""
     if not path.is_file():
         return []
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    return read_jsonl(folder / "metrics.jsonl")
 
 
 def with_minutes(records: list[dict[str, Any]], offset_s: float = 0.0) -> list[dict[str, Any]]:
@@ -291,7 +295,7 @@ def curves(files: list[Path], out: Path, title: str) -> Path:
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     for f in files:
-        recs = evals(with_minutes([json.loads(x) for x in f.read_text().splitlines() if x.strip()]))
+        recs = evals(with_minutes(read_jsonl(f)))
         mins = [r["minutes"] for r in recs]
         ax.plot(mins, [r["eval/success"] for r in recs], label=f.stem)
         bx.plot(mins, [r.get("eval/tool_calls", 0.0) for r in recs], label=f.stem)

@@ -239,8 +239,9 @@ def use_compile(setting: str, packing: bool, device: torch.device) -> bool:
 
 
 def use_share(setting: str, packing: bool, device: torch.device) -> bool:
-    """Whether the packed update runs shared prefixes once: ``on``/``off``; ``auto`` on CPU only (measured
-    there: docs/sft.md; on CUDA the extra gather is unmeasured). Never without packing."""
+    """Whether the packed update runs shared prefixes once: ``on``/``off``; ``auto`` on CPU only (the update
+    there is compute-bound: docs/sft.md; on an H100 with the compiled update it gained nothing, 0.443 vs
+    0.434 s a single-turn GRPO step: benchmarks/results/trl_speed.md). Never without packing."""
     return packing and (setting == "on" or (setting == "auto" and device.type == "cpu"))
 
 
