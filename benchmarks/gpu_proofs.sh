@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu_proofs.sh a_sweep SECONDS       (after stage) issue 18 a, RL alone: lr 1e-5, 5e-6, no format
 #                                                       penalty, entropy bonus side by side (one GPU each if 4)
 #   bash benchmarks/gpu_proofs.sh a SECONDS             (after stage) issue 18 a alone on GPU 0 (learning_rl_alone.yaml)
+#   bash benchmarks/gpu_proofs.sh b SECONDS             (after stage) issue 18 b: a's recipe and b_refill without the
+#                                                       format penalty from the narrow warm start, a's seed 2
 #   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) issue 18 c from a 2-3 operation warm start
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
@@ -132,6 +134,16 @@ elif [ "$mode" = last ]; then  # (after stage) speed alone first (no host_profil
     train 0 rl_only_s2 trainers/configs/learning_rl_alone.yaml --seed 2 ) & pids+=($!)
 elif [ "$mode" = a ]; then  # issue 18 a alone on GPU 0 (its recipe after the session-5 sweep)
   train 0 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
+elif [ "$mode" = b ]; then  # (after stage; resumable) issue 18 b with a's recipe, beside b_refill without the
+  # format penalty, and a's second seed: three runs share GPU 0 (ENGINE_MEMORY 0.1 each unless set)
+  export ENGINE_MEMORY=${ENGINE_MEMORY:-0.1}
+  ( sft 0 sft trainers/configs/learning_sft.yaml
+    train 0 b_alone trainers/configs/learning_rl_alone.yaml --init "$runs/sft" &
+    refill=trainers/configs/learning_rl_refill.yaml
+    train 0 b_refill_nopen $refill --init "$runs/sft" --lr 1e-5 \
+      --env-kwargs "$(env_kwargs $refill format_penalty=0.0)" &
+    wait ) & pids+=($!)
+  train 0 rl_only_s2 trainers/configs/learning_rl_alone.yaml --seed 2 & pids+=($!)
 elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
   n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }
   base=trainers/configs/learning_rl_alone.yaml
