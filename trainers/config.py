@@ -158,6 +158,10 @@ class RunConfig:
             "help": "GRPO: save every N-th step's rollout trees to rollouts/ for `toolgym view` (0: never)"
         },
     )
+    save_evals: bool = field(
+        default=False,
+        metadata={"help": "write each held-out evaluation's episodes to evals/ (`toolgym view` format)"},
+    )
     resume: bool = field(default=False, metadata={"help": "continue from the checkpoint in output_dir"})
     tensorboard: bool = field(default=True, metadata={"help": "also write tensorboard events"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from toolgym.trainers.rollout import RolloutConfig, RolloutStats, RolloutTask, TreeRollout
@@ -63,9 +64,17 @@ def episode_metrics(
 
 
 def evaluate(
-    policy: Any, env_ids: list[str], env_kwargs: dict[str, Any], cfg: RolloutConfig, episodes: int
+    policy: Any,
+    env_ids: list[str],
+    env_kwargs: dict[str, Any],
+    cfg: RolloutConfig,
+    episodes: int,
+    save: tuple[Path, int] | None = None,
 ) -> dict[str, float]:
-    """One greedy rollout per held-out seed; eval/episode_reward, eval/success, …"""
+    """One greedy rollout per held-out seed; eval/episode_reward, eval/success, …
+
+    ``save=(run_dir, step)`` also writes the episodes to ``run_dir/evals/step_N.jsonl`` (``toolgym view``'s
+    format), so that a held-out plateau can be read episode by episode."""
     roller = TreeRollout(
         policy, None, RolloutConfig(**{**cfg.__dict__, "budget": 1, "temperature": 0.0}), env_kwargs
     )
@@ -73,4 +82,8 @@ def evaluate(
         forest, stats = roller.run(eval_tasks(env_ids, episodes), seed=EVAL_SEED0)
     finally:
         roller.close()
+    if save is not None:
+        from toolgym.trainers.rollout_log import save_step
+
+        save_step(save[0], save[1], forest, [], None, None, policy.renderer.decode, folder_name="evals")
     return episode_metrics(forest, stats, prefix="eval")

@@ -227,7 +227,17 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     if log is not None and cfg.eval_every and progress.step == 0:  # curves start at the initial policy
         model.eval()
         with torch.no_grad(), autocast(device, cfg.bf16):
-            log.log(0, evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes))
+            log.log(
+                0,
+                evaluate(
+                    policy,
+                    cfg.env_ids,
+                    eval_kwargs,
+                    rollout_cfg,
+                    cfg.eval_episodes,
+                    save=(out, 0) if cfg.save_evals else None,
+                ),
+            )
 
     def scorer(forest: list[RolloutTree], rows: list[Row]) -> NodeAdv:
         model.eval()
@@ -306,7 +316,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             model.eval()
             with torch.no_grad(), autocast(device, cfg.bf16):
-                metrics |= evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes)
+                saved = (out, step) if cfg.save_evals else None
+                metrics |= evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved)
         assert log is not None
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:

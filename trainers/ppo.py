@@ -225,7 +225,10 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             model.eval()
             with torch.no_grad(), autocast(device, cfg.bf16):
-                metrics |= evaluate(policy, cfg.env_ids, cfg.env_kwargs, rollout_cfg, cfg.eval_episodes)
+                saved = (out, step) if cfg.save_evals else None
+                metrics |= evaluate(
+                    policy, cfg.env_ids, cfg.env_kwargs, rollout_cfg, cfg.eval_episodes, saved
+                )
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
             checkpoint.save(out / "checkpoint", modules, optimizer, progress)

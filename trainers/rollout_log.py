@@ -94,9 +94,10 @@ def save_step(
     node_adv: Sequence[dict[int, float]] | None,
     keep: Sequence[bool] | None,
     decode: Callable[[list[int]], str],
+    folder_name: str = "rollouts",
 ) -> Path:
-    """Writes ``run_dir/rollouts/step_{step:06d}.jsonl`` and returns its path."""
-    folder = Path(run_dir) / "rollouts"
+    """Writes ``run_dir/{folder_name}/step_{step:06d}.jsonl`` and returns its path."""
+    folder = Path(run_dir) / folder_name
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:06d}.jsonl"
     with path.open("w") as f:
