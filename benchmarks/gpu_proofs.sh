@@ -16,6 +16,8 @@
 #   bash benchmarks/gpu_proofs.sh a SECONDS             (after stage) issue 18 a alone on GPU 0 (learning_rl_alone.yaml)
 #   bash benchmarks/gpu_proofs.sh b SECONDS             (after stage) issue 18 b: a's recipe and b_refill without the
 #                                                       format penalty from the narrow warm start, a's seed 2
+#   bash benchmarks/gpu_proofs.sh b2 SECONDS            (after stage) issue 18 b: lr 2e-5, temperature 0.8, refill
+#                                                       without the penalty; 128-episode evaluations, saved
 #   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) issue 18 c from a 2-3 operation warm start
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
@@ -144,6 +146,17 @@ elif [ "$mode" = b ]; then  # (after stage; resumable) issue 18 b with a's recip
       --env-kwargs "$(env_kwargs $refill format_penalty=0.0)" &
     wait ) & pids+=($!)
   train 0 rl_only_s2 trainers/configs/learning_rl_alone.yaml --seed 2 & pids+=($!)
+elif [ "$mode" = b2 ]; then  # (after stage; resumable) issue 18 b, second round: b plateaued at ~0.80 in every
+  # recipe; three variants from the same warm start, each evaluation on 128 episodes and saved (evals/)
+  export ENGINE_MEMORY=${ENGINE_MEMORY:-0.1}
+  alone=trainers/configs/learning_rl_alone.yaml refill=trainers/configs/learning_rl_refill.yaml
+  ev=(--save-evals --eval-episodes 128)
+  ( sft 0 sft trainers/configs/learning_sft.yaml
+    train 0 b_lr2 $alone --init "$runs/sft" --lr 2e-5 "${ev[@]}" &
+    train 0 b_t08 $alone --init "$runs/sft" --temperature 0.8 "${ev[@]}" &
+    train 0 b_refill_nopen $refill --init "$runs/sft" --lr 1e-5 "${ev[@]}" \
+      --env-kwargs "$(env_kwargs $refill format_penalty=0.0)" &
+    wait ) & pids+=($!)
 elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
   n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }
   base=trainers/configs/learning_rl_alone.yaml
@@ -196,7 +209,10 @@ fi
 for p in "${pids[@]}"; do wait "$p"; done
 echo "$mode seconds=$(( $(date +%s) - start ))" | tee -a "$out/gpu.txt"
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu.txt"
-tar -czf "$out/runs.tar.gz" -C / --exclude='checkpoint*' --exclude='model' --exclude='tensorboard' \
+for d in "$runs"/*/evals; do  # the first and the last four evaluations' episodes come back
+  [ -d "$d" ] && ls "$d" | sort | sed -n '2,$p' | head -n -4 | sed "s|^|$d/|" | xargs -r rm -f
+done
+tar -czf "$out/runs.tar.gz" -C / --exclude='checkpoint*' --exclude='model' --exclude="tensorboard" \
   --exclude='sft_data.jsonl' root/runs $([ -d /root/seed_runs ] && echo root/seed_runs)
 # at most 8 files come back: the logs and the speed results go into one archive
 ( cd "$out" && tar -czf results.tar.gz $(ls *.log *.md *.json 2>/dev/null) && rm -f *.log *.md *.json )
