@@ -6,11 +6,19 @@
 - ``decode_attention``: one query token per row against its slot's cache, read up to the row's length only;
   one program per (row, KV head, split) holds the whole GQA group of query heads, so every K/V element is
   read once per step. With few rows the cache is split along time (flash-decoding) and a second kernel
-  merges the partial softmaxes.
+  merges the partial softmaxes. Two versions (``TOOLGYM_DECODE_ATTN=v1|v2``, default v2): v1 splits the
+  capacity into ``nsplit`` equal parts and only when rows are few; v2 splits into fixed chunks of tokens at
+  every batch size (a large batch is many short programs: a small last partial wave), skips chunks past a
+  row's length, uses int32 tile offsets, masks only the last tile and uses exp2 (``AttnConfig``).
 - ``silu_mul``: the gated MLP's ``silu(gate) * up``.
 """
 
 from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -164,9 +172,18 @@ def _merge_kernel(P, ML, OUT, H: tl.constexpr, D: tl.constexpr, NSPLIT: tl.const
 
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor,
-    nsplit: int, capacity: int,
+    nsplit: int, capacity: int, version: str | None = None, config: AttnConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """q [B, H, D] against ``cache[slot, :, :pos+1]`` ([S, Hkv, T, D]); returns [B, H, D]."""
+    """q [B, H, D] against ``cache[slot, :, :pos+1]`` ([S, Hkv, T, D]); returns [B, H, D].
+
+    ``version``: "v1" or "v2" (default: ``TOOLGYM_DECODE_ATTN``, else v2). ``nsplit`` is v1's time split;
+    v2 takes ``config``, else ``TOOLGYM_DECODE_ATTN_CFG`` (``AttnConfig.parse``), else ``default_config``.
+    Read at each call: under CUDA graphs the choice is fixed when a batch bucket's graph is captured."""
+    version = version or os.environ.get("TOOLGYM_DECODE_ATTN", "v2")
+    if version == "v2":
+        return decode_attention_v2(q, k_cache, v_cache, slots, pos, capacity, config)
+    if version != "v1":
+        raise ValueError(f"TOOLGYM_DECODE_ATTN must be v1 or v2, not {version!r}")
     B, H, D = q.shape
     hkv = k_cache.shape[1]
     G = H // hkv
@@ -185,6 +202,164 @@ def decode_attention(
     ml = torch.empty((B, H, nsplit, 2), device=q.device, dtype=torch.float32)
     _decode_attn_kernel[grid](q, k_cache, v_cache, slots, pos, part, ml, D**-0.5, chunk, *strides, **common)
     _merge_kernel[(B * H,)](part, ml, out, H=H, D=D, NSPLIT=nsplit, num_warps=1)
+    return out
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """A v2 launch: ``bt`` tokens a tile, ``chunk`` tokens a program (0: a whole row, no merge kernel),
+    ``warps`` and ``stages`` (loads in flight: Triton pipelines the K/V tiles through shared memory)."""
+
+    bt: int = 64
+    chunk: int = 256
+    warps: int = 4
+    stages: int = 3
+
+    @staticmethod
+    def parse(text: str) -> AttnConfig:
+        """``"bt=64,chunk=256,warps=4,stages=3"`` (missing keys keep their defaults)."""
+        kv = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
+        return AttnConfig(**{k: int(v) for k, v in kv.items()})
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def default_config(rows: int, kv_heads: int, capacity: int, sms: int) -> AttnConfig:
+    """Chunks short enough for ~24 programs an SM (several waves of ~6 resident programs each, so the last
+    partial wave is a small share of the step), never below 128 tokens (two tiles: the merge's traffic
+    and the per-program start stay small); no split when the capacity fits one chunk."""
+    chunk = 1024
+    while chunk > 128 and rows * kv_heads * math.ceil(capacity / chunk) < 24 * sms:
+        chunk //= 2
+    return AttnConfig(bt=64, chunk=0 if chunk >= capacity else chunk, warps=4, stages=3)
+
+
+@triton.jit
+def _attn_tile(
+    q, kp, vp, start, hi, m_i, l_i, acc, qk_scale,
+    D: tl.constexpr, BT: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    # one BT-token tile of the online softmax (base 2: qk_scale includes log2(e)); offsets are int32 within
+    # the (slot, head) run, whose base pointer is 64-bit
+    t = start + tl.arange(0, BT)
+    d = tl.arange(0, D)
+    if MASKED:
+        tm = t < hi
+        kt = tl.load(kp + t[None, :] * D + d[:, None], mask=tm[None, :], other=0.0)  # [D, BT]
+        s = tl.dot(q, kt) * qk_scale
+        s = tl.where(tm[None, :], s, float("-inf"))
+        v = tl.load(vp + t[:, None] * D + d[None, :], mask=tm[:, None], other=0.0)
+    else:
+        kt = tl.load(kp + t[None, :] * D + d[:, None])
+        s = tl.dot(q, kt) * qk_scale
+        v = tl.load(vp + t[:, None] * D + d[None, :])
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _decode_attn_v2_kernel(
+    Q, KC, VC, SLOT, POS, OUT, ML, qk_scale, s_kslot, s_khead,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
+    CHUNK: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    nsplit = tl.num_programs(2)
+    length = tl.load(POS + row).to(tl.int32) + 1
+    lo = split * CHUNK
+    if lo < length:  # chunks past the row's length do nothing (the merge reads only the valid ones)
+        slot = tl.load(SLOT + row).to(tl.int64)
+        hi = tl.minimum(lo + CHUNK, length)
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        gm = g[:, None] < G
+        head = kvh * G + g
+        q = tl.load(Q + row * H * D + head[:, None] * D + d[None, :], mask=gm, other=0.0)
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        kp = KC + slot * s_kslot + kvh * s_khead
+        vp = VC + slot * s_kslot + kvh * s_khead
+        full = lo + ((hi - lo) // BT) * BT
+        for start in range(lo, full, BT):
+            m_i, l_i, acc = _attn_tile(q, kp, vp, start, hi, m_i, l_i, acc, qk_scale, D, BT, False)
+        if full < hi:
+            m_i, l_i, acc = _attn_tile(q, kp, vp, full, hi, m_i, l_i, acc, qk_scale, D, BT, True)
+        if SPLIT:
+            # partials: acc [B, H, nsplit, D] float32, (m, l) [B, H, nsplit, 2]
+            rh = row * H + head
+            tl.store(OUT + (rh[:, None] * nsplit + split) * D + d[None, :], acc, mask=gm)
+            tl.store(ML + (rh * nsplit + split) * 2, m_i, mask=g < G)
+            tl.store(ML + (rh * nsplit + split) * 2 + 1, l_i, mask=g < G)
+        else:
+            out = acc / l_i[:, None]
+            tl.store(
+                OUT + row * H * D + head[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty), mask=gm
+            )
+
+
+@triton.jit
+def _merge_v2_kernel(
+    P, ML, POS, OUT, nsplit, H: tl.constexpr, D: tl.constexpr, NSP: tl.constexpr, CHUNK: tl.constexpr
+):
+    rh = tl.program_id(0)  # row * H + head
+    length = tl.load(POS + rh // H).to(tl.int32) + 1
+    s = tl.arange(0, NSP)
+    d = tl.arange(0, D)
+    valid = s < (length + CHUNK - 1) // CHUNK  # chunks at or past the length were never written
+    m = tl.load(ML + (rh * nsplit + s) * 2, mask=valid, other=float("-inf"))
+    lsum = tl.load(ML + (rh * nsplit + s) * 2 + 1, mask=valid, other=0.0)
+    w = tl.where(valid, tl.math.exp2(m - tl.max(m, 0)), 0.0)
+    acc = tl.load(P + (rh * nsplit + s[:, None]) * D + d[None, :], mask=valid[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
+    tl.store(OUT + rh * D + d, out.to(OUT.dtype.element_ty))
+
+
+def decode_attention_v2(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor,
+    capacity: int, config: AttnConfig | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """v2 of ``decode_attention`` (same contract); the cache's last two dims must be contiguous."""
+    B, H, D = q.shape
+    hkv = k_cache.shape[1]
+    G = H // hkv
+    assert k_cache.stride(3) == 1 and k_cache.stride(2) == D and v_cache.stride() == k_cache.stride()
+    if config is None:
+        env = os.environ.get("TOOLGYM_DECODE_ATTN_CFG")
+        sms = _sm_count(q.device.index or 0) if q.is_cuda else 132
+        config = AttnConfig.parse(env) if env else default_config(B, hkv, capacity, sms)
+    bt, chunk = config.bt, config.chunk
+    split = 0 < chunk < capacity
+    if not split:
+        chunk = triton.cdiv(capacity, bt) * bt
+    assert chunk % bt == 0, "a chunk is whole tiles"
+    nsplit = triton.cdiv(capacity, chunk)
+    out = torch.empty_like(q)
+    qk_scale = D**-0.5 * 1.4426950408889634  # log2(e): the kernel's softmax is base 2
+    common = dict(
+        H=H, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BT=bt, CHUNK=chunk, SPLIT=split,
+        num_warps=config.warps, num_stages=config.stages,
+    )  # fmt: skip
+    strides = (k_cache.stride(0), k_cache.stride(1))
+    grid = (B, hkv, nsplit)
+    if not split:
+        _decode_attn_v2_kernel[grid](q, k_cache, v_cache, slots, pos, out, out, qk_scale, *strides, **common)
+        return out
+    part = torch.empty((B, H, nsplit, D), device=q.device, dtype=torch.float32)
+    ml = torch.empty((B, H, nsplit, 2), device=q.device, dtype=torch.float32)
+    _decode_attn_v2_kernel[grid](q, k_cache, v_cache, slots, pos, part, ml, qk_scale, *strides, **common)
+    _merge_v2_kernel[(B * H,)](
+        part, ml, pos, out, nsplit, H=H, D=D, NSP=triton.next_power_of_2(nsplit), CHUNK=chunk, num_warps=1
+    )
     return out
 
 

@@ -1,0 +1,92 @@
+"""The decode attention kernels (v1 and v2) against plain torch: ragged lengths, slots out of order, GQA
+groups, with and without time splits. On CPU they run in Triton's interpreter (``TRITON_INTERPRET=1``,
+set before Triton loads); skipped where Triton is not installed."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from toolgym.agents.engine import kernels as K
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+
+
+def reference(q, kc, vc, slots, pos):  # type: ignore[no-untyped-def]
+    B, H, D = q.shape
+    G = H // kc.shape[1]
+    out = torch.empty_like(q, dtype=torch.float32)
+    for b in range(B):
+        n = int(pos[b]) + 1
+        k = kc[slots[b], :, :n].float().repeat_interleave(G, 0)  # [H, n, D]
+        v = vc[slots[b], :, :n].float().repeat_interleave(G, 0)
+        w = torch.softmax(q[b].float()[:, None, :] @ k.transpose(1, 2) * D**-0.5, -1)
+        out[b] = (w @ v)[:, 0]
+    return out
+
+
+def make(B: int, H: int, hkv: int, D: int, cap: int, lengths: list[int], seed: int = 0):  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(seed)
+    S = B + 2
+    kc = torch.randn(S, hkv, cap, D, generator=g).to(DEVICE, DTYPE)
+    vc = torch.randn(S, hkv, cap, D, generator=g).to(DEVICE, DTYPE)
+    q = torch.randn(B, H, D, generator=g).to(DEVICE, DTYPE)
+    slots = torch.randperm(S, generator=g)[:B].to(DEVICE)
+    pos = torch.tensor([n - 1 for n in lengths], device=DEVICE)
+    return q, kc, vc, slots, pos
+
+
+TOL = 2e-2 if DEVICE == "cuda" else 1e-4
+CASES = [  # (H, Hkv, lengths, capacity): the SmolLM2 and Qwen2.5-0.5B groups, a length of one, full rows
+    (9, 3, [1, 64, 65, 200, 257], 320),
+    (14, 2, [130, 3, 320, 191], 320),
+    (4, 4, [17, 128], 200),
+]
+
+
+@pytest.mark.parametrize(("H", "hkv", "lengths", "cap"), CASES)
+@pytest.mark.parametrize(
+    "config", [K.AttnConfig(bt=64, chunk=0), K.AttnConfig(bt=64, chunk=128), K.AttnConfig(bt=32, chunk=64)]
+)
+def test_v2_matches_torch(H: int, hkv: int, lengths: list[int], cap: int, config: K.AttnConfig) -> None:
+    q, kc, vc, slots, pos = make(len(lengths), H, hkv, 64, cap, lengths)
+    out = K.decode_attention(q, kc, vc, slots, pos, 1, cap, version="v2", config=config)
+    assert (out.float() - reference(q, kc, vc, slots, pos)).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("nsplit", [1, 4])
+def test_v1_matches_torch(nsplit: int) -> None:
+    H, hkv, lengths, cap = CASES[0]
+    q, kc, vc, slots, pos = make(len(lengths), H, hkv, 64, cap, lengths)
+    out = K.decode_attention(q, kc, vc, slots, pos, nsplit, cap, version="v1")
+    assert (out.float() - reference(q, kc, vc, slots, pos)).abs().max().item() < TOL
+
+
+def test_default_config_splits_large_batches() -> None:
+    # B=256 x 3 KV heads on 132 SMs: 768 whole-row programs would leave a partial last wave
+    big = K.default_config(256, 3, 1096, 132)
+    assert 0 < big.chunk < 1096 and big.chunk % big.bt == 0
+    assert K.default_config(1, 3, 1096, 132).chunk == 128
+    assert K.default_config(4096, 8, 1000, 132).chunk == 0  # one chunk covers the capacity
+    assert K.AttnConfig.parse("bt=128,chunk=512,warps=8") == K.AttnConfig(
+        bt=128, chunk=512, warps=8, stages=3
+    )
+
+
+def test_env_selects_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    H, hkv, lengths, cap = CASES[0]
+    q, kc, vc, slots, pos = make(len(lengths), H, hkv, 64, cap, lengths)
+    monkeypatch.setenv("TOOLGYM_DECODE_ATTN", "v3")
+    with pytest.raises(ValueError, match="v1 or v2"):
+        K.decode_attention(q, kc, vc, slots, pos, 1, cap)
+    monkeypatch.setenv("TOOLGYM_DECODE_ATTN", "v2")
+    monkeypatch.setenv("TOOLGYM_DECODE_ATTN_CFG", "bt=32,chunk=96")
+    out = K.decode_attention(q, kc, vc, slots, pos, 1, cap)
+    assert (out.float() - reference(q, kc, vc, slots, pos)).abs().max().item() < TOL
