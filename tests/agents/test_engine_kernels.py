@@ -90,3 +90,30 @@ def test_env_selects_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOOLGYM_DECODE_ATTN_CFG", "bt=32,chunk=96")
     out = K.decode_attention(q, kc, vc, slots, pos, 1, cap)
     assert (out.float() - reference(q, kc, vc, slots, pos)).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_decode_step_matches_torch(version: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole Triton decode step (the call site in model.py) against the plain-torch step."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from toolgym.agents.engine import Engine
+    from toolgym.agents.engine.model import decode_torch, decode_triton
+
+    monkeypatch.setenv("TOOLGYM_DECODE_ATTN", version)
+    monkeypatch.setenv("TOOLGYM_DECODE_ATTN_CFG", "bt=16,chunk=32")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+    )  # fmt: skip
+    eng = Engine(LlamaForCausalLM(config).eval(), slots=3, capacity=96, cuda_graphs=False, kernels=False)
+    seqs = [eng.new([i % 60 + 1 for i in range(n)]) for n in (5, 40, 70)]
+    eng.prefill_only(seqs, [n - 1 for n in (5, 40, 70)])
+    tok = torch.tensor([s.ids[s.kv] for s in seqs], device=eng.device)
+    sl = torch.tensor([s.slot for s in seqs], device=eng.device)
+    ps = torch.tensor([s.kv for s in seqs], device=eng.device)
+    with torch.no_grad():
+        want = decode_torch(eng.weights, eng.cache, tok, sl, ps)
+        got = decode_triton(eng.weights, eng.cache, tok, sl, ps, 2)
+    assert (got - want).abs().max().item() < 1e-3
