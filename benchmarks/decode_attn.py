@@ -91,7 +91,11 @@ def run_shape(
     nsplit_v1 = _engine_nsplit(B, hkv, cap, sms)
     rows = []
     for version, cfg in configs:
-        label = "v1" if version == "v1" else f"v2 {_cfg_text(cfg or K.default_config(B, hkv, cap, sms))}"
+        label = (
+            "v1"
+            if version == "v1"
+            else f"v2 {_cfg_text(cfg or K.default_config(B, hkv, H // hkv, cap, sms))}"
+        )
 
         def step(version: str = version, cfg: Any = cfg) -> None:
             for layer in range(layers):

@@ -227,12 +227,14 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def default_config(rows: int, kv_heads: int, capacity: int, sms: int) -> AttnConfig:
-    """Chunks short enough for ~24 programs an SM (several waves of ~6 resident programs each, so the last
-    partial wave is a small share of the step), never below 128 tokens (two tiles: the merge's traffic
-    and the per-program start stay small); no split when the capacity fits one chunk."""
+def default_config(rows: int, kv_heads: int, group: int, capacity: int, sms: int) -> AttnConfig:
+    """Chunks short enough for ~24 programs an SM (several waves of ~6 resident programs, so the last
+    partial wave is a small share of the step); no split when one chunk covers the capacity. Each chunk
+    writes ``group`` fp32 partial rows that the merge reads back: 2·group/chunk of the K/V traffic, so
+    once the rows alone fill the SMs chunks stay >= 64·group tokens (<= ~3% extra); 128 below that."""
+    floor = 128 if rows * kv_heads < sms else max(128, triton.next_power_of_2(64 * group))
     chunk = 1024
-    while chunk > 128 and rows * kv_heads * math.ceil(capacity / chunk) < 24 * sms:
+    while chunk > floor and rows * kv_heads * math.ceil(capacity / chunk) < 24 * sms:
         chunk //= 2
     return AttnConfig(bt=64, chunk=0 if chunk >= capacity else chunk, warps=4, stages=3)
 
@@ -336,7 +338,7 @@ def decode_attention_v2(
     if config is None:
         env = os.environ.get("TOOLGYM_DECODE_ATTN_CFG")
         sms = _sm_count(q.device.index or 0) if q.is_cuda else 132
-        config = AttnConfig.parse(env) if env else default_config(B, hkv, capacity, sms)
+        config = AttnConfig.parse(env) if env else default_config(B, hkv, G, capacity, sms)
     bt, chunk = config.bt, config.chunk
     split = 0 < chunk < capacity
     if not split:

@@ -71,10 +71,11 @@ def test_v1_matches_torch(nsplit: int) -> None:
 
 def test_default_config_splits_large_batches() -> None:
     # B=256 x 3 KV heads on 132 SMs: 768 whole-row programs would leave a partial last wave
-    big = K.default_config(256, 3, 1096, 132)
-    assert 0 < big.chunk < 1096 and big.chunk % big.bt == 0
-    assert K.default_config(1, 3, 1096, 132).chunk == 128
-    assert K.default_config(4096, 8, 1000, 132).chunk == 0  # one chunk covers the capacity
+    big = K.default_config(256, 3, 3, 1096, 132)
+    assert big.chunk == 256 and big.chunk % big.bt == 0
+    assert K.default_config(256, 2, 7, 1096, 132).chunk == 512  # the merge's traffic: 2 * 7 / 512
+    assert K.default_config(1, 3, 3, 1096, 132).chunk == 128  # few rows: parallelism first
+    assert K.default_config(4096, 8, 3, 1000, 132).chunk == 0  # one chunk covers the capacity
     assert K.AttnConfig.parse("bt=128,chunk=512,warps=8") == K.AttnConfig(
         bt=128, chunk=512, warps=8, stages=3
     )
