@@ -18,6 +18,8 @@
 #                                                       format penalty from the narrow warm start, a's seed 2
 #   bash benchmarks/gpu_proofs.sh b2 SECONDS            (after stage) issue 18 b: lr 2e-5, temperature 0.8, refill
 #                                                       without the penalty; 128-episode evaluations, saved
+#   bash benchmarks/gpu_proofs.sh b3 SECONDS            (after stage) issue 18 b: a chain example in parentheses, or
+#                                                       one operation a call (the b2 misses: chains written flat)
 #   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) issue 18 c from a 2-3 operation warm start
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
@@ -157,6 +159,22 @@ elif [ "$mode" = b2 ]; then  # (after stage; resumable) issue 18 b, second round
     train 0 b_refill_nopen $refill --init "$runs/sft" --lr 1e-5 "${ev[@]}" \
       --env-kwargs "$(env_kwargs $refill format_penalty=0.0)" &
     wait ) & pids+=($!)
+elif [ "$mode" = b3 ]; then  # (after stage) issue 18 b, third round: the b2 evaluations showed ~half the
+  # held-out misses are chains written flat ("472 + 729 * 327" for (472 + 729) * 327; never a parenthesis):
+  # a worked example in parentheses (example=chain), or one operation a call (ops_per_call=1), warm start to match
+  export ENGINE_MEMORY=${ENGINE_MEMORY:-0.1}
+  alone=trainers/configs/learning_rl_alone.yaml refill=trainers/configs/learning_rl_refill.yaml
+  sftc=trainers/configs/learning_sft.yaml
+  ev=(--save-evals --eval-episodes 128)
+  ( sft 0 sft_chain $sftc --env-kwargs "$(env_kwargs $sftc example=chain)"
+    train 0 b_chain $alone --init "$runs/sft_chain" --lr 2e-5 "${ev[@]}" \
+      --env-kwargs "$(env_kwargs $alone example=chain)" &
+    train 0 b_chain_refill $refill --init "$runs/sft_chain" --lr 1e-5 "${ev[@]}" \
+      --env-kwargs "$(env_kwargs $refill format_penalty=0.0 example=chain)" &
+    wait ) & pids+=($!)
+  ( sft 0 sft_opc1 $sftc --env-kwargs "$(env_kwargs $sftc ops_per_call=1)"
+    train 0 b_opc1 $alone --init "$runs/sft_opc1" --lr 2e-5 "${ev[@]}" \
+      --env-kwargs "$(env_kwargs $alone ops_per_call=1)" ) & pids+=($!)
 elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
   n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }
   base=trainers/configs/learning_rl_alone.yaml

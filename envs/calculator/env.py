@@ -61,6 +61,12 @@ def _draw(rng: Any, choices: tuple[int, ...]) -> int:
     return choices[int(rng.integers(len(choices)))] if len(choices) > 1 else choices[0]
 
 
+EXAMPLES = (
+    "single",
+    "chain",
+)  # the worked example of the text prompt: one operation, or a chain in parentheses
+
+
 class CalculatorEnv(ToolEnv):
     """Arithmetic word problems solved with a calculator tool.
 
@@ -105,7 +111,9 @@ class CalculatorEnv(ToolEnv):
     ``digits`` (2; an int or a list), ``num_ops`` (1; an int or a list), ``split`` ("all", "train" or
     "test"), ``max_turns`` (4), ``tool_bonus`` (0.0), ``tool_bonus_cap`` (0.2), ``ops_per_call`` (0: no limit),
     ``format_penalty`` (-0.1), ``prompt_format`` ("tools" or "text"; "text" also shows a worked example),
-    ``action_format`` ("hermes" or "tags"), ``lenient_answers`` (False: when True, "Answer: N", a boxed N or
+    ``action_format`` ("hermes" or "tags"), ``example`` ("single": the text prompt's worked example is one
+    operation; "chain": a two-step chain written with parentheses, ``(12 + 5) * 3``, which shows that the
+    calculator keeps the usual order of operations), ``lenient_answers`` (False: when True, "Answer: N", a boxed N or
     "the answer is N" also end the episode, for small models that have not learned the tags yet).
 
     ## Version History
@@ -130,8 +138,12 @@ class CalculatorEnv(ToolEnv):
         tool_bonus: float = 0.0,
         tool_bonus_cap: float = 0.2,
         ops_per_call: int = 0,
+        example: str = "single",
         **kwargs: Any,
     ) -> None:
+        if example not in EXAMPLES:
+            raise ConfigError(f"example must be one of {EXAMPLES}, got {example!r}")
+        self.example_kind = example
         self.digit_choices = as_choices(digits, "digits", 1, 12)
         self.op_choices = as_choices(num_ops, "num_ops", 1, 8)
         if split not in SPLITS:
@@ -161,6 +173,12 @@ class CalculatorEnv(ToolEnv):
                 "user: Ada has 12 packs of 7 pens. Then she gets 5 more. How many pens does she have now?\n"
                 f"assistant: {call('12 * 7')}\ntool: 84\nassistant: {call('84 + 5')}\ntool: 89\n"
                 "assistant: <answer>89</answer>"
+            )
+        if self.example_kind == "chain":  # the order of a chain's steps kept with parentheses
+            return (
+                "user: Ada has 12 pens. Then she gets 5 more. Then the pile grows to 3 times its size. "
+                "How many pens does she have now?\n"
+                f"assistant: {call('(12 + 5) * 3')}\ntool: 51\nassistant: <answer>51</answer>"
             )
         return (
             "user: A bag holds 12 packs of 7 pens. How many pens are in the bag?\n"

@@ -328,3 +328,20 @@ def test_chain_expert_makes_one_call_per_operation() -> None:
 def test_ops_per_call_is_validated() -> None:
     with pytest.raises(ConfigError, match="ops_per_call"):
         gym.make("toolgym/Calculator-v0", ops_per_call=-1)
+
+
+def test_chain_example_keeps_the_order_of_operations() -> None:
+    """``example="chain"``: the text prompt's worked example is a chain in parentheses, and it is right."""
+    import gymnasium as gym
+    import pytest
+
+    from toolgym.errors import ConfigError
+
+    env = gym.make("toolgym/Calculator-v0", prompt_format="text", action_format="tags", example="chain")
+    prompt = env.unwrapped.system_prompt()
+    assert "<calculator>(12 + 5) * 3</calculator>\ntool: 51\nassistant: <answer>51</answer>" in prompt
+    assert (12 + 5) * 3 == 51
+    default = gym.make("toolgym/Calculator-v0", prompt_format="text", action_format="tags")
+    assert "<calculator>12 * 7</calculator>" in default.unwrapped.system_prompt()  # unchanged default
+    with pytest.raises(ConfigError, match="example must be one of"):
+        gym.make("toolgym/Calculator-v0", example="many")
