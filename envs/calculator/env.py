@@ -61,10 +61,8 @@ def _draw(rng: Any, choices: tuple[int, ...]) -> int:
     return choices[int(rng.integers(len(choices)))] if len(choices) > 1 else choices[0]
 
 
-EXAMPLES = (
-    "single",
-    "chain",
-)  # the worked example of the text prompt: one operation, or a chain in parentheses
+# the worked example of the text prompt: one operation, or a chain in parentheses
+EXAMPLES = ("single", "chain")
 
 
 class CalculatorEnv(ToolEnv):
