@@ -20,9 +20,12 @@
 #                                                       without the penalty; 128-episode evaluations, saved
 #   bash benchmarks/gpu_proofs.sh b3 SECONDS            (after stage) issue 18 b: a chain example in parentheses, or
 #                                                       one operation a call (the b2 misses: chains written flat)
+#   bash benchmarks/gpu_proofs.sh b4 SECONDS            (after stage) issue 18 b: a two-operation warm start (chains
+#                                                       in parentheses), then RL on 1-2 operations, three recipes
 #   bash benchmarks/gpu_proofs.sh kernel SECONDS        (no stage; carry .parts18b) decode attention v1 vs v2, then
 #                                                       trl_speed (fast_compile, fast)
-#   bash benchmarks/gpu_proofs.sh update SECONDS        (no stage) update.py on the 0.5B shape (VARIANTS, ROWS env)
+#   bash benchmarks/gpu_proofs.sh update SECONDS        (no stage) update.py on the 0.5B shape (VARIANTS, ROWS env;
+#                                                       PROFILE=1: a profiled update a variant)
 #   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) issue 18 c from a 2-3 operation warm start
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
@@ -179,6 +182,19 @@ elif [ "$mode" = b3 ]; then  # (after stage) issue 18 b, third round: the b2 eva
   ( sft 0 sft_opc1 $sftc --env-kwargs "$(env_kwargs $sftc ops_per_call=1)"
     train 0 b_opc1 $alone --init "$runs/sft_opc1" --lr 2e-5 "${ev[@]}" \
       --env-kwargs "$(env_kwargs $alone ops_per_call=1)" ) & pids+=($!)
+elif [ "$mode" = b4 ]; then  # (after stage; resumable) issue 18 b, fourth round: the warm start's one operation
+  # count is two, whose expert writes each chain as one call in parentheses ((a + b) * c: the structure b-b3's
+  # one-operation warm starts never sampled); 200 episodes, train templates; RL on 1-2 operations as before
+  export ENGINE_MEMORY=${ENGINE_MEMORY:-0.1}
+  alone=trainers/configs/learning_rl_alone.yaml refill=trainers/configs/learning_rl_refill.yaml
+  sftc=trainers/configs/learning_sft.yaml
+  ev=(--save-evals --eval-episodes 128)
+  ( sft 0 sft_2op $sftc --env-kwargs "$(env_kwargs $sftc num_ops=2)"
+    train 0 b2op $alone --init "$runs/sft_2op" "${ev[@]}" &
+    train 0 b2op_lr2 $alone --init "$runs/sft_2op" --lr 2e-5 "${ev[@]}" &
+    train 0 b2op_refill $refill --init "$runs/sft_2op" --lr 1e-5 "${ev[@]}" \
+      --env-kwargs "$(env_kwargs $refill format_penalty=0.0)" &
+    wait ) & pids+=($!)
 elif [ "$mode" = kernel ]; then  # (no stage) issue 12: decode attention v1 vs v2 (tests, alone, in generation.py),
   # then the GRPO step against TRL with its warm-up; everything alone on GPU 0 and every core
   ( export CUDA_VISIBLE_DEVICES=0; cores="0-$(( $(nproc) - 1 ))"
@@ -199,7 +215,8 @@ elif [ "$mode" = kernel ]; then  # (no stage) issue 12: decode attention v1 vs v
 elif [ "$mode" = update ]; then  # (no stage) issue 12's update MFU: VARIANTS (env) on ROWS rows, 0.5B shape
   ( export CUDA_VISIBLE_DEVICES=0
     timeout "$(( $(left) - 15 ))" python3 benchmarks/update.py --models qwen2.5-0.5b --no-fit --rows "${ROWS:-64}" \
-      --variants "${VARIANTS:-packed_compile:16,packed_compile:32}" --out "$out/update" > "$out/update.log" 2>&1
+      --variants "${VARIANTS:-packed_compile:16,packed_compile:32}" ${PROFILE:+--profile} --out "$out/update" \
+      > "$out/update.log" 2>&1
     echo "update rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt" ) & pids+=($!)
 elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
   n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }

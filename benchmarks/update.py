@@ -7,6 +7,7 @@ the trainer runs.
     python benchmarks/update.py [--models smollm2-135m,qwen2.5-0.5b] [--rows 32] [--max-len 1024]
         [--variants eager_padded:8,packed:8,packed:16,packed_compile:16] [--out benchmarks/results/update]
     python benchmarks/update.py --smoke      # tiny shape on CPU: checks the script runs (numbers mean nothing)
+    python benchmarks/update.py --profile ...  # also one profiled update a variant: OUT_profile_VARIANT_ROWS.md
 
 The update is the trainer's with ``epochs=1, minibatches=2, kl_coef=0.01`` (so the old-logprob pass and
 the reference pass both run, and two optimizer steps), ``micro_batch_rows`` = the number after the colon.
@@ -25,6 +26,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +64,14 @@ def config(variant: str, micro: int, device: str, **kw: Any) -> Any:
     fields: dict[str, Any] = dict(
         env_ids=["toolgym/Calculator-v0"], device=device, epochs=1, minibatches=2, micro_batch_rows=micro,
         kl_coef=0.01, lr=1e-6, progress=False, tensorboard=False, filter_zero_variance=False,
-        packing=packing, compile=variant.endswith("compile"),
+        packing=packing, compile="compile" in variant,
     )  # fmt: skip
     return GRPOConfig(**(fields | kw))
 
 
 def measure(
     name: str, variant: str, batch: TrainBatch, micro: int, repeats: int, checkpointing: bool = False,
-    **kw: Any,
+    profile: Path | None = None, **kw: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """The trainer's update step (grpo.optimize) on `batch`, as `toolgym train` sets it up."""
     from toolgym.trainers.grpo import optimize
@@ -88,7 +90,9 @@ def measure(
         model.enable_input_require_grads()
     ref = Reference(model) if cfg.kl_coef > 0 else None
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
-    fwd = update_forward(use_packing(cfg.packing, model, device), cfg.logprob_chunk)
+    # packed_compile: the trainer's compiled update (layers + chunk scorer); packed_compile_layers: layers only
+    score = cfg.compile and cuda and variant != "packed_compile_layers"
+    fwd = update_forward(use_packing(cfg.packing, model, device), cfg.logprob_chunk, compiled=score)
     if cfg.compile and cuda:
         compile_decoder(model)
     n_params = sum(p.numel() for p in model.parameters())
@@ -110,6 +114,13 @@ def measure(
             optimize(cfg, 2 + step, b, model, model, opt, ref=ref, fwd=fwd)
             sync()
             best = min(best, time.perf_counter() - t0)
+        if profile is not None:
+            try:  # a profiler failure costs the profile, not the measurement
+                profile_step(
+                    profile, partial(optimize, cfg, 99, b, model, model, opt, ref=ref, fwd=fwd), sync
+                )
+            except Exception as exc:
+                print(f"profile failed: {type(exc).__name__}: {exc}", flush=True)
     except torch.OutOfMemoryError as exc:
         peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0
         return {"oom": True, "error": str(exc)[:200], "peak_gb": peak}
@@ -120,6 +131,48 @@ def measure(
         "mfu": 10 * n_params * tokens / best / PEAK,
         "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0,
     }  # fmt: skip
+
+
+def kernel_kind(name: str) -> str:
+    """A CUDA kernel's family, for the profile's summary (by the names cuBLAS, FlashAttention and Inductor use)."""
+    n = name.lower()
+    for kind, keys in (
+        ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "matmul")),
+        ("attention", ("flash", "fmha", "attention", "efficient")),
+        ("optimizer", ("adam", "multi_tensor", "foreach", "l2norm")),
+        ("inductor (fused)", ("triton_",)),
+        ("copy / cast", ("copy", "cast", "convert", "fill")),
+        ("index / scatter", ("index", "scatter", "gather")),
+        ("reduction", ("reduce", "softmax", "logsumexp", "norm")),
+    ):
+        if any(k in n for k in keys):
+            return kind
+    return "other elementwise"
+
+
+def profile_step(path: Path, step: Any, sync: Any) -> None:
+    """One update under torch.profiler: the top CUDA kernels and each family's share, as markdown at `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        sync()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    total = sum(e.self_device_time_total for e in events) or 1.0
+    kinds: dict[str, float] = {}
+    for e in events:
+        kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + e.self_device_time_total
+    lines = [f"# update profile: {path.stem}", "", f"GPU kernel time {total / 1e3:.1f} ms in one update", "",
+             "| family | ms | share |", "|---|---:|---:|"]  # fmt: skip
+    lines += [
+        f"| {k} | {v / 1e3:.1f} | {v / total:.1%} |" for k, v in sorted(kinds.items(), key=lambda x: -x[1])
+    ]
+    lines += ["", "| kernel | calls | ms | share |", "|---|---:|---:|---:|"]
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:40]:
+        lines.append(f"| `{e.key[:110]}` | {e.count} | {e.self_device_time_total / 1e3:.1f} "
+                     f"| {e.self_device_time_total / total:.1%} |")  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:16]), flush=True)
 
 
 def guarded(fn: Any, *args: Any, **kw: Any) -> dict[str, Any]:
@@ -139,9 +192,12 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="eager_padded:8,packed:8,packed:16,packed_compile:16",
-        help="VARIANT:MICRO_BATCH_ROWS, VARIANT in eager_padded | packed | packed_compile",
+        help="VARIANT:MICRO_BATCH_ROWS, VARIANT in eager_padded | packed | packed_compile | packed_compile_layers",
     )
     ap.add_argument("--no-fit", action="store_true", help="skip the 0.5B 32x1024 fit check")
+    ap.add_argument(
+        "--profile", action="store_true", help="profile one update of each variant (OUT_profile_*.md)"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny shape, few rows, on CPU: checks the script")
     ap.add_argument("--out", default="benchmarks/results/update")
     args = ap.parse_args()
@@ -165,15 +221,16 @@ def main() -> None:
         out.with_suffix(".json").write_text(json.dumps(res, indent=2))
 
     specs = [s.partition(":") for s in args.variants.split(",")]
-    eager = [(v, m) for v, _, m in specs if not v.endswith("compile")]
-    compiled = [(v, m) for v, _, m in specs if v.endswith("compile")]  # last: compiling takes a while
+    eager = [(v, m) for v, _, m in specs if "compile" not in v]
+    compiled = [(v, m) for v, _, m in specs if "compile" in v]  # last: compiling takes a while
 
     def run(todo: list[tuple[str, str]]) -> None:
         for name in args.models.split(","):
             batch = rows(args.rows, args.max_len, SHAPES[name]["vocab_size"], full=False)
             for variant, micro in todo:
                 r = {"model": name, "variant": variant}
-                r |= guarded(measure, name, variant, batch, int(micro or 8), args.repeats)
+                prof = out.with_name(f"{out.name}_profile_{variant}_{micro}.md") if args.profile else None
+                r |= guarded(measure, name, variant, batch, int(micro or 8), args.repeats, profile=prof)
                 print(json.dumps(r), flush=True)
                 res["rows"].append(r)
                 save()

@@ -210,8 +210,9 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     trainer = dist.wrap(model, device)  # DDP under torchrun: averages gradients over ranks
     # the update's forward: packed rows + chunked logprobs (trainers/packing.py), or the padded one
     packed = use_packing(cfg.packing, trainer, device, quiet=not dist.main)
-    fwd = update_forward(packed, cfg.logprob_chunk, use_share(cfg.share_prefix, packed, device))
-    if use_compile(cfg.compile, packed, device):
+    compiled = use_compile(cfg.compile, packed, device)
+    fwd = update_forward(packed, cfg.logprob_chunk, use_share(cfg.share_prefix, packed, device), compiled)
+    if compiled:
         compile_decoder(model)
     log = (
         RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None) if dist.main else None
