@@ -117,11 +117,20 @@ def final_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Te
     return values.gather(1, n[:, None]).squeeze(1)
 
 
-def micro_batches(n_rows: int, size: int, order: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Row indices in chunks of `size` (in `order` when given).
+def micro_batches(
+    n_rows: int, size: int, order: torch.Tensor | None = None, lengths: list[int] | None = None
+) -> list[torch.Tensor]:
+    """Row indices in chunks of `size` (in `order` when given). With each row's token count (`lengths`), the
+    rows are sorted longest first before chunking, so that a chunk's rows have similar lengths: its padded
+    width (attention, the padded path) then wastes little. Only the grouping changes: a minibatch's gradient
+    is the sum over its micro-batches, whichever rows each holds.
 
     >>> [t.tolist() for t in micro_batches(5, 2)]
     [[0, 1], [2, 3], [4]]
+    >>> [t.tolist() for t in micro_batches(4, 2, lengths=[3, 9, 1, 8])]
+    [[1, 3], [0, 2]]
     """
     idx = order if order is not None else torch.arange(n_rows)
+    if lengths is not None:
+        idx = idx[torch.tensor([lengths[i] for i in idx.tolist()]).argsort(descending=True, stable=True)]
     return [idx[i : i + size] for i in range(0, n_rows, size)]

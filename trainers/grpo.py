@@ -212,8 +212,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     packed = use_packing(cfg.packing, trainer, device, quiet=not dist.main)
     compiled = use_compile(cfg.compile, packed, device)
     fwd = update_forward(packed, cfg.logprob_chunk, use_share(cfg.share_prefix, packed, device), compiled)
-    if compiled:
-        compile_decoder(model)
+    if compiled:  # the policy's layers and the frozen reference's (its pass is a fifth of the update's FLOPs)
+        compile_decoder(model, ref.frozen if ref is not None else None)
     log = (
         RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None) if dist.main else None
     )
@@ -351,7 +351,7 @@ def optimize(
     row_len: list[int] = batch.attention_mask.sum(1).tolist()  # [B]
     metrics: dict[str, float] = {}
     multi = cfg.epochs * cfg.minibatches > 1
-    old = _old_logprobs(model, batch, cfg, device, fwd) if multi else None
+    old = _old_logprobs(model, batch, cfg, device, fwd, row_len) if multi else None
     model.train()
     stats = StatLog()  # the loss stats stay on the device until each optimizer step ends
     seeds.start_step(step)
@@ -362,7 +362,7 @@ def optimize(
         order = torch.randperm(n_rows, generator=g) if cfg.minibatches > 1 else torch.arange(n_rows)
         per_mb = -(-n_rows // cfg.minibatches)
         for mb_rows in micro_batches(n_rows, per_mb, order):
-            chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows)
+            chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len)
             denom = dist.sum(sum(denominator(mask_cpu[i], loss_cfg) for i in chunks))  # all ranks
             if denom == 0:
                 continue  # nothing to learn from these rows (every group was filtered out)
@@ -452,8 +452,9 @@ def _kl_into_rewards(
 
 
 def _old_logprobs(
-    model: Any, batch: Any, cfg: RunConfig, device: torch.device, fwd: Forward = forward
-) -> torch.Tensor:
+    model: Any, batch: Any, cfg: RunConfig, device: torch.device, fwd: Forward = forward,
+    lengths: list[int] | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Logprobs of the policy that sampled the batch, [B, T], in eval mode (no dropout), before any update."""
 
     B, T = batch.input_ids.shape
@@ -461,8 +462,8 @@ def _old_logprobs(
     was_training = model.training
     model.eval()
     with torch.no_grad(), autocast(device, cfg.bf16):
-        for idx in micro_batches(B, cfg.micro_batch_rows):
-            mb = batch.select(idx)
+        for idx in micro_batches(B, cfg.micro_batch_rows, lengths=lengths):
+            mb = batch.select(idx, max(lengths[i] for i in idx.tolist()) if lengths else None)
             out[idx, : mb.input_ids.shape[1]] = fwd(model, mb, cfg.temperature)[0].float()
     model.train(was_training)
     return out

@@ -242,11 +242,15 @@ def use_packing(setting: str, model: Any, device: torch.device, quiet: bool = Fa
     return want
 
 
-def compile_decoder(model: Any) -> None:
-    """``torch.compile`` every decoder layer (shapes are dynamic: packed lengths change every micro-batch)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    for layer in base.get_decoder().layers:
-        layer.compile(dynamic=True)
+def compile_decoder(*models: Any) -> None:
+    """``torch.compile`` every decoder layer of each model given (None skipped; shapes are dynamic: packed
+    lengths change every micro-batch)."""
+    for model in models:
+        if model is None:
+            continue
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        for layer in base.get_decoder().layers:
+            layer.compile(dynamic=True)
 
 
 def use_compile(setting: str, packing: bool, device: torch.device) -> bool:

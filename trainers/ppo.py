@@ -168,7 +168,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
             order = torch.randperm(len(rows), generator=g)
             per_mb = -(-len(rows) // cfg.minibatches)
             for mb_rows in micro_batches(len(rows), per_mb, order):
-                chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows)
+                chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len)
                 denom = sum(denominator(mask_cpu[i], loss_cfg) for i in chunks)
                 if denom == 0:
                     continue
