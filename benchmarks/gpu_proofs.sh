@@ -22,6 +22,8 @@
 #                                                       one operation a call (the b2 misses: chains written flat)
 #   bash benchmarks/gpu_proofs.sh b4 SECONDS            (after stage) issue 18 b: a two-operation warm start (chains
 #                                                       in parentheses), then RL on 1-2 operations, three recipes
+#   bash benchmarks/gpu_proofs.sh b5 SECONDS            (after stage) update.py alone (ROWS, VARIANTS), then b's
+#                                                       recipe on seeds 2 and 3
 #   bash benchmarks/gpu_proofs.sh kernel SECONDS        (no stage; carry .parts18b) decode attention v1 vs v2, then
 #                                                       trl_speed (fast_compile, fast)
 #   bash benchmarks/gpu_proofs.sh update SECONDS        (no stage) update.py on the 0.5B shape (VARIANTS, ROWS env;
@@ -194,6 +196,18 @@ elif [ "$mode" = b4 ]; then  # (after stage; resumable) issue 18 b, fourth round
     train 0 b2op_lr2 $alone --init "$runs/sft_2op" --lr 2e-5 "${ev[@]}" &
     train 0 b2op_refill $refill --init "$runs/sft_2op" --lr 1e-5 "${ev[@]}" \
       --env-kwargs "$(env_kwargs $refill format_penalty=0.0)" &
+    wait ) & pids+=($!)
+elif [ "$mode" = b5 ]; then  # (after stage) update.py alone first (issue 12, profiled), then b's recipe
+  # (learning_sft_2op.yaml, learning_rl_b.yaml) on seeds 2 and 3 sharing the GPU
+  ( export CUDA_VISIBLE_DEVICES=0
+    timeout "${UPDATE_SECONDS:-200}" python3 benchmarks/update.py --models qwen2.5-0.5b --no-fit --rows "${ROWS:-64}" \
+      --variants "${VARIANTS:-packed_compile:32}" --profile --out "$out/update" > "$out/update.log" 2>&1
+    echo "update rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
+    export ENGINE_MEMORY=${ENGINE_MEMORY:-0.15}
+    sft 0 sft_2op trainers/configs/learning_sft_2op.yaml
+    for s in 2 3; do
+      train 0 "b_s$s" trainers/configs/learning_rl_b.yaml --init "$runs/sft_2op" --seed "$s" &
+    done
     wait ) & pids+=($!)
 elif [ "$mode" = kernel ]; then  # (no stage) issue 12: decode attention v1 vs v2 (tests, alone, in generation.py),
   # then the GRPO step against TRL with its warm-up; everything alone on GPU 0 and every core
