@@ -200,7 +200,9 @@ elif [ "$mode" = b4 ]; then  # (after stage; resumable) issue 18 b, fourth round
 elif [ "$mode" = b5 ]; then  # (after stage) update.py alone first (issue 12, profiled), then b's recipe
   # (learning_sft_2op.yaml, learning_rl_b.yaml) on seeds 2 and 3 sharing the GPU
   ( export CUDA_VISIBLE_DEVICES=0
-    timeout "${UPDATE_SECONDS:-200}" python3 benchmarks/update.py --models qwen2.5-0.5b --no-fit --rows "${ROWS:-64}" \
+    # DEFAULT_ALLOC=1: the caching allocator's defaults (no expandable segments) for update.py, alone on the GPU
+    timeout "${UPDATE_SECONDS:-200}" env ${DEFAULT_ALLOC:+-u PYTORCH_CUDA_ALLOC_CONF} \
+      python3 benchmarks/update.py --models qwen2.5-0.5b --no-fit --rows "${ROWS:-64}" \
       --variants "${VARIANTS:-packed_compile:32}" --profile --out "$out/update" > "$out/update.log" 2>&1
     echo "update rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
     export ENGINE_MEMORY=${ENGINE_MEMORY:-0.15}
