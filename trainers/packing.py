@@ -153,61 +153,15 @@ def _score(
     return logp, h_ent
 
 
-def _reduce(logits: torch.Tensor, tgt: torch.Tensor, temp: float, ent: bool) -> tuple[torch.Tensor, ...]:
-    """(logp [c], logsumexp [c], entropy [c] or empty) of one chunk's logits [c, V], without gradients."""
-    z = logits.float() / temp
-    lse = torch.logsumexp(z, -1)
-    logp = z.gather(-1, tgt[:, None]).squeeze(-1) - lse
-    h_ent = lse - (torch.softmax(z, -1) * z).sum(-1) if ent else logp.new_zeros(0)
-    return logp, lse, h_ent
+_compiled_score: Any = None
 
 
-def _logits_grad(
-    logits: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, temp: float
-) -> torch.Tensor:
-    """d(sum_i g_i logp_i)/d logits = g (onehot(tgt) - softmax(logits / temp)) / temp, in the logits' dtype."""
-    p = torch.exp(logits.float() / temp - lse[:, None])
-    onehot = torch.zeros_like(p).scatter_(-1, tgt[:, None], 1.0)
-    return ((onehot - p) * (g / temp)[:, None]).to(logits.dtype)
-
-
-class _ChunkLogprob(torch.autograd.Function):
-    """One chunk's logprobs (and entropies, no gradient) whose backward recomputes only the LM head's matmul
-    and one fused elementwise pass: checkpointing ``_score`` instead re-ran its whole forward (logsumexp,
-    entropy) before its backward. Keeps logsumexp [c], never the [c, V] logits."""
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda")
-    def forward(  # type: ignore[override]
-        ctx: Any, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, tgt: torch.Tensor, temp: float,
-        ent: bool, compiled: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        reduce = _compiled(_reduce) if compiled else _reduce
-        logp, lse, h_ent = reduce(F.linear(h, w, b), tgt, temp, ent)
-        ctx.save_for_backward(h, w, b, tgt, lse)
-        ctx.temp, ctx.compiled = temp, compiled
-        return logp, h_ent
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
-    def backward(ctx: Any, g_logp: torch.Tensor, _g_ent: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        h, w, b, tgt, lse = ctx.saved_tensors
-        grad = _compiled(_logits_grad) if ctx.compiled else _logits_grad
-        g = grad(F.linear(h, w, b), tgt, lse, g_logp, ctx.temp)  # [c, V]
-        g_h = (g @ w.to(g.dtype)).to(h.dtype) if ctx.needs_input_grad[0] else None
-        g_w = (g.t() @ h.to(g.dtype)).to(w.dtype) if ctx.needs_input_grad[1] else None
-        g_b = g.sum(0).to(b.dtype) if b is not None and ctx.needs_input_grad[2] else None
-        return g_h, g_w, g_b, None, None, None, None
-
-
-_compiled_fns: dict[Any, Any] = {}
-
-
-def _compiled(fn: Any) -> Any:
-    """``fn`` under ``torch.compile`` (dynamic chunk length), built once a process."""
-    if fn not in _compiled_fns:
-        _compiled_fns[fn] = torch.compile(fn, dynamic=True)
-    return _compiled_fns[fn]
+def compiled_score() -> Any:
+    """``_score`` under ``torch.compile`` (dynamic chunk length), built once a process."""
+    global _compiled_score
+    if _compiled_score is None:
+        _compiled_score = torch.compile(_score, dynamic=True)
+    return _compiled_score
 
 
 def packed_forward(
@@ -223,7 +177,7 @@ def packed_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
     """(logprobs [B, T], entropy [B, T] or None, None) like ``batch.forward``, on the loss-mask tokens.
     ``share``: run each shared prefix once (``prefix_share``; our attention only, else ignored).
-    ``compiled``: the chunk scorer runs compiled (``torch.compile``)."""
+    ``compiled``: the chunk scorer runs compiled (``compiled_score``)."""
     if value_head is not None:
         raise ValueError("packed_forward has no value head: use toolgym.trainers.batch.forward")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -259,16 +213,11 @@ def packed_forward(
     temp = temperature if temperature > 0 else 1.0
     w, b = head.weight, getattr(head, "bias", None)
     grad = torch.is_grad_enabled()
-    score = _compiled(_score) if compiled else _score
+    score = compiled_score() if compiled else _score
     lps, ents = [], []
     for i in range(0, len(tgt), chunk):
         args = (src[i : i + chunk], w, b, tgt[i : i + chunk], temp, entropy, entropy_grad)
-        if grad and not entropy_grad:  # the entropy is only read: a custom backward for the logprobs
-            lp, en = _ChunkLogprob.apply(*args[:6], compiled)
-        elif grad:  # the entropy's gradient too: autograd through a recomputed _score
-            lp, en = checkpoint(score, *args, use_reentrant=False)
-        else:
-            lp, en = score(*args)
+        lp, en = checkpoint(score, *args, use_reentrant=False) if grad else score(*args)
         lps.append(lp)
         ents.append(en)
     logp = torch.zeros((B, T), device=hidden.device, dtype=torch.float32)
