@@ -16,6 +16,22 @@ import torch
 from toolgym.trainers.tree import Row
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the GPU: a pageable copy to CUDA waits for the work
+    queued before it (the update's micro-batch loop would idle the GPU at every index it moves)."""
+    if device.type == "cuda" and not t.is_cuda:
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+class HostMasks(NamedTuple):
+    """A micro-batch's masks on the host, [b, t] each (``TrainBatch``'s): the packed forward finds its tokens
+    from these instead of a device ``nonzero()``, which waits for the GPU to finish everything queued."""
+
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+
+
 class TrainBatch(NamedTuple):
     """Padded rows. B rows, T = longest row."""
 
@@ -31,6 +47,7 @@ class TrainBatch(NamedTuple):
     def select(self, idx: torch.Tensor, length: int | None = None) -> TrainBatch:
         """The rows `idx` (a micro-batch), trimmed to their longest row: `length` when the caller knows it
         (the update loops read the row lengths once per step; measuring here waits for the GPU)."""
+        idx = to_device(idx, self.input_ids.device)  # one copy, not one per field
         sub = TrainBatch(*(t[idx] for t in self))
         T = length if length is not None else int(sub.attention_mask.sum(1).max()) if len(idx) else 0
         return TrainBatch(*(t[:, :T] if t.dim() == 2 else t for t in sub))
@@ -74,8 +91,10 @@ def forward(
     entropy: bool = False,
     value_head: torch.nn.Module | None = None,
     entropy_grad: bool = False,
+    host: HostMasks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(logprobs [B, T], entropy [B, T] or None, values [B, T + 1] or None), aligned with the tokens.
+    (`host`, the packed forward's host copy of the masks, is not needed here.)
 
     `values[:, t]` is V(first t tokens), the value of the state token t is sampled from; the extra last
     column (and, for a shorter row, the column at its length) is the value after the row's last token:
@@ -132,5 +151,5 @@ def micro_batches(
     """
     idx = order if order is not None else torch.arange(n_rows)
     if lengths is not None:
-        idx = idx[torch.tensor([lengths[i] for i in idx.tolist()]).argsort(descending=True, stable=True)]
+        idx = idx[torch.as_tensor(lengths)[idx].argsort(descending=True, stable=True)]
     return [idx[i : i + size] for i in range(0, n_rows, size)]

@@ -47,7 +47,7 @@ from toolgym.trainers.advantages import (
     masked_whiten,
     token_advantages,
 )
-from toolgym.trainers.batch import TrainBatch, collate, forward, micro_batches
+from toolgym.trainers.batch import HostMasks, TrainBatch, collate, forward, micro_batches, to_device
 from toolgym.trainers.config import (  # the config lives in config.py (no torch); re-exported here
     GRPO_ESTIMATORS,
     GRPOConfig,
@@ -347,11 +347,12 @@ def optimize(
     n_rows = batch.input_ids.shape[0]
     # per-row counts read once: the micro-batch loop then never waits on the GPU for them
     mask_cpu = batch.loss_mask.cpu()  # [B, T]
+    masks = HostMasks(batch.attention_mask.cpu(), mask_cpu)  # packing reads these, not the GPU
     row_mask: list[float] = mask_cpu.sum(1).tolist()  # [B]
     row_len: list[int] = batch.attention_mask.sum(1).tolist()  # [B]
     metrics: dict[str, float] = {}
     multi = cfg.epochs * cfg.minibatches > 1
-    old = _old_logprobs(model, batch, cfg, device, fwd, row_len) if multi else None
+    old = _old_logprobs(model, batch, cfg, device, fwd, row_len, masks) if multi else None
     model.train()
     stats = StatLog()  # the loss stats stay on the device until each optimizer step ends
     seeds.start_step(step)
@@ -372,15 +373,19 @@ def optimize(
                 w = sum(row_mask[r] for r in rows)
                 if w == 0 and dist.world == 1:
                     continue  # (under DDP every rank runs every micro-batch: the last one syncs gradients)
-                mb = batch.select(idx, max(row_len[r] for r in rows))
-                T = mb.input_ids.shape[1]
+                T = max(row_len[r] for r in rows)
+                host = HostMasks(*(m[idx, :T] for m in masks))
+                idx = to_device(idx, device)  # every index below reads it on the device, copied once
+                mb = batch.select(idx, T)
                 sync = dist.no_sync(trainer, sync=i == len(chunks) - 1)
                 with sync, autocast(device, cfg.bf16):
-                    logp, ent, _ = fwd(trainer, mb, cfg.temperature, entropy=True, entropy_grad=ent_grad)
+                    logp, ent, _ = fwd(
+                        trainer, mb, cfg.temperature, entropy=True, entropy_grad=ent_grad, host=host
+                    )
                     ref_logp = None
                     if ref is not None:
                         with torch.no_grad(), ref.active() as ref_model:
-                            ref_logp, _, _ = fwd(ref_model, mb, cfg.temperature)
+                            ref_logp, _, _ = fwd(ref_model, mb, cfg.temperature, host=host)
                 adv = mb.advantages  # [b, t]
                 if cfg.entropy_advantage and ent is not None:
                     adv = entropy_scaled(adv, ent, mb.loss_mask, cfg.entropy_advantage)
@@ -453,7 +458,7 @@ def _kl_into_rewards(
 
 def _old_logprobs(
     model: Any, batch: Any, cfg: RunConfig, device: torch.device, fwd: Forward = forward,
-    lengths: list[int] | None = None,
+    lengths: list[int] | None = None, masks: HostMasks | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Logprobs of the policy that sampled the batch, [B, T], in eval mode (no dropout), before any update."""
 
@@ -463,8 +468,11 @@ def _old_logprobs(
     model.eval()
     with torch.no_grad(), autocast(device, cfg.bf16):
         for idx in micro_batches(B, cfg.micro_batch_rows, lengths=lengths):
-            mb = batch.select(idx, max(lengths[i] for i in idx.tolist()) if lengths else None)
-            out[idx, : mb.input_ids.shape[1]] = fwd(model, mb, cfg.temperature)[0].float()
+            t = max(lengths[i] for i in idx.tolist()) if lengths else None
+            host = HostMasks(*(m[idx, :t] for m in masks)) if masks is not None else None
+            idx = to_device(idx, device)
+            mb = batch.select(idx, t)
+            out[idx, : mb.input_ids.shape[1]] = fwd(model, mb, cfg.temperature, host=host)[0].float()
     model.train(was_training)
     return out
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from toolgym.trainers.batch import TrainBatch, forward
+from toolgym.trainers.batch import HostMasks, TrainBatch, forward, to_device
 from toolgym.trainers.prefix_share import share_layout
 
 ATTN = "toolgym_packed"
@@ -58,12 +58,28 @@ class PackInfo:
     gather: torch.Tensor | None = None
 
 
-def pack(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack(
+    batch: TrainBatch, host: HostMasks | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids [1, N], positions [1, N], row [N], col [N]) of every real token, rows one after another."""
     # rows are right-padded, so the mask's nonzeros in row-major order are the packed tokens and their
-    # columns the positions: one host sync (the token count), where lengths + repeat_interleave took two
-    row, col = batch.attention_mask.nonzero().unbind(1)  # [N], [N]
+    # columns the positions; found on the host copy when given (no wait for the GPU), else one host sync
+    if host is not None:
+        row, col = to_device(host.attention_mask.nonzero(), batch.input_ids.device).unbind(1)  # [N], [N]
+    else:
+        row, col = batch.attention_mask.nonzero().unbind(1)  # [N], [N]
     return batch.input_ids[row, col][None], col[None], row, col
+
+
+def scored_tokens(
+    batch: TrainBatch, row: torch.Tensor, col: torch.Tensor, host: HostMasks | None = None
+) -> torch.Tensor:
+    """[M] packed indices of the tokens the loss reads (a token is scored by the state before it)."""
+    if host is not None:  # the same row-major order as `pack`, on the host
+        hr, hc = host.attention_mask.nonzero().unbind(1)
+        scored = (hc >= 1) & (host.loss_mask[hr, hc] > 0)
+        return to_device(scored.nonzero().squeeze(-1), batch.input_ids.device)
+    return ((col >= 1) & (batch.loss_mask[row, col] > 0)).nonzero().squeeze(-1)
 
 
 def _packed_attention(
@@ -174,10 +190,12 @@ def packed_forward(
     chunk: int = 4096,
     share: bool = False,
     compiled: bool = False,
+    host: HostMasks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
     """(logprobs [B, T], entropy [B, T] or None, None) like ``batch.forward``, on the loss-mask tokens.
     ``share``: run each shared prefix once (``prefix_share``; our attention only, else ignored).
-    ``compiled``: the chunk scorer runs compiled (``compiled_score``)."""
+    ``compiled``: the chunk scorer runs compiled (``compiled_score``). ``host``: the masks on the host, so
+    that packing does not wait for the GPU (the update loop has them)."""
     if value_head is not None:
         raise ValueError("packed_forward has no value head: use toolgym.trainers.batch.forward")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -186,11 +204,10 @@ def packed_forward(
     mode = attention_mode(model)
     layout = share_layout(batch.input_ids, batch.attention_mask) if share and mode == "ours" else None
     if layout is None:
-        ids, pos, row, col = pack(batch)
-        # the scored tokens are found before the decoder runs: their count is the pass's other host sync,
-        # which here waits for nothing (read after the decoder's launches, it waited for its whole forward)
-        scored = (col >= 1) & (batch.loss_mask[row, col] > 0)  # [N] tokens the loss reads
-        k = scored.nonzero().squeeze(-1)  # [M]
+        ids, pos, row, col = pack(batch, host)
+        # the scored tokens are found before the decoder runs: without `host` their count is the pass's
+        # other host sync, which then waits for little (after the decoder's launches, for its whole forward)
+        k = scored_tokens(batch, row, col, host)  # [M]
         src_at, tgt, at = k - 1, ids[0, k], (row[k], col[k])  # token k is scored by the state before it
         info = PackInfo(row * T + col, B, T)
     else:  # owned tokens only; a scored token reads the state before it wherever that was computed
@@ -274,10 +291,10 @@ def update_forward(packing: bool, chunk: int = 4096, share: bool = False, compil
 
     def fwd(
         model: Any, batch: TrainBatch, temperature: float = 1.0, entropy: bool = False,
-        value_head: torch.nn.Module | None = None, entropy_grad: bool = False,
+        value_head: torch.nn.Module | None = None, entropy_grad: bool = False, host: HostMasks | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
         return packed_forward(
-            model, batch, temperature, entropy, value_head, entropy_grad, chunk, share, compiled
+            model, batch, temperature, entropy, value_head, entropy_grad, chunk, share, compiled, host
         )
 
     return fwd
