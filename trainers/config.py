@@ -158,6 +158,10 @@ class RunConfig:
             "help": "GRPO: save every N-th step's rollout trees to rollouts/ for `toolgym view` (0: never)"
         },
     )
+    eval_env_kwargs: dict[str, Any] = field(
+        default_factory=lambda: {},
+        metadata={"help": "gym.make keywords for evaluations on top of env_kwargs, e.g. {split: test}"},
+    )
     save_evals: bool = field(
         default=False,
         metadata={"help": "write each held-out evaluation's episodes to evals/ (`toolgym view` format)"},
@@ -489,10 +493,6 @@ class GRPOConfig(SeedMethodsConfig):
         metadata={
             "help": "DAPO overlong shaping: the reward penalty at max_total_tokens (was overlong_penalty)"
         },
-    )
-    eval_env_kwargs: dict[str, Any] = field(
-        default_factory=lambda: {},
-        metadata={"help": "gym.make keywords for evaluations on top of env_kwargs, e.g. {split: test}"},
     )
     # --- update path (trainers/packing.py)
     packing: Packing = field(

@@ -226,9 +226,8 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
             model.eval()
             with torch.no_grad(), autocast(device, cfg.bf16):
                 saved = (out, step) if cfg.save_evals else None
-                metrics |= evaluate(
-                    policy, cfg.env_ids, cfg.env_kwargs, rollout_cfg, cfg.eval_episodes, saved
-                )
+                eval_kwargs = {**cfg.env_kwargs, **cfg.eval_env_kwargs}  # as GRPO and SFT evaluate
+                metrics |= evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved)
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
             checkpoint.save(out / "checkpoint", modules, optimizer, progress)

@@ -233,3 +233,27 @@ def test_ppo_options_run_one_step(tmp_path: Path, tokenizer: Any, options: dict[
     assert "losses/value" in metrics
     if opts["max_total_tokens"] == 40:
         assert metrics["rollout/truncated_rows"] > 0  # token-budget truncation reaches GAE as truncated
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_evaluations_run_on_eval_env_kwargs(
+    tmp_path: Path, tokenizer: Any, algo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held-out evaluations get env_kwargs with eval_env_kwargs on top (PPO once passed env_kwargs alone, it
+    had no eval_env_kwargs: a `split: test` evaluation was not possible)."""
+    from toolgym.trainers import grpo, ppo
+
+    module: Any = grpo if algo == "grpo" else ppo
+    seen: list[dict[str, Any]] = []
+
+    def spy(policy: Any, env_ids: Any, env_kwargs: dict[str, Any], *args: Any, **kw: Any) -> dict[str, float]:
+        seen.append(dict(env_kwargs))
+        return {}
+
+    monkeypatch.setattr(module, "evaluate", spy)
+    opts = dict(
+        SMALL, env_kwargs={"max_turns": 2, "format_penalty": -0.1}, eval_env_kwargs={"format_penalty": 0.0}
+    )
+    cfg: Any = (GRPOConfig if algo == "grpo" else PPOConfig)(steps=1, output_dir=str(tmp_path), **opts)
+    (train_grpo if algo == "grpo" else train_ppo)(cfg, tiny_model(len(tokenizer)), tokenizer)
+    assert seen and all(kw == {"max_turns": 2, "format_penalty": 0.0} for kw in seen)
