@@ -92,10 +92,10 @@ def measure(
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     # packed_compile: the trainer's compiled update (policy and reference layers, chunk scorer); packed_compile_layers:
     # the policy's layers only (the update before the profile of 2026-11-26)
-    score = cfg.compile and cuda and variant != "packed_compile_layers"
-    fwd = update_forward(use_packing(cfg.packing, model, device), cfg.logprob_chunk, compiled=score)
-    if cfg.compile and cuda:  # as grpo.train does: the policy's layers and the frozen reference's
-        compile_decoder(model, ref.frozen if ref is not None and variant == "packed_compile" else None)
+    whole = cfg.compile and cuda and variant != "packed_compile_layers"  # as grpo.train compiles
+    fwd = update_forward(use_packing(cfg.packing, model, device), cfg.logprob_chunk, compiled=whole)
+    if cfg.compile and cuda:
+        compile_decoder(model, ref.frozen if ref is not None and whole else None)
     n_params = sum(p.numel() for p in model.parameters())
     b = batch.to(device)
     tokens = int(batch.attention_mask.sum())

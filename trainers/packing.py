@@ -30,6 +30,7 @@ gets ``batch.forward``).
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,26 +61,22 @@ class PackInfo:
 
 def pack(
     batch: TrainBatch, host: HostMasks | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids [1, N], positions [1, N], row [N], col [N]) of every real token, rows one after another."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids [1, N], positions [1, N], row [N], col [N], scored [M]) of every real token, rows one after
+    another; ``scored``: the packed indices of the tokens the loss reads (a token is scored by the state
+    before it). With ``host`` (the masks on the host) nothing here waits for the GPU."""
     # rows are right-padded, so the mask's nonzeros in row-major order are the packed tokens and their
-    # columns the positions; found on the host copy when given (no wait for the GPU), else one host sync
+    # columns the positions
     if host is not None:
-        row, col = to_device(host.attention_mask.nonzero(), batch.input_ids.device).unbind(1)  # [N], [N]
-    else:
+        nz = host.attention_mask.nonzero()  # [N, 2]
+        hr, hc = nz.unbind(1)
+        scored = ((hc >= 1) & (host.loss_mask[hr, hc] > 0)).nonzero().squeeze(-1)
+        row, col = to_device(nz, batch.input_ids.device).unbind(1)  # [N], [N]
+        k = to_device(scored, batch.input_ids.device)  # [M]
+    else:  # two host syncs: the token count, and the scored count (before the decoder runs: it waits little)
         row, col = batch.attention_mask.nonzero().unbind(1)  # [N], [N]
-    return batch.input_ids[row, col][None], col[None], row, col
-
-
-def scored_tokens(
-    batch: TrainBatch, row: torch.Tensor, col: torch.Tensor, host: HostMasks | None = None
-) -> torch.Tensor:
-    """[M] packed indices of the tokens the loss reads (a token is scored by the state before it)."""
-    if host is not None:  # the same row-major order as `pack`, on the host
-        hr, hc = host.attention_mask.nonzero().unbind(1)
-        scored = (hc >= 1) & (host.loss_mask[hr, hc] > 0)
-        return to_device(scored.nonzero().squeeze(-1), batch.input_ids.device)
-    return ((col >= 1) & (batch.loss_mask[row, col] > 0)).nonzero().squeeze(-1)
+        k = ((col >= 1) & (batch.loss_mask[row, col] > 0)).nonzero().squeeze(-1)  # [M]
+    return batch.input_ids[row, col][None], col[None], row, col, k
 
 
 def _packed_attention(
@@ -169,15 +166,10 @@ def _score(
     return logp, h_ent
 
 
-_compiled_score: Any = None
-
-
+@functools.cache
 def compiled_score() -> Any:
     """``_score`` under ``torch.compile`` (dynamic chunk length), built once a process."""
-    global _compiled_score
-    if _compiled_score is None:
-        _compiled_score = torch.compile(_score, dynamic=True)
-    return _compiled_score
+    return torch.compile(_score, dynamic=True)
 
 
 def packed_forward(
@@ -204,10 +196,7 @@ def packed_forward(
     mode = attention_mode(model)
     layout = share_layout(batch.input_ids, batch.attention_mask) if share and mode == "ours" else None
     if layout is None:
-        ids, pos, row, col = pack(batch, host)
-        # the scored tokens are found before the decoder runs: without `host` their count is the pass's
-        # other host sync, which then waits for little (after the decoder's launches, for its whole forward)
-        k = scored_tokens(batch, row, col, host)  # [M]
+        ids, pos, row, col, k = pack(batch, host)
         src_at, tgt, at = k - 1, ids[0, k], (row[k], col[k])  # token k is scored by the state before it
         info = PackInfo(row * T + col, B, T)
     else:  # owned tokens only; a scored token reads the state before it wherever that was computed

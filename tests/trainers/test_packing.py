@@ -49,7 +49,7 @@ def batch_of(lens: list[int], seed: int = 0) -> TrainBatch:
 
 def test_pack_lays_rows_end_to_end() -> None:
     b = batch_of([9, 4, 13, 7])
-    ids, pos, row, col = pack(b)
+    ids, pos, row, col, _ = pack(b)
     assert ids.shape == (1, 33) and pos[0, :9].tolist() == list(range(9))
     assert pos[0, 9:13].tolist() == [0, 1, 2, 3] and torch.equal(ids[0], b.input_ids[row, col])
 
