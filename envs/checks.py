@@ -1,11 +1,15 @@
 """toolgym's env checks, run over every registered id (``toolgym check`` and tests/envs/test_all_envs.py).
 
 1. gymnasium's ``check_env`` (API, spaces, seeding);
-2. seeded determinism: same seed → same task, and the same transcript for the same actions;
+2. seeded determinism: same seed → same task, and the same transcript for the same actions (an env that
+   declares ``deterministic = False`` in its card, a page on the wall clock, skips it);
 3. random garbage actions are handled without an exception, each flagged ``invalid_action`` with feedback;
 4. the scripted expert's success rate is at least the rate the env declares;
 5. forking: an episode restored with ``set_state`` in a fresh env continues exactly as the original (envs
    with ``supports_fork``), so a per-episode field that ``get_state`` forgets shows up here, not in training.
+
+An id whose optional package is missing (``DependencyNotInstalled``) is not failed but ``skipped``: the report
+says what to install, and ``toolgym check`` without ids lists it in one line.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.error import DependencyNotInstalled
 
 from toolgym.envs.base import tool_env
 
@@ -29,16 +34,22 @@ class CheckReport:
     expert_success: float = float("nan")
     declared_success: float = float("nan")
     seconds: float = 0.0
+    # why the checks did not run: an optional package the env needs is missing (the install command)
+    skipped: str = ""
 
     @property
     def ok(self) -> bool:
-        return all(self.passed.values())
+        return not self.skipped and all(self.passed.values())
 
 
 def _run_check(report: CheckReport, name: str, fn: Any) -> None:
     try:
         fn()
         report.passed[name] = True
+    except DependencyNotInstalled as exc:  # not the env's fault: the caller may skip the id
+        report.passed[name] = False
+        report.skipped = str(exc)
+        report.errors[name] = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # a check failing is a result to report, not a crash
         report.passed[name] = False
         report.errors[name] = f"{type(exc).__name__}: {exc}"
@@ -84,6 +95,8 @@ def _play_expert(env: Any, seed: int) -> tuple[list[str], dict[str, Any]]:
 def _determinism(env_id: str, seeds: int = 5) -> None:
     env = gym.make(env_id)
     try:
+        if not getattr(tool_env(env), "deterministic", True):
+            return  # declared in its card (a page on the wall clock): nothing to replay
         for seed in range(seeds):
             actions, _ = _play_expert(env, seed)
             first = _replay(env, seed, actions)
@@ -191,6 +204,9 @@ def check(env_id: str, garbage_actions: int = 200, expert_episodes: int = 20) ->
     report = CheckReport(env_id)
     start = time.perf_counter()
     _run_check(report, "gymnasium", lambda: _gym_check_env(env_id))
+    if report.skipped:  # every other check would fail the same way
+        report.seconds = time.perf_counter() - start
+        return report
     try:
         declared, cap = _declared(env_id)  # once: class-level settings, read from one instance
     except Exception:  # the gymnasium check reports why the env cannot be made

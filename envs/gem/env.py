@@ -12,16 +12,13 @@ import numpy as np
 from toolgym.envs.base import CommandOutcome, Task, ToolEnv
 from toolgym.envs.gem import GAMES, class_name, gem_id
 from toolgym.envs.gem.expert import HAS_EXPERT, expert_move, solved
-from toolgym.errors import ConfigError, DependencyNotInstalled
+from toolgym.errors import ConfigError
+from toolgym.optional import require
 from toolgym.parsing import ParseResult
 
 
 def _gem() -> Any:
-    try:
-        import gem
-    except ImportError as exc:
-        raise DependencyNotInstalled("gem-llm", "gem") from exc
-    return gem
+    return require("gem")
 
 
 def _observation(text: Any, info: dict[str, Any]) -> str:

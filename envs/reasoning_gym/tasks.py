@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from toolgym.errors import ConfigError, DependencyNotInstalled
+from toolgym.errors import ConfigError
+from toolgym.optional import require
 
 _DATASETS: dict[tuple[str, str, int | None], Any] = {}
 # sizes tried in turn when the user sets none: a few datasets cap their size (word_ladder: 20000)
@@ -19,11 +20,7 @@ DEFAULT_SIZES = (100_000, 20_000, 1_000)
 
 def reasoning_gym() -> Any:
     """The ``reasoning_gym`` module, or DependencyNotInstalled naming the extra that brings it."""
-    try:
-        import reasoning_gym
-    except ImportError as exc:
-        raise DependencyNotInstalled("reasoning-gym", "interop") from exc
-    return reasoning_gym
+    return require("reasoning_gym")
 
 
 def registry_names() -> list[str]:

@@ -12,8 +12,9 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from toolgym.envs.base import Task, ToolEnv
-from toolgym.errors import ConfigError, DependencyNotInstalled, EpisodeOverError, InfrastructureError
+from toolgym.errors import ConfigError, EpisodeOverError, InfrastructureError
 from toolgym.messages import Message
+from toolgym.optional import require
 from toolgym.tools import Tool, ToolSpec
 
 # a reply with one of these codes means "this connection's session is gone": a fresh connection may work
@@ -128,10 +129,7 @@ class RemoteEnv(ToolEnv):
         return url if url.startswith(("http://", "https://")) else f"http://{url}"
 
     def _connect(self) -> None:
-        try:
-            from websockets.sync.client import connect
-        except ImportError as exc:
-            raise DependencyNotInstalled("websockets", "interop", why="Remote-v0 speaks WebSocket") from exc
+        connect = require("websockets.sync.client", why="Remote-v0 speaks WebSocket").connect
         base = self.base_url
         ws_url = "ws" + base[len("http") :] + "/ws"
         stack = contextlib.ExitStack()

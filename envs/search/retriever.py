@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from toolgym.errors import ConfigError, InfrastructureError
+from toolgym.optional import require
 
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 INDEX_VERSION = 1
@@ -80,8 +81,9 @@ class BM25Index:
     """A bm25s index plus the fast query path. Build with :meth:`build`, or :meth:`load` a saved one."""
 
     def __init__(self, model: Any) -> None:
-        import bm25s.stopwords
-        import bm25s.tokenization
+        require("bm25s.stopwords")
+        require("bm25s.tokenization")
+        bm25s = require("bm25s")
 
         self.model = model
         self.vocab: dict[str, int] = model.vocab_dict
@@ -98,8 +100,8 @@ class BM25Index:
     @classmethod
     def build(cls, texts: Iterable[str], total: int | None = None, show_progress: bool = True) -> BM25Index:
         """Tokenize (streamed) and index ``texts``; ``total`` sizes the progress bar."""
-        import bm25s
-        from bm25s.tokenization import Tokenizer
+        bm25s = require("bm25s")
+        Tokenizer = require("bm25s.tokenization").Tokenizer
         from tqdm.auto import tqdm
 
         tokenizer = Tokenizer(lower=True, splitter=TOKEN_PATTERN, stopwords="en", stemmer=None)
@@ -119,7 +121,7 @@ class BM25Index:
 
     @classmethod
     def load(cls, path: Path, mmap: bool = True) -> BM25Index:
-        import bm25s
+        bm25s = require("bm25s")
 
         meta = path / "toolgym.json"
         if not meta.exists() or json.loads(meta.read_text()).get("index_version") != INDEX_VERSION:

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from toolgym.envs.text_games.common import EngineEnv, EngineState
 from toolgym.errors import ConfigError, DependencyNotInstalled
+from toolgym.optional import require
 
 SPLITS = ("train", "dev", "test")
 # Tasks whose engine is not deterministic: replaying the same actions in the same JVM gives a different score
@@ -23,10 +24,7 @@ _GOLD: dict[tuple[str, int, str], list[str]] = {}  # the first gold path drawn f
 
 
 def _engine_class() -> Any:
-    try:
-        from scienceworld import ScienceWorldEnv as Engine
-    except ImportError as exc:
-        raise DependencyNotInstalled("scienceworld", "household") from exc
+    Engine = require("scienceworld").ScienceWorldEnv
     if shutil.which("java") is None:
         raise DependencyNotInstalled(
             "java", why="ScienceWorld runs on a Java runtime: apt-get install default-jre-headless"

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from toolgym.envs.text_games.common import EngineEnv, EngineState
-from toolgym.errors import ConfigError, DependencyNotInstalled
+from toolgym.errors import ConfigError
+from toolgym.optional import require
 
 # difficulty -> (rooms, objects, quest length)
 LEVELS = {1: (2, 4, 2), 2: (4, 8, 3), 3: (6, 12, 4), 4: (8, 16, 6), 5: (10, 20, 8)}
@@ -19,12 +20,8 @@ _PROMPT = re.compile(r"\n\s*>[^\n]*$")  # the Z-machine's input prompt (and stat
 
 
 def _textworld() -> Any:
-    try:
-        import textworld
-        import textworld.generator
-    except ImportError as exc:
-        raise DependencyNotInstalled("textworld", "household") from exc
-    return textworld
+    require("textworld.generator")
+    return require("textworld")
 
 
 def default_cache() -> Path:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from toolgym.envs.text_games.common import EngineEnv, EngineState
 from toolgym.errors import ConfigError, DependencyNotInstalled
+from toolgym.optional import require
 
 GAMES = ("cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 FOLDS = ("train", "dev", "test")
@@ -24,10 +25,7 @@ _GOLD: dict[tuple[str, str, str, int], list[str]] = {}
 
 
 def _engine_class() -> Any:
-    try:
-        from textworld_express import TextWorldExpressEnv as Engine
-    except ImportError as exc:
-        raise DependencyNotInstalled("textworld-express", "household") from exc
+    Engine = require("textworld_express").TextWorldExpressEnv
     if shutil.which("java") is None:
         raise DependencyNotInstalled(
             "java", why="TextWorldExpress runs on a Java runtime: apt-get install default-jre-headless"

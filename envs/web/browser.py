@@ -18,6 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from toolgym.errors import ConfigError, InfrastructureError
+from toolgym.optional import require
 
 T = TypeVar("T")
 
@@ -105,7 +106,7 @@ class BrowserHost:
 
     # ----- the browser -------------------------------------------------------------------------------------
     async def _launch(self) -> None:
-        from playwright.async_api import async_playwright
+        async_playwright = require("playwright.async_api").async_playwright
 
         if self._playwright is None:
             self._playwright = await async_playwright().start()
@@ -124,6 +125,7 @@ class BrowserHost:
             await pw.stop()
 
     def _ensure_browser(self) -> None:
+        require("playwright.async_api")  # before the loop: a missing package is not a browser fault
         if self._loop is None:
             self._start_loop()
         if self._browser is None or not self._browser.is_connected():

@@ -142,6 +142,8 @@ class WebEnv(ToolEnv):
     reward_keys: ClassVar[tuple[str, ...]] = ("reward", "format")
     fixed_task: ClassVar[str | None] = None
     check_expert_episodes: ClassVar[int | None] = 10  # `toolgym check`: browser episodes are slow
+    # False: a seed does not fix the episode (the page moves with the wall clock); the checks skip determinism
+    deterministic: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -436,12 +438,21 @@ class WebEnv(ToolEnv):
         return self._with_image(messages) if self.screenshots and not ended and messages else messages
 
 
+# Tasks whose page changes with the wall clock, so one seed does not give one episode: stock-market's price
+# ticks every 100 ms from the moment the page starts, and the price shown depends on when it is read
+WALL_CLOCK_TASKS = {"stock-market": "the price ticks every 100 ms of wall-clock time"}
+
+
 def _task_class(task: str) -> type[WebEnv]:
-    doc = f"MiniWoB++ ``{task}`` in a real Chromium (see ``WebEnv`` for the contract).\n"
-    declared = 0.9 if task in SOLVERS else 0.0
-    return type(
-        class_name(task), (WebEnv,), {"fixed_task": task, "__doc__": doc, "expert_success_rate": declared}
+    clock = WALL_CLOCK_TASKS.get(task)
+    doc = (
+        f"MiniWoB++ ``{task}`` in a real Chromium"
+        + (f" (not deterministic per seed: {clock})" if clock else "")
+        + " (see ``WebEnv`` for the contract).\n"
     )
+    declared = 0.9 if task in SOLVERS else 0.0
+    attrs = {"fixed_task": task, "__doc__": doc, "expert_success_rate": declared, "deterministic": not clock}
+    return type(class_name(task), (WebEnv,), attrs)
 
 
 _CLASSES = {class_name(t): t for t in miniwob_tasks()}

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.envs.web.browser import BrowserHost
-from toolgym.errors import ConfigError, InfrastructureError
+from toolgym.errors import InfrastructureError
+from toolgym.optional import not_installed, require
 
 BASE_URL = "http://miniwob.toolgym/"  # never resolved: requests are answered from the miniwob package
 PAGE_JS = Path(__file__).with_name("page.js").read_text(encoding="utf-8")
@@ -35,7 +36,7 @@ def miniwob_html_dir() -> Path:
 
     spec = find_spec("miniwob")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("the web envs need MiniWoB++'s pages: pip install 'toolgym[web]' (PyPI miniwob)")
+        raise not_installed("miniwob", why="the web envs need MiniWoB++'s pages")
     return Path(next(iter(spec.submodule_search_locations))) / "html"
 
 
@@ -180,7 +181,7 @@ class MiniWoBPage:
         return out.get("error"), Snapshot.from_js(out["snapshot"])
 
     async def _act(self, name: str, args: tuple[Any, ...]) -> tuple[str | None, Snapshot]:
-        from playwright.async_api import Error as PlaywrightError
+        PlaywrightError = require("playwright.async_api").Error
 
         page = self.page
         try:

@@ -51,3 +51,74 @@ def test_play_solves_episode():
         timeout=60,
     )
     assert "Episode over: solved" in out.stdout
+
+
+class _NeedsAbsentPackage(__import__("gymnasium").Env):
+    """An env whose optional package is not installed: making it works, its reset says what to install."""
+
+    def reset(self, *, seed=None, options=None):
+        from toolgym.optional import require
+
+        require("toolgym_absent_package", package="absent-package", extra="absent")
+        raise AssertionError("unreachable")
+
+
+def _register_absent():
+    from gymnasium.envs.registration import register, registry
+
+    if "tests/NeedsAbsent-v0" not in registry:
+        register(id="tests/NeedsAbsent-v0", entry_point=_NeedsAbsentPackage, disable_env_checker=True)
+
+
+def test_check_without_ids_skips_an_id_whose_package_is_missing(capsys, monkeypatch):
+    import toolgym.envs
+
+    _register_absent()
+    monkeypatch.setattr(toolgym.envs, "ENVS", {"toolgym/Calculator-v0": "", "tests/NeedsAbsent-v0": ""})
+    assert main(["check", "--garbage", "10", "--expert-episodes", "3"]) == 0
+    out = capsys.readouterr()
+    skipped = [line for line in out.err.splitlines() if "NeedsAbsent" in line]
+    assert skipped == [
+        "tests/NeedsAbsent-v0: skipped, absent-package is not installed: pip install 'toolgym[absent]'"
+    ]
+    assert "Calculator" in out.out and "FAIL" not in out.out and "1 id(s) skipped" in out.out
+
+
+def test_check_of_a_named_id_with_a_missing_package_fails(capsys):
+    _register_absent()
+    assert main(["check", "tests/NeedsAbsent-v0", "--garbage", "5", "--expert-episodes", "1"]) == 1
+    assert "pip install 'toolgym[absent]'" in capsys.readouterr().err
+
+
+def test_missing_package_is_gymnasiums_dependency_error():
+    import gymnasium as gym
+    import pytest
+
+    _register_absent()
+    env = gym.make("tests/NeedsAbsent-v0")
+    with pytest.raises(gym.error.DependencyNotInstalled, match=r"toolgym\[absent\]"):
+        env.reset(seed=0)
+
+
+def test_every_id_command_says_did_you_mean(capsys):
+    """check, info, eval, play and serve-env share one suggestion; none prints the list of every id."""
+    for argv in (
+        ["check", "toolgym/Calculater-v0"],
+        ["info", "Calculator-v0"],
+        ["eval", "toolgym/Calculater-v0", "--agent", "scripted"],
+        ["play", "toolgym/calculator-v0"],
+        ["serve-env", "toolgym/Calculater-v0"],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "did you mean 'toolgym/Calculator-v0'" in err, (argv, err)
+        assert len(err) < 400 and "toolgym/Search-v0" not in err, (argv, err)
+
+
+def test_eval_fails_when_every_episode_is_an_infrastructure_failure(capsys, tmp_path):
+    _register_absent()
+    argv = ["eval", "tests/NeedsAbsent-v0", "--agent", "scripted", "--episodes", "2", "--quiet"]
+    assert main([*argv, "--no-report", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "all 2 episodes failed for infrastructure reasons" in err
+    assert "pip install 'toolgym[absent]'" in err

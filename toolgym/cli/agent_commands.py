@@ -85,13 +85,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
     env_kwargs = dict(args.env_kwargs)
-    from gymnasium.envs.registration import registry
+    from toolgym.cli.ids import require_ids
 
-    import toolgym  # noqa: F401  (registers the ids)
-
-    unknown = [e for e in args.env_ids if e not in registry]
-    if unknown:
-        raise ConfigError(f"unknown env id(s) {unknown}; see `toolgym list`")
+    require_ids(args.env_ids)
     # hf: keep each episode's KV cache between its turns (only the new tokens run each turn)
     policy = (
         make_policy(args.agent, reuse_kv=True) if args.agent.startswith("hf") else make_policy(args.agent)
@@ -145,7 +141,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         }
         report = write_report(out / "report.html", trajs, title="toolgym eval", meta=meta)
         print(f"report: {report}")
-    return 0
+    return _infra_verdict(trajs)
+
+
+def _infra_verdict(trajs: list[Any]) -> int:
+    """1 with the causes on stderr when no episode ran (every one an infrastructure failure): a scoreboard of
+    zeros would read as the model's failure. Some failing among others is reported in the table only."""
+    if not trajs or not all(t.infra_failure for t in trajs):
+        return 0
+    causes: dict[str, int] = {}
+    for t in trajs:
+        cause = str(t.error or "unknown").strip().splitlines()[0][:300]
+        causes[cause] = causes.get(cause, 0) + 1
+    print(f"toolgym eval: all {len(trajs)} episodes failed for infrastructure reasons:", file=sys.stderr)
+    for cause, n in sorted(causes.items(), key=lambda kv: -kv[1]):
+        print(f"  {n} x {cause}", file=sys.stderr)
+    return 1
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

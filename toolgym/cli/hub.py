@@ -39,8 +39,10 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     import toolgym  # noqa: F401  (registers the ids, plugins' too)
+    from toolgym.cli.ids import require_ids
     from toolgym.envs.cards import build_card, render_markdown, render_text
 
+    require_ids([args.env_id])
     card = build_card(args.env_id, example=not args.no_example, measure=args.measure)
     print(render_markdown(card) if args.markdown else render_text(card))
     return 0

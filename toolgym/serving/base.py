@@ -7,16 +7,14 @@ import threading
 import time
 from typing import Any, Literal
 
-from toolgym.errors import ConfigError, DependencyNotInstalled
+from toolgym.errors import ConfigError
+from toolgym.optional import require
 
 
 def require_fastapi() -> None:
     """FastAPI and uvicorn, or a DependencyNotInstalled naming the extra."""
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as exc:
-        raise DependencyNotInstalled("fastapi and uvicorn", "interop", why=str(exc)) from exc
+    require("fastapi")
+    require("uvicorn")
 
 
 class AppServer:

@@ -266,7 +266,9 @@ class EnvServer(AppServer):
         import toolgym  # noqa: F401  (registers the ids)
 
         if env_id not in gym.registry:
-            raise ConfigError(f"unknown env id {env_id!r}; see `toolgym list`")
+            from toolgym.cli.ids import unknown_id_message
+
+            raise ConfigError(f"{unknown_id_message(env_id)}; `toolgym list` shows every id")
         if max_sessions < 1:
             raise ConfigError(f"max_sessions must be >= 1, got {max_sessions}")
         if idle_timeout_s is not None and idle_timeout_s <= 0:
