@@ -23,6 +23,12 @@ also compiles the chunk scorer, so that the float32 logits of a chunk are read o
 reductions instead of by ~10 separate elementwise kernels (the scorer is memory-bound: a 4096-token chunk of
 a 152k vocabulary is 2.5 GB of float32).
 
+Exact for the families in ``EXACT_FAMILIES`` (each checked against ``model(...).logits`` in
+tests/trainers/test_packing.py): the LM head's post-processing (``LogitHead``: Granite's ``logits_scaling``,
+Cohere's ``logit_scale``, Gemma2/3's final soft-cap), sliding windows (an explicit per-row mask) and Gemma2/3's
+attention soft-cap (their own eager attention) are applied. Any other family is refused (``use_packing``:
+``on`` is a ConfigError, ``auto`` falls back to the padded update), since its scores could silently differ.
+
 Not covered: value heads (PPO reads hidden states of every position; use ``batch.forward``), and DDP
 (the decoder and head are called directly, which bypasses DistributedDataParallel's forward: a DDP model
 gets ``batch.forward``).
@@ -40,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from toolgym.errors import ConfigError
 from toolgym.trainers.batch import HostMasks, TrainBatch, forward, to_device
 from toolgym.trainers.prefix_share import share_layout
 
@@ -79,6 +86,25 @@ def pack(
     return batch.input_ids[row, col][None], col[None], row, col, k
 
 
+def _module_eager(module: Any) -> Callable[..., tuple[torch.Tensor, Any]]:
+    """The eager attention of the module's own modeling file (Gemma2/3's applies the logit soft-cap)."""
+    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if fn is None:
+        raise ConfigError(
+            f"{type(module).__name__} soft-caps attention logits but has no eager attention to do it"
+        )
+    return fn  # type: ignore[no-any-return]
+
+
+def _row_mask(p: PackInfo, window: int | None, device: torch.device) -> torch.Tensor:
+    """[1, 1, L, L] bool: causal, and within the sliding window (``q - window < k``, transformers' rule)."""
+    q = torch.arange(p.length, device=device)
+    allowed = q[None, :] <= q[:, None]  # [L, L] key <= query
+    if window is not None:
+        allowed &= q[None, :] > q[:, None] - window
+    return allowed[None, None]
+
+
 def _packed_attention(
     module: Any,
     query: torch.Tensor,
@@ -90,10 +116,20 @@ def _packed_attention(
     toolgym_pack: PackInfo | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention interface: per-row causal SDPA over packed tokens, plain SDPA otherwise."""
+    """transformers attention interface: per-row causal attention over packed tokens; an ordinary (padded,
+    cached, generation) call runs what the model would: SDPA, or its eager attention where it soft-caps the
+    attention logits (Gemma2/3: SDPA cannot)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if toolgym_pack is None:  # an ordinary (padded, cached, generation) call: what "sdpa" does
+    softcap = kwargs.pop("softcap", None)
+    window = kwargs.pop("sliding_window", None)
+    if toolgym_pack is None:  # `_mask` built the mask the function below expects (eager: additive float)
+        if softcap is not None:
+            out, _ = _module_eager(module)(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, softcap=softcap,
+                **kwargs,
+            )  # fmt: skip
+            return out, None
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -107,28 +143,52 @@ def _packed_attention(
             out = torch.cat([flat, flat.new_zeros((1, *flat.shape[1:]))]).index_select(0, p.gather)
         return out.view(p.rows, p.length, *flat.shape[1:]).transpose(1, 2)
 
-    # right padding + causal: a real query only sees keys at or before it, all real; padded queries are dropped
-    out, _ = sdpa_attention_forward(
-        module,
-        rows(query),
-        rows(key),
-        rows(value),
-        None,
-        dropout=dropout,
-        scaling=scaling,
-        is_causal=True,
-        **kwargs,
-    )  # [B, L, H, D]
+    windowed = window is not None and window < p.length  # a window no row reaches changes nothing
+    if softcap is not None:  # the model's eager attention with a per-row causal (and windowed) additive mask
+        allowed = _row_mask(p, window if windowed else None, query.device)
+        additive = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~allowed, torch.finfo(query.dtype).min
+        )  # [1, 1, L, L]
+        out, _ = _module_eager(module)(
+            module, rows(query), rows(key), rows(value), additive, dropout=dropout, scaling=scaling,
+            softcap=softcap, **kwargs,
+        )  # fmt: skip
+    else:
+        # right padding + causal: a real query only sees keys at or before it, all real; padded queries are
+        # dropped. A sliding window needs an explicit mask (Mistral, Gemma's local layers).
+        mask = _row_mask(p, window, query.device) if windowed else None
+        out, _ = sdpa_attention_forward(
+            module,
+            rows(query),
+            rows(key),
+            rows(value),
+            mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=mask is None,
+            **kwargs,
+        )  # [B, L, H, D]
     out = out.reshape(p.rows * p.length, *out.shape[2:]).index_select(0, p.flat)  # [N, H, D]
     return out[None], None
 
 
+def _mask(**kwargs: Any) -> torch.Tensor | None:
+    """The padded calls' masks: what SDPA takes, or the additive float mask of an eager attention for
+    models that soft-cap attention logits (our attention runs their eager attention then)."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
+
+    config = kwargs.get("config")
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return eager_mask(**kwargs)  # type: ignore[no-any-return]
+    return sdpa_mask(**kwargs)  # type: ignore[no-any-return]
+
+
 def _register() -> None:
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
     AttentionInterface.register(ATTN, _packed_attention)
-    AttentionMaskInterface.register(ATTN, sdpa_mask)  # padded calls keep sdpa's masks
+    AttentionMaskInterface.register(ATTN, _mask)  # padded calls keep sdpa's masks (eager's for soft-capping)
 
 
 def _set_attn(model: Any, name: str) -> None:
@@ -151,12 +211,76 @@ def attention_mode(model: Any) -> str:
     return "ours"
 
 
+# decoder families whose packed scoring is checked against the model's own forward (tests/trainers/
+# test_packing.py builds each tiny): the head is a linear layer, then what `LogitHead` says
+EXACT_FAMILIES = frozenset(
+    {
+        "llama",
+        "qwen2",
+        "qwen3",
+        "mistral",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "granite",
+        "cohere",
+        "phi3",
+        "olmo2",
+    }
+)
+
+
+@dataclass(frozen=True)
+class LogitHead:
+    """What a family's ``ForCausalLM`` does to the LM head's output before returning ``logits``: Granite
+    divides by ``logits_scaling``, Cohere multiplies by ``logit_scale``, Gemma2/3 soft-cap with
+    ``final_logit_softcapping`` (cap * tanh(logits / cap))."""
+
+    div: float | None = None
+    mul: float | None = None
+    cap: float | None = None
+
+
+def logit_head(model: Any) -> LogitHead:
+    """The model's logit post-processing, or a ConfigError for a family the packed update does not know
+    (its scores could silently differ from the model's own forward: train it with ``packing: off``)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kind = getattr(base.config, "model_type", None)
+    if kind not in EXACT_FAMILIES:
+        raise ConfigError(
+            f"the packed update cannot score model_type {kind!r} exactly (it knows {', '.join(sorted(EXACT_FAMILIES))}: "
+            "their LM-head post-processing is checked against the model's own forward); set packing: off"
+        )
+    c = base.config
+    return LogitHead(
+        div=getattr(c, "logits_scaling", None) if kind == "granite" else None,
+        mul=getattr(c, "logit_scale", None) if kind == "cohere" else None,
+        cap=getattr(c, "final_logit_softcapping", None) if kind in ("gemma2", "gemma3_text") else None,
+    )
+
+
+def packing_supported(model: Any) -> bool:
+    try:
+        logit_head(model)
+    except ConfigError:
+        return False
+    return True
+
+
 def _score(
     h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, tgt: torch.Tensor, temp: float, ent: bool,
-    ent_grad: bool,
+    ent_grad: bool, div: float | None = None, mul: float | None = None, cap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(logp [c], entropy [c] or empty) of one chunk of scored positions: h [c, H], targets [c]."""
-    logits = F.linear(h, w, b).float() / temp  # [c, V]
+    """(logp [c], entropy [c] or empty) of one chunk of scored positions: h [c, H], targets [c]; the head's
+    post-processing (`LogitHead`) runs in the head's dtype, as the model's own forward does."""
+    logits = F.linear(h, w, b)  # [c, V]
+    if div is not None:
+        logits = logits / div
+    if mul is not None:
+        logits = logits * mul
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    logits = logits.float() / temp  # [c, V]
     lse = torch.logsumexp(logits, -1)  # [c]
     logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - lse
     if not ent:
@@ -192,6 +316,7 @@ def packed_forward(
         raise ValueError("packed_forward has no value head: use toolgym.trainers.batch.forward")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder, head = base.get_decoder(), base.get_output_embeddings()
+    post = logit_head(base)
     B, T = batch.input_ids.shape
     mode = attention_mode(model)
     layout = share_layout(batch.input_ids, batch.attention_mask) if share and mode == "ours" else None
@@ -222,7 +347,18 @@ def packed_forward(
     score = compiled_score() if compiled else _score
     lps, ents = [], []
     for i in range(0, len(tgt), chunk):
-        args = (src[i : i + chunk], w, b, tgt[i : i + chunk], temp, entropy, entropy_grad)
+        args = (
+            src[i : i + chunk],
+            w,
+            b,
+            tgt[i : i + chunk],
+            temp,
+            entropy,
+            entropy_grad,
+            post.div,
+            post.mul,
+            post.cap,
+        )
         lp, en = checkpoint(score, *args, use_reentrant=False) if grad else score(*args)
         lps.append(lp)
         ents.append(en)
@@ -239,11 +375,23 @@ def packed_forward(
 
 def use_packing(setting: str, model: Any, device: torch.device, quiet: bool = False) -> bool:
     """Whether the update packs rows: ``on``/``off``; ``auto`` packs on CUDA. A DDP-wrapped model never
-    packs (its forward must run through the wrapper); ``on`` then says so on stderr."""
+    packs (its forward must run through the wrapper); ``on`` then says so on stderr. A model family the
+    packed scoring does not know (`logit_head`): ``on`` is a ConfigError, ``auto`` runs the padded update
+    and says so."""
     want = setting == "on" or (setting == "auto" and device.type == "cuda")
     if want and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         if setting == "on" and not quiet:
             print("toolgym: packing is off under DDP (the padded update runs)", file=sys.stderr)
+        return False
+    if want and not packing_supported(model):
+        if setting == "on":
+            logit_head(model)  # raises, naming the family
+        if not quiet:
+            kind = getattr(model.config, "model_type", None)
+            print(
+                f"toolgym: packing is off for model_type {kind!r} (not checked exact; padded update)",
+                file=sys.stderr,
+            )
         return False
     return want
 

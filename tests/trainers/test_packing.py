@@ -118,3 +118,88 @@ def test_the_trainer_update_is_the_same_packed_or_padded(kl: float) -> None:
             assert m1[k] == pytest.approx(m2[k], rel=1e-4, abs=1e-6), k
     for n, p in w1.items():
         assert torch.allclose(p, w2[n], atol=1e-5), n
+
+
+# every decoder family transformers ships that builds tiny on CPU, with the options that change its logits:
+# sliding windows shorter than the rows, Gemma2/3 attention and final soft-capping, Granite/Cohere logit scales
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 5}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 8}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
+        "head_dim": 8, "sliding_window": 5, "final_logit_softcapping": 2.0, "attn_logit_softcapping": 3.0,
+    }),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "head_dim": 8, "sliding_window": 5, "final_logit_softcapping": 2.0, "attn_logit_softcapping": 3.0,
+        "layer_types": ["sliding_attention", "full_attention"],
+    }),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {"logits_scaling": 4.0}),
+    "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.3}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "sliding_window": 6}),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+}  # fmt: skip
+
+
+def tiny_family(name: str, seed: int = 0) -> Any:
+    import transformers
+
+    conf, cls, extra = FAMILIES[name]
+    cfg = getattr(transformers, conf)(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, **extra,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return getattr(transformers, cls)(cfg).eval()
+
+
+def own_scores(model: Any, batch: TrainBatch, temp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprobs and entropies [B, T] from the model's own `model(...).logits`."""
+    with torch.no_grad():
+        logits = (
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+            / temp
+        )
+    logp = logits.log_softmax(-1)
+    lp = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return torch.nn.functional.pad(lp, (1, 0)), torch.nn.functional.pad(ent, (1, 0))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_packed_scoring_is_the_models_own_forward(family: str) -> None:
+    from toolgym.trainers.packing import EXACT_FAMILIES
+
+    model = tiny_family(family)
+    assert model.config.model_type == family and family in EXACT_FAMILIES
+    batch = batch_of([9, 4, 13, 7], seed=1)  # rows longer than the sliding windows
+    want_lp, want_ent = own_scores(model, batch, 0.7)  # before our attention is switched on
+    m = batch.loss_mask
+    for share in (False, True):
+        with torch.no_grad():
+            lp, ent, _ = packed_forward(model, batch, 0.7, entropy=True, share=share)
+        assert ent is not None
+        assert torch.allclose(lp * m, want_lp * m, atol=2e-6), (family, share)
+        assert torch.allclose(ent * m, want_ent * m, atol=2e-6), (family, share)
+    # the model now runs our attention; its own padded forward (generation, the padded update) is unchanged
+    assert model.config._attn_implementation == ATTN
+    again_lp, _ = own_scores(model, batch, 0.7)
+    real = batch.attention_mask  # (the scores at padded positions are anything)
+    assert torch.allclose(again_lp * real, want_lp * real, atol=2e-6)
+
+
+def test_packing_refuses_a_family_it_cannot_score_exactly(capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from toolgym.errors import ConfigError
+    from toolgym.trainers.packing import use_packing
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=64))
+    with pytest.raises(ConfigError, match="model_type 'gpt2'.*packing: off"):
+        packed_forward(model, batch_of([5, 3]))
+    with pytest.raises(ConfigError, match="gpt2"):
+        use_packing("on", model, torch.device("cuda"))
+    assert use_packing("auto", model, torch.device("cuda")) is False  # the padded update, said on stderr
+    assert "packing is off for model_type 'gpt2'" in capsys.readouterr().err
+    assert use_packing("auto", tiny_model(VOCAB), torch.device("cuda")) is True
