@@ -196,7 +196,7 @@ def test_packing_refuses_a_family_it_cannot_score_exactly(capsys: pytest.Capture
     from toolgym.trainers.packing import use_packing
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=64))
-    with pytest.raises(ConfigError, match="model_type 'gpt2'.*packing: off"):
+    with pytest.raises(ConfigError, match=r"model_type 'gpt2'.*packing: off"):
         packed_forward(model, batch_of([5, 3]))
     with pytest.raises(ConfigError, match="gpt2"):
         use_packing("on", model, torch.device("cuda"))
