@@ -13,83 +13,19 @@ its curve (eval success against cumulative generated tokens, linear between eval
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 from pathlib import Path
 from typing import Any
 
+from papers.curves import (  # run as a file: benchmarks/ is on the path
+    at_tokens,
+    curves,
+    mean_to,
+    read_metrics,
+)
+
 METHODS = ("grpo", "replay", "epo", "hiper")
 GAINS = {"replay": "replay_gain", "epo": "epo_gain", "hiper": "hiper_gain"}
-ENTROPY_KEYS = ("losses/entropy", "train/entropy", "charts/entropy")
-
-
-def read_metrics(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-
-
-def first(rec: dict[str, Any], keys: tuple[str, ...]) -> float | None:
-    return next((float(rec[k]) for k in keys if k in rec), None)
-
-
-def curves(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Eval points (step, cumulative generated tokens, success), entropy per step, totals."""
-    tokens, evals, entropy, epo, train_success = 0.0, [], [], [], []
-    for r in sorted(records, key=lambda r: r["step"]):
-        tokens += float(r.get("rollout/generated_tokens", 0.0))
-        if "eval/success" in r:
-            evals.append((r["step"], tokens, float(r["eval/success"])))
-        h = first(r, ENTROPY_KEYS)
-        if h is not None and r["step"] > 0:
-            entropy.append((r["step"], h))
-        e = first(r, ("losses/epo_entropy", "epo/entropy"))
-        if e is not None:
-            epo.append((r["step"], e))
-        if "charts/success" in r:
-            train_success.append((r["step"], float(r["charts/success"])))
-    return {
-        "evals": evals,
-        "entropy": entropy,
-        "epo_trajectory_entropy": epo,
-        "train_success": train_success,
-        "generated_tokens": tokens,
-        "steps": max((r["step"] for r in records), default=0),
-    }
-
-
-def at_tokens(evals: list[tuple[int, float, float]], t: float) -> float | None:
-    """Success at `t` cumulative generated tokens, linear between evaluations (None past the last one).
-
-    >>> at_tokens([(0, 0.0, 0.2), (5, 100.0, 0.4), (10, 300.0, 0.6)], 200.0)
-    0.5
-    """
-    for (_, t0, s0), (_, t1, s1) in itertools.pairwise(evals):
-        if t0 <= t <= t1:
-            return s0 if t1 == t0 else s0 + (s1 - s0) * (t - t0) / (t1 - t0)
-    if evals and abs(evals[-1][1] - t) < 1e-9:
-        return evals[-1][2]
-    return None
-
-
-def mean_to(evals: list[tuple[int, float, float]], t: float) -> float | None:
-    """Mean success over [0, t] generated tokens (the area under the interpolated curve / t): every
-    evaluation up to `t` counts, so one noisy reading moves it less than the value at `t` alone.
-
-    >>> mean_to([(0, 0.0, 0.0), (5, 100.0, 0.4), (10, 300.0, 0.4)], 300.0)
-    0.3333333333333333
-    """
-    if t <= 0 or at_tokens(evals, t) is None:
-        return None
-    area = 0.0
-    for (_, t0, s0), (_, t1, s1) in itertools.pairwise(evals):
-        if t0 >= t:
-            break
-        end = min(t1, t)
-        s_end = s1 if end == t1 else s0 + (s1 - s0) * (end - t0) / (t1 - t0)
-        area += (end - t0) * (s0 + s_end) / 2
-    return area / t
 
 
 def report(runs_dir: Path, out: Path, notes: str = "") -> dict[str, Any]:

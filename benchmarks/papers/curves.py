@@ -1,0 +1,130 @@
+"""Reading a training run's curve: held-out success against cumulative generated tokens, and the numbers the
+comparisons of the papers benchmark and the seed-methods report take off it (success at equal tokens, the
+mean over a token range, a 95% interval of a difference of arm means)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+ENTROPY_KEYS = ("losses/entropy", "train/entropy", "charts/entropy")
+
+
+def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def first(rec: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    return next((float(rec[k]) for k in keys if k in rec), None)
+
+
+def curves(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Eval points (step, cumulative generated tokens, success), entropy per step, totals.
+
+    A resumed run writes the steps after its checkpoint again: the last record of a step wins."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for r in records:
+        by_step[int(r["step"])] = {**by_step.get(int(r["step"]), {}), **r}
+    tokens, evals, entropy, epo, train_success = 0.0, [], [], [], []
+    for step in sorted(by_step):
+        r = by_step[step]
+        tokens += float(r.get("rollout/generated_tokens", 0.0))
+        if "eval/success" in r:
+            evals.append((step, tokens, float(r["eval/success"])))
+        h = first(r, ENTROPY_KEYS)
+        if h is not None and step > 0:
+            entropy.append((step, h))
+        e = first(r, ("losses/epo_entropy", "epo/entropy"))
+        if e is not None:
+            epo.append((step, e))
+        if "charts/success" in r:
+            train_success.append((step, float(r["charts/success"])))
+    return {
+        "evals": evals,
+        "entropy": entropy,
+        "epo_trajectory_entropy": epo,
+        "train_success": train_success,
+        "generated_tokens": tokens,
+        "steps": max(by_step, default=0),
+    }
+
+
+def at_tokens(evals: list[tuple[int, float, float]], t: float) -> float | None:
+    """Success at `t` cumulative generated tokens, linear between evaluations (None past the last one).
+
+    >>> at_tokens([(0, 0.0, 0.2), (5, 100.0, 0.4), (10, 300.0, 0.6)], 200.0)
+    0.5
+    """
+    for (_, t0, s0), (_, t1, s1) in itertools.pairwise(evals):
+        if t0 <= t <= t1:
+            return s0 if t1 == t0 else s0 + (s1 - s0) * (t - t0) / (t1 - t0)
+    if evals and abs(evals[-1][1] - t) < 1e-9:
+        return evals[-1][2]
+    return None
+
+
+def mean_to(evals: list[tuple[int, float, float]], t: float) -> float | None:
+    """Mean success over [0, t] generated tokens (the area under the interpolated curve / t): every
+    evaluation up to `t` counts, so one noisy reading moves it less than the value at `t` alone.
+
+    >>> mean_to([(0, 0.0, 0.0), (5, 100.0, 0.4), (10, 300.0, 0.4)], 300.0)
+    0.3333333333333333
+    """
+    if t <= 0 or at_tokens(evals, t) is None:
+        return None
+    area = 0.0
+    for (_, t0, s0), (_, t1, s1) in itertools.pairwise(evals):
+        if t0 >= t:
+            break
+        end = min(t1, t)
+        s_end = s1 if end == t1 else s0 + (s1 - s0) * (end - t0) / (t1 - t0)
+        area += (end - t0) * (s0 + s_end) / 2
+    return area / t
+
+
+def diff_ci95(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """mean(a) - mean(b) and its 95% interval (Welch's t; Student's t quantile at Welch's degrees of freedom).
+
+    None with fewer than two runs in an arm (no spread to estimate). When both arms have zero spread the
+    interval is the point itself.
+
+    >>> d, lo, hi = diff_ci95([0.5, 0.6, 0.7], [0.3, 0.4, 0.5])  # sd 0.1 each, df 4, t 2.776, se 0.0816
+    >>> round(d, 3), round(lo, 3), round(hi, 3)
+    (0.2, -0.027, 0.427)
+    """
+    if len(a) < 2 or len(b) < 2:
+        return None
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1)
+    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1)
+    se2 = va / len(a) + vb / len(b)
+    d = ma - mb
+    if se2 == 0:
+        return d, d, d
+    df = se2**2 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
+    half = t_quantile_975(df) * math.sqrt(se2)
+    return d, d - half, d + half
+
+
+def t_quantile_975(df: float) -> float:
+    """Student's t 0.975 quantile (scipy's when installed; else a series good to ~1e-3 for df >= 2).
+
+    >>> round(t_quantile_975(4.0), 2)
+    2.78
+    """
+    try:
+        from scipy.stats import t
+
+        return float(t.ppf(0.975, df))
+    except ImportError:  # Cornish-Fisher expansion around the normal quantile
+        z = 1.959963984540054
+        g1 = (z**3 + z) / 4
+        g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+        g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+        return z + g1 / df + g2 / df**2 + g3 / df**3

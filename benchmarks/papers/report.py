@@ -1,0 +1,167 @@
+"""The papers report: run folders of benchmarks/papers/run.py -> benchmarks/results/papers.{md,json} and one
+plot a claim (papers_<claim>.png: held-out success against generated tokens, each seed a thin line, each
+arm's mean a thick one).
+
+    python benchmarks/papers/report.py --runs DIR [--out benchmarks/results] [--notes FILE]
+
+Per claim, T* (equal tokens) is the smallest total of generated tokens any of its runs reached by its last
+evaluation; each run's success at T* is read off its curve (linear between evaluations), and so is its mean
+success over 0..T* (every evaluation counts: less noisy than one reading). A gain is an arm's mean over seeds
+minus the baseline's, with a 95% Welch interval over the seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/, when run from anywhere
+from papers.claims import CLAIMS, Claim
+from papers.curves import at_tokens, curves, diff_ci95, mean_to, read_metrics
+
+
+def runs_of(folder: Path, arm: str) -> dict[int, dict[str, Any]]:
+    """seed -> curve of every `<arm>_s<seed>` run folder that has at least one evaluation."""
+    out = {}
+    for d in sorted(folder.glob(f"{arm}_s*")):
+        if d.is_dir() and d.name[len(arm) + 2 :].isdigit():
+            c = curves(read_metrics(d))
+            if c["evals"]:
+                out[int(d.name[len(arm) + 2 :])] = c
+    return out
+
+
+def claim_result(claim: Claim, folder: Path) -> dict[str, Any]:
+    arms = {a.name: runs_of(folder, a.name) for a in claim.arms}
+    ends = [c["evals"][-1][1] for runs in arms.values() for c in runs.values()]
+    t_star = min(ends) if ends else 0.0
+    at = {a: {s: at_tokens(c["evals"], t_star) for s, c in runs.items()} for a, runs in arms.items()}
+    mean = {a: {s: mean_to(c["evals"], t_star) for s, c in runs.items()} for a, runs in arms.items()}
+    summary_path = folder / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    sft_path = folder / "sft" / "summary.json"
+    res: dict[str, Any] = {
+        "title": claim.title,
+        "paper": claim.paper,
+        "env": {"id": claim.env_id, "kwargs": claim.env_kwargs, "eval_kwargs": claim.eval_env_kwargs},
+        "baseline": claim.baseline,
+        "departures": list(claim.departures),
+        "equal_tokens": t_star,
+        "seeds": {a: sorted(runs) for a, runs in arms.items()},
+        "success_at_equal_tokens": at,
+        "mean_success_to_equal_tokens": mean,
+        "steps": {a: {s: c["steps"] for s, c in runs.items()} for a, runs in arms.items()},
+        "generated_tokens": {
+            a: {s: c["generated_tokens"] for s, c in runs.items()} for a, runs in arms.items()
+        },
+        "start_success": {a: {s: c["evals"][0][2] for s, c in runs.items()} for a, runs in arms.items()},
+        "sft": json.loads(sft_path.read_text()) if sft_path.is_file() else {},
+        "rl_return_codes": summary.get("rl_rc", {}),
+        "calls": summary.get("calls", []),
+        "commands": summary.get("commands", {}),
+        "gains": {},
+    }
+    base = claim.baseline
+    for a in arms:
+        if a == base:
+            continue
+        g: dict[str, Any] = {}
+        for key, table in (("", at), ("_curve_mean", mean)):
+            xs = [v for v in table[a].values() if v is not None]
+            ys = [v for v in table[base].values() if v is not None]
+            ci = diff_ci95(xs, ys)
+            g[f"gain_mean{key}"] = None if ci is None else round(ci[0], 4)
+            g[f"gain_ci95{key}"] = None if ci is None else [round(ci[1], 4), round(ci[2], 4)]
+        g["seeds"] = min(len(arms[a]), len(arms[base]))
+        g["equal_tokens"] = t_star
+        res["gains"][a] = g
+    res["curves"] = {a: {s: c["evals"] for s, c in runs.items()} for a, runs in arms.items()}
+    return res
+
+
+def plot(name: str, res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for i, (arm, runs) in enumerate(res["curves"].items()):
+        color = f"C{i}"
+        for evals in runs.values():
+            ax.plot([t / 1e3 for _, t, _ in evals], [s for _, _, s in evals], color=color, lw=0.7, alpha=0.5)
+        if runs:  # the arm's mean on a common grid up to its shortest run
+            end = min(e[-1][1] for e in runs.values())
+            grid = [end * k / 40 for k in range(41)]
+            ys = [sum(at_tokens(e, t) or 0.0 for e in runs.values()) / len(runs) for t in grid]
+            ax.plot([t / 1e3 for t in grid], ys, color=color, lw=2.4, label=f"{arm} (n={len(runs)})")
+    ax.axvline(res["equal_tokens"] / 1e3, color="gray", ls="--", lw=1, label="equal tokens")
+    ax.set_xlabel("generated tokens (thousands)")
+    ax.set_ylabel("held-out success (greedy)")
+    ax.set_title(res["title"], fontsize=9)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _f(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _ci(x: Any) -> str:
+    return "n/a" if x is None else f"[{x[0]:+.3f}, {x[1]:+.3f}]"
+
+
+def markdown(results: dict[str, dict[str, Any]], notes: str) -> str:
+    md = ["# The founding papers' claims, measured on our envs", ""]
+    if notes:
+        md += [notes.strip(), ""]
+    for name, r in results.items():
+        md += [f"## {r['title']} (`{name}`)", "", f"Paper: {r['paper']}.", ""]
+        md += [f"Setting: `{r['env']['id']}` {json.dumps(r['env']['kwargs'])}; held-out "
+               f"{json.dumps(r['env']['eval_kwargs'])}. Warm start held-out success: "
+               f"{_f((r['sft'] or {}).get('success_after'))}.", ""]  # fmt: skip
+        md += [f"Equal generated tokens T* = {r['equal_tokens']:.0f}.", ""]
+        md += ["| arm | seeds | success at T* (per seed) | mean over 0..T* (per seed) | steps | gain at T* [95% CI] "
+               "| gain of curve means [95% CI] |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for arm, seeds in r["seeds"].items():
+            at = ", ".join(_f(r["success_at_equal_tokens"][arm][s]) for s in seeds)
+            mean = ", ".join(_f(r["mean_success_to_equal_tokens"][arm][s]) for s in seeds)
+            steps = ", ".join(str(r["steps"][arm][s]) for s in seeds)
+            g = r["gains"].get(arm)
+            gain = "baseline" if g is None else f"{_f(g['gain_mean'])} {_ci(g['gain_ci95'])}"
+            gain_c = "" if g is None else f"{_f(g['gain_mean_curve_mean'])} {_ci(g['gain_ci95_curve_mean'])}"
+            md.append(f"| {arm} | {len(seeds)} | {at} | {mean} | {steps} | {gain} | {gain_c} |")
+        md += ["", f"![{name}](papers_{name}.png)", "", "Departures from the paper's setting:", ""]
+        md += [f"- {d}" for d in r["departures"]]
+        md += ["", "Commands:", "", "```", *[f"{k}: {v}" for k, v in r["commands"].items()], "```", ""]
+        md += [f"Return codes (None: stopped by the time budget, resumable): {r['rl_return_codes']}", ""]
+    return "\n".join(md) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--runs", required=True)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--notes", default="", help="a markdown file printed under the title")
+    a = ap.parse_args()
+    runs, out = Path(a.runs), Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {n: claim_result(c, runs / n) for n, c in CLAIMS.items() if (runs / n).is_dir()}
+    for name, res in results.items():
+        plot(name, res, out / f"papers_{name}.png")
+    (out / "papers.json").write_text(json.dumps(results, indent=2) + "\n")
+    notes = Path(a.notes).read_text() if a.notes else ""
+    (out / "papers.md").write_text(markdown(results, notes))
+    for name, res in results.items():
+        print(name, json.dumps({k: {kk: vv for kk, vv in v.items()} for k, v in res["gains"].items()}))
+
+
+if __name__ == "__main__":
+    main()
