@@ -16,6 +16,7 @@ from toolgym.rewards.format import (
     tool_call_format,
     void_turn,
 )
+from toolgym.rewards.judge import Judge, JudgeRubric, judge  # the function shadows its module's name here
 from toolgym.rewards.math import math_match, math_match_async
 from toolgym.rewards.numeric import numeric_match, parse_number
 from toolgym.rewards.qa import exact_match, substring_match, token_f1
@@ -44,6 +45,8 @@ REWARD_FUNCTIONS = {
 
 __all__ = [
     "REWARD_FUNCTIONS",
+    "Judge",
+    "JudgeRubric",
     "Progressive",
     "Rubric",
     "RubricResult",
@@ -54,6 +57,7 @@ __all__ = [
     "has_answer",
     "information_gain",
     "information_gain_rewards",
+    "judge",
     "math_match",
     "math_match_async",
     "numeric_match",
