@@ -19,6 +19,8 @@ COMMAND_MODULES = (
     "toolgym.cli.search",  # serve-retriever, search-index
     "toolgym.cli.interop",  # serve-env, view
     "toolgym.cli.hub",  # new, info
+    "toolgym.cli.judge_commands",  # judge-calibrate
+    "toolgym.cli.reverify",  # reverify
 )
 
 
