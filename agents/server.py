@@ -2,12 +2,16 @@
 
 Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health`` (and the OpenAPI docs at
 ``/docs``). Requests are pydantic models: a malformed one (unknown role, missing content, ``n`` out of
-range, image parts) is answered 400 with an OpenAI-style ``{"error": {"message", "type", "param"}}``.
+range, image parts, a ``tool_choice`` naming a function not in ``tools``) is answered 400, as OpenAI does,
+with an OpenAI-style ``{"error": {"message", "type", "param"}}`` (never FastAPI's 422).
 
 - **Tools** go through the model's chat template when it renders ``tools``; otherwise their JSON schemas
   and the ``<tool_call>`` syntax are written into the system prompt (what the envs' ``prompt_format="text"``
   does), so they always reach the model. Calls in the reply come back as ``message.tool_calls`` with
-  ``finish_reason: "tool_calls"``; ``tool_choice: "none"`` hides the tools.
+  ``finish_reason: "tool_calls"``; ``tool_choice: "none"`` hides the tools, and a named function
+  (``{"type": "function", "function": {"name": …}}``) leaves the model that one tool.
+- **Stop strings** end the reply and are not part of it (OpenAI's semantics): the content ends where the
+  first of them begins, in streams too (text that may start one is held back until it cannot).
 - **Logprobs**: each token's real text and bytes (a token holding part of a UTF-8 character has its raw
   bytes, and its text is those bytes escaped), and with ``top_logprobs: k`` the k most likely tokens at
   each step (one extra scoring forward over prompt + reply). Extension: ``choices[i].token_ids``.
@@ -150,22 +154,71 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("top_logprobs needs logprobs: true")
         if isinstance(self.stop, list) and len(self.stop) > 4:
             raise ValueError("at most 4 stop sequences")
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, dict):
+            name = self.chosen_function()
+            known = [t.function.name for t in self.tools or ()]
+            if name not in known:
+                raise ValueError(f"tool_choice names the function {name!r}, which is not in tools {known}")
         return self
 
-    def sampling(self) -> SamplingParams:
+    def chosen_function(self) -> str | None:
+        """The function a ``tool_choice`` object names (``{"type": "function", "function": {"name": …}}``)."""
+        if not isinstance(self.tool_choice, dict):
+            return None
+        fn = self.tool_choice.get("function")
+        if self.tool_choice.get("type") != "function" or not isinstance(fn, dict):
+            raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", ...}')
+        name = fn.get("name")
+        if not isinstance(name, str):
+            raise ValueError("tool_choice.function.name must be a string")
+        return name
+
+    @property
+    def stops(self) -> tuple[str, ...]:
         stop = self.stop or ()
+        return tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)
+
+    def sampling(self) -> SamplingParams:
         return SamplingParams(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             max_new_tokens=self.max_completion_tokens or self.max_tokens or 256,
-            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            stop=self.stops,
             seed=self.seed,
         )
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         if not self.tools or self.tool_choice == "none":
             return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
+        chosen = self.chosen_function()
+        return [
+            t.model_dump(exclude_none=True) for t in self.tools if chosen is None or t.function.name == chosen
+        ]
+
+
+def stop_at(text: str, stops: Sequence[str], start: int = 0) -> int | None:
+    """Where the first stop string begins in ``text[start:]`` (the reply's end), or None.
+
+    >>> stop_at("1, 2, 3", [","]), stop_at("abc", ["x"]), stop_at("a.b;c", [";", "."])
+    (1, None, 1)
+    """
+    found = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(found) if found else None
+
+
+def stop_prefix_tail(text: str, stops: Sequence[str], start: int = 0) -> int:
+    """How many characters at the end of ``text[start:]`` could begin a stop string (held back in streams).
+
+    >>> stop_prefix_tail("1 <", ["<end>"]), stop_prefix_tail("1 <e", ["<end>", "x"]), stop_prefix_tail("ab", ["c"])
+    (1, 2, 0)
+    """
+    room = len(text) - start
+    return max(
+        (k for s in stops for k in range(min(len(s) - 1, room), 0, -1) if s.startswith(text[-k:])),
+        default=0,
+    )
 
 
 # ----- tokens as the API shows them ------------------------------------------------------------------------
@@ -444,13 +497,18 @@ class PolicyServer(AppServer):
 
     def choice(self, index: int, reply: _Reply, req: ChatCompletionRequest) -> dict[str, Any]:
         turn = reply.turn
-        message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+        cut = stop_at(turn.text, req.stops)
+        text = turn.text if cut is None else turn.text[:cut]
+        message: dict[str, Any] = {"role": "assistant", "content": text}
         finish: str = turn.finish_reason if turn.finish_reason != "error" else "stop"
-        if req.tool_dicts() and turn.message.tool_calls:
+        if cut is not None:
+            finish = "stop"
+        # a call cut off by a stop string is not a call
+        if req.tool_dicts() and turn.message.tool_calls and (cut is None or _TOOL_CALL.search(text)):
             message["tool_calls"] = [
                 dict(c.to_dict(), id=f"call_{uuid.uuid4().hex[:16]}") for c in turn.message.tool_calls
             ]
-            message["content"] = _TOOL_CALL.sub("", turn.text).strip() or None
+            message["content"] = _TOOL_CALL.sub("", text).strip() or None
             finish = "tool_calls"
         out: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
         if req.logprobs:
@@ -577,9 +635,9 @@ async def _stream_events(
         if calls:  # the text before the calls, then the calls
             pieces = [choice["message"]["content"]] if choice["message"]["content"] else []
         elif tb is not None and reply.turn.token_ids:
-            pieces = _token_pieces(tb, server._renderer, reply.turn)
+            pieces = _cut(_token_pieces(tb, server._renderer, reply.turn), choice["message"]["content"] or "")
         else:
-            pieces = [reply.turn.text] if reply.turn.text else []
+            pieces = [choice["message"]["content"]] if choice["message"]["content"] else []
         aligned = len(pieces) == len(entries)
         for k, piece in enumerate(pieces):
             delta: dict[str, Any] = {"index": index, "delta": {"content": piece}, "finish_reason": None}
@@ -617,6 +675,16 @@ def _token_pieces(tb: TokenBytes, renderer: Any, turn: AssistantTurn) -> list[st
     return pieces
 
 
+def _cut(pieces: list[str], content: str) -> list[str]:
+    """``pieces`` (one per token) cut to the ``content`` they begin with (a stop string ended it): the
+    tokens after the cut stay, empty, so each keeps its chunk (and logprob)."""
+    out, left = [], len(content)
+    for piece in pieces:
+        out.append(piece[:left])
+        left -= len(out[-1])
+    return out
+
+
 _CALL_TAG = "<tool_call>"
 
 
@@ -636,9 +704,11 @@ class _LiveChoice:
     tokens is sent with its last token; the stop token adds nothing; with tools, text from ``<tool_call>``
     on (and any tail that could start it) is held back until the reply is parsed."""
 
-    def __init__(self, server: PolicyServer, hold_calls: bool) -> None:
+    def __init__(self, server: PolicyServer, hold_calls: bool, stops: Sequence[str] = ()) -> None:
         self.server = server
         self.hold_calls = hold_calls
+        self.stops = tuple(stops)
+        self.end: int | None = None  # where a stop string began: nothing from there on is sent
         self.pending = b""
         self.text = ""
         self.sent = 0  # characters of ``text`` sent as content
@@ -656,7 +726,16 @@ class _LiveChoice:
                 if len(self.pending) >= 4:  # not a character in progress: invalid bytes
                     self.text += self.pending.decode("utf-8", errors="replace")
                     self.pending = b""
-        return self._release(len(self.text) - self._held_tail())
+        return self._release(self._releasable())
+
+    def _releasable(self) -> int:
+        """How much of ``text`` may be sent now: up to a stop string, short of what could begin one or a
+        tool call."""
+        if self.end is None and self.stops:
+            self.end = stop_at(self.text, self.stops, self.sent)
+        if self.end is not None:
+            return min(self.end, len(self.text) - self._held_tail())
+        return len(self.text) - max(self._held_tail(), stop_prefix_tail(self.text, self.stops, self.sent))
 
     def _held_tail(self) -> int:
         if not self.hold_calls:
@@ -681,11 +760,14 @@ class _LiveChoice:
         if self.pending:
             self.text += self.pending.decode("utf-8", errors="replace")
             self.pending = b""
+        if self.end is None and self.stops:
+            self.end = stop_at(self.text, self.stops, self.sent)
+        end = len(self.text) if self.end is None else self.end
         if message.get("tool_calls"):
-            rest = _TOOL_CALL.sub("", self.text[self.sent :])
+            rest = _TOOL_CALL.sub("", self.text[self.sent : end])
             self.sent = len(self.text)
             return rest if rest.strip() else ""
-        return self._release(len(self.text))
+        return self._release(end)
 
 
 async def _live_events(
@@ -703,7 +785,7 @@ async def _live_events(
         return f"data: {json.dumps(body)}\n\n"
 
     hold = bool(req.tool_dicts())
-    live = [_LiveChoice(server, hold) for _ in futures]
+    live = [_LiveChoice(server, hold, req.stops) for _ in futures]
     for index in range(len(futures)):
         yield event({"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
     open_choices = len(futures)

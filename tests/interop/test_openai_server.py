@@ -167,6 +167,74 @@ def test_invalid_requests_are_400_with_a_reason(served: Any, body: dict[str, Any
     assert err.value.status_code == 400 and needle in str(err.value)
 
 
+def test_stop_strings_are_left_out_of_the_content(served: Any) -> None:
+    """OpenAI's semantics: the reply ends where the first stop string begins, the string itself is not sent
+    (whole replies, and live streams that hold back text which could begin one)."""
+    # the tiny random model's greedy reply is all newlines: a seeded sample says more
+    sampling: dict[str, Any] = {"temperature": 1.0, "seed": 7, "max_tokens": 16}
+    full = served.chat.completions.create(model="m", messages=CONV, **sampling)
+    text = full.choices[0].message.content or ""
+    assert len(text) >= 4, text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    expected = text[: text.index(stop)]
+    out = served.chat.completions.create(model="m", messages=CONV, stop=[stop], **sampling)
+    assert out.choices[0].message.content == expected and out.choices[0].finish_reason == "stop"
+    for kwargs in ({}, {"logprobs": True}):
+        chunks = list(
+            served.chat.completions.create(
+                model="m", messages=CONV, stop=stop, stream=True, **sampling, **kwargs
+            )
+        )
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == expected, kwargs
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_tool_choice_must_name_a_tool_of_the_request(served: Any) -> None:
+    pick = {"type": "function", "function": {"name": "calculator"}}
+    out = served.chat.completions.create(
+        model="m", messages=CONV, tools=TOOLS, tool_choice=pick, temperature=0, max_tokens=2
+    )
+    assert out.choices[0].finish_reason in ("stop", "length")
+    for choice, needle in (
+        ({"type": "function", "function": {"name": "weather"}}, "weather"),
+        ("required", "tools"),  # without tools
+    ):
+        tools = TOOLS if isinstance(choice, dict) else openai.NOT_GIVEN
+        with pytest.raises(openai.BadRequestError) as err:
+            served.chat.completions.create(model="m", messages=CONV, tools=tools, tool_choice=choice)
+        assert err.value.status_code == 400 and needle in str(err.value)
+        assert err.value.body["type"] == "invalid_request_error"
+
+
+def test_a_named_tool_choice_leaves_the_model_that_tool() -> None:
+    seen: list[Any] = []
+
+    class _Echo(_Caller):
+        def act(self, conversations: Any, tools: Any = None, **kw: Any) -> list[AssistantTurn]:
+            seen.extend(tools)
+            return super().act(conversations, tools, **kw)
+
+    two = [*TOOLS, {"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}]
+    with PolicyServer(_Echo(), port=0) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none", timeout=60, max_retries=0)
+        pick = {"type": "function", "function": {"name": "calculator"}}
+        client.chat.completions.create(model="m", messages=CONV, tools=two, tool_choice=pick)
+        client.chat.completions.create(model="m", messages=CONV, tools=two)
+    assert [[t["function"]["name"] for t in ts] for ts in seen] == [["calculator"], ["calculator", "clock"]]
+
+
+def test_stop_strings_cut_a_whole_reply_and_its_tool_call() -> None:
+    with PolicyServer(_Caller(), port=0) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none", timeout=60, max_retries=0)
+        out = client.chat.completions.create(model="m", messages=CONV, tools=TOOLS, stop=[". "])
+        (choice,) = out.choices
+        assert choice.message.content == "Let me compute" and not choice.message.tool_calls
+        assert choice.finish_reason == "stop"
+        chunks = list(client.chat.completions.create(model="m", messages=CONV, stop=["compute"], stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Let me "
+
+
 def test_n_choices_and_concurrent_clients(served: Any) -> None:
     out = served.chat.completions.create(model="m", messages=CONV, n=3, temperature=1.0, max_tokens=4, seed=1)
     assert [c.index for c in out.choices] == [0, 1, 2]
