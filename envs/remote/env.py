@@ -50,6 +50,10 @@ class RemoteEnv(ToolEnv):
 
     ## Rewards
     The server's: each step's ``reward`` as it sent it (``info["reward_components"]`` from toolgym servers).
+    ``info["success"]`` at the episode's end is the server's own where it sends one (toolgym servers; a
+    boolean ``success`` in another server's observation); otherwise it is derived from the end: the server
+    said ``done`` (not a truncation) and the last reward is above ``success_reward`` (0), so a won game
+    that rewards 1 (or any positive reward) for winning counts as a success.
 
     ## Starting State
     ``reset(seed=…)`` sends the seed; the server draws the task (same seed, same task).
@@ -64,7 +68,8 @@ class RemoteEnv(ToolEnv):
 
     ## Arguments
     ``url`` (None: loopback), ``serve`` ("toolgym/Calculator-v0": the loopback's env), ``serve_kwargs``
-    (its gym.make kwargs), ``action_key`` ("message"), ``connect_timeout_s`` (10), ``read_timeout_s`` (60),
+    (its gym.make kwargs), ``action_key`` ("message"), ``success_reward`` (0: a final reward above it is a
+    success, for servers that send no ``success``), ``connect_timeout_s`` (10), ``read_timeout_s`` (60),
     ``retries`` (2), ``retry_backoff_s`` (0.5), ``render_mode``. The served env's own settings (``max_turns``,
     ``prompt_format``, …) belong to the server (``toolgym serve-env ID --env-kwargs``).
 
@@ -85,6 +90,7 @@ class RemoteEnv(ToolEnv):
         serve: str = "toolgym/Calculator-v0",
         serve_kwargs: dict[str, Any] | None = None,
         action_key: str = "message",
+        success_reward: float = 0.0,
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 60.0,
         retries: int = 2,
@@ -105,6 +111,7 @@ class RemoteEnv(ToolEnv):
         self.serve = serve
         self.serve_kwargs = dict(serve_kwargs or {})
         self.action_key = action_key
+        self.success_reward = float(success_reward)
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.retries = retries
@@ -262,7 +269,8 @@ class RemoteEnv(ToolEnv):
         info.setdefault("invalid_action", False)
         if terminated or truncated:
             self._done = True
-            info.setdefault("success", False)
+            if not isinstance(info.get("success"), bool):  # a server that does not say: read its end
+                info["success"] = bool(terminated and reward > self.success_reward)
             info.setdefault("episode_reward", self._episode_reward)
         return messages, reward, terminated, truncated, info
 
@@ -382,7 +390,11 @@ def _read(
             bool(obs.get("truncated")),
         )
     done = bool(data.get("done"))
-    return [{"role": "user", "content": _text(obs)}], {"openenv_observation": obs}, None, reward, done, False
+    info: dict[str, Any] = {"openenv_observation": obs}
+    said = obs.get("success") if isinstance(obs, dict) else None
+    if isinstance(said, bool):
+        info["success"] = said
+    return [{"role": "user", "content": _text(obs)}], info, None, reward, done, False
 
 
 # ----- the loopback ----------------------------------------------------------------------------------------

@@ -163,6 +163,17 @@ def test_remote_drives_a_server_built_with_openenv_core() -> None:
             assert env.step("5")[:4] == ([{"role": "user", "content": "wrong"}], 0.0, False, False)
             obs, reward, term, trunc, info = env.step("3")
             assert (reward, term, trunc) == (1.0, True, False) and info["episode_reward"] == 1.0
+            assert info["success"] is True  # the server sends no success: a positive final reward is one
+            env.reset(seed=13)
+            *_, info = env.step("3")
+            assert info["success"] is True
+        finally:
+            env.close()
+        # a higher bar, or a game that ends without a win, is not a success
+        env = gym.make("toolgym/Remote-v0", url=server.url, success_reward=1.0)
+        try:
+            env.reset(seed=13)
+            assert env.step("3")[-1]["success"] is False
         finally:
             env.close()
 
