@@ -8,6 +8,7 @@ from toolgym.errors import ConfigError, DependencyNotInstalled, InfrastructureEr
 from toolgym.messages import Message, ToolCall
 from toolgym.parsing import ParseResult, parse_action
 from toolgym.tools import Tool, ToolSpec
+from toolgym.vector import make_vec
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,7 @@ __all__ = [
     "ToolSpec",
     "ToolgymError",
     "__version__",
+    "make_vec",
     "parse_action",
 ]
 
