@@ -30,7 +30,7 @@ C = TypeVar("C", bound="RunConfig")
 Engine = Literal["auto", "fast", "hf"]
 RatioLevel = Literal["token", "sequence", "turn"]
 KlEstimator = Literal["k1", "k2", "k3", "k3+"]
-Agg = Literal["token_mean", "seq_mean", "constant"]
+Agg = Literal["token_mean", "seq_mean", "seq_mean_token_sum", "constant"]
 IsMode = Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 Branching = Literal["none", "turn_entropy", "token_entropy", "branching_score", "fixed_segments"]
 Estimator = Literal[
@@ -351,8 +351,51 @@ class SeedMethodsConfig(RunConfig):
         return out
 
 
+EPS_HIGH_HELP = {"help": "upper clip range (0.28: DAPO's clip-higher)"}
+
+
 @dataclass
-class GRPOConfig(SeedMethodsConfig):
+class LossOptionsConfig(SeedMethodsConfig):
+    """The policy-loss options GRPO and PPO share (one field and one help each; `loss.LossConfig` reads them).
+    GRPO adds its loss variants (objective, delta, CISPO, AEPO, LLDS, top-entropy); PPO overrides eps_high."""
+
+    eps_low: float = field(default=0.2, metadata={"help": "lower clip range: ratio >= 1 - eps_low"})
+    eps_high: float = field(default=0.28, metadata=EPS_HIGH_HELP)
+    ratio_level: RatioLevel = field(
+        default="token", metadata=choices("importance ratio per (sequence, turn: GSPO-style mean)", RATIO_LEVELS)
+    )
+    dual_clip: float = field(
+        default=3.0, metadata={"help": "dual-clip constant for negative advantages (0: off)"}
+    )
+    is_mode: IsMode = field(
+        default="token_truncate", metadata=choices("engine/trainer mismatch correction", IS_MODES)
+    )
+    is_max: float = field(default=2.0, metadata={"help": "TIS cap (upper bound of the importance weight)"})
+    kl_coef: float = field(
+        default=0.0,
+        metadata={"help": "weight of the KL to the initial policy, a loss term or kl_in_reward (0: no reference)"},
+    )
+    kl_estimator: KlEstimator = field(default="k3", metadata=choices("KL estimator", KL_ESTIMATORS))
+    kl_in_reward: bool = field(
+        default=False,
+        metadata={
+            "help": "KL as a reward penalty instead of a loss term (verl): GRPO R -= kl_coef * the row's summed "
+            "token KL; PPO a per-token reward -kl_coef * KL_t"
+        },
+    )
+    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus (subtracted from the loss)"})
+    agg: Agg = field(
+        default="token_mean",
+        metadata=choices(
+            "loss aggregation (token_mean: global tokens; seq_mean: row means; seq_mean_token_sum: row sums; "
+            "constant: Dr.GRPO)",
+            AGGS,
+        ),
+    )
+
+
+@dataclass
+class GRPOConfig(LossOptionsConfig):
     """GRPO (critic-free) on rollout trees: `toolgym train grpo`; the loop is grpo.py."""
 
     # --- credit
@@ -414,12 +457,6 @@ class GRPOConfig(SeedMethodsConfig):
         default="ppo",
         metadata=choices("policy objective: ppo (clipped surrogate), cispo", get_args(Objective)),
     )
-    eps_low: float = field(default=0.2, metadata={"help": "lower clip range"})
-    eps_high: float = field(default=0.28, metadata={"help": "upper clip range (clip-higher)"})
-    ratio_level: RatioLevel = field(default="token", metadata=choices("importance ratio per", RATIO_LEVELS))
-    dual_clip: float = field(
-        default=3.0, metadata={"help": "dual-clip constant for negative advantages (0: off)"}
-    )
     delta: float = field(
         default=0.0,
         metadata={"help": "two-sided clip (INTELLECT-2): cap the unclipped ratio at delta (0: off)"},
@@ -428,31 +465,12 @@ class GRPOConfig(SeedMethodsConfig):
     aepo_clip: bool = field(
         default=False, metadata={"help": "AEPO: keep gradients above the upper clip bound"}
     )
-    is_mode: IsMode = field(
-        default="token_truncate", metadata=choices("engine/trainer mismatch correction", IS_MODES)
-    )
-    is_max: float = field(default=2.0, metadata={"help": "TIS cap"})
-    kl_coef: float = field(
-        default=0.0, metadata={"help": "KL to the initial policy in the loss (0: no reference model)"}
-    )
-    kl_estimator: KlEstimator = field(default="k3", metadata=choices("KL estimator", KL_ESTIMATORS))
-    kl_in_reward: bool = field(
-        default=False,
-        metadata={
-            "help": "KL as a reward penalty: R -= kl_coef * sum of the row's token KLs (verl) instead of a loss term"
-        },
-    )
-    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus"})
     top_entropy_quantile: float = field(
         default=1.0,
         metadata={"help": "train only the top fraction of tokens by entropy (0.2 in the paper; 1 all)"},
     )
     llds_coef: float = field(
         default=0.0, metadata={"help": "LLDS likelihood-preserving penalty (0.2 in the paper; 0 off)"}
-    )
-    agg: Agg = field(
-        default="token_mean",
-        metadata=choices("loss aggregation (token_mean: global; constant: Dr.GRPO)", AGGS),
     )
     # --- filters and shaping
     filter_zero_variance: bool = field(
@@ -522,6 +540,15 @@ class GRPOConfig(SeedMethodsConfig):
         ),
     )
 
+    # --- curriculum (trainers/curriculum.py)
+    curriculum: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "a difficulty schedule over env knobs driven by recent success, e.g. {knobs: {digits: "
+            "[2, 3, 4]}, promote_at: 0.8, demote_at: 0.2} (trainers/curriculum.py; {}: off)"
+        },
+    )
+
     RENAMED: ClassVar[dict[str, str]] = {"overlong_penalty": "overlong_factor"}
 
     def validate(self) -> None:
@@ -539,6 +566,10 @@ class GRPOConfig(SeedMethodsConfig):
             raise ConfigError(f"overlong_buffer ({self.overlong_buffer}) must be < max_total_tokens")
         if self.logprob_chunk < 1:
             raise ConfigError(f"logprob_chunk must be >= 1, got {self.logprob_chunk}")
+        if self.curriculum:
+            from toolgym.trainers.curriculum import parse
+
+            parse(self.curriculum)  # a ConfigError that names the bad key
         check_loss_rules(self)
         self.branch_policy()  # unknown branching names or options are a ConfigError
 
@@ -646,7 +677,7 @@ class GRPOConfig(SeedMethodsConfig):
 
 
 @dataclass
-class PPOConfig(SeedMethodsConfig):  # replay, task selection, EPO and HiPER (critic=hiper) too
+class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (critic=hiper) too
     """PPO with a value head and GAE: `toolgym train ppo`; the loop is ppo.py. Its defaults differ from GRPO's
     (epochs 2, eps_high 0.2: symmetric clipping)."""
 
@@ -659,28 +690,13 @@ class PPOConfig(SeedMethodsConfig):  # replay, task selection, EPO and HiPER (cr
             get_args(Critic),
         ),
     )
-    ratio_level: RatioLevel = field(default="token", metadata=choices("importance ratio per", RATIO_LEVELS))
     gamma: float = field(default=1.0, metadata={"help": "GAE discount over model tokens"})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda"})
     whiten_advantages: bool = field(default=True, metadata={"help": "normalise advantages over the batch"})
     value_lr: float = field(default=1e-4, metadata={"help": "learning rate of the value head"})
     vf_coef: float = field(default=0.5, metadata={"help": "weight of the value loss"})
     vf_clip: float = field(default=0.5, metadata={"help": "value clipping around the old values (0: off)"})
-    eps_low: float = field(default=0.2, metadata={"help": "lower clip range"})
-    eps_high: float = field(default=0.2, metadata={"help": "upper clip range"})
-    dual_clip: float = field(default=3.0, metadata={"help": "dual-clip constant for A < 0 (0: off)"})
-    is_mode: IsMode = field(
-        default="token_truncate", metadata=choices("engine/trainer mismatch correction", IS_MODES)
-    )
-    is_max: float = field(default=2.0, metadata={"help": "TIS cap"})
-    kl_coef: float = field(default=0.0, metadata={"help": "KL to the initial policy (0: off)"})
-    kl_estimator: KlEstimator = field(default="k3", metadata=choices("KL estimator", KL_ESTIMATORS))
-    kl_in_reward: bool = field(
-        default=False,
-        metadata={"help": "KL as a per-token reward -kl_coef*KL_t (verl) instead of a loss term"},
-    )
-    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus"})
-    agg: Agg = field(default="token_mean", metadata=choices("loss aggregation", AGGS))
+    eps_high: float = field(default=0.2, metadata=EPS_HIGH_HELP)  # symmetric clipping (GRPO: 0.28)
 
     def validate(self) -> None:
         super().validate()

@@ -31,7 +31,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-Agg = Literal["token_mean", "seq_mean", "constant"]
+Agg = Literal["token_mean", "seq_mean", "seq_mean_token_sum", "constant"]
 QUANTILE_MAX = 1 << 24  # torch.quantile refuses larger inputs
 
 
@@ -56,8 +56,10 @@ class LossConfig:
     entropy_coef: float = 0.0  # entropy bonus (subtracted from the loss)
     llds_coef: float = 0.0  # LLDS lambda (0.2 in the paper); 0: off
     llds_gate: Literal["action", "response"] = "action"  # per turn (LLDS-A) or per row (LLDS-R)
-    agg: Agg = "token_mean"  # token_mean (DAPO, global) | seq_mean (GRPO) | constant (Dr.GRPO)
-    max_tokens: int = 1024  # the constant of `agg="constant"` (rows * max_tokens)
+    agg: Agg = (
+        "token_mean"  # token_mean (DAPO, global) | seq_mean (GRPO) | seq_mean_token_sum | constant (Dr.GRPO)
+    )
+    max_tokens: int = 1024  # the constant of `agg="constant"` (trained rows * max_tokens)
 
     def __post_init__(self) -> None:
         if self.dual_clip is not None and self.dual_clip <= 1.0:
@@ -162,21 +164,26 @@ class PolicyBatch(NamedTuple):
 
 
 def denominator(mask: torch.Tensor, cfg: LossConfig) -> float:
-    """The normaliser of `aggregate` for this batch; sum it over micro-batches (and ranks) for a global one."""
+    """The normaliser of `aggregate` for this batch; sum it over micro-batches (and ranks) for a global one.
+    Rows count only when they train a token: a filtered row is not in the loss, so it does not shrink the
+    gradient of the others (and a minibatch of filtered rows has denominator 0: no optimizer step)."""
     if cfg.agg == "token_mean":
         return float(mask.sum())
-    rows = int((mask.sum(1) > 0).sum()) if cfg.agg == "seq_mean" else mask.shape[0]
+    rows = int((mask.sum(1) > 0).sum())
     return float(rows * (cfg.max_tokens if cfg.agg == "constant" else 1))
 
 
 def aggregate(
     per_token: torch.Tensor, mask: torch.Tensor, cfg: LossConfig, denom: float | None = None
 ) -> torch.Tensor:
-    """Reduces [B, T] to a scalar: sum(M L)/tokens | mean over rows of row means | sum(M L)/(rows*max_tokens).
+    """Reduces [B, T] to a scalar: `token_mean` sum(M L)/tokens | `seq_mean` mean over rows of row means
+    (seq-mean-token-mean) | `seq_mean_token_sum` mean over rows of row sums (verl's seq-mean-token-sum) |
+    `constant` sum(M L)/(rows * max_tokens) (Dr.GRPO); rows = rows with a trained token.
 
-    >>> L = torch.tensor([[1.0, 3.0], [2.0, 0.0]]); M = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    >>> [aggregate(L, M, LossConfig(agg=a, max_tokens=4)).item() for a in ("token_mean", "seq_mean", "constant")]
-    [2.0, 2.0, 0.75]
+    >>> L = torch.tensor([[1.0, 3.0], [2.0, 0.0], [5.0, 5.0]]); M = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    >>> aggs = ("token_mean", "seq_mean", "seq_mean_token_sum", "constant")
+    >>> [aggregate(L, M, LossConfig(agg=a, max_tokens=4)).item() for a in aggs]
+    [2.0, 2.0, 3.0, 0.75]
     """
     m = mask.to(per_token.dtype)  # [B, T]
     denom = denominator(mask, cfg) if denom is None else denom

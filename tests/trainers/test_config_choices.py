@@ -11,7 +11,7 @@ from toolgym.trainers.ppo import PPOConfig
 
 BAD = [
     (GRPOConfig, "estimator", "foo", "grpo, dr_grpo"),
-    (GRPOConfig, "agg", "fooo", "token_mean, seq_mean, constant"),
+    (GRPOConfig, "agg", "fooo", "token_mean, seq_mean, seq_mean_token_sum, constant"),
     (GRPOConfig, "is_mode", "x", "token_truncate"),
     (GRPOConfig, "shared", "foo", "repeat, once"),
     (GRPOConfig, "branching", "bogus", "turn_entropy"),
