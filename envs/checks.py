@@ -215,6 +215,9 @@ def check(env_id: str, garbage_actions: int = 200, expert_episodes: int = 20) ->
     _run_check(report, "determinism", lambda: _determinism(env_id, seeds=small))
     _run_check(report, "garbage", lambda: _garbage(env_id, garbage_actions))
     _run_check(report, "fork", lambda: _fork(env_id, seeds=min(3, small)))
+    from toolgym.vector import check_vector  # make_vec over the id: two envs, SAME_STEP autoreset
+
+    _run_check(report, "vector", lambda: check_vector(env_id))
 
     def expert() -> None:
         report.declared_success = declared
