@@ -55,6 +55,7 @@ from toolgym.trainers.config import (  # the config lives in config.py (no torch
     changed_fields,
     warn_inert,
 )
+from toolgym.trainers.curriculum import CurriculumHook
 from toolgym.trainers.distributed import Dist
 from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
 from toolgym.trainers.igpo import igpo_advantages
@@ -221,6 +222,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
     roller = TreeRollout(policy, branch, rollout_cfg, cfg.env_kwargs)
     seeds = SeedState(cfg, dist.world)  # replay buffer, task pool, EPO entropy band
+    curriculum = CurriculumHook(cfg, seeds.selector, dist.world)  # levels of env knobs (a no-op when off)
     bar = _progress_bar(cfg, progress.step) if dist.main else None
     per_rank = cfg.prompts_per_step // dist.world
     metrics: dict[str, float] = {}
@@ -254,11 +256,13 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
                 lambda: next_tasks(cfg.env_ids, cfg.seed, progress.data_pos + dist.rank * per_rank, per_rank),
                 per_rank, step,
             )  # fmt: skip
+            tasks = curriculum.assign(tasks)
             model.eval()
             with torch.no_grad(), autocast(device, cfg.bf16):
                 new, stats = roller.run(
                     tasks, seed=cfg.seed * 100_003 + step + 7919 * dist.rank + 104_729 * rounds
                 )
+            curriculum.observe(new)
             progress.data_pos += cfg.prompts_per_step
             rounds += 1
             if cfg.kl_in_reward and ref is not None:
@@ -309,6 +313,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             continue  # rank 0 evaluates, logs and saves
 
         # 5. evaluate, log, save
+        curriculum.end_step(metrics)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             metrics |= held_out(step)
         assert log is not None

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-NAMESPACES = ("charts/", "losses/", "rollout/", "eval/", "time/")
+NAMESPACES = ("charts/", "losses/", "rollout/", "eval/", "time/", "curriculum/")
 
 PLOTS = {
     "reward.png": ["charts/episode_reward", "charts/trained_reward", "eval/episode_reward"],
@@ -20,6 +20,7 @@ PLOTS = {
     "kl.png": ["losses/approx_kl", "losses/kl_ref"],
     "entropy.png": ["losses/entropy"],
     "tokens_per_s.png": ["rollout/tokens_per_s", "time/train_tokens_per_s"],
+    "curriculum.png": ["curriculum/level", "curriculum/success"],
 }
 
 
