@@ -326,6 +326,31 @@ def judge(
     return Judge(url, model=model, rubric=rubric, check=check, **options)
 
 
+def as_judge(spec: Judge | dict[str, Any] | str | None) -> Judge:
+    """An env's ``judge=`` argument as a :class:`Judge`: a Judge, :func:`judge` keywords (``{"base_url": …,
+    "model": …, "rubric": {…}}``), a server URL, or None (``$TOOLGYM_JUDGE_URL``)."""
+    if isinstance(spec, Judge):
+        return spec
+    if isinstance(spec, dict):
+        return judge(**spec)
+    if spec is None or isinstance(spec, str):
+        return judge(spec)
+    raise ConfigError(
+        f"judge must be a Judge, a dict of judge() keywords or a URL, got {type(spec).__name__}"
+    )
+
+
+def judge_answer(j: Judge, question: str, answer: str, reference: Any = None) -> float:
+    """One final answer graded inside an env's step: the judge's value, or ``InfrastructureError`` when it
+    failed (the episode then ends as ``env_error`` and is never scored as the model's failure)."""
+    from toolgym.errors import InfrastructureError
+
+    value = j.grade([answer], question=[question], reference=[reference])[0].value
+    if value is None:
+        raise InfrastructureError(f"the judge at {j.base_url} gave no verdict after {j.retries} retries")
+    return value
+
+
 # ----- helpers ---------------------------------------------------------------------------------------------
 def _column(kwargs: dict[str, Any], keys: tuple[str, ...], n: int) -> list[Any] | None:
     for key in keys:

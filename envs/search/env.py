@@ -44,7 +44,9 @@ class SearchEnv(ToolEnv):
 
     ## Rewards
     ``correct``: exact match (``reward="em"``, default) or token F1 (``reward="f1"``) of the answer against the
-    gold aliases, SQuAD-normalised (``toolgym.rewards.qa``). ``format``: ``format_penalty`` (-0.1) on each
+    gold aliases, SQuAD-normalised (``toolgym.rewards.qa``), or the [0, 1] score of a judge model
+    (``reward="judge"``, ``judge=``: see FreeQA-v0; a judge that fails ends the episode as ``env_error``).
+    ``format``: ``format_penalty`` (-0.1) on each
     invalid action, and ``format_bonus`` (default 0) on a final answer given in an episode with no invalid
     action. Success means an exact match. ``info["gold"]`` holds the gold aliases for trainers (e.g. IGPO's
     information gain); it never appears in the messages.
@@ -59,7 +61,8 @@ class SearchEnv(ToolEnv):
 
     ## Arguments
     ``num_passages`` (10000), ``world_seed`` (0), ``hops`` (None), ``question_kinds`` (None: all),
-    ``corpus`` (None), ``questions`` (None), ``retriever_url`` (None), ``topk`` (3), ``reward`` ("em"),
+    ``corpus`` (None), ``questions`` (None), ``retriever_url`` (None), ``topk`` (3),
+    ``reward`` ("em"; "f1", "judge"), ``judge`` (None),
     ``format_bonus`` (0.0), ``format_penalty`` (-0.1), ``max_turns`` (10), ``action_format`` ("hermes" or
     "tags"), ``prompt_format`` ("tools" or "text"), ``timeout_s`` (10), ``retries`` (3),
     ``show_progress`` (False: progress bars when an index is built).
@@ -84,6 +87,7 @@ class SearchEnv(ToolEnv):
         retriever_url: str | None = None,
         topk: int = 3,
         reward: str = "em",
+        judge: Any = None,
         format_bonus: float = 0.0,
         max_turns: int = 10,
         timeout_s: float = 10.0,
@@ -91,8 +95,8 @@ class SearchEnv(ToolEnv):
         show_progress: bool = False,
         **kwargs: Any,
     ) -> None:
-        if reward not in ("em", "f1"):
-            raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
+        if reward not in ("em", "f1", "judge"):
+            raise ConfigError(f"reward must be 'em', 'f1' or 'judge', got {reward!r}")
         if not 1 <= topk <= 50:
             raise ConfigError(f"topk must be between 1 and 50, got {topk}")
         if hops is not None and hops not in KINDS_BY_HOPS:
@@ -104,6 +108,11 @@ class SearchEnv(ToolEnv):
         self.question_kinds = tuple(question_kinds) if question_kinds else None
         self.topk = topk
         self.reward = reward
+        self.judge = None
+        if reward == "judge":  # a model grades the answer against the gold aliases (toolgym.rewards.judge)
+            from toolgym.rewards.judge import as_judge
+
+            self.judge = as_judge(judge)
         self.format_bonus = format_bonus
         self.source = open_source(
             num_passages=num_passages,
@@ -215,6 +224,10 @@ class SearchEnv(ToolEnv):
         score = (
             self._em if self.reward == "em" else max((token_f1_score(answer, g) for g in golds), default=0.0)
         )
+        if self.judge is not None:
+            from toolgym.rewards.judge import judge_answer
+
+            score = judge_answer(self.judge, self.task.data["question"], answer, golds)
         parts = {"correct": score if pred else 0.0}
         if self.format_bonus and self._invalid == 0:
             parts["format"] = self.format_bonus
