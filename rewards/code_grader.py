@@ -43,6 +43,7 @@ _HERE = Path(__file__).parent
 _WIRE = (_HERE / "code_wire.py").read_text()
 _SERVER = (_HERE / "code_server.py").read_text()
 _RUNNER = (_HERE / "code_runner.py").read_text()
+_PROXY = (_HERE / "code_proxy.py").read_text()
 _SESSION_BOOT = (
     "import json as _j, sys as _s, types as _t\n"
     "_src = _j.loads(_s.stdin.read())\n"
@@ -128,14 +129,25 @@ def _job(tests: Any, entry_point: str | None) -> dict[str, Any]:
     )
 
 
+def _classes(prelude: str, job: dict[str, Any]) -> list[str]:
+    """The classes the trusted code defines at top level (a prelude's ``ListNode``): their instances cross by
+    value, rebuilt on each side with that side's class of the same name."""
+    sources = [prelude, job.get("source", "")] + (job["cases"] if job["kind"] == "asserts" else [])
+    names: set[str] = set()
+    for src in sources:
+        with contextlib.suppress(SyntaxError, ValueError):
+            names.update(n.name for n in ast.parse(src).body if isinstance(n, ast.ClassDef))
+    return sorted(names)
+
+
 class _Candidate:
     """The candidate's function server in one sandbox session; reloaded in a fresh interpreter for the next
     test case when it died."""
 
-    def __init__(self, sandbox: Any, code: str, timeout: float) -> None:
-        self.sandbox, self.code, self.timeout = sandbox, code, timeout
+    def __init__(self, sandbox: Any, code: str, timeout: float, byval: list[str]) -> None:
+        self.sandbox, self.code, self.timeout, self.byval = sandbox, code, timeout, byval
         self.session: Any = None
-        self.names: list[str] = []
+        self.names = ""  # the load report: the candidate's names, for the test process
         self.load_error = ""
         self.dead_in: int | None = None  # the case during which the interpreter died
         self.charged = 0.0
@@ -153,17 +165,18 @@ class _Candidate:
 
     def load(self) -> None:
         # imports (numpy takes seconds on a busy machine) get more than one case's budget
-        result = self.session.run("_tg_load()", timeout=max(2 * self.timeout, LOAD_MIN_S), stdin=self.code)
+        job = json.dumps({"code": self.code, "byval": self.byval})
+        result = self.session.run("_tg_load()", timeout=max(2 * self.timeout, LOAD_MIN_S), stdin=job)
         report = _report(result.stdout) if not result.restarted else None
-        if report is None or not isinstance(report.get("names"), list):
+        if report is None or not isinstance(report.get("names"), dict):
             why = report.get("error") if report else f"{result.status}: {result.detail or 'no report'}"
             self.load_error = f"the code did not load: {why}"[:300]
             if result.status == "sandbox_error" and _probe_failed(self.sandbox):
                 raise InfrastructureError(result.detail)
-            self.names = []
+            self.names = ""
             return
         self.load_error = ""
-        self.names = [str(n) for n in report["names"]]
+        self.names = json.dumps(report)
 
     def call(self, request: str, case: int, budget: float) -> tuple[dict[str, Any], float]:
         """A reply for the test process (``{"raw": report text}`` or ``{"crash": why}``) and the seconds to
@@ -192,7 +205,11 @@ class _Candidate:
         wall = time.monotonic() - t0
         self.charged = result.duration_s if 0 < result.duration_s <= wall else wall
         report = _report(result.stdout) if not result.restarted else None
-        if result.status == "ok" and report is not None and ("value" in report or "exc" in report):
+        if (
+            result.status == "ok"
+            and report is not None
+            and ("value" in report or "exc" in report or "need" in report)
+        ):
             try:
                 return {"raw": json.dumps(report)}
             except (ValueError, RecursionError):
@@ -225,7 +242,7 @@ class _Runner:
         workdir = tempfile.gettempdir()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", BOOT, _WIRE, _RUNNER, str(write_fd)],
+                [sys.executable, "-I", "-c", BOOT, _WIRE, _PROXY, _RUNNER, str(write_fd)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -295,7 +312,8 @@ def grade_function(
     job = _job(tests, entry_point)
     total = len(job["cases"])
     job["prelude"], job["entry_point"] = prelude, entry_point
-    candidate = _Candidate(sandbox, f"{prelude}\n{code}" if prelude else code, timeout)
+    job["byval"] = _classes(prelude, job)
+    candidate = _Candidate(sandbox, f"{prelude}\n{code}" if prelude else code, timeout, job["byval"])
     runner: _Runner | None = None
     try:
         try:
@@ -304,7 +322,7 @@ def grade_function(
             return Grade(0, total, infra_error=str(exc))
         if problem:
             return Grade(0, total, infra_error=problem)
-        job["names"] = [n for n in candidate.names if not n.startswith("_")]
+        job["load"] = candidate.names
         try:
             runner = _Runner.start(job)
         except OSError as exc:

@@ -1,17 +1,19 @@
 """The test process of a function test: the dataset's trusted test code, run in a clean interpreter that never
 sees the candidate's code. Standard library only; nothing runs at import.
 
-Started by the host (:mod:`toolgym.rewards.code_grader`) as ``python -I -c BOOT WIRE_SOURCE THIS_SOURCE FD``;
-``BOOT`` loads :mod:`toolgym.rewards.code_wire` as module ``_tg_wire`` and calls :func:`main`. The job (one
-JSON line) and then the host's replies arrive on stdin; requests and the single final report go out on
-fd ``FD``, a pipe only the host holds the other end of. The test code's own stdin, stdout and stderr are
-/dev/null.
+Started by the host (:mod:`toolgym.rewards.code_grader`) as ``python -I -c BOOT WIRE PROXY THIS FD``;
+``BOOT`` loads :mod:`toolgym.rewards.code_wire` as module ``_tg_wire`` and
+:mod:`toolgym.rewards.code_proxy` as ``_tg_proxy`` and calls :func:`main`. The job (one JSON line) and then
+the host's replies arrive on stdin; requests and the single final report go out on fd ``FD``, a pipe only
+the host holds the other end of. The test code's own stdin, stdout and stderr are /dev/null.
 
-The candidate's functions are proxies (:class:`Remote`): a call sends its arguments as plain data, the host
-runs it in the candidate's sandbox session, and the result comes back rebuilt from exact built-in types, so
-every comparison the tests make is between plain values. Names the tests use without defining resolve, in
-order: the test's own globals (prelude included), builtins, the standard library's modules (``math`` is the
-real one even if the candidate defined a class named ``math``), then the candidate's top-level functions.
+The candidate's functions, classes and objects are proxies (:mod:`toolgym.rewards.code_proxy`): a call
+sends its arguments as plain data, the host runs it in the candidate's sandbox session, and the result comes
+back as exact built-in types or as another proxy, so every comparison the tests make runs here. Names the
+tests use without defining resolve, in order: the test's own globals (prelude included), builtins, the
+standard library's modules (``math`` is the real one even if the candidate defined a class named ``math``),
+then the candidate's top-level functions and classes, and the modules it imported under its own names
+(``np``: this process imports numpy itself). ``import solution`` gives the candidate's module.
 """
 
 from __future__ import annotations
@@ -20,26 +22,23 @@ from typing import Any
 
 BOOT = (
     "import sys, types\n"
-    "w = types.ModuleType('_tg_wire')\n"
-    "exec(compile(sys.argv[1], 'code_wire.py', 'exec'), w.__dict__)\n"
-    "sys.modules['_tg_wire'] = w\n"
+    "for name, src, file in (('_tg_wire', sys.argv[1], 'code_wire.py'), ('_tg_proxy', sys.argv[2], 'code_proxy.py')):\n"
+    "    m = types.ModuleType(name)\n"
+    "    exec(compile(src, file, 'exec'), m.__dict__)\n"
+    "    sys.modules[name] = m\n"
     "ns = {'__name__': '_tg_runner'}\n"
-    "exec(compile(sys.argv[2], 'code_runner.py', 'exec'), ns)\n"
+    "exec(compile(sys.argv[3], 'code_runner.py', 'exec'), ns)\n"
     "ns['main']()\n"
 )
-
-
-class CandidateCrashed(BaseException):
-    """The candidate gave no valid answer (it died, timed out, exited, or sent garbage). A BaseException,
-    so a test's ``except Exception`` cannot turn it into a pass."""
-
-
-class NotPlainData(BaseException):
-    """A value that cannot cross between the processes (an argument or the candidate's result)."""
-
-
-class CandidateError(Exception):
-    """An exception the candidate's function raised whose type is not a built-in exception."""
+# modules the candidate imported that this process imports for the tests by the same name: the standard
+# library (less what opens windows or browsers) and common numeric libraries
+NOT_IMPORTED = frozenset(
+    {"antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "webbrowser", "pydoc", "ensurepip",
+     "venv", "lib2to3", "__main__", "solution"}
+)  # fmt: skip
+THIRD_PARTY = frozenset(
+    {"numpy", "scipy", "pandas", "sympy", "networkx", "sortedcontainers", "more_itertools"}
+)
 
 
 def main() -> None:
@@ -49,7 +48,9 @@ def main() -> None:
     import json
     import os
     import sys
+    import types
 
+    import _tg_proxy as proxy  # type: ignore[import-not-found]
     import _tg_wire as wire  # type: ignore[import-not-found]
 
     with contextlib.suppress(Exception):  # no same-uid process may read this one's memory or ptrace it
@@ -57,7 +58,7 @@ def main() -> None:
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     rx = os.fdopen(os.dup(0), "rb")
-    tx = int(sys.argv[3])
+    tx = int(sys.argv[4])
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -80,71 +81,38 @@ def main() -> None:
             os._exit(3)  # the host is gone
         return json.loads(line)
 
-    state = {"case": 0, "calls": 0}
-    names = set(job.get("names", ()))
-
-    class Remote:
-        """One of the candidate's functions, called across the process boundary with plain data."""
-
-        def __init__(self, name: str) -> None:
-            self.__name__ = self.__qualname__ = name
-
-        def __repr__(self) -> str:
-            return f"<candidate function {self.__name__}>"
-
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                request = wire.dumps({"fn": self.__name__, "args": list(args), "kwargs": kwargs})
-            except (wire.WireError, RecursionError) as exc:
-                raise NotPlainData(f"argument of {self.__name__}: {exc}") from None
-            state["calls"] += 1
-            send({"call": request, "case": state["case"]})
-            reply = recv()
-            if "crash" in reply:
-                raise CandidateCrashed(str(reply["crash"]))
-            raised: BaseException | None = None
-            try:
-                answer = json.loads(reply["raw"])
-                if type(answer) is not dict:
-                    raise wire.WireError("not a report")
-                if "exc" in answer:
-                    name, msg = str(answer["exc"]), str(answer.get("msg", ""))
-                    known = builtins.__dict__.get(name)
-                    if name == "NotPlainData":
-                        raised = NotPlainData(msg)
-                    elif (
-                        isinstance(known, type)
-                        and issubclass(known, Exception)
-                        and not issubclass(known, (StopIteration, StopAsyncIteration))
-                    ):  # a StopIteration would end a map() or generator early: all(map(f, xs)) == True
-                        try:
-                            raised = known(msg)
-                        except Exception:  # a type that needs other arguments (UnicodeDecodeError)
-                            raised = CandidateError(f"{name}: {msg}")
-                    else:
-                        raised = CandidateError(f"{name}: {msg}")
-                    raise raised
-                value = wire.from_wire(answer["value"])
-                changed = answer.get("changed") or {}
-                if type(changed) is not dict:
-                    raise wire.WireError("bad changed arguments")
-                for key, raw in changed.items():
-                    i = int(key)
-                    arg, new = args[i], wire.from_wire(raw)
-                    if type(arg) is not type(new):
-                        continue
-                    if type(arg) in (list, bytearray):
-                        arg[:] = new
-                    elif type(arg) in (dict, set):
-                        arg.clear()
-                        arg.update(new)
-            except (wire.WireError, KeyError, ValueError, IndexError, TypeError, RecursionError) as exc:
-                if exc is raised:
-                    raise
-                raise CandidateCrashed(f"malformed answer: {type(exc).__name__}") from None
-            return value
-
     stdlib: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
+
+    def module(name: str) -> Any:
+        import importlib
+
+        top = name.split(".")[0]
+        if top in NOT_IMPORTED or not (top in stdlib or top in THIRD_PARTY):
+            raise proxy.NotPlainData(f"the tests do not import {name!r} for the candidate")
+        return importlib.import_module(name)
+
+    link = proxy.Link(wire, send, recv, {}, module)
+    names: dict[str, Any] = {}
+    try:  # the candidate's names, as it reported them (its answer: garbage means it defines nothing)
+        load = json.loads(job.get("load") or "{}")
+        link_hook = link._decoder(load, [])
+        for key, raw in (load.get("names") or {}).items():
+            if type(key) is not str or key.startswith("_"):
+                continue
+            if type(raw) is dict and "$ref" in raw:
+                names[key] = wire.from_wire(raw, 0, link_hook)
+            elif type(raw) is dict and type(raw.get("$mod")) is str:
+                names[key] = raw["$mod"]  # imported when the tests use it
+    except Exception:
+        names.clear()
+
+    def candidate_name(key: str) -> Any:
+        value = names[key]
+        if type(value) is str:
+            value = names[key] = module(value)
+        if isinstance(value, proxy.RemoteClass):
+            link.named.add(object.__getattribute__(value, "_rid"))  # the tests build it: its operators count
+        return value
 
     class Globals(dict):  # type: ignore[type-arg]
         """The test's globals: a name it never bound resolves to the standard library, then the candidate."""
@@ -160,12 +128,28 @@ def main() -> None:
                     self[key] = module
                     return module
             if key in names:
-                remote = Remote(key)
-                self[key] = remote
-                return remote
+                value = candidate_name(key)
+                self[key] = value
+                return value
             raise KeyError(key)
 
+    class Solution(types.ModuleType):
+        """``import solution``: the candidate's module, its names as the tests' globals would give them."""
+
+        def __getattr__(self, key: str) -> Any:
+            if key.startswith("__"):
+                raise AttributeError(key)
+            if key in names:
+                return candidate_name(key)
+            return link.request("get", None, key)
+
+    solution = Solution("solution")
+    solution.__all__ = sorted(names)  # type: ignore[attr-defined]
+    sys.modules["solution"] = solution
+
     ns = Globals({"__name__": "__test__", "__builtins__": builtins})
+    sys.modules["__test__"] = types.ModuleType("__test__")  # dataclasses look their module up
+    byval = set(job.get("byval") or ())
     entry = job.get("entry_point")
     results: list[dict[str, Any]] = []
 
@@ -177,28 +161,35 @@ def main() -> None:
     try:
         if job.get("prelude"):
             exec(compile(job["prelude"], "prelude.py", "exec"), ns)
-        if entry:
-            ns[entry] = Remote(entry)
         kind = job["kind"]
-        if kind == "module":
+        if kind in ("module", "check"):
             exec(compile(job["source"], "test.py", "exec"), ns)
-        elif kind == "check":
-            exec(compile(job["source"], "test.py", "exec"), ns)
-            if not callable(ns.get("check")):
-                raise NameError("the test defines no check(candidate) function")
+        for name in byval:  # the tests' own classes: their instances cross by value
+            cls = dict.get(ns, name)
+            if isinstance(cls, type) and cls.__module__ == "__test__":
+                link.byval[name] = cls
+        if entry:
+            if entry not in names:
+                raise proxy.CandidateCrashed(f"the candidate defines no {entry}")
+            ns[entry] = candidate_name(entry)
+        if kind == "check" and not callable(ns.get("check")):
+            raise NameError("the test defines no check(candidate) function")
         compiled = []
         for case in job["cases"]:
             compiled.append(
                 compile(ast.parse(case, "test.py"), "test.py", "exec") if kind == "asserts" else None
             )
+    except proxy.CandidateCrashed as exc:
+        send({"report": [outcome(exc) for _ in job["cases"]]})
+        os._exit(0)
     except BaseException as exc:
-        if state["calls"]:  # module-level test code called the candidate: every case fails with it
+        if link.calls:  # module-level test code called the candidate: every case fails with it
             send({"report": [outcome(exc) for _ in job["cases"]]})
         else:  # the dataset's test code is broken: not the candidate's doing
             send({"setup_error": f"{type(exc).__name__}: {str(exc)[:300]}"})
         os._exit(0)
     for i, case in enumerate(job["cases"]):
-        state["case"] = i
+        link.case = i
         try:
             if kind == "asserts":
                 exec(compiled[i] or "", ns)
@@ -208,7 +199,7 @@ def main() -> None:
                     raise NameError(f"test function {case} not found")
                 fn()
             else:
-                ns["check"](Remote(entry))
+                ns["check"](ns[entry])
             results.append(outcome(None))
         except BaseException as exc:  # a skipped test, a SystemExit, a crash: all failures
             results.append(outcome(exc))

