@@ -166,6 +166,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         system_prompt: str | None = None,
         lenient_answers: bool = False,
         render_mode: str | None = None,
+        mcp: Any = None,
     ) -> None:
         if max_turns < 1:
             raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
@@ -189,6 +190,11 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self._tools: dict[str, Tool] = {t.name: t for t in self.tools()}
         self._specs = [t.spec for t in self._tools.values()]
         self._tool_dicts = [s.to_dict() for s in self._specs]
+        self.mcp_servers = None
+        if mcp is not None:  # MCP servers' tools join the env's own (toolgym.envs.mcp.attach)
+            from toolgym.envs.mcp.attach import attach_mcp
+
+            self.mcp_servers = attach_mcp(self, mcp)
         self._task: Task | None = None
         self._transcript: list[Message] = []
         self._turn = 0
