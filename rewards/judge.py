@@ -28,7 +28,6 @@ import json
 import os
 import random
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,6 +112,15 @@ class VerdictCache:
 
     def __len__(self) -> int:
         return len(self._mem)
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable (verl's Ray workers take the reward): no lock
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -394,10 +402,3 @@ def _key(*parts: str | None) -> str:
     for p in parts:
         h.update(("\x01" if p is None else p).encode("utf-8", "replace") + b"\0")
     return h.hexdigest()
-
-
-def elapsed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """(fn(), seconds it took): the calibration and the benchmark time cache misses against hits."""
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0

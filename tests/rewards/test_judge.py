@@ -243,6 +243,10 @@ def test_rubric_and_verl_adapters_take_the_judge() -> None:
     assert rubric(["<answer>Paris</answer>"], question=["q"], answer=["Paris"]) == [1.0]
     score = to_verl(j)("qa", "<answer>Rome</answer>", "Paris", extra_info={"question": "Capital?"})
     assert score == {"score": 0.0, "valid": 1.0}
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(to_verl(judge(URL, cache=VerdictCache()))))  # verl ships it to Ray workers
+    assert copy.fn.base_url == URL + "/v1"
 
 
 def test_async_grade_inside_a_running_loop() -> None:
