@@ -38,6 +38,13 @@ class Sandbox:
     def _new_box(self) -> Box:
         raise NotImplementedError
 
+    @property
+    def supports_fork(self) -> bool:
+        """Whether ``Session.fork`` can branch a session here: not under gVisor (``runtime="runsc"`` has no
+        child subreaper). Envs built on sessions report it as their own ``supports_fork``, so rollouts
+        replay prefixes there instead of forking."""
+        return self.limits.runtime != "runsc"
+
     def describe(self) -> dict[str, Any]:
         """The backend and the limits in force, for logs and `toolgym sandbox doctor`."""
         raise NotImplementedError

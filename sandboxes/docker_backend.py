@@ -3,7 +3,8 @@
 Container settings (each from `Limits`): ``network_mode=none``; read-only root file system; a tmpfs
 ``/tmp`` (``tmp_mb``, ``tmp_inodes``, nosuid, nodev) as the only place the code can write besides a 16 MiB
 ``/dev/shm``; memory = memory+swap = ``memory_mb``; ``pids``; CPU quota ``cpus``; ``cap_drop=ALL`` plus
-the few capabilities the root supervisor needs to drop the code to ``user`` (65534:65534) and to kill and
+the few capabilities the root supervisor needs to drop the code to its uid (``user``: by default a uid of
+its own per box, leased host-wide by `toolgym.sandboxes.uids`, so boxes share no per-uid kernel limit) and to kill and
 clean up after it; ``no-new-privileges``; ulimits ``nofile`` and ``fsize``; **no host mounts at all**: the
 supervisor package is sent over the exec stream into a root-owned tmpfs (`toolgym.sandboxes.inside.BOOT`);
 an environment of a few fixed variables. PID 1 is our own init (`toolgym.sandboxes.inside.INIT`).
@@ -29,7 +30,8 @@ from toolgym.sandboxes.box import Box
 from toolgym.sandboxes.channel import DockerExecChannel
 from toolgym.sandboxes.inside import INIT, boot_args, package_blobs
 from toolgym.sandboxes.inside.frames import encode
-from toolgym.sandboxes.limits import Limits
+from toolgym.sandboxes.limits import BOX_ENV, Limits
+from toolgym.sandboxes.uids import lease_uid
 
 INSIDE_ROOT = "/opt/toolgym"  # a root-owned tmpfs the supervisor package is written into at start
 # What the root supervisor keeps (everything else is dropped; the code itself runs with none): change
@@ -55,19 +57,10 @@ def supervisor_caps() -> list[str]:
     return SUPERVISOR_CAPS + [name for name, bit in OPTIONAL_CAPS.items() if have >> bit & 1]
 
 
+GVISOR_HEADROOM_MB = 256  # container memory above memory_mb under gVisor (its sandbox kernel)
 LABEL = "toolgym.sandbox"
 OWNER = "toolgym.sandbox.owner"  # host:pid of the process whose pool made the container
-ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "HOME": "/tmp",
-    "TMPDIR": "/tmp",
-    "LANG": "C.UTF-8",
-    "PYTHONIOENCODING": "utf-8:backslashreplace",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONNOUSERSITE": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MPLBACKEND": "Agg",
-}
+ENV = BOX_ENV  # (kept under this name for callers)
 _client_lock = threading.Lock()
 
 
@@ -123,7 +116,10 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
     """The hardened settings of `containers.create` (also printed by `toolgym sandbox doctor`)."""
     from docker.types import Ulimit
 
-    mem = f"{lim.memory_mb}m"
+    # gVisor has no OOM killer of its own: at the cgroup's limit the host kills the sandbox kernel, the
+    # whole box (sandbox_error). There the code's processes get RLIMIT_AS = memory_mb (MemoryError: `oom`)
+    # and the container room for the sandbox kernel on top.
+    mem = f"{lim.memory_mb + (GVISOR_HEADROOM_MB if lim.runtime == 'runsc' else 0)}m"
     extra = {"runtime": lim.runtime} if lim.runtime else {}
     return {
         **extra,
@@ -184,7 +180,9 @@ class DockerSandbox(Sandbox):
             "security_opt",
         )
         info = {"backend": self.backend, **{k: kw[k] for k in keep}}
-        info["code_user"] = self.limits.user
+        info["code_user"] = (
+            "a uid of its own per box (200000-299999)" if self.limits.user == "box" else self.limits.user
+        )
         info["runtime"] = self.limits.runtime or "default"
         info["ulimits"] = {u["Name"]: u["Hard"] for u in kw["ulimits"]}
         info["output_bytes"] = self.limits.output_bytes
@@ -203,11 +201,18 @@ class DockerSandbox(Sandbox):
         except Exception as exc:
             raise InfrastructureError(f"could not start a sandbox container from {lim.image}: {exc}") from exc
 
+        lease = lease_uid() if lim.user == "box" else None
+
         def destroy() -> None:
             with contextlib.suppress(Exception):
                 container.remove(force=True)
+            if lease is not None:  # only once nothing runs under it any more
+                lease.release()
 
-        uid, _, gid = lim.user.partition(":")
+        if lease is not None:
+            uid = gid = str(lease.uid)
+        else:
+            uid, _, gid = lim.user.partition(":")
         try:
             cmd = [
                 "python3",
@@ -222,6 +227,8 @@ class DockerSandbox(Sandbox):
                 f"--max-output={lim.output_bytes}",
             ]
             cmd += [f"--preload={m}" for m in lim.preload]
+            if lim.runtime == "runsc":
+                cmd.append(f"--limit=RLIMIT_AS={lim.memory_mb << 20}")
             exec_id = cli.api.exec_create(
                 container.id,
                 cmd,

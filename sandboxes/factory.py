@@ -38,10 +38,14 @@ def get_sandbox(backend: str = "auto", limits: Limits | None = None, **overrides
         if problem is None:
             return DockerSandbox(lim)
         if backend == "auto":
-            problem += (
-                "; `auto` uses docker only (it never downgrades): fix that, or ask for "
-                'get_sandbox("process") explicitly (bubblewrap boxes, weaker: see docs/sandboxes.md)'
-            )
+            problem += "; `auto` uses docker only (it never downgrades): fix that"
+            from toolgym.sandboxes.process_backend import process_problem
+
+            if process_problem() is None:  # advised only where a real box just started and answered
+                problem += (
+                    ', or ask for get_sandbox("process") explicitly (bubblewrap boxes, weaker: see '
+                    "docs/sandboxes.md)"
+                )
         raise InfrastructureError(problem)
     if lim.runtime:
         raise ConfigError(f"runtime={lim.runtime!r} is a docker runtime: use it with the docker backend")

@@ -7,6 +7,19 @@ from typing import Any
 
 from toolgym.errors import ConfigError
 
+# The environment of a box's supervisor and code (both backends): nothing of the host's.
+BOX_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8:backslashreplace",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONNOUSERSITE": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MPLBACKEND": "Agg",
+}
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -26,7 +39,7 @@ class Limits:
     grace_s: float = 3.0  # host-side slack on top of a call's timeout before the sandbox is replaced
     preload: tuple[str, ...] = ()  # modules imported once per sandbox, shared by every run (e.g. "numpy")
     image: str = "toolgym-sandbox:latest"  # docker image (`toolgym sandbox build`)
-    user: str = "65534:65534"  # uid:gid the code runs as in a container (init and the supervisor are root)
+    user: str = "box"  # docker: "box" = a uid of its own per box (`uids`), or a fixed "uid:gid" for the code
     network: bool = False  # network_mode "none" (docker) or an empty network namespace (process) unless True
     runtime: str | None = None  # docker runtime, e.g. "runsc" (gVisor) where installed; None: the default
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from toolgym.sandboxes.base import Sandbox
 
 LOST = "a fresh interpreter: the previous one died, so earlier state is gone"
+NO_SUBREAPER = "needs a child subreaper"  # the supervisor's words where the runtime cannot branch (gVisor)
 
 
 class _Family:
@@ -66,6 +67,7 @@ class Session:
         self._wid = wid
         self._generation = self._family.generation
         self._lost = False
+        self._why = ""  # why the next call starts a fresh interpreter, when it is not that the last one died
         self.closed = False
         with self._family.lock:
             self._family.open += 1
@@ -140,10 +142,13 @@ class Session:
             except Exception as exc:  # the pool could not give a box (daemon gone): infrastructure
                 self._lost = True
                 return ExecResult("sandbox_error", "", "", None, time.monotonic() - t0, detail=str(exc))
+            why, self._why = (gone or self._why or LOST) if restarted else "", ""
             if not reply.get("alive", False):
                 self._lost = True
                 self._wid = None
-            return to_result(reply, out, restarted, (gone or LOST) if restarted else "")
+                if reply.get("status") == "ok" and reply.get("detail"):  # it answered, then was retired
+                    self._why = f"a fresh interpreter: {reply['detail']}"
+            return to_result(reply, out, restarted, why)
 
     async def arun(
         self, code: str, *, timeout: float | None = None, stdin: str | bytes | None = None
@@ -151,7 +156,10 @@ class Session:
         return await asyncio.to_thread(self.run, code, timeout=timeout, stdin=stdin)
 
     def fork(self) -> Session:
-        """A new branch holding a copy of this one's interpreter state (copy-on-write, milliseconds)."""
+        """A new branch holding a copy of this one's interpreter state (copy-on-write, milliseconds). When
+        the code made that impossible, a branch whose first call starts a fresh interpreter and says so
+        (``restarted=True``); InfrastructureError only for faults of ours (the box died, the runtime
+        cannot branch: see ``Sandbox.supports_fork``)."""
         if self.closed:
             raise RuntimeError("cannot fork a closed session")
         with self._family.lock:
@@ -162,7 +170,15 @@ class Session:
             except BoxFailure as exc:
                 raise InfrastructureError(f"could not fork the session: {exc.detail}") from exc
             if "fork_error" in reply:
-                raise InfrastructureError(f"could not fork the session: {reply['fork_error']}")
+                error = str(reply["fork_error"])
+                if NO_SUBREAPER in error:  # the runtime cannot branch (`Sandbox.supports_fork` says so)
+                    raise InfrastructureError(f"could not fork the session: {error}")
+                # Anything else is the code's doing (its interpreter misbehaved, its branches used up the
+                # pids cap): the branch is a fresh interpreter, and its first call says so.
+                branch = Session(self._sandbox, self._family)
+                branch._lost = True
+                branch._why = f"a fresh interpreter: the branch could not copy the session's ({error})"
+                return branch
             return Session(self._sandbox, self._family, int(reply["wid"]))
 
     def close(self) -> None:

@@ -164,6 +164,14 @@ class Interpreter:
             self._sandbox = resolve_sandbox(self._spec, self._options)
         return self._sandbox
 
+    @property
+    def can_fork(self) -> bool:
+        """Whether its sessions can branch (not under gVisor), known without starting a sandbox."""
+        sb = self._sandbox or (self._spec if isinstance(self._spec, Sandbox) else None)
+        if sb is not None:
+            return sb.supports_fork
+        return (self._options or {}).get("runtime") != "runsc"
+
     def start(self) -> None:
         """A new session for a new episode. A session in which no code of the model's ran is kept as it
         is (episodes ended without code cost nothing). The session takes a box from the pool at its first

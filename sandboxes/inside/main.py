@@ -2,7 +2,8 @@
 
 Arguments: ``--uid=N --gid=N`` (the code's ids), ``--scratch=DIR`` (writable dirs wiped after each
 one-shot run; the first holds the work dirs), ``--max-output=BYTES``, ``--preload=MODULES``,
-``--limit=RLIMIT_NAME=VALUE`` (set on every worker), ``--contained`` (alone in its pid namespace).
+``--limit=RLIMIT_NAME=VALUE`` (set on every worker), ``--contained`` (alone in its pid namespace),
+``--keep=PATH`` (an entry of a scratch dir that is not scratch: never wiped).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def serve_main(argv: list[str]) -> None:
         limits,
         subreaper,
     )
+    server.keep = set(_values(argv, "keep"))
     server.serve()
 
 

@@ -79,11 +79,12 @@ def harden_env(env: Any) -> None:
 
 # seccomp: the code may not make namespaces (user namespaces would give it a root of its own to mount and
 # unshare with), mount, use kernel keyrings (kept per uid: state that outlives its processes), eBPF, perf
-# or userfaultfd. x86_64 syscall numbers; on other architectures the filter allows everything (documented).
+# or userfaultfd, nor make POSIX timers (one would signal a session's interpreter after its call returned;
+# the worker cancels its interval timers at the end of every call). x86_64 syscall numbers; on other architectures the filter allows everything (documented).
 AUDIT_ARCH_X86_64 = 0xC000003E
 DENY_EPERM = {272: "unshare", 308: "setns", 165: "mount", 166: "umount2", 248: "add_key", 249: "request_key",
               250: "keyctl", 321: "bpf", 298: "perf_event_open", 323: "userfaultfd", 155: "pivot_root",
-              161: "chroot"}  # fmt: skip
+              161: "chroot", 222: "timer_create"}  # fmt: skip
 NR_CLONE, NR_CLONE3 = 56, 435
 CLONE_NS_FLAGS = 0x7E020080  # NEWNS NEWCGROUP NEWUTS NEWIPC NEWUSER NEWPID NEWNET NEWTIME
 
@@ -134,22 +135,33 @@ def seccomp_deny() -> bool:
     return bool(_libc.prctl(22, 2, ctypes.byref(_seccomp[0][1]), 0, 0) == 0)  # PR_SET_SECCOMP, FILTER
 
 
-def drop_to(uid: int, gid: int, limits: dict[str, int]) -> None:
-    """In a freshly forked child of the (root) supervisor: the box's rlimits, the OOM killer's first
-    choice, the default priority (the supervisor's is higher), then the code's uid and gid with no
-    capabilities left."""
+def prepare_worker(limits: dict[str, int]) -> None:
+    """In a freshly forked child of the (root) supervisor, all of `drop_to` but the change of uid: the box's
+    rlimits, the OOM killer's first choice, the default priority (the supervisor's is higher), the
+    seccomp filter. A box's spare worker stops here: it stays root (and not dumpable) until it takes a
+    session, so code under the box uid can neither ptrace, signal, renice nor prlimit it."""
     set_oom_adj(1000)
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, 0)
     for name, value in limits.items():
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(getattr(resource, name), (value, value))
+    seccomp_deny()
+
+
+def become_user(uid: int, gid: int) -> None:
+    """The code's uid and gid with no capabilities left (after `prepare_worker`)."""
     if os.geteuid() == 0:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
-    seccomp_deny()
     prctl(PR_SET_DUMPABLE, 1)  # the code's own processes behave normally (/proc/self, debuggers)
+
+
+def drop_to(uid: int, gid: int, limits: dict[str, int]) -> None:
+    """In a freshly forked child of the (root) supervisor: `prepare_worker`, then the code's uid and gid."""
+    prepare_worker(limits)
+    become_user(uid, gid)
 
 
 def become_grader(limits: dict[str, int]) -> None:
@@ -188,7 +200,8 @@ class Worker:
         self.err_r, self.err_w = os.pipe()
         os.set_blocking(self.out_r, False)
         os.set_blocking(self.err_r, False)
-        self.proc = {name: open_proc(f"/proc/{pid}/{name}") for name in ("stat", "syscall")}
+        self.proc = {name: open_proc(f"/proc/{pid}/{name}") for name in ("stat", "syscall", "limits")}
+        self.vitals: bytes | None = None  # `state()`'s second half before its first call
         self.proc["children"] = open_proc(f"/proc/{pid}/task/{pid}/children")
 
     def threads(self) -> int:
@@ -198,6 +211,16 @@ class Worker:
             return int(stat[stat.rindex(b")") + 2 :].split()[17])
         except (ValueError, IndexError):
             return 0
+
+    def state(self) -> tuple[int, bytes]:
+        """(threads, what a call must not change for the next: nice, real-time priority, scheduling
+        policy, every rlimit), from two small reads; (0, b"") when it is gone."""
+        stat = pread_proc(self.proc["stat"])
+        try:
+            f = stat[stat.rindex(b")") + 2 :].split()
+            return int(f[17]), b" ".join((f[16], f[37], f[38], pread_proc(self.proc["limits"])))
+        except (ValueError, IndexError):
+            return 0, b""
 
     def close(self) -> None:
         self.door.close()
@@ -277,6 +300,7 @@ class Reaper:
         self.contained = (
             contained  # inside a pid namespace of our own: kill(-1) and wiping all scratch are safe
         )
+        self.keep: set[str] = set()  # entries of the scratch dirs that are not scratch (a bound Python)
         self.workers: dict[int, Worker] = {}
         self.exited: dict[int, int] = {}
         self.baseline = self.vitals()
@@ -377,12 +401,16 @@ class Reaper:
             except OSError:
                 continue
             for e in entries:
+                if e.path in self.keep:
+                    continue
                 if e.is_dir(follow_symlinks=False):
                     shutil.rmtree(e.path, onerror=force)
                 else:
                     with contextlib.suppress(OSError):
                         os.unlink(e.path)
-        return all(not os.path.isdir(r) or not os.listdir(r) for r in paths)
+        return all(
+            not os.path.isdir(r) or all(os.path.join(r, e) in self.keep for e in os.listdir(r)) for r in paths
+        )
 
     @staticmethod
     def wipe_ipc() -> bool:

@@ -30,6 +30,7 @@ from .procs import (
     oom_kills,
     open_proc,
     pread_proc,
+    prepare_worker,
     set_name,
 )
 from .worker import run_once, session_loop
@@ -312,12 +313,15 @@ class Server(Reaper):
             try:
                 null = os.open(os.devnull, os.O_RDWR)
                 _child_io(null, null, null, door=theirs.fileno())
-                if zygote:
-                    set_name(ZYGOTE_NAME)
-                drop_to(self.uid, self.gid, self.limits)
                 os.environ.clear()
                 os.environ.update(env)
                 os.umask(0o077)
+                if zygote:  # root until it takes a session: out of reach of the code (`prepare_worker`)
+                    set_name(ZYGOTE_NAME)
+                    prepare_worker(self.limits)
+                    os.chdir("/")
+                    session_loop(socket.socket(fileno=3), (self.uid, self.gid, workdir))
+                drop_to(self.uid, self.gid, self.limits)
                 os.makedirs(workdir, mode=0o700, exist_ok=True)
                 os.chdir(workdir)
                 session_loop(socket.socket(fileno=3))
@@ -393,6 +397,8 @@ class Server(Reaper):
             return self._gone(
                 wid, "the interpreter was restarted: a process of an earlier call was still running"
             )
+        if w.vitals is None:  # its set-up is over (it waits in its loop): what its calls must leave as is
+            w.vitals = w.state()[1]
         out_r, err_r = w.out_r, w.err_r
         bufs = {out_r: bytearray(), err_r: bytearray()}
         self._read_now(bufs, 0)  # discards it
@@ -447,9 +453,16 @@ class Server(Reaper):
                 status = "ok" if exc is None and exit_code == 0 else "error"
                 if status == "error" and (exc == "MemoryError" or 0 <= oom_before < oom_kills()):
                     status = "oom"  # its own MemoryError, or the OOM killer took one of its processes
-                if w.threads() > 1:
+                threads, vitals = w.state()
+                if threads > 1:
                     alive = False
                     detail = "a thread the code started outlived its call (a session keeps no threads between calls)"
+                elif vitals != w.vitals:
+                    alive = False
+                    detail = (
+                        "the code changed its interpreter's priority, scheduling policy or resource limits, "
+                        "which would carry into later calls"
+                    )
         elif how == "misbehaved":
             detail = MISBEHAVED
         if how == "exited":
@@ -593,7 +606,9 @@ class Server(Reaper):
                 "the interpreter did not branch as asked (it misbehaved or died); it was restarted"
             )
         # A branch is a copy of its parent, waiting in the same loop at the same stack address.
-        return self._register(pid, mine, parent.mark)
+        branch = self._register(pid, mine, parent.mark)
+        self.workers[branch].vitals = parent.vitals
+        return branch
 
     def _adopted(self, pid: int) -> bool:
         """Whether ``pid`` is a new branch: a live orphan of ours, not already a worker."""

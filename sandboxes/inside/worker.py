@@ -16,13 +16,14 @@ import io
 import json
 import linecache
 import os
+import signal
 import socket
 import sys
 import traceback
 import types
 from typing import Any
 
-from .procs import HARDEN, UNSET, harden_env, set_name
+from .procs import HARDEN, UNSET, become_user, harden_env, set_name
 
 INLINE_MAX = (32 << 10) + 64  # the supervisor's INLINE_CODE plus the request's head
 
@@ -160,8 +161,17 @@ def _read_fd(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def session_loop(door: socket.socket) -> None:
+def session_loop(door: socket.socket, become: tuple[int, int, str] | None = None) -> None:
     """A session's interpreter: one call per request message on ``door`` (fd 3); never returns.
+
+    ``become``: this worker is a box's spare (still root, see `procs.prepare_worker`): it takes the code's
+    uid and gid, and its work dir, only when it starts serving a session, after it branched the next spare.
+
+    Nothing a call leaves can act after the call returned: the loop runs inside a profile callback, where
+    CPython calls no trace, profile or ``sys.monitoring`` hook at all (``tstate->tracing``), so a hook the
+    code installs never runs in this thread (the code's own calls included: debuggers and ``settrace`` do
+    nothing in a session); an audit hook guards against new audit hooks; interval timers are cancelled and
+    output still buffered is dropped at the end of each call.
 
     What the loop itself calls between two calls is bound here, as locals, to C functions the code cannot
     rewrite (a module attribute or a Python function's ``__code__`` it could), so code from an earlier
@@ -171,9 +181,14 @@ def session_loop(door: socket.socket) -> None:
     A request is ``exec N[ i]`` (``i``: the call brings stdin) with fds stdin, stdout, stderr, reply (and
     the code in a memfd when it is too big for the message); ``fork N`` with a request socket and a reply
     pipe for the new branch."""
+    _guard_audit_hooks()
+    _untraced(lambda: _serve(door, become))
+
+
+def _serve(door: socket.socket, become: tuple[int, int, str] | None) -> None:
     namespace = _main_module()
     me = os.getpid()
-    workdir = os.getcwd()
+    workdir = become[2] if become is not None else os.getcwd()
     recvmsg, cmsg_space = door.recvmsg, socket.CMSG_SPACE(8 * 4)
     from_bytes, dup2, close, write, getpid, exit_ = (
         int.from_bytes,
@@ -184,7 +199,8 @@ def session_loop(door: socket.socket) -> None:
         os._exit,
     )
     read, settrace, setprofile, sys_, byteorder = os.read, sys.settrace, sys.setprofile, sys, sys.byteorder
-    closerange = os.closerange
+    closerange, open_, devnull, o_rdwr = os.closerange, os.open, os.devnull, os.O_RDWR
+    setitimer, timers = signal.setitimer, (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
     putenv, unsetenv, environ = os.putenv, os.unsetenv, os.environ
     hard = [(k.encode(), v.encode()) for k, v in HARDEN.items()]
     unset = [k.encode() for k in UNSET]
@@ -259,6 +275,42 @@ def session_loop(door: socket.socket) -> None:
             exc, status = run_cell(b"".join(chunks).decode("utf-8", "replace"), namespace, f"<cell {n}>")
             if getpid() != me:
                 exit_(0)  # a child the code forked and let fall through: only the worker may answer
+            # Nothing of this call may act in the next one: its interval timers (a signal handler would run
+            # in the loop) are cancelled, and output it left in buffers (e.g. printed after closing fd 1)
+            # goes to /dev/null, as do objects over fds 0-2 that it replaced or closed (their finalizers
+            # flush now, not into the next call's pipes).
+            for timer in timers:
+                with contextlib.suppress(OSError):
+                    setitimer(timer, 0)
+            with contextlib.suppress(OSError):
+                nul = open_(devnull, o_rdwr)  # takes fd 0, 1 or 2 itself when the code closed one
+                for target in (0, 1, 2):
+                    if nul != target:
+                        dup2(nul, target)
+                if nul > 2:
+                    close(nul)
+            stuck = False
+            for obj in made:
+                try:
+                    obj.flush()
+                except Exception:
+                    stuck = True  # its buffer may still hold text: the object is replaced below
+            if (
+                stuck
+                or sys_.stdout is not made[0]
+                or sys_.stderr is not made[1]
+                or sys_.stdin is not made[2]
+                or made[0].closed
+                or made[1].closed
+                or made[2].closed
+                or had_input
+            ):
+                with contextlib.suppress(Exception):
+                    fresh_stdio()
+                made[:] = [sys_.stdout, sys_.stderr, sys_.stdin]
+                had_input = False
+            settrace(None)
+            setprofile(None)
             # The reply comes after run_cell flushed stdout and stderr: what the code printed is in the pipes.
             reply = b'{"n": %d, "exc": %s, "exit": %d}' % (
                 n,
@@ -276,6 +328,9 @@ def session_loop(door: socket.socket) -> None:
                 door = socket.socket(fileno=3)
                 recvmsg = door.recvmsg
             elif flags == b"s":  # a zygote that branched: it now serves a session, its branch is the zygote
+                if become is not None:
+                    become_user(become[0], become[1])
+                    become = None
                 set_name(b"python3")
                 with contextlib.suppress(OSError):  # its work dir may have been wiped by a reset
                     os.makedirs(workdir, mode=0o700, exist_ok=True)
@@ -283,6 +338,34 @@ def session_loop(door: socket.socket) -> None:
         else:
             for fd in fds:
                 close(fd)
+
+
+def _untraced(body: Any) -> None:
+    """Runs ``body`` (which never returns) inside a profile callback: CPython calls no trace, profile or
+    monitoring hook while one runs, so nothing the code installs can run in this thread."""
+
+    def enter(_frame: Any, _event: str, _arg: Any) -> None:
+        sys.setprofile(None)
+        body()
+
+    sys.setprofile(enter)
+    len(())  # any call of a builtin enters the callback
+    os._exit(1)  # not reached: body never returns
+
+
+def _audit_guard(event: str, args: tuple[Any, ...], me: Any = None) -> None:
+    # No globals, no closure: nothing the code can rebind changes what this does. A raised exception keeps
+    # a new audit hook out (sys.addaudithook); ``me`` is this function (`_guard_audit_hooks`), whose code
+    # and defaults may not be replaced (numpy and others replace other functions' code: that stays allowed).
+    if event == "sys.addaudithook" or (event == "object.__setattr__" and args[0] is me):
+        raise RuntimeError("not allowed in a sandbox session")
+
+
+def _guard_audit_hooks() -> None:
+    """An audit hook runs whatever the tracing state: the code of a session may not add one (it would run
+    in the worker's loop, e.g. on the next call's ``compile``)."""
+    _audit_guard.__defaults__ = (_audit_guard,)
+    sys.addaudithook(_audit_guard)
 
 
 def _answer(fd: int, reply: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ def survivors(sb: Sandbox) -> list[str]:
     """The code's processes still alive in this sandbox's boxes (call when no session is open): docker,
     anything beyond init, the supervisor and one zygote worker that never ran code (workers are forks of
     the supervisor, so they are counted, not matched by name; a zygote renames itself when it takes a
-    session); process backend, anything running under a box uid but a zygote."""
+    session); process backend, anything running under the uid of one of its boxes but a zygote."""
     left: list[str] = []
     if sb.backend == "docker":
         from toolgym.sandboxes.docker_backend import client
@@ -36,7 +36,7 @@ def survivors(sb: Sandbox) -> list[str]:
             if len(procs) - min(1, len(zygotes)) > 2:
                 left += [" ".join(p) for p in procs]
     else:
-        from toolgym.sandboxes.process_backend import UID_BASE, UID_SPAN
+        mine = set(sb.uids)  # type: ignore[attr-defined]
 
         for entry in os.listdir("/proc"):  # the code's processes run under the boxes' own uids
             if not entry.isdigit():
@@ -50,7 +50,7 @@ def survivors(sb: Sandbox) -> list[str]:
                 continue
             uid = int(status.split("\nUid:")[1].split()[0])
             state = status.split("\nState:")[1].split()[0]
-            if UID_BASE <= uid < UID_BASE + UID_SPAN and state != "Z":
+            if uid in mine and state != "Z":
                 left.append(f"{entry} uid {uid} {cmd.decode(errors='replace')}")
     return left
 

@@ -129,7 +129,7 @@ def test_19_no_host_secrets_or_environment(docker_sb: Sandbox) -> None:
     from toolgym.sandboxes.docker_backend import ENV
 
     assert set(out["env"]) <= {*ENV, "HOSTNAME"}, out["env"]
-    assert "hunter2" not in res.stdout and not out["aws"] and out["uid"] == 65534
+    assert "hunter2" not in res.stdout and not out["aws"] and 200000 <= out["uid"] < 300000
 
 
 @pytest.mark.bound(30)

@@ -83,6 +83,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             )
         )
     limits: dict[str, Any] = {}
+    smoke: dict[str, bool] = {}
     for backend in ("docker", "process"):
         if (backend == "docker" and problem is not None) or (backend == "process" and pproblem is not None):
             continue
@@ -93,6 +94,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             took = time.monotonic() - t0
             limits[backend] = sb.describe()
             sb.close()
+            smoke[backend] = res.ok
             checks.append(
                 _check(
                     f"{backend} smoke run",
@@ -108,8 +110,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks.append(
         _check(
             "process backend (bubblewrap)",
-            pproblem is None,
-            pproblem or "bubblewrap boxes with their own uid, namespaces and private /tmp work here",
+            pproblem is None and smoke.get("process", False),  # ok only once a real call worked
+            pproblem
+            or (
+                "bubblewrap boxes with their own uid, namespaces and private /tmp work here"
+                if smoke.get("process")
+                else "a box starts, but its smoke run failed (see above)"
+            ),
             "apt-get install bubblewrap and run as root, or use the docker backend",
         )
     )

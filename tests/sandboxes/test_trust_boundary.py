@@ -1,0 +1,253 @@
+"""Nothing a call does reaches what serves another call, candidate or episode (the trust boundary), on both
+backends: the box's spare worker is out of the code's reach, no hook, timer, buffered output, priority or
+rlimit of one call acts in the next, and what the code can break is the code's status, never
+``sandbox_error``. Each test names the class of hole it covers (docs/sandboxes.md, "Threat model")."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from toolgym.sandboxes import Sandbox, get_sandbox
+
+from .conftest import IMAGE
+
+# Run in a session: finds the box's spare worker and tries everything that used to poison it.
+ATTACK_SPARE = r"""
+import ctypes, os, resource, signal
+spare = [p for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/comm').read().strip() == 'tg-spare']
+out = {'found': len(spare)}
+for p in map(int, spare):
+    tries = {
+        'mem': lambda: open(f'/proc/{p}/mem', 'r+b').close(),
+        'stop': lambda: os.kill(p, signal.SIGSTOP),
+        'nice': lambda: os.setpriority(os.PRIO_PROCESS, p, 19),
+        'idle': lambda: os.sched_setscheduler(p, os.SCHED_IDLE, os.sched_param(0)),
+        'prlimit': lambda: resource.prlimit(p, resource.RLIMIT_NOFILE, (6, 6)),
+        'oom': lambda: open(f'/proc/{p}/oom_score_adj', 'w').write('-1000'),
+    }
+    for name, attack in tries.items():
+        try:
+            attack()
+            out[name] = 'done'
+        except OSError as exc:
+            out[name] = type(exc).__name__
+print(out)
+"""
+VITALS = (
+    "import os, resource; print(os.getuid(), os.nice(0), os.sched_getscheduler(0), "
+    "resource.getrlimit(resource.RLIMIT_NOFILE))"
+)
+
+
+@pytest.fixture(scope="module", params=["docker", "process"])
+def one_box(request: Any) -> Iterator[Sandbox]:
+    """A sandbox of one box: the next session is served by what the last one could touch."""
+    if request.param == "docker":
+        from toolgym.sandboxes.docker_backend import docker_problem
+
+        if docker_problem(IMAGE) is not None:
+            pytest.skip("docker sandbox unavailable")
+        sb = get_sandbox("docker", image=IMAGE, pool_size=1)
+    else:
+        sb = get_sandbox("process", pool_size=1)
+    yield sb
+    sb.close()
+
+
+def _first_vitals(sb: Sandbox) -> str:
+    with sb.session() as s:
+        res = s.run(VITALS, timeout=10)
+        assert res.ok, res
+        return res.stdout
+
+
+@pytest.mark.bound(120)
+def test_class1_the_spare_worker_is_out_of_the_codes_reach(one_box: Sandbox) -> None:
+    clean = _first_vitals(one_box)
+    with one_box.session() as s:
+        res = s.run(ATTACK_SPARE, timeout=10)
+    assert res.ok, res
+    out = eval(res.stdout)
+    assert out["found"] >= 1, out  # the box keeps a spare, and it is visible, but untouchable:
+    assert all(v in ("PermissionError", "ProcessLookupError") for k, v in out.items() if k != "found"), out
+    t0 = time.monotonic()
+    assert _first_vitals(one_box) == clean  # the next session: same priority, policy, rlimits
+    assert time.monotonic() - t0 < 5
+
+
+STOP_SPARE = r"""
+import os, signal
+for p in os.listdir('/proc'):
+    if p.isdigit() and open(f'/proc/{p}/comm').read().strip() == 'tg-spare':
+        try:
+            os.kill(int(p), signal.SIGSTOP)
+        except OSError:
+            pass
+"""
+
+
+@pytest.mark.bound(120)
+def test_class3_stopping_the_spare_cannot_get_the_next_candidate_excluded(one_box: Sandbox) -> None:
+    with one_box.session() as s:
+        assert s.run(STOP_SPARE, timeout=5).status == "ok"
+    t0 = time.monotonic()
+    with one_box.session() as s:  # served from that spare: never a stall, never sandbox_error
+        honest = s.run("print(6 * 7)", timeout=2)
+    assert honest.status == "ok" and honest.stdout == "42\n" and time.monotonic() - t0 < 3, honest
+    hostile = one_box.run("import os, signal\nos.kill(-1, signal.SIGSTOP)", timeout=5)
+    assert hostile.status in ("ok", "error", "timeout"), hostile  # (kill(-1) spares the caller)
+    assert one_box.run("print(1)", timeout=2).stdout == "1\n"
+
+
+HOOKS = r"""
+import sys, time, os
+def hook(frame, event, arg):
+    # Acts once the call returned: when the worker's loop receives the next request.
+    if event == 'c_return' and getattr(arg, '__name__', '') == 'recvmsg':
+        os.write(1, b'HOOKED')
+        for fd in range(4, 64):
+            try:
+                os.write(fd, b'{"n": 3, "exc": null, "exit": 0}')
+            except OSError:
+                pass
+        time.sleep(12)
+sys.setprofile(hook)
+"""
+
+
+@pytest.mark.bound(120)
+def test_class2_a_hook_set_in_one_call_never_acts_in_the_next(any_sb: Sandbox) -> None:
+    with any_sb.session() as s:
+        s.run("x = 41", timeout=5)  # call 1; the hook forges call 3's reply
+        res = s.run(HOOKS, timeout=5)
+        assert res.status in ("ok", "error", "timeout"), res
+        t0 = time.monotonic()
+        after = s.run("print(x + 1 if 'x' in dir() else 'fresh')", timeout=5)
+        assert after.status == "ok" and "HOOKED" not in after.stdout, after
+        assert after.stdout in ("42\n", "fresh\n"), after
+        branch = s.fork()  # never an InfrastructureError, never a wait on the hook
+        assert branch.run("print('b')", timeout=5).stdout == "b\n"
+        branch.close()
+        assert time.monotonic() - t0 < 5
+        added = s.run("import sys\nsys.addaudithook(lambda *a: os.write(1, b'AUDIT'))\nprint('x')", timeout=5)
+        assert added.status in ("ok", "error"), added
+        assert "AUDIT" not in s.run("print('y')", timeout=5).stdout
+
+
+@pytest.mark.bound(120)
+def test_class2_output_and_timers_of_one_call_stay_in_it(any_sb: Sandbox) -> None:
+    with any_sb.session() as s:
+        s.run(
+            "import os, sys\nsys.stdout.write('LEAK1')\nos.close(1)\nos.close(2)\nprint('LEAK2')", timeout=5
+        )
+        assert s.run("print('clean')", timeout=5).stdout == "clean\n"
+        s.run("import os\nos.close(0)\nos.close(1)\nos.close(2)\nprint('LEAK3' * 100)", timeout=5)
+        assert s.run("print('clean')", timeout=5).stdout == "clean\n"
+        s.run(
+            "import signal\nsignal.signal(signal.SIGALRM, lambda *a: print('ALARM'))\n"
+            "signal.setitimer(signal.ITIMER_REAL, 0.05)",
+            timeout=5,
+        )
+        res = s.run("import time\ntime.sleep(0.3)\nprint('clean')", timeout=5)
+        assert res.status == "ok" and res.stdout == "clean\n", res
+        posix = s.run(
+            "import ctypes\nprint(ctypes.CDLL(None).timer_create(0, None, ctypes.byref(ctypes.c_void_p())))"
+        )
+        assert posix.stdout.strip() == "-1", posix  # a POSIX timer could signal the loop: refused
+
+
+@pytest.mark.bound(120)
+@pytest.mark.parametrize(
+    "change",
+    [
+        "os.nice(19)",
+        "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))",
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (6, 6))",
+    ],
+)
+def test_class2_priority_and_rlimits_of_one_call_do_not_carry_over(any_sb: Sandbox, change: str) -> None:
+    with any_sb.session() as s:
+        clean = s.run(VITALS, timeout=5).stdout
+        res = s.run(f"import os, resource\n{change}", timeout=5)
+        assert res.status == "ok", res
+        after = s.run(VITALS, timeout=5)
+        assert after.status == "ok" and after.restarted and after.stdout == clean, after
+        assert "priority" in after.detail, after
+
+
+@pytest.mark.bound(120)
+def test_class4_posix_message_queues_do_not_survive_a_run(any_sb: Sandbox) -> None:
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.mq_open.restype = ctypes.c_int\n"
+        "fd = libc.mq_open(b'/tgq', {flags}, 0o600, None)\nprint(fd >= 0, ctypes.get_errno())"
+    )
+    made = any_sb.run(code.format(flags="os.O_CREAT | os.O_RDWR"), timeout=5)
+    assert made.stdout.startswith("True"), made
+    for _ in range(3):  # whichever box serves next
+        left = any_sb.run(code.format(flags="os.O_RDWR"), timeout=5)
+        assert left.stdout.startswith("False"), left
+    with any_sb.session() as s:
+        s.run(code.format(flags="os.O_CREAT | os.O_RDWR"), timeout=5)
+    with any_sb.session() as s:
+        assert s.run(code.format(flags="os.O_RDWR"), timeout=5).stdout.startswith("False")
+
+
+@pytest.mark.bound(120)
+def test_class4_6_every_box_has_a_uid_of_its_own(any_sb: Sandbox) -> None:
+    """Two boxes at once never share a uid (docker boxes shared 65534, process boxes restarted at 200000
+    in every program), and another program's boxes take other uids too."""
+    import subprocess
+    import sys
+
+    a, b = any_sb.session(), any_sb.session()  # both boxes of the pool, held while the other program runs
+    ua = a.run("import os; print(os.getuid())", timeout=5).stdout
+    ub = b.run("import os; print(os.getuid())", timeout=5).stdout
+    assert ua != ub and int(ua) >= 200000 and int(ub) >= 200000, (ua, ub)
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolgym.sandboxes import get_sandbox\n"
+            f"sb = get_sandbox({any_sb.backend!r}, pool_size=1)\n"
+            "s = sb.session(); print(s.run('import os; print(os.getuid())').stdout.strip()); s.close(); sb.close()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    a.close()
+    b.close()
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.strip() not in (ua.strip(), ub.strip()), (other.stdout, ua, ub)
+
+
+INOTIFY = (
+    "import ctypes\nlibc = ctypes.CDLL(None)\nfds = [libc.inotify_init1(0) for _ in range({n})]\n"
+    "print(sum(fd >= 0 for fd in fds))"
+)
+
+
+@pytest.mark.bound(120)
+def test_class6_one_box_holding_every_inotify_instance_leaves_the_others_theirs(docker_sb: Sandbox) -> None:
+    with docker_sb.session() as hog, docker_sb.session() as other:
+        assert int(hog.run(INOTIFY.format(n=200), timeout=10).stdout) >= 100
+        assert other.run(INOTIFY.format(n=1), timeout=10).stdout == "1\n"
+
+
+def test_class7_gvisor_boxes_say_up_front_that_sessions_cannot_fork() -> None:
+    from toolgym.sandboxes.docker_backend import DockerSandbox
+    from toolgym.sandboxes.limits import Limits
+
+    sb = DockerSandbox(Limits(runtime="runsc", pool_size=1))
+    assert sb.supports_fork is False
+    sb.close()
+    assert DockerSandbox(Limits(pool_size=1)).supports_fork is True
+    from toolgym.envs.python_math.env import PythonMathEnv
+
+    # Envs see it before any episode (no sandbox started), so rollouts replay prefixes instead of forking.
+    assert PythonMathEnv(sandbox="docker", sandbox_options={"runtime": "runsc"}).supports_fork is False
+    assert PythonMathEnv(sandbox="docker").supports_fork is True
