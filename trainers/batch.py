@@ -29,7 +29,7 @@ class HostMasks(NamedTuple):
     from these instead of a device ``nonzero()``, which waits for the GPU to finish everything queued."""
 
     attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
+    loss_mask: torch.Tensor  # the tokens to score: `TrainBatch.scored_mask()`
 
 
 class TrainBatch(NamedTuple):
@@ -43,17 +43,28 @@ class TrainBatch(NamedTuple):
     turn_ids: torch.Tensor  # [B, T] long, turn index (-1 on prompt and padding)
     rewards: torch.Tensor  # [B] float, leaf reward of each row
     truncated: torch.Tensor  # [B] float, 1 where the episode was cut (turn limit, token budget, timeout)
+    # [B, T] float, 1 on every model token of a kept row, where that differs from the loss mask (shared="once":
+    # another row trains a shared node); EPO's trajectory entropy reads it, so the forward scores it too
+    row_mask: torch.Tensor | None = None
 
     def select(self, idx: torch.Tensor, length: int | None = None) -> TrainBatch:
         """The rows `idx` (a micro-batch), trimmed to their longest row: `length` when the caller knows it
         (the update loops read the row lengths once per step; measuring here waits for the GPU)."""
         idx = to_device(idx, self.input_ids.device)  # one copy, not one per field
-        sub = TrainBatch(*(t[idx] for t in self))
+        sub = TrainBatch(*(None if t is None else t[idx] for t in self))
         T = length if length is not None else int(sub.attention_mask.sum(1).max()) if len(idx) else 0
-        return TrainBatch(*(t[:, :T] if t.dim() == 2 else t for t in sub))
+        return TrainBatch(*(None if t is None else t[:, :T] if t.dim() == 2 else t for t in sub))
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        return TrainBatch(*(t.to(device) for t in self))
+        return TrainBatch(*(None if t is None else t.to(device) for t in self))
+
+    def scored_mask(self) -> torch.Tensor:
+        """The tokens a forward must score: the loss mask, and the row mask where there is one. [B, T]."""
+        return self.loss_mask if self.row_mask is None else torch.maximum(self.loss_mask, self.row_mask)
+
+    def turn_mask(self) -> torch.Tensor:
+        """Every model token of the kept rows (the row mask, else the loss mask). [B, T]."""
+        return self.loss_mask if self.row_mask is None else self.row_mask
 
 
 def collate(
@@ -63,8 +74,10 @@ def collate(
     keep: Sequence[bool],
     pad_id: int,
     truncated: Sequence[bool] | None = None,
+    row_masks: Sequence[Sequence[int]] | None = None,
 ) -> TrainBatch:
-    """Pads `rows`; rows with keep False get a zero loss mask (they stay for the batch statistics)."""
+    """Pads `rows`; rows with keep False get a zero loss mask (they stay for the batch statistics).
+    `row_masks`: every model token of each kept row, where that differs from its loss mask (`TrainBatch`)."""
     B, T = len(rows), max(len(r.token_ids) for r in rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long)  # [B, T]
     attn = torch.zeros((B, T), dtype=torch.long)  # [B, T]
@@ -81,7 +94,13 @@ def collate(
         roll[i, :n] = torch.tensor(r.logprobs, dtype=torch.float)
         turns[i, :n] = torch.tensor(r.turn_ids)
     cut = torch.tensor([float(x) for x in (truncated or [False] * B)])  # [B]
-    return TrainBatch(ids, attn, mask, adv, roll, turns, torch.tensor(list(rewards), dtype=torch.float), cut)
+    full = None
+    if row_masks is not None:
+        full = torch.zeros((B, T))  # [B, T]
+        for i, m in enumerate(row_masks):
+            full[i, : len(m)] = torch.tensor(m, dtype=torch.float) * float(keep[i])
+    rewards_t = torch.tensor(list(rewards), dtype=torch.float)
+    return TrainBatch(ids, attn, mask, adv, roll, turns, rewards_t, cut, full)
 
 
 def forward(

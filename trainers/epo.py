@@ -104,7 +104,7 @@ def epo_loss(
     weight: float,
     band: tuple[float, float] | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """-alpha * sum_rows [H(row) - beta * weight * P(row)] / `rows` (the minibatch's row count) for this
+    """-alpha * sum_rows [H(row) - beta * weight * P(row)] / `rows` (the minibatch's rows that train) for this
     micro-batch's rows, and stats (sums over rows: `entropy_sum`, `penalty_sum`, `rows`)."""
     h = trajectory_entropy(ent, mask, turn_ids)  # [b]
     live = (mask.sum(1) > 0).to(h.dtype)  # [b]

@@ -44,6 +44,7 @@ from toolgym.trainers.advantages import (
     advantage_keep,
     entropy_scaled,
     estimate,
+    leaf_to_nodes,
     masked_whiten,
     token_advantages,
 )
@@ -102,33 +103,59 @@ def vocab_size(model: Any) -> int | None:
     return getattr(conf, "vocab_size", None)
 
 
+KL_SHAPING = "kl_shaping"  # leaf info key: the row's KL-in-reward shaping, -kl_coef * sum of its token KLs
+
+
 @dataclass
 class Credit:
     """Rows (loss masks as trained), rewards, advantages and filter flags of one forest."""
 
     rows: list[Row]
-    rewards: list[float]
-    node_adv: NodeAdv
-    advantages: list[list[float]]  # [B][T] token advantages of the rows as trained
+    rewards: list[float]  # outcome + shaping of each row (what `charts/trained_reward` averages)
+    node_adv: NodeAdv  # the estimator's, on the outcome rewards (shaping not included)
+    advantages: list[list[float]]  # [B][T] token advantages of the rows as trained (shaping included)
     keep: list[bool]
     dropped: dict[str, int]  # rows each filter removed (counted in order)
+    # [B][T] 1 on every model token of a kept row, or None when that is the loss mask: with shared="once" a
+    # row's loss mask lacks the shared nodes another row trains, while EPO's trajectory entropy reads all
+    # its turns
+    turn_masks: list[list[int]] | None = None
+
+
+def shaping(cfg: GRPOConfig, tree: RolloutTree, leaf: int) -> float:
+    """The reward change of a leaf that is not its outcome: DAPO's overlong shaping and the KL in reward."""
+    out = float(tree.nodes[leaf].info.get(KL_SHAPING, 0.0))
+    if cfg.overlong_buffer > 0:
+        n = tree.nodes[leaf].info.get("episode", {}).get("tokens", 0)
+        out += overlong_shaping(n, cfg.max_total_tokens, cfg.overlong_buffer, cfg.overlong_factor)
+    return out
+
+
+def centred(values: list[float], groups: list[int]) -> list[float]:
+    """Each value minus its group's mean (no scaling).
+
+    >>> centred([-1.0, 0.0, 0.0, 0.0, 2.0], [0, 0, 0, 0, 1])
+    [-0.75, 0.25, 0.25, 0.25, 0.0]
+    """
+    sums: dict[int, list[float]] = {}
+    for v, g in zip(values, groups, strict=True):
+        sums.setdefault(g, []).append(v)
+    return [v - sum(sums[g]) / len(sums[g]) for v, g in zip(values, groups, strict=True)]
 
 
 def credit(cfg: GRPOConfig, forest: list[RolloutTree], scorer: Any = None) -> Credit:
-    """Steps 2-3 of the loop: shaped rewards, rows, advantages, filters. `scorer(forest, rows)` gives IGPO's
-    node advantages (it needs the model)."""
+    """Steps 2-3 of the loop: rows, advantages, filters, shaping. `scorer(forest, rows)` gives IGPO's node
+    advantages (it needs the model).
 
-    if cfg.overlong_buffer > 0:
-        for tree in forest:
-            for leaf in tree.leaves():
-                if "shaped" in tree.nodes[leaf].info:
-                    continue  # a tree shaped in an earlier refill round
-                n = tree.nodes[leaf].info.get("episode", {}).get("tokens", 0)
-                pen = overlong_shaping(n, cfg.max_total_tokens, cfg.overlong_buffer, cfg.overlong_factor)
-                tree.set_reward(leaf, (tree.nodes[leaf].reward or 0.0) + pen)
-                tree.nodes[leaf].info["shaped"] = pen
+    The estimator sees the outcome rewards only, and the filters act on what it produced (DAPO's dynamic
+    sampling filters on accuracy, not on the shaped score). Shaping (overlong, KL in reward) is added after,
+    centred on the group mean and never scaled: an overlong row loses its penalty in reward units whatever
+    the spread of its group's outcomes (docs/trainer.md, "Shaping and the group normalisation")."""
+
     rows = flatten(forest, "repeat", drop_truncated=cfg.remove_clip)
-    rewards = leaf_rewards(forest, rows)
+    outcomes = leaf_rewards(forest, rows)
+    shaped = [shaping(cfg, forest[r.tree], r.leaf) for r in rows]
+    rewards = [o + s for o, s in zip(outcomes, shaped, strict=True)]
     if cfg.estimator == "igpo":
         node_adv = scorer(forest, rows)
     elif cfg.estimator == "hiper":
@@ -163,9 +190,33 @@ def credit(cfg: GRPOConfig, forest: list[RolloutTree], scorer: Any = None) -> Cr
         apply("truncated", [not e.get("truncated") for e in episodes])
     # the loss masks as trained: filtered rows train nothing; with shared="once" each shared node is
     # trained once, by the first kept row that holds it, with the mean advantage of the kept rows
+    turn_masks = None
+    if cfg.shared == "once":
+        turn_masks = [
+            r.loss_mask for r in flatten(forest, "repeat", keep=keep, drop_truncated=cfg.remove_clip)
+        ]
     rows = flatten(forest, cfg.shared, keep=keep, drop_truncated=cfg.remove_clip)
     advantages = token_advantages(rows, node_adv, cfg.shared, keep)
-    return Credit(rows, rewards, node_adv, advantages, keep, dropped)
+    if cfg.estimator == "treepo" and cfg.treepo_whiten:  # TreePO whitens the trained tokens over the batch
+        advantages = _whiten(advantages, [r.loss_mask for r in rows])
+    if any(shaped):
+        extra = token_advantages(rows, leaf_to_nodes(forest, rows, centred(shaped, groups)), cfg.shared, keep)
+        advantages = [
+            [a + b for a, b in zip(x, y, strict=True)] for x, y in zip(advantages, extra, strict=True)
+        ]
+    return Credit(rows, rewards, node_adv, advantages, keep, dropped, turn_masks)
+
+
+def _whiten(advantages: list[list[float]], masks: list[list[int]]) -> list[list[float]]:
+    """`masked_whiten` over the masked tokens of every row (ragged rows). [B][T] -> [B][T]."""
+    T = max((len(a) for a in advantages), default=0)
+    x = torch.zeros((len(advantages), T))  # [B, T]
+    m = torch.zeros((len(advantages), T))  # [B, T]
+    for i, (a, k) in enumerate(zip(advantages, masks, strict=True)):
+        x[i, : len(a)] = torch.tensor(a, dtype=torch.float)
+        m[i, : len(k)] = torch.tensor(k, dtype=torch.float)
+    w = masked_whiten(x, m)  # [B, T]
+    return [w[i, : len(a)].tolist() for i, a in enumerate(advantages)]
 
 
 def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
@@ -184,7 +235,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device, model, tokenizer)
     model = policy.model
-    policy = choose_engine(  # our decode engine over the same live weights (issue 12), or HFPolicy
+    policy = choose_engine(  # our decode engine (agents/engine) over the same live weights, or HFPolicy
         policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget,
         capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main, memory=cfg.engine_memory,
     )  # fmt: skip
@@ -265,8 +316,6 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             curriculum.observe(new)
             progress.data_pos += cfg.prompts_per_step
             rounds += 1
-            if cfg.kl_in_reward and ref is not None:
-                metrics["losses/kl_in_reward"] = _kl_into_rewards(cfg, new, model, ref, policy.pad_id, device)
             if rounds == 1:
                 metrics = episode_metrics(new, stats) | metrics
             if not cfg.refill:
@@ -285,6 +334,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
                 forest = new  # nothing survived: train on the last round (its filters drop it again)
 
         forest = seeds.before_credit(forest, step, metrics)  # task probe, success replay
+        if cfg.kl_in_reward and ref is not None:  # after replay: a replayed leaf is shaped as its siblings
+            metrics["losses/kl_in_reward"] = _kl_into_rewards(cfg, forest, model, ref, policy.pad_id, device)
         # 2-3. rows, shaped rewards, advantages (groups = trees), filters
         c = credit(cfg, forest, scorer)
         rows, keep, advantages = c.rows, c.keep, c.advantages
@@ -293,9 +344,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         truncated = [
             bool(forest[r.tree].nodes[r.leaf].info.get("episode", {}).get("truncated")) for r in rows
         ]
-        batch = collate(rows, advantages, c.rewards, keep, policy.pad_id, truncated).to(device)
-        if cfg.estimator == "treepo" and cfg.treepo_whiten:
-            batch = batch._replace(advantages=masked_whiten(batch.advantages, batch.loss_mask))
+        batch = collate(rows, advantages, c.rewards, keep, policy.pad_id, truncated, c.turn_masks).to(device)
         metrics["charts/trained_reward"] = sum(c.rewards) / max(len(c.rewards), 1)  # after shaping
         metrics["rollout/zero_variance_fraction"] = c.dropped.get("zero_variance", 0) / max(len(rows), 1)
         for name, n in c.dropped.items():
@@ -352,9 +401,12 @@ def optimize(
     n_rows = batch.input_ids.shape[0]
     # per-row counts read once: the micro-batch loop then never waits on the GPU for them
     mask_cpu = batch.loss_mask.cpu()  # [B, T]
-    masks = HostMasks(batch.attention_mask.cpu(), mask_cpu)  # packing reads these, not the GPU
+    # packing reads these, not the GPU; it scores the loss mask's tokens and EPO's (`TrainBatch.row_mask`)
+    masks = HostMasks(batch.attention_mask.cpu(), batch.scored_mask().cpu())
     row_mask: list[float] = mask_cpu.sum(1).tolist()  # [B]
     row_len: list[int] = batch.attention_mask.sum(1).tolist()  # [B]
+    # EPO's rows: every kept row with a model token (with shared="once", also one whose nodes others train)
+    epo_live: list[bool] = (batch.turn_mask().cpu().sum(1) > 0).tolist() if cfg.epo else [False] * n_rows
     metrics: dict[str, float] = {}
     multi = cfg.epochs * cfg.minibatches > 1
     old = _old_logprobs(model, batch, cfg, device, fwd, row_len, masks) if multi else None
@@ -370,13 +422,16 @@ def optimize(
         for mb_rows in micro_batches(n_rows, per_mb, order):
             chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len)
             denom = dist.sum(sum(denominator(mask_cpu[i], loss_cfg) for i in chunks))  # all ranks
-            if denom == 0:
+            epo_rows = int(
+                dist.sum(float(sum(epo_live[r] for r in mb_rows.tolist())))
+            )  # EPO's mean, all ranks
+            if denom == 0 and epo_rows == 0:
                 continue  # nothing to learn from these rows (every group was filtered out)
             optimizer.zero_grad(set_to_none=True)
             for i, idx in enumerate(chunks):
                 rows = idx.tolist()
                 w = sum(row_mask[r] for r in rows)
-                if w == 0 and dist.world == 1:
+                if w == 0 and not any(epo_live[r] for r in rows) and dist.world == 1:
                     continue  # (under DDP every rank runs every micro-batch: the last one syncs gradients)
                 T = max(row_len[r] for r in rows)
                 host = HostMasks(*(m[idx, :T] for m in masks))
@@ -400,7 +455,7 @@ def optimize(
                     ref_logprobs=ref_logp, entropy=ent, turn_ids=mb.turn_ids,
                 )  # fmt: skip
                 loss, st = policy_loss(pb, loss_cfg, denom)
-                loss = seeds.epo_term(loss, ent, mb, len(mb_rows))
+                loss = seeds.epo_term(loss, ent, mb, epo_rows)
                 with dist.no_sync(trainer, sync=i == len(chunks) - 1):
                     (loss * dist.world).backward()
                 trained_tokens += sum(row_len[r] for r in rows)
@@ -420,7 +475,7 @@ def optimize(
 
 def kl_reward(kl: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:
     """verl's KL-in-reward for an outcome estimator: the row's reward changes by -coef * sum_t KL_t over its
-    trained tokens (GRPO then normalises the shaped rewards). kl, mask [B, T] -> [B].
+    model tokens (`credit` adds it, centred on the group, to the advantages). kl, mask [B, T] -> [B].
 
     >>> import torch
     >>> round(kl_reward(torch.tensor([[0.1, 0.2, 5.0]]), torch.tensor([[1.0, 1.0, 0.0]]), 0.5).item(), 6)
@@ -432,7 +487,8 @@ def kl_reward(kl: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor
 def _kl_into_rewards(
     cfg: GRPOConfig, forest: list[RolloutTree], model: Any, ref: Any, pad_id: int, device: torch.device
 ) -> float:
-    """Shapes every leaf reward with `kl_reward` (sampling policy vs reference); returns the mean KL per token."""
+    """Records every leaf's `kl_reward` (sampling policy vs reference) as its `KL_SHAPING`, which `credit`
+    adds to its advantage; returns the mean KL per token."""
 
     rows = flatten(forest)
     if not rows:
@@ -453,8 +509,7 @@ def _kl_into_rewards(
             kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)  # [b, t]
             shaped = kl_reward(kl, mb.loss_mask, cfg.kl_coef)  # [b]
             for j, i in enumerate(idx.tolist()):
-                leaf = forest[rows[i].tree].nodes[rows[i].leaf]
-                leaf.reward = (leaf.reward or 0.0) + float(shaped[j])
+                forest[rows[i].tree].nodes[rows[i].leaf].info[KL_SHAPING] = float(shaped[j])
             total += float((kl * mb.loss_mask).sum())
             tokens += float(mb.loss_mask.sum())
     model.train(was_training)

@@ -8,7 +8,7 @@
    ``is_causal`` and no mask (FlashAttention on CUDA): a row never sees another, no ``N x N`` mask is
    built (transformers' own packed-sequence mask is dense, ``N^2`` memory and compute). Models loaded with
    a FlashAttention implementation keep it and get the packed positions, which it handles natively;
-3. scores only the tokens the loss reads (``loss_mask``), through the LM head in chunks of ``chunk``
+3. scores only the tokens the loss reads (``loss_mask``; ``row_mask`` too where there is one), through the LM head in chunks of ``chunk``
    tokens, each recomputed in the backward pass, so the float32 logits of a 152k vocabulary never exist
    for more than ``chunk`` tokens at a time (the padded path materialises ``[B, T, V]`` twice: logits and
    softmax). Logprob-only passes (old policy, reference) run the same way without gradients;
@@ -82,7 +82,7 @@ def pack(
         k = to_device(scored, batch.input_ids.device)  # [M]
     else:  # two host syncs: the token count, and the scored count (before the decoder runs: it waits little)
         row, col = batch.attention_mask.nonzero().unbind(1)  # [N], [N]
-        k = ((col >= 1) & (batch.loss_mask[row, col] > 0)).nonzero().squeeze(-1)  # [M]
+        k = ((col >= 1) & (batch.scored_mask()[row, col] > 0)).nonzero().squeeze(-1)  # [M]
     return batch.input_ids[row, col][None], col[None], row, col, k
 
 
@@ -326,7 +326,7 @@ def packed_forward(
         info = PackInfo(row * T + col, B, T)
     else:  # owned tokens only; a scored token reads the state before it wherever that was computed
         ids, pos = batch.input_ids.reshape(-1)[layout.keep][None], (layout.keep % T)[None]  # [1, N']
-        scored_at = batch.loss_mask > 0  # [B, T]
+        scored_at = batch.scored_mask() > 0  # [B, T]
         scored_at[:, 0] = False  # the first column has no state before it
         r, c = scored_at.nonzero().unbind(1)  # [M], [M] every row's scored tokens, shared or not
         src_at, tgt, at = layout.index[r * T + c - 1], batch.input_ids[r, c], (r, c)

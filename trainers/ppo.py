@@ -20,7 +20,7 @@ Departures from the papers:
 4. Old logprobs are the trainer's (recomputed); engine/trainer mismatch is corrected by TIS (see grpo.py).
 5. Rollouts are independent samples (no branching): trees of depth one.
 6. Single process only (torchrun data parallel is in the GRPO loop).
-9. The seed methods (issue 19, seed_config.py) run here as in GRPO: success replay + task selection (a
+9. The seed methods (seed_config.py) run here as in GRPO: success replay + task selection (a
    replayed row's values come from the current critic), EPO's entropy terms, and `critic="hiper"`:
    HiPER's HAE with one value head (hiper.hae_gae; docs/trainer.md "Seed methods").
 """
@@ -195,7 +195,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                         ref_logprobs=ref_logp[idx, :T] if ref_logp is not None else None,
                     )  # fmt: skip
                     pl, st = policy_loss(pb, loss_cfg, denom)
-                    pl = seeds.epo_term(pl, ent, mb, len(mb_rows))
+                    pl = seeds.epo_term(pl, ent, mb, sum(row_mask[r] > 0 for r in mb_rows.tolist()))
                     assert values is not None
                     vl, vst = value_loss(
                         values[:, :T],

@@ -62,14 +62,15 @@ class SeedState:
         self._sums = {}
 
     def epo_term(self, loss: Any, ent: Any, mb: Any, rows: int) -> Any:
-        """`loss` plus the EPO terms of this micro-batch (`rows`: the minibatch's row count)."""
+        """`loss` plus the EPO terms of this micro-batch (`rows`: the minibatch's rows with a model token to
+        train, over all ranks). A row's trajectory entropy reads all its turns (`TrainBatch.turn_mask`)."""
         if self.band is None or ent is None:
             return loss
         from toolgym.trainers.epo import epo_loss
 
         c = self.cfg
         extra, st = epo_loss(
-            ent.float(), mb.loss_mask.float(), mb.turn_ids, rows, c.epo_alpha, c.epo_beta, self.weight,
+            ent.float(), mb.turn_mask().float(), mb.turn_ids, rows, c.epo_alpha, c.epo_beta, self.weight,
             self.band.band(),
         )  # fmt: skip
         for k, v in st.items():

@@ -203,3 +203,19 @@ def test_packing_refuses_a_family_it_cannot_score_exactly(capsys: pytest.Capture
     assert use_packing("auto", model, torch.device("cuda")) is False  # the padded update, said on stderr
     assert "packing is off for model_type 'gpt2'" in capsys.readouterr().err
     assert use_packing("auto", tiny_model(VOCAB), torch.device("cuda")) is True
+
+
+def test_packed_forward_also_scores_the_row_mask() -> None:
+    """EPO with shared="once" reads the entropy of tokens another row trains (`TrainBatch.row_mask`)."""
+    model = tiny_model(VOCAB, seed=2)
+    batch = batch_of([9, 6, 11], seed=4)
+    full = batch.attention_mask.float()
+    full[:, 0] = 0.0
+    batch = batch._replace(row_mask=full)  # every token but the first, beyond the loss mask's second halves
+    with torch.no_grad():
+        lp, ent, _ = packed_forward(model, batch, 1.0, entropy=True)
+        want_lp, want_ent, _ = forward(model, batch, 1.0, entropy=True)
+    assert ent is not None and want_ent is not None
+    assert torch.allclose(lp * full, want_lp * full, atol=1e-5) and torch.allclose(
+        ent * full, want_ent * full, atol=1e-5
+    )

@@ -57,3 +57,114 @@ def test_seq_mean_token_sum_is_the_mean_over_rows_of_row_sums() -> None:
     _, delta = run_table(cfg_of(agg="seq_mean"), batch)  # row means: (1 + 2)/2 and 3, over 2 rows
     assert delta[:, :, 1].flatten().tolist() == approx([0, 0.125, 0.25, 0, 0.75, 0, 0, 0, 0])
     assert VOCAB == 2
+
+
+# ----- shaping: filtered on the outcome, added in reward units (never scaled by the group's std) ---------
+def one_turn_group(rewards: list[float], tokens: list[int] | None = None, uid: str = "q") -> Any:
+    """P[1, 2] -> one model token per rollout (step reward 0); the episode records its length in tokens."""
+    from toolgym.trainers.tree import RolloutTree
+
+    t = RolloutTree(uid, [1, 2])
+    for i, r in enumerate(rewards):
+        leaf = t.add(t.root, "model", [10 + i], turn=0, state_key="s", step_reward=0.0)
+        t.set_reward(leaf, r)
+        t.nodes[leaf].info["episode"] = {"success": r > 0.5, "tokens": (tokens or [0] * len(rewards))[i]}
+    return t
+
+
+def row_advantages(cfg: GRPOConfig, forest: list[Any]) -> tuple[list[float], list[bool]]:
+    """Each row's advantage on its model token (the last token) and its keep flag."""
+    from toolgym.trainers.grpo import credit
+
+    c = credit(cfg, forest)
+    return [a[-1] for a in c.advantages], c.keep
+
+
+def test_kl_in_reward_is_not_blown_up_by_an_all_failed_group() -> None:
+    import math
+
+    from toolgym.trainers.grpo import KL_SHAPING
+
+    failed = one_turn_group([0.0, 0.0, 0.0, 0.0])
+    for leaf, kl in zip(failed.leaves(), [1.0, 2.0, 3.0, 4.0], strict=True):
+        failed.nodes[leaf].info[KL_SHAPING] = -0.001 * kl  # -kl_coef * the row's summed token KL
+    mixed = one_turn_group([1.0, 0.0, 1.0, 0.0], uid="m")
+    cfg = GRPOConfig(kl_coef=0.001, kl_in_reward=True)
+    adv, keep = row_advantages(cfg, [failed, mixed])
+    # DAPO filters on the outcome: the all-failed group goes (it was kept and z-scored to +-1.16)
+    assert keep == [False] * 4 + [True] * 4
+    z = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # GRPO: (R - 0.5) / (unbiased std sqrt(1/3) + 1e-4)
+    assert adv[4:] == approx([z, -z, z, -z])
+    # without the filter the group trains on its shaping alone, in reward units: -0.001 KL centred on the
+    # group mean -0.0025 (whatever kl_coef, the z-score made it about +-1)
+    adv, _ = row_advantages(
+        GRPOConfig(kl_coef=0.001, kl_in_reward=True, filter_zero_variance=False), [failed]
+    )
+    assert adv == approx([0.0015, 0.0005, -0.0005, -0.0015])
+
+
+def test_overlong_shaping_keeps_its_scale_in_every_group() -> None:
+    import math
+
+    # max_total_tokens 100, buffer 20, factor 0.1: a 100-token episode loses 0.1, a 50-token one nothing
+    opts = dict(max_total_tokens=100, overlong_buffer=20, overlong_factor=0.1)
+    solved = one_turn_group([1.0, 1.0, 1.0, 1.0], tokens=[100, 50, 50, 50])
+    adv, keep = row_advantages(GRPOConfig(**opts), [solved])
+    assert keep == [False] * 4  # equal outcomes: DAPO drops the group (it was kept: the shaping differed)
+    adv, _ = row_advantages(GRPOConfig(filter_zero_variance=False, **opts), [solved])
+    # the penalty centred on the group mean -0.025 (was z-scored to -1.5, three times a real failure)
+    assert adv == approx([-0.075, 0.025, 0.025, 0.025])
+    mixed = one_turn_group([1.0, 0.0, 1.0, 0.0], tokens=[100, 50, 50, 50])
+    adv, _ = row_advantages(GRPOConfig(**opts), [mixed])
+    z = 0.5 / (math.sqrt(1 / 3) + 1e-4)
+    assert adv == approx([z - 0.075, -z + 0.025, z + 0.025, -z + 0.025])
+
+
+@pytest.mark.parametrize(
+    "estimator", ["hgpo", "gigpo", "hiper", "rloo", "tree", "treerl", "spo_std", "dr_grpo"]
+)
+def test_every_estimator_applies_overlong_and_kl_shaping(estimator: str) -> None:
+    """HGPO read only step rewards, so overlong shaping and the KL in reward did nothing there (unwarned).
+    A group with equal outcomes and equal step rewards: the estimators give 0, the shaping stays."""
+    from toolgym.trainers.grpo import KL_SHAPING
+
+    opts = dict(
+        max_total_tokens=100, overlong_buffer=20, overlong_factor=0.1, kl_coef=0.01, kl_in_reward=True
+    )
+    t = one_turn_group([1.0, 1.0], tokens=[100, 50])
+    t.nodes[t.leaves()[1]].info[KL_SHAPING] = -0.02  # row 1: -0.01 x KL 2
+    cfg = GRPOConfig(estimator=estimator, filter_zero_variance=False, **opts)
+    assert not [m for m in cfg.inert_options() if "overlong" in m or "kl_in_reward" in m]
+    adv, _ = row_advantages(cfg, [t])
+    # shaping -0.1 and -0.02, mean -0.06: -0.04 and +0.04
+    assert adv == approx([-0.04, 0.04])
+
+
+# ----- EPO x shared=once: a row's trajectory entropy is the mean over all its turns ----------------------
+def test_epo_trajectory_entropy_reads_every_turn_of_a_row_with_shared_once() -> None:
+    from toolgym.trainers.batch import collate
+    from toolgym.trainers.grpo import credit
+    from toolgym.trainers.seed_config import SeedState
+    from toolgym.trainers.tree import RolloutTree
+
+    # P[1, 2] -> A[3] (turn 0) -> env[4] -> B[5] (turn 1, R 1) | C[6] (turn 1, R 0)
+    t = RolloutTree("q", [1, 2])
+    a = t.add(t.root, "model", [3], turn=0)
+    env = t.add(a, "env", [4], turn=0)
+    for tok, r in ((5, 1.0), (6, 0.0)):
+        leaf = t.add(env, "model", [tok], turn=1)
+        t.set_reward(leaf, r)
+        t.nodes[leaf].info["episode"] = {"success": r > 0}
+    cfg = GRPOConfig(shared="once", branching="turn_entropy", epo=True, epo_alpha=0.1)
+    c = credit(cfg, [t])
+    assert [r.loss_mask for r in c.rows] == [[0, 0, 1, 0, 1], [0, 0, 0, 0, 1]]  # A is trained by row 0 only
+    batch = collate(c.rows, c.advantages, c.rewards, c.keep, 0, None, c.turn_masks)
+    assert batch.turn_mask().tolist() == [[0, 0, 1, 0, 1], [0, 0, 1, 0, 1]]
+    ent = torch.tensor([[0, 0, 2.0, 0, 1.0], [0, 0, 2.0, 0, 1.0]])  # A: 2, B and C: 1
+    seeds = SeedState(cfg)
+    seeds.start_step(1)
+    loss = seeds.epo_term(torch.tensor(0.0), ent, batch, 2)
+    # H = mean over turns of the turn's mean entropy: (2 + 1) / 2 = 1.5 for both rows (row 1 read 1.0:
+    # only the turn it trains); step 1 has no band: loss = -alpha (1.5 + 1.5) / 2 rows
+    assert seeds._sums["entropy_sum"] == approx(3.0)
+    assert float(loss) == approx(-0.1 * 1.5)
