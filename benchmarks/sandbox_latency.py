@@ -275,7 +275,7 @@ def main() -> None:
     lines += [
         "",
         "`per second` is 1 / mean latency from one thread, except the one-shot rows: runs/s from 2 threads "
-        f"({2 * (200 // k)} runs over the 2-container pool). Goals (issue 3): session p50 <= 1 ms and p99 <= 10 ms, "
+        f"({2 * (200 // k)} runs over the 2-container pool). Goals set when the sandboxes were built: session p50 <= 1 ms and p99 <= 10 ms, "
         "fork <= 20 ms, >= 1,000 session calls/s, >= 30 one-shot runs/s on 2 cores.",
     ]
     text = "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Seed methods vs plain GRPO on a sparse-reward multi-turn env (issue 19): the runs behind replay_gain,
+"""Seed methods vs plain GRPO on a sparse-reward multi-turn env: the runs behind replay_gain,
 epo_gain and hiper_gain.
 
 One warm start, then four RL runs side by side on one GPU (separate processes; on a machine with several

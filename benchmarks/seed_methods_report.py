@@ -118,7 +118,7 @@ def markdown(r: dict[str, Any], notes: str) -> str:
         )
     sft = r.get("sft") or {}
     md = [
-        "# Seed methods vs plain GRPO (issue 19): replay, EPO, HiPER on sparse-reward Household",
+        "# Seed methods vs plain GRPO: replay, EPO, HiPER on sparse-reward Household",
         "",
         f"Machine: {r.get('machine') or '?'} ({r.get('gpus_used')} GPU(s): one GPU shared by the four runs, "
         "or one run per GPU).",

@@ -18,110 +18,58 @@ so the episode loop, its bookkeeping and forking stay the same for every family:
 - ``extra_info(info, ended)``: family-specific keys for the info of ``reset`` and of every ``step``.
 - ``decorate_observation(messages, ended)``: change the messages ``reset``/``step`` return (screenshots).
 - ``begin_episode(options)``, ``extra_state()``/``load_extra_state(state)``: resources beyond plain data.
+
+An env that forks (``supports_fork``) cannot keep episode data anywhere else: while ``make_task`` and the
+hooks of a ``step`` run, assigning an attribute of the env other than the base's own bookkeeping raises
+``EnvStateError`` (mutate ``self.episode`` instead; a resource such as an interpreter goes through
+``extra_state``). So a fork can only miss what a hook hides inside a resource, never a forgotten field.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import functools
-import inspect
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, final
 
 import gymnasium as gym
 
+from toolgym.envs.knobs import knob_checked
+from toolgym.envs.records import CommandOutcome, ParsedAction, Task
 from toolgym.envs.spaces import ActionText, Messages
-from toolgym.errors import ConfigError, EpisodeOverError, InfrastructureError
+from toolgym.errors import ConfigError, EnvStateError, EpisodeOverError, InfrastructureError
 from toolgym.messages import Message, ToolCall
-from toolgym.parsing import ANSWER_TOOL, ActionFormat, ParseResult, lenient_answer, parse_action
+from toolgym.parsing import ANSWER_TOOL, ActionFormat, ParseResult, parse_action
+from toolgym.rewards.extract import lenient_answer
 from toolgym.tools import Tool, ToolSpec
 
+__all__ = ["TRUNCATIONS", "CommandOutcome", "ParsedAction", "Task", "ToolEnv", "action_reader", "tool_env"]
+
 TRUNCATIONS = ("turn_limit", "token_budget", "timeout", "env_error")
-
-
-@dataclass
-class Task:
-    """One task: the prompt the model sees, the hidden answer, and data for the world and the expert."""
-
-    task_id: str
-    prompt: str
-    answer: Any = None
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ParsedAction:
-    """One model turn as an env's own parser read it (``ToolEnv.read_action``), to pass to that env's
-    ``step`` in place of the raw action: ``step`` takes ``result`` as it is instead of parsing again.
-
-    Trusted only where it was made: ``step`` uses ``result`` when ``stamp`` is the env's current one (the
-    same env object, in the same state: ``reset``, ``step`` and ``set_state`` renew it, since a family's
-    ``parse`` may read the episode and call ids count on) and ``action_format`` is the env's. Anything else
-    (a turn read by another env or family, for a fork, or before another step) has ``raw`` parsed again,
-    exactly as if the raw action had been passed."""
-
-    raw: Any  # what the model gave: text, or an assistant message
-    result: ParseResult
-    action_format: ActionFormat
-    stamp: object = field(default=None, repr=False, compare=False)
-
-    def assistant_message(self) -> Message:
-        """The assistant message ``step`` records for this turn (structured calls when there were any)."""
-        return self.result.assistant_message()
-
-
-@dataclass
-class CommandOutcome:
-    """What a command did to the world (command-format envs)."""
-
-    observation: str
-    reward_components: dict[str, float] = field(default_factory=dict)
-    terminated: bool = False
-    success: bool = False
-
-
-@functools.cache
-def knob_parameters(cls: type) -> dict[str, inspect.Parameter]:
-    """Every keyword argument an env class accepts, over its whole class hierarchy, each as the first
-    ``__init__`` in MRO order declares it (so a subclass's default wins)."""
-    found: dict[str, inspect.Parameter] = {}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
-            continue
-        init = getattr(init, "__wrapped__", init)
-        for p in inspect.signature(init).parameters.values():
-            if (
-                p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-                and p.name != "self"
-                and p.name not in found
-            ):
-                found[p.name] = p
-    return found
-
-
-def knobs(cls: type) -> tuple[str, ...]:
-    """Every keyword argument an env class accepts, over its whole class hierarchy."""
-    return tuple(knob_parameters(cls))
-
-
-def _knob_checked(init: Callable[..., None]) -> Callable[..., None]:
-    """A typo in an env kwarg is a ConfigError that lists the accepted knobs, not a bare TypeError."""
-
-    @functools.wraps(init)
-    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
-        accepted = knobs(type(self))  # type: ignore[arg-type]
-        unknown = sorted(k for k in kwargs if k not in accepted)
-        if unknown and not getattr(self, "accepts_any_kwargs", False):
-            raise ConfigError(
-                f"{type(self).__name__} got unknown argument(s) {unknown}; accepted: {', '.join(accepted)}"
-            )
-        init(self, *args, **kwargs)
-
-    return checked
+# what the base itself changes during an episode (``get_state`` copies each); hooks of a forking env may
+# assign none but these while an episode runs (see ``ToolEnv.__setattr__``)
+_BOOKKEEPING = frozenset(
+    (
+        "episode",
+        "_stamp",
+        "_task",
+        "_transcript",
+        "_turn",
+        "_tokens",
+        "_done",
+        "_started",
+        "_episode_reward",
+        "_episode_components",
+        "_tool_calls",
+        "_invalid",
+        "_call_counter",
+        "_sealed",
+        "_np_random",  # gymnasium makes the generator on first use; get_state copies its state
+        "_np_random_seed",
+    )
+)
 
 
 def _copy_episode(episode: Any) -> Any:
@@ -151,7 +99,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:
-            cls.__init__ = _knob_checked(cls.__init__)  # type: ignore[method-assign]
+            cls.__init__ = knob_checked(cls.__init__)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -208,6 +156,24 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self._call_counter = 0
         self.episode: Any = None
         self._stamp = object()  # who may trust a ParsedAction: renewed whenever the state changes
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_sealed") and name not in _BOOKKEEPING:
+            raise EnvStateError(
+                f"{type(self).__name__} set self.{name} during an episode: a fork (get_state/set_state) would "
+                "lose it. Keep per-episode data in the object new_episode() returns (self.episode), or a "
+                "resource's state in extra_state()/load_extra_state()."
+            )
+        super().__setattr__(name, value)
+
+    @contextlib.contextmanager
+    def _episode_sealed(self) -> Iterator[None]:
+        """While the family's episode hooks run, a forking env may change only ``self.episode``."""
+        self._sealed = self.supports_fork
+        try:
+            yield
+        finally:
+            self._sealed = False
 
     # ----- hooks -------------------------------------------------------------------------------------------
     def begin_episode(self, options: dict[str, Any] | None) -> None:
@@ -387,114 +353,116 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self._stamp = object()
         self.begin_episode(options)
         self.episode = self.new_episode()
-        self._task = self.make_task()
-        self._turn = 0
-        self._tokens = 0
-        self._done = False
-        self._started = time.monotonic()
-        self._episode_reward = 0.0
-        self._episode_components = dict.fromkeys(self.reward_keys, 0.0)
-        self._tool_calls = 0
-        self._invalid = 0
-        self._call_counter = 0
-        obs = [
-            Message(role="system", content=self.system_prompt()),
-            Message(role="user", content=self._task.prompt),
-        ]
-        self._transcript = list(obs)
-        # the tool specs travel once, with the task: they do not change during an episode
-        info = self._info(tools=self._tool_dicts)
-        info.update(self.extra_info(info, False))
-        return self.decorate_observation([m.to_dict() for m in obs], False), info
+        with self._episode_sealed():
+            self._task = self.make_task()
+            self._turn = 0
+            self._tokens = 0
+            self._done = False
+            self._started = time.monotonic()
+            self._episode_reward = 0.0
+            self._episode_components = dict.fromkeys(self.reward_keys, 0.0)
+            self._tool_calls = 0
+            self._invalid = 0
+            self._call_counter = 0
+            obs = [
+                Message(role="system", content=self.system_prompt()),
+                Message(role="user", content=self._task.prompt),
+            ]
+            self._transcript = list(obs)
+            # the tool specs travel once, with the task: they do not change during an episode
+            info = self._info(tools=self._tool_dicts)
+            info.update(self.extra_info(info, False))
+            messages = self.decorate_observation([m.to_dict() for m in obs], False)
+        return messages, info
 
     @final
     def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
         """One model turn: text, an assistant message, or a ``ParsedAction`` from ``read_action``."""
         if self._task is None or self._done:
             raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
-        parsed = self._parse_once(action)
-        self._stamp = object()  # the state moves on: a turn read before this step must be read again
-        if parsed.message is None:
-            self._call_counter += len(parsed.tool_calls)
-        self._turn += 1
-        self._tokens += self.token_counter(parsed.text)
-        self._transcript.append(parsed.assistant_message())
-        components = dict.fromkeys(self.reward_keys, 0.0)
-        obs: list[Message] = []
-        terminated = False
-        success: bool | None = None
-        truncation: str | None = None
-        infra_error: str | None = None
-        try:
-            if not parsed.ok:
-                self._invalid += 1
-                components["format"] = self.format_penalty
-                obs.append(Message(role="user", content=self.format_feedback(parsed)))
-            elif parsed.answer is not None:
-                components.update(self.check_answer(parsed.answer))
-                terminated = True
-                success = self.is_success(components)
-            elif parsed.command is not None:
-                outcome = self.run_command(parsed.command)
-                components.update(outcome.reward_components)
-                obs.append(Message(role="user", content=outcome.observation))
-                terminated = outcome.terminated
-                success = outcome.success if terminated else None
-            else:
-                for call in parsed.tool_calls:
-                    self._tool_calls += 1
-                    output = self.run_tool(call)
-                    for key, value in self.tool_reward(call, output).items():
-                        components[key] = components.get(key, 0.0) + value
-                    # built from trusted parts: skip validation on this hot path
-                    obs.append(
-                        Message.model_construct(
-                            role="tool", tool_call_id=call.id, name=call.name, content=output, tool_calls=None
+        with self._episode_sealed():
+            parsed = self._parse_once(action)
+            self._stamp = object()  # the state moves on: a turn read before this step must be read again
+            if parsed.message is None:
+                self._call_counter += len(parsed.tool_calls)
+            self._turn += 1
+            self._tokens += self.token_counter(parsed.text)
+            self._transcript.append(parsed.assistant_message())
+            components = dict.fromkeys(self.reward_keys, 0.0)
+            obs: list[Message] = []
+            terminated = False
+            success: bool | None = None
+            truncation: str | None = None
+            infra_error: str | None = None
+            try:
+                if not parsed.ok:
+                    self._invalid += 1
+                    components["format"] = self.format_penalty
+                    obs.append(Message(role="user", content=self.format_feedback(parsed)))
+                elif parsed.answer is not None:
+                    components.update(self.check_answer(parsed.answer))
+                    terminated = True
+                    success = self.is_success(components)
+                elif parsed.command is not None:
+                    outcome = self.run_command(parsed.command)
+                    components.update(outcome.reward_components)
+                    obs.append(Message(role="user", content=outcome.observation))
+                    terminated = outcome.terminated
+                    success = outcome.success if terminated else None
+                else:
+                    for call in parsed.tool_calls:
+                        self._tool_calls += 1
+                        output = self.run_tool(call)
+                        for key, value in self.tool_reward(call, output).items():
+                            components[key] = components.get(key, 0.0) + value
+                        # built from trusted parts: skip validation on this hot path
+                        obs.append(
+                            Message.model_construct(
+                                role="tool",
+                                tool_call_id=call.id,
+                                name=call.name,
+                                content=output,
+                                tool_calls=None,
+                            )
                         )
-                    )
-        except InfrastructureError as exc:
-            truncation, infra_error = "env_error", str(exc)
-            obs = []
-        reward = float(sum(components.values())) if infra_error is None else 0.0
-        self._transcript.extend(obs)
-        if not terminated and truncation is None:
-            if self._turn >= self.max_turns:
-                truncation = "turn_limit"
-            elif self.token_budget is not None and self._tokens >= self.token_budget:
-                truncation = "token_budget"
-            elif self.time_limit_s is not None and time.monotonic() - self._started > self.time_limit_s:
-                truncation = "timeout"
-        truncated = truncation is not None
-        self._episode_reward += reward
-        for key, value in components.items():
-            self._episode_components[key] = self._episode_components.get(key, 0.0) + value
-        info = self._info(
-            invalid_action=not parsed.ok,
-            tool_calls=len(parsed.tool_calls) if parsed.ok else 0,
-            reward_components=components,
-        )
-        if not parsed.ok:
-            info["parse_error"] = parsed.error_kind
-        if truncated:
-            info["truncation"] = truncation
-        if infra_error is not None:
-            info["infra_error"] = infra_error
-        if terminated or truncated:
-            self._done = True
-            info["success"] = bool(success)
-            info["episode_reward"] = self._episode_reward
-            info["episode_reward_components"] = dict(self._episode_components)
-            info["episode_tool_calls"] = self._tool_calls
-            info["episode_invalid_actions"] = self._invalid
-        ended = terminated or truncated
-        info.update(self.extra_info(info, ended))
-        return (
-            self.decorate_observation([m.to_dict() for m in obs], ended),
-            reward,
-            terminated,
-            truncated,
-            info,
-        )
+            except InfrastructureError as exc:
+                truncation, infra_error = "env_error", str(exc)
+                obs = []
+            reward = float(sum(components.values())) if infra_error is None else 0.0
+            self._transcript.extend(obs)
+            if not terminated and truncation is None:
+                if self._turn >= self.max_turns:
+                    truncation = "turn_limit"
+                elif self.token_budget is not None and self._tokens >= self.token_budget:
+                    truncation = "token_budget"
+                elif self.time_limit_s is not None and time.monotonic() - self._started > self.time_limit_s:
+                    truncation = "timeout"
+            truncated = truncation is not None
+            self._episode_reward += reward
+            for key, value in components.items():
+                self._episode_components[key] = self._episode_components.get(key, 0.0) + value
+            info = self._info(
+                invalid_action=not parsed.ok,
+                tool_calls=len(parsed.tool_calls) if parsed.ok else 0,
+                reward_components=components,
+            )
+            if not parsed.ok:
+                info["parse_error"] = parsed.error_kind
+            if truncated:
+                info["truncation"] = truncation
+            if infra_error is not None:
+                info["infra_error"] = infra_error
+            if terminated or truncated:
+                self._done = True
+                info["success"] = bool(success)
+                info["episode_reward"] = self._episode_reward
+                info["episode_reward_components"] = dict(self._episode_components)
+                info["episode_tool_calls"] = self._tool_calls
+                info["episode_invalid_actions"] = self._invalid
+            ended = terminated or truncated
+            info.update(self.extra_info(info, ended))
+            messages = self.decorate_observation([m.to_dict() for m in obs], ended)
+        return messages, reward, terminated, truncated, info
 
     def format_feedback(self, parsed: ParseResult) -> str:
         """The observation after an invalid action: what was wrong and the expected format."""

@@ -14,7 +14,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolgym.envs.base import ToolEnv, knob_parameters, knobs
+from toolgym.envs.base import ToolEnv
+from toolgym.envs.knobs import knob_parameters, knobs
 from toolgym.errors import ConfigError, DependencyNotInstalled
 
 # the knobs every ToolEnv takes; a card lists them on one line and the family's own ones with defaults

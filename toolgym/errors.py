@@ -19,6 +19,11 @@ class EpisodeOverError(ToolgymError, RuntimeError):
     """`step` was called after the episode ended; call `reset` first."""
 
 
+class EnvStateError(ToolgymError, TypeError):
+    """An env that forks set an attribute of itself during an episode (a fork would lose it): the env's
+    author keeps that data in the object `new_episode()` returns instead."""
+
+
 class DependencyNotInstalled(ToolgymError, ImportError, GymDependencyNotInstalled):
     """An optional package is missing; the message names it and the command that installs it (gymnasium's
     own class too, so code written for gymnasium's envs catches it). Raise it through toolgym.optional."""

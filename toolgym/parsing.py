@@ -7,7 +7,8 @@ Formats:
   first argument (``<python>``, ``<search>``, …); a fenced ```python block calls ``python``; ``<answer>``.
 - ``command``: plain text commands (household games): the whole reply, stripped, is one command.
 
-Reasoning inside ``<think>…</think>`` (and a HiPER ``<subgoal>…</subgoal>`` plan) is ignored. Nothing here
+Reasoning (``<think>…</think>``, a HiPER ``<subgoal>…</subgoal>`` plan) is ignored, by the one rule of
+``toolgym.reasoning`` that rewards use too. Nothing here
 raises on bad text: problems come back as a ``ParseResult`` with ``error`` set, which the env turns into an
 observation and a format penalty.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from toolgym.messages import Message, ToolCall
+from toolgym.reasoning import strip_reasoning
 from toolgym.tools import ToolSpec
 
 ActionFormat = Literal["hermes", "tags", "command"]
@@ -35,8 +37,6 @@ ErrorKind = Literal[
     "too_long",
 ]
 
-# <subgoal> (HiPER plans, trainers/hiper.py) is ignored like <think>, so every env passes it through
-_THINK = re.compile(r"<(think|subgoal)>.*?(</\1>|$)", re.S)
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.S)
@@ -73,10 +73,6 @@ class ParseResult:
 
 def _fail(text: str, kind: ErrorKind, error: str, message: Message | None = None) -> ParseResult:
     return ParseResult(text=text, error=error, error_kind=kind, message=message)
-
-
-def _strip_think(text: str) -> str:
-    return _THINK.sub("", text)
 
 
 def _validate_calls(
@@ -151,7 +147,7 @@ def parse_hermes(text: str, tools: Sequence[ToolSpec] | None = None, first_id: i
     >>> parse_hermes('<tool_call>{"name": oops}</tool_call>').error_kind
     'bad_json'
     """
-    body = _strip_think(text)
+    body = strip_reasoning(text)
     calls: list[ToolCall] = []
     for i, block in enumerate(_TOOL_CALL.findall(body)):
         call = _hermes_calls(block, i, first_id)
@@ -174,7 +170,7 @@ def parse_tags(text: str, tools: Sequence[ToolSpec] | None = None, first_id: int
     >>> parse_tags("```python\\nprint(1)\\n```").tool_calls[0].arguments
     {'code': 'print(1)\\n'}
     """
-    body = _strip_think(text)
+    body = strip_reasoning(text)
     first_arg = {"python": "code", "search": "query"}
     for spec in tools or ():
         props = list(spec.parameters.get("properties", {}))
@@ -204,7 +200,7 @@ def parse_command(text: str) -> ParseResult:
     >>> parse_command("  go to kitchen \\n").command
     'go to kitchen'
     """
-    body = " ".join(_strip_think(text).split())
+    body = " ".join(strip_reasoning(text).split())
     m = _ANSWER.search(body)
     if m:
         body = " ".join(m.group(1).split())
@@ -267,21 +263,3 @@ def parse_action(
         return _fail(
             str(action)[:2000], "bad_message", f"the reply could not be read ({exc.__class__.__name__})."
         )
-
-
-_ANSWER_IS = re.compile(r"answer is\s*:?\s*\$?(-?[\d,]*\.?\d+)", re.I)
-
-
-def lenient_answer(parsed: ParseResult) -> ParseResult:
-    """For small models that never learned the tags: an "Answer: X" line, a boxed answer or "the answer is N"
-    counts as the final answer (``lenient_answers=True``); otherwise the parse error stands."""
-    from toolgym.rewards.extract import extract_answer, strip_reasoning  # lazy: rewards builds on toolgym
-
-    text = strip_reasoning(parsed.text)
-    found = extract_answer(text)
-    if found is None:
-        matches = _ANSWER_IS.findall(text)
-        found = matches[-1] if matches else None
-    if found is None or not found.strip():
-        return parsed
-    return ParseResult(text=parsed.text, answer=found.strip())

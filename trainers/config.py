@@ -255,7 +255,7 @@ def check_loss_rules(cfg: Any) -> None:
 
 @dataclass
 class SeedMethodsConfig(RunConfig):
-    """Fields of the seed methods (issue 19): success replay + task selection, EPO, HiPER (seed_config.py)."""
+    """Fields of the seed methods: success replay + task selection, EPO, HiPER (seed_config.py)."""
 
     # --- success replay and task selection (ARPO for GUI agents)
     replay: bool = field(

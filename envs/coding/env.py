@@ -7,12 +7,13 @@ import json
 import sys
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from toolgym.envs.base import Task, ToolEnv
+from toolgym.envs.base import Task
 from toolgym.envs.coding.interpreter import (
     Interpreter,
-    Snapshot,
+    InterpreterEnv,
     render,
     show_last_expression,
     truncate,
@@ -55,6 +56,13 @@ class _GradeCache:
 _GRADES = _GradeCache()
 
 
+@dataclass
+class CodingEpisode:
+    pass_rate: float = (
+        0.0  # the fraction of hidden tests the submission passed (``info["hidden_pass_rate"]``)
+    )
+
+
 def submit(code: str) -> str:
     """Submit your final solution: hidden tests grade it and the episode ends.
 
@@ -65,7 +73,7 @@ def submit(code: str) -> str:
     return code
 
 
-class CodingEnv(ToolEnv):
+class CodingEnv(InterpreterEnv):
     """Programming tasks graded by hidden unit tests: write, run, test, fix, submit.
 
     ## Description
@@ -152,9 +160,7 @@ class CodingEnv(ToolEnv):
         self.call_timeout_s = call_timeout_s
         self.test_timeout_s = test_timeout_s
         self.max_output_chars = max_output_chars
-        self._interpreter = Interpreter(sandbox, sandbox_options, call_timeout_s)
-        self._index: int | None = None
-        self._pass_rate = 0.0
+        self._interpreter: Interpreter = Interpreter(sandbox, sandbox_options, call_timeout_s)
         super().__init__(max_turns=max_turns, **kwargs)
 
     @property
@@ -214,12 +220,10 @@ class CodingEnv(ToolEnv):
         )
 
     # ----- hooks ---------------------------------------------------------------------------------------
-    def begin_episode(self, options: dict[str, Any] | None) -> None:
-        self._interpreter.start()  # a missing docker fails here, not in a step
-        self._index = None if options is None else options.get("index")
+    def new_episode(self) -> CodingEpisode:
+        return CodingEpisode()
 
     def make_task(self) -> Task:
-        self._pass_rate = 0.0
         index = self._index if self._index is not None else int(self.np_random.integers(len(self.problems)))
         if not 0 <= index < len(self.problems):
             raise ConfigError(f"options['index'] must be in [0, {len(self.problems)}), got {index}")
@@ -250,8 +254,8 @@ class CodingEnv(ToolEnv):
     def check_answer(self, answer: str) -> dict[str, float]:
         code = extract_code(answer) if "```" in answer else answer
         self._interpreter.close()  # the episode is over: give its box back before grading takes one
-        self._pass_rate = self._grade(code or "")
-        score = self._pass_rate if self.partial_credit else float(self._pass_rate == 1.0)
+        rate = self.episode.pass_rate = self._grade(code or "")
+        score = rate if self.partial_credit else float(rate == 1.0)
         return {"correct": score}
 
     def _grade(self, code: str) -> float:
@@ -276,19 +280,7 @@ class CodingEnv(ToolEnv):
 
     def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
         """At the episode's end, the pass rate on the hidden tests of the last submission."""
-        return {"hidden_pass_rate": self._pass_rate} if ended else {}
-
-    def extra_state(self) -> Any:
-        return {"pass_rate": self._pass_rate, "interpreter": self._interpreter.snapshot()}
-
-    def load_extra_state(self, state: Any) -> None:
-        self._pass_rate = state["pass_rate"]
-        snapshot: Snapshot | None = state["interpreter"]
-        self._interpreter.restore(snapshot)
-
-    def close(self) -> None:
-        self._interpreter.close()
-        super().close()
+        return {"hidden_pass_rate": self.episode.pass_rate} if ended else {}
 
     def expert_action(self) -> str:
         """Run the visible tests on the canonical solution, then submit it."""

@@ -8,6 +8,8 @@
   ``info["truncation"] = "env_error"``; everything the code itself does (exceptions, timeouts, crashes, OOM)
   is an observation for the model.
 - ``render``: an ``ExecResult`` as observation text, cut to a size with a marker.
+- ``InterpreterEnv``: the base of the envs with a python tool (Coding, PythonMath, ReasoningGym): starts the
+  interpreter with each episode, snapshots it for forks and closes it.
 
 What is covered: state across calls, recovery after the code kills its interpreter (the next call says so),
 branching by session fork. What is not covered: branches of one episode share one container and run one
@@ -21,6 +23,7 @@ import contextlib
 import threading
 from typing import Any
 
+from toolgym.envs.base import ToolEnv
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.sandboxes import ExecResult, Sandbox, Session, get_sandbox
 
@@ -209,3 +212,35 @@ class Interpreter:
         if self._session is not None:
             session, self._session = self._session, None
             session.close()
+
+
+class InterpreterEnv(ToolEnv):
+    """An env whose tools run code in one ``Interpreter`` (``self._interpreter``; None where the family's
+    python tool is off). The interpreter's session is the episode's one resource beyond plain data: each
+    episode starts it, a fork snapshots it (``extra_state``), ``close`` gives it back. Everything else that
+    changes in an episode lives in the family's ``new_episode()`` object."""
+
+    _interpreter: Interpreter | None = None
+    _index: int | None = None  # ``reset(options={"index": i})``: the task ``make_task`` picks
+
+    @property  # type: ignore[misc]
+    def supports_fork(self) -> bool:  # type: ignore[override]
+        """False where the sandbox cannot branch a session (gVisor): rollouts replay prefixes instead."""
+        return self._interpreter is None or self._interpreter.can_fork
+
+    def begin_episode(self, options: dict[str, Any] | None) -> None:
+        if self._interpreter is not None:
+            self._interpreter.start()  # a missing docker fails here, not in a step
+        self._index = None if options is None else options.get("index")
+
+    def extra_state(self) -> Snapshot | None:
+        return None if self._interpreter is None else self._interpreter.snapshot()
+
+    def load_extra_state(self, state: Snapshot | None) -> None:
+        if self._interpreter is not None:
+            self._interpreter.restore(state)
+
+    def close(self) -> None:
+        if self._interpreter is not None:
+            self._interpreter.close()
+        super().close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,6 +29,12 @@ def _observation(text: Any, info: dict[str, Any]) -> str:
     if body and not body.endswith("\n"):
         body += "\n"
     return str(info.get("prefix", "")) + body + str(info.get("suffix", ""))
+
+
+@dataclass
+class GemEpisode:
+    game: Any = None  # GEM's game object, in play (forks copy it deeply)
+    rng: tuple[Any, Any] | None = None  # the game's private copy of Python's and numpy's global RNG states
 
 
 def _game_name(gem_env_id: str) -> str:
@@ -98,22 +105,21 @@ class GemEnv(ToolEnv):
             raise ConfigError(f"env_id must be a GEM id such as 'game:Sudoku-v0-easy', got {env_id!r}")
         self.game_name = _game_name(self.gem_env_id)
         self.env_kwargs = dict(env_kwargs or {})
-        self._game: Any = None
-        self._rng: tuple[Any, Any] | None = None
-        self._last_reward = 0.0
+        self._game: Any = None  # made once, by the first episode; each episode resets it
         super().__init__(max_turns=max_turns, **kwargs)
 
     @contextmanager
     def _own_rng(self) -> Iterator[None]:
         """Run GEM code on this game's private copy of the global RNGs (GEM draws from ``random``)."""
+        ep = self.episode
         outer = (random.getstate(), np.random.get_state())
-        if self._rng is not None:
-            random.setstate(self._rng[0])
-            np.random.set_state(self._rng[1])
+        if ep.rng is not None:
+            random.setstate(ep.rng[0])
+            np.random.set_state(ep.rng[1])
         try:
             yield
         finally:
-            self._rng = (random.getstate(), np.random.get_state())
+            ep.rng = (random.getstate(), np.random.get_state())
             random.setstate(outer[0])
             np.random.set_state(outer[1])
 
@@ -137,16 +143,19 @@ class GemEnv(ToolEnv):
             "exactly as the game's instructions describe (the last \\boxed{} of your reply is read)."
         )
 
-    def make_task(self) -> Task:
+    def begin_episode(self, options: dict[str, Any] | None) -> None:
         if self._game is None:
             self._game = self._make_game()
+
+    def new_episode(self) -> GemEpisode:
+        return GemEpisode(game=self._game)
+
+    def make_task(self) -> Task:
         seed = int(self.np_random.integers(2**31 - 1))
-        self._rng = None
-        self._last_reward = 0.0
         with self._own_rng():
             random.seed(seed)
             np.random.seed(seed)
-            observation, info = self._game.reset(seed=seed)
+            observation, info = self.episode.game.reset(seed=seed)
         prompt = _observation(observation, info)
         return Task(task_id=f"gem-{self.gem_env_id}-{seed}", prompt=prompt, data={"seed": seed})
 
@@ -159,26 +168,19 @@ class GemEnv(ToolEnv):
 
     def run_command(self, command: str) -> CommandOutcome:
         with self._own_rng():
-            observation, reward, terminated, truncated, info = self._game.step(command)
+            observation, reward, terminated, truncated, info = self.episode.game.step(command)
         reward = float(reward)
-        self._last_reward = reward
         over = bool(terminated or truncated)
         return CommandOutcome(
             observation=_observation(observation, info or {}),
             reward_components={"gem": reward},
             terminated=over,
-            success=over and solved(self.game_name, self._game, reward),
+            success=over and solved(self.game_name, self.episode.game, reward),
         )
-
-    def extra_state(self) -> Any:
-        return {"game": self._game, "rng": self._rng, "last_reward": self._last_reward}
-
-    def load_extra_state(self, state: Any) -> None:
-        self._game, self._rng, self._last_reward = state["game"], state["rng"], state["last_reward"]
 
     def expert_action(self) -> str:
         """The game's scripted expert (it reads the hidden state); a fixed move where there is none."""
-        move = expert_move(self.game_name, self._game)
+        move = expert_move(self.game_name, self.episode.game)
         return move if move is not None else "\\boxed{1}"
 
 

@@ -120,7 +120,6 @@ class HouseholdEnv(ToolEnv):
         self.subgoal_reward = subgoal_reward
         self.invalid_penalty = invalid_penalty
         self.list_commands = list_commands
-        self._command_ok = True
         super().__init__(max_turns=max_turns, **kwargs)
 
     # ----- hooks -------------------------------------------------------------------------------------------
@@ -164,7 +163,6 @@ class HouseholdEnv(ToolEnv):
         ep.world = World(scene, where, room)
         ep.look = scene.goal.kind == "look_at_obj_in_light"
         ep.layout = index
-        self._command_ok = True
         ep.optimal = len(plan(ep.world))
         goal = scene.goal
         prompt = f"{WELCOME}\n\n{scene.overview(room)}\n\nYour task is to: {goal.text}"
@@ -183,7 +181,7 @@ class HouseholdEnv(ToolEnv):
         return self.world is not None and self.world.solved()
 
     def tool_reward(self, call: ToolCall, output: str) -> dict[str, float]:
-        return self._pending
+        return self.episode.pending
 
     def expert_action(self) -> str:
         """The planner's next command (it sees the whole world); in tool formats, an act call or the answer."""
@@ -217,17 +215,17 @@ class HouseholdEnv(ToolEnv):
         world = self._world()
         components: dict[str, float] = {}
         action = world.parse(command)
+        ep = self.episode
         if action is None:
-            self._command_ok = False
+            ep.command_ok = False
             self._invalid += 1
             if self.invalid_penalty:
                 components["invalid"] = self.invalid_penalty
             text = NOTHING
             done = False
         else:
-            self._command_ok = True
+            ep.command_ok = True
             text = world.execute(action)
-            ep = self.episode
             if action[0] in _QUIET or (action[0] == GO and not ep.look):
                 return self._outcome(text, components, False)
             reached = world.progress()
@@ -250,7 +248,7 @@ class HouseholdEnv(ToolEnv):
     def _outcome(self, text: str, components: dict[str, float], done: bool) -> CommandOutcome:
         if self.list_commands and not done:
             text += self._commands_text()
-        self._pending = components if self.action_format != "command" else {}
+        self.episode.pending = components if self.action_format != "command" else {}
         return CommandOutcome(
             observation=text,
             reward_components=components,
@@ -273,18 +271,16 @@ class HouseholdEnv(ToolEnv):
             "optimal_steps": self.episode.optimal,
             "task_type": world.scene.goal.kind,
         }
-        if not self._command_ok:
+        if not self.episode.command_ok:
             out["invalid_action"] = True
-            self._command_ok = True
+            self.episode.command_ok = True
         return out
-
-    _pending: dict[str, float] = {}  # noqa: RUF012  (set per step; read by tool_reward)
 
 
 class Episode:
     """Everything that changes in an episode (the base class copies it for forks with ``clone``)."""
 
-    __slots__ = ("layout", "look", "optimal", "reached", "world")
+    __slots__ = ("command_ok", "layout", "look", "optimal", "pending", "reached", "world")
 
     def __init__(self) -> None:
         self.world: World | None = None
@@ -292,6 +288,10 @@ class Episode:
         self.optimal = 0
         self.reached = 0  # subgoals reached so far (they are ordered; progress never goes back)
         self.look = False
+        # within one step: whether the world understood the command (read by extra_info), and the reward
+        # components of an act call (read by tool_reward)
+        self.command_ok = True
+        self.pending: dict[str, float] = {}
 
     def clone(self) -> Episode:
         other = Episode()
@@ -302,6 +302,7 @@ class Episode:
             self.reached,
             self.look,
         )
+        other.command_ok, other.pending = self.command_ok, dict(self.pending)
         return other
 
 

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from toolgym.envs.base import Task, ToolEnv
-from toolgym.envs.coding.interpreter import (
-    Interpreter,
-    Snapshot,
-    render,
-    show_last_expression,
-)
+from toolgym.envs.base import Task
+from toolgym.envs.coding.interpreter import Interpreter, InterpreterEnv, render, show_last_expression
 from toolgym.envs.python_math.datasets import MathItem, load_math_dataset
 from toolgym.envs.python_math.generator import KINDS, check_options, make_problem
 from toolgym.errors import ConfigError
@@ -30,6 +26,13 @@ def _looks_like_answer(output: str) -> bool:
     return bool(output) and "\n" not in output and not output.startswith("[") and "Error" not in output
 
 
+@dataclass
+class PythonMathEpisode:
+    bonus_given: float = 0.0  # tool bonus earned so far (capped per episode), paid with the final answer
+    void_turns: int = 0  # turns with neither code nor an answer (``info["episode_void_turns"]``)
+    last_ok: bool = False  # whether the python call just made ran without error (read by tool_reward)
+
+
 def answer(answer: str) -> str:
     """Give the final answer and end the episode.
 
@@ -39,7 +42,7 @@ def answer(answer: str) -> str:
     return answer
 
 
-class PythonMathEnv(ToolEnv):
+class PythonMathEnv(InterpreterEnv):
     """Math problems solved by reasoning and running Python in a persistent interpreter (SimpleTIR, ToRL).
 
     ## Description
@@ -143,11 +146,7 @@ class PythonMathEnv(ToolEnv):
         self.max_output_chars = max_output_chars
         self.tool_bonus = tool_bonus
         self.tool_bonus_cap = tool_bonus_cap
-        self._interpreter = Interpreter(sandbox, sandbox_options, call_timeout_s)
-        self._bonus_given = 0.0
-        self._last_ok = False
-        self._void_turns = 0
-        self._index: int | None = None
+        self._interpreter: Interpreter = Interpreter(sandbox, sandbox_options, call_timeout_s)
         super().__init__(max_turns=max_turns, **kwargs)
 
     # ----- tools -------------------------------------------------------------------------------------------
@@ -159,7 +158,7 @@ class PythonMathEnv(ToolEnv):
             code: Python source, e.g. "from math import comb\\nprint(comb(40, 12))".
         """
         result = self._interpreter.run(show_last_expression(code))
-        self._last_ok = result.ok
+        self.episode.last_ok = result.ok
         return render(result, self.max_output_chars, self.call_timeout_s)
 
     def tools(self) -> list[Tool]:
@@ -185,13 +184,10 @@ class PythonMathEnv(ToolEnv):
         )
 
     # ----- hooks ---------------------------------------------------------------------------------------
-    def begin_episode(self, options: dict[str, Any] | None) -> None:
-        self._interpreter.start()  # a missing docker fails here, not in a step
-        self._index = None if options is None else options.get("index")
+    def new_episode(self) -> PythonMathEpisode:
+        return PythonMathEpisode()
 
     def make_task(self) -> Task:
-        self._bonus_given = 0.0
-        self._void_turns = 0
         if self.items is not None:
             index = self._index if self._index is not None else int(self.np_random.integers(len(self.items)))
             if not 0 <= index < len(self.items):
@@ -235,16 +231,17 @@ class PythonMathEnv(ToolEnv):
         score = math_match([f"<answer>{answer}</answer>"], answer=[self.task.answer])[0]
         # the tool bonus earned so far is paid with the answer: paid per call, a policy can farm it by running
         # code until the turn limit and never answering (what RL learnt on Calculator-v0)
-        earned = self._bonus_given
+        earned = self.episode.bonus_given
         return {"correct": float(score or 0.0), **({"tool": earned} if earned else {})}
 
     def tool_reward(self, call: ToolCall, output: str) -> dict[str, float]:
         # read once: a call that raised before python() recorded its result must not reuse the last one's flag
-        ran_ok, self._last_ok = self._last_ok, False
+        ep = self.episode
+        ran_ok, ep.last_ok = ep.last_ok, False
         if self.tool_bonus <= 0 or not ran_ok:
             return {}
-        bonus = min(self.tool_bonus, max(0.0, self.tool_bonus_cap - self._bonus_given))
-        self._bonus_given += bonus
+        bonus = min(self.tool_bonus, max(0.0, self.tool_bonus_cap - ep.bonus_given))
+        ep.bonus_given += bonus
         return {}  # paid with the final answer (check_answer)
 
     def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
@@ -252,28 +249,11 @@ class PythonMathEnv(ToolEnv):
         if info["turn"] == 0:  # reset's info
             return {}
         void = info.get("parse_error") == "no_action"
-        self._void_turns += int(void)
+        self.episode.void_turns += int(void)
         out: dict[str, Any] = {"void_turn": void}
         if ended:
-            out["episode_void_turns"] = self._void_turns
+            out["episode_void_turns"] = self.episode.void_turns
         return out
-
-    def extra_state(self) -> Any:
-        return {
-            "bonus_given": self._bonus_given,
-            "void_turns": self._void_turns,
-            "interpreter": self._interpreter.snapshot(),
-        }
-
-    def load_extra_state(self, state: Any) -> None:
-        self._bonus_given = state["bonus_given"]
-        self._void_turns = state["void_turns"]
-        snapshot: Snapshot | None = state["interpreter"]
-        self._interpreter.restore(snapshot)
-
-    def close(self) -> None:
-        self._interpreter.close()
-        super().close()
 
     def expert_action(self) -> str:
         """Run the problem's program with the tool, then box what it printed."""

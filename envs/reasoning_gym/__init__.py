@@ -14,7 +14,7 @@ CATALOG_FILE = Path(__file__).with_name("catalog.tsv")
 CATALOG_COLUMNS = ("task", "category", "status", "seconds", "description", "note", "full")
 
 
-def catalog() -> list[dict[str, str]]:
+def read_catalog() -> list[dict[str, str]]:
     """The shipped catalog: one row per reasoning-gym dataset, with its check status ("ok" or what failed)."""
     if not CATALOG_FILE.exists():
         return []
@@ -40,7 +40,7 @@ WORKING = ("ok", "ok-no-gold")  # "ok-no-gold": the dataset has no gold answer, 
 
 def working_tasks() -> list[str]:
     """The datasets that passed the checks: each gets an id of its own."""
-    return [row["task"] for row in catalog() if row["status"] in WORKING]
+    return [row["task"] for row in read_catalog() if row["status"] in WORKING]
 
 
 def class_name(task: str) -> str:

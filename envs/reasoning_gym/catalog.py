@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolgym.envs.reasoning_gym import CATALOG_COLUMNS, CATALOG_FILE, WORKING, catalog, env_id
+from toolgym.envs.reasoning_gym import CATALOG_COLUMNS, CATALOG_FILE, WORKING, env_id, read_catalog
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "peers.md"
 START, END = "<!-- reasoning-gym-table:start -->", "<!-- reasoning-gym-table:end -->"
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     version = dist_version("reasoning-gym")  # the module's __version__ lags behind the release
     names = args.tasks or registry_names()
-    previous = {r["task"]: r for r in catalog()}
+    previous = {r["task"]: r for r in read_catalog()}
     rows = []
     for task in names:
         row = check_task(task, args.garbage, args.expert_episodes, args.timeout)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from toolgym.envs.base import Task, ToolEnv
-from toolgym.envs.coding.interpreter import Interpreter, Snapshot, render, show_last_expression
-from toolgym.envs.reasoning_gym import catalog, class_name, working_tasks
+from toolgym.envs.base import Task
+from toolgym.envs.coding.interpreter import Interpreter, InterpreterEnv, render, show_last_expression
+from toolgym.envs.reasoning_gym import class_name, read_catalog, working_tasks
 from toolgym.envs.reasoning_gym.expert import expert_action
 from toolgym.envs.reasoning_gym.tasks import dataset, registry_names
 from toolgym.errors import ConfigError, InfrastructureError
@@ -26,7 +26,7 @@ def answer(answer: str) -> str:
     return answer
 
 
-class ReasoningGymEnv(ToolEnv):
+class ReasoningGymEnv(InterpreterEnv):
     """reasoning-gym's procedurally generated reasoning tasks, scored by reasoning-gym's own verifiers.
 
     ## Description
@@ -102,7 +102,7 @@ class ReasoningGymEnv(ToolEnv):
         self.tasks = (names,) if isinstance(names, str) else tuple(names)
         if not self.tasks or not all(isinstance(t, str) for t in self.tasks):
             raise ConfigError(f"task must be a reasoning-gym dataset name or a list of names, got {task!r}")
-        shipped = {row["task"] for row in catalog()}
+        shipped = {row["task"] for row in read_catalog()}
         unknown = [t for t in self.tasks if t not in shipped]
         if unknown and not set(unknown) <= set(registry_names()):  # a newer reasoning-gym's dataset is fine
             raise ConfigError(f"unknown reasoning-gym task(s) {unknown}; working ones: {working_tasks()}")
@@ -120,7 +120,6 @@ class ReasoningGymEnv(ToolEnv):
         self._interpreter = (
             Interpreter(sandbox, sandbox_options, call_timeout_s) if tools == "python" else None
         )
-        self._index: int | None = None
         if self.task_config:  # a config is checked now (it needs reasoning-gym); plain ids import it lazily
             for name in self.tasks:
                 dataset(name, self.task_config, size)
@@ -157,11 +156,6 @@ class ReasoningGymEnv(ToolEnv):
         return text
 
     # ----- hooks -------------------------------------------------------------------------------------------
-    def begin_episode(self, options: dict[str, Any] | None) -> None:
-        if self._interpreter is not None:
-            self._interpreter.start()
-        self._index = None if options is None else options.get("index")
-
     def make_task(self) -> Task:
         rng = self.np_random
         name = self.tasks[int(rng.integers(len(self.tasks)))] if len(self.tasks) > 1 else self.tasks[0]
@@ -200,19 +194,6 @@ class ReasoningGymEnv(ToolEnv):
             score = 0.0
         return {"correct": score}
 
-    def extra_state(self) -> Any:
-        return None if self._interpreter is None else self._interpreter.snapshot()
-
-    def load_extra_state(self, state: Any) -> None:
-        if self._interpreter is not None:
-            snapshot: Snapshot | None = state
-            self._interpreter.restore(snapshot)
-
-    def close(self) -> None:
-        if self._interpreter is not None:
-            self._interpreter.close()
-        super().close()
-
     def expert_action(self) -> str:
         """The dataset's gold answer (printed with the python tool first when it is on)."""
         printed = any(m.role == "tool" and m.name == "python" for m in self._transcript)
@@ -227,7 +208,7 @@ class ReasoningGymEnv(ToolEnv):
 def task_class(task: str, *, has_gold: bool | None = None) -> type[ReasoningGymEnv]:
     """The class of ``toolgym/ReasoningGym-<task>-v0``. A dataset without gold answers (several valid
     ones: graph colourings, say) has no expert, and declares an expert success of 0."""
-    row: dict[str, str] = next((r for r in catalog() if r["task"] == task), {})
+    row: dict[str, str] = next((r for r in read_catalog() if r["task"] == task), {})
     if has_gold is None:
         has_gold = row.get("status") != "ok-no-gold"
     what = row.get("description") or task
@@ -242,7 +223,7 @@ def task_class(task: str, *, has_gold: bool | None = None) -> type[ReasoningGymE
 def __getattr__(name: str) -> type[ReasoningGymEnv]:
     """``ReasoningGym_chain_sum`` and friends: one class per catalog task, made on first use."""
     prefix = class_name("")
-    if not name.startswith(prefix) or not any(r["task"] == name[len(prefix) :] for r in catalog()):
+    if not name.startswith(prefix) or not any(r["task"] == name[len(prefix) :] for r in read_catalog()):
         raise AttributeError(name)
     cls = task_class(name[len(prefix) :])
     globals()[name] = cls

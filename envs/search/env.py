@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from toolgym.envs.base import Task, ToolEnv
@@ -16,6 +17,11 @@ from toolgym.rewards.qa import normalize_answer, token_f1_score
 from toolgym.tools import Tool
 
 MAX_QUERY_CHARS = 1000
+
+
+@dataclass
+class SearchEpisode:
+    em: float = 0.0  # exact match of the final answer (success), whichever score ``reward`` pays
 
 
 class SearchEnv(ToolEnv):
@@ -130,7 +136,6 @@ class SearchEnv(ToolEnv):
                 "only the synthetic corpus (or one written by `toolgym search-index --synthetic`) makes its own"
             )
         self.maker = QuestionMaker(self.source.world) if self.source.world is not None else None
-        self._em = 0.0
         super().__init__(max_turns=max_turns, **kwargs)
 
     # ----- tools -------------------------------------------------------------------------------------------
@@ -187,8 +192,10 @@ class SearchEnv(ToolEnv):
         )
 
     # ----- tasks and rewards -------------------------------------------------------------------------------
+    def new_episode(self) -> SearchEpisode:
+        return SearchEpisode()
+
     def make_task(self) -> Task:
-        self._em = 0.0
         if self.items is not None:
             item = self.items[int(self.np_random.integers(len(self.items)))]
             return Task(
@@ -220,10 +227,8 @@ class SearchEnv(ToolEnv):
     def check_answer(self, answer: str) -> dict[str, float]:
         golds = [g for g in self.task.answer if normalize_answer(g)]
         pred = normalize_answer(answer)
-        self._em = float(bool(pred) and any(pred == normalize_answer(g) for g in golds))
-        score = (
-            self._em if self.reward == "em" else max((token_f1_score(answer, g) for g in golds), default=0.0)
-        )
+        em = self.episode.em = float(bool(pred) and any(pred == normalize_answer(g) for g in golds))
+        score = em if self.reward == "em" else max((token_f1_score(answer, g) for g in golds), default=0.0)
         if self.judge is not None:
             from toolgym.rewards.judge import judge_answer
 
@@ -234,13 +239,7 @@ class SearchEnv(ToolEnv):
         return parts
 
     def is_success(self, components: dict[str, float]) -> bool:
-        return self._em >= 1.0
-
-    def extra_state(self) -> Any:
-        return {"em": self._em}
-
-    def load_extra_state(self, state: Any) -> None:
-        self._em = state["em"]
+        return bool(self.episode.em >= 1.0)
 
     # ----- the scripted expert -----------------------------------------------------------------------------
     def expert_action(self) -> str:

@@ -34,6 +34,15 @@ class EngineState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class EngineEpisode:
+    """What changes in an episode: the engine's last answer and the walkthrough of the game in play (the
+    game itself lives in the engine, which cannot be copied: these envs do not fork)."""
+
+    state: EngineState = field(default_factory=lambda: EngineState(""))
+    gold: list[str] = field(default_factory=list)
+
+
 class EnginePool:
     """Idle engines by kind. ``take`` returns one (starting it with ``start`` when none is idle)."""
 
@@ -79,8 +88,6 @@ class EngineEnv(ToolEnv):
     def __init__(self, *, dense_rewards: bool = False, max_turns: int = 50, **kwargs: Any) -> None:
         self.dense_rewards = dense_rewards
         self._engine: Any = None
-        self._state = EngineState("")
-        self._gold: list[str] = []
         super().__init__(max_turns=max_turns, **kwargs)
 
     # ----- subclass hooks ----------------------------------------------------------------------------------
@@ -109,6 +116,9 @@ class EngineEnv(ToolEnv):
             '"look around", "open door", "take key", "go north"); the game answers with what happens.'
         )
 
+    def new_episode(self) -> EngineEpisode:
+        return EngineEpisode()
+
     def make_task(self) -> Task:
         try:
             task_id, intro, state = self._new_game()
@@ -117,8 +127,8 @@ class EngineEnv(ToolEnv):
         except Exception as exc:  # the engine broke: an infrastructure fault, not a model failure
             self._drop_engine()
             raise InfrastructureError(f"{self.engine_kind} could not start a game: {exc}") from exc
-        self._state = state
-        return Task(task_id=task_id, prompt=intro, data={"gold": list(self._gold)})
+        self.episode.state = state
+        return Task(task_id=task_id, prompt=intro, data={"gold": list(self.episode.gold)})
 
     def run_command(self, command: str) -> CommandOutcome:
         # Engines are fed only short printable commands: a Z-machine can spin for minutes on a 50,000
@@ -130,13 +140,13 @@ class EngineEnv(ToolEnv):
             return CommandOutcome(
                 observation=f"That command is {len(command)} characters long; a command is a few words."
             )
-        before = self._state.score
+        before = self.episode.state.score
         try:
             state = self._step(command)
         except Exception as exc:  # a dead engine is an infrastructure fault
             self._drop_engine()
             raise InfrastructureError(f"{self.engine_kind} failed on {command!r}: {exc}") from exc
-        self._state = state
+        self.episode.state = state
         components: dict[str, float] = {}
         if state.won:
             components["success"] = 1.0
@@ -151,21 +161,24 @@ class EngineEnv(ToolEnv):
 
     def expert_action(self) -> str:
         """The engine's own walkthrough (gold path) from the start of the episode."""
-        if self._turn < len(self._gold):
-            return self._gold[self._turn]
+        gold = self.episode.gold
+        if self._turn < len(gold):
+            return gold[self._turn]
         return "look"
 
     def state_key(self) -> str:
         """The engine's observation and inventory, hashed (GiGPO groups turns by it)."""
-        text = f"{self._state.observation}\x00{self._state.inventory}"
+        state = self.episode.state
+        text = f"{state.observation}\x00{state.inventory}"
         return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
     def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:
         """The state key (GiGPO), the game's score, its admissible commands and the walkthrough's length."""
-        out: dict[str, Any] = {"state_key": self.state_key(), "score": self._state.score}
-        if self._state.admissible is not None:
-            out["admissible_commands"] = list(self._state.admissible)
-        out["gold_steps"] = len(self._gold)
+        state = self.episode.state
+        out: dict[str, Any] = {"state_key": self.state_key(), "score": state.score}
+        if state.admissible is not None:
+            out["admissible_commands"] = list(state.admissible)
+        out["gold_steps"] = len(self.episode.gold)
         return out
 
     def _drop_engine(self) -> None:

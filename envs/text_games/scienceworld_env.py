@@ -148,17 +148,18 @@ class ScienceWorldEnv(EngineEnv):
         observation, info = engine.reset()
         if key not in _GOLD:
             _GOLD[key] = [str(a) for a in engine.get_gold_action_sequence()]
-        self._gold = list(_GOLD[key])
+        self.episode.gold = list(_GOLD[key])
         if self.auto_turns:  # some gold paths (genetics, growing fruit) run past 100 steps
-            self.max_turns = max(100, len(self._gold) + 20)
+            self.max_turns = max(100, len(self.episode.gold) + 20)
         state = EngineState(observation, 0.0, inventory=str(info.get("inv", "")))
         intro = f"{engine.get_task_description()}\n\n{observation}"
         return f"scienceworld-{task}-{self.split}-{variation}", intro, state
 
     def expert_action(self) -> str:
         """ScienceWorld's gold path; past its end, wait a tick (a score can settle one tick late)."""
-        if self._turn < len(self._gold):
-            return self._gold[self._turn]
+        gold = self.episode.gold
+        if self._turn < len(gold):
+            return gold[self._turn]
         return "wait1"
 
     def _step(self, command: str) -> EngineState:

@@ -132,7 +132,7 @@ class TextWorldEnv(EngineEnv):
             warnings.simplefilter("ignore")
             self._game = tw.start(str(path), request_infos=infos)
         state = self._game.reset()
-        self._gold = [str(c) for c in tw.Game.load(str(path.with_suffix(".json"))).walkthrough]
+        self.episode.gold = [str(c) for c in tw.Game.load(str(path.with_suffix(".json"))).walkthrough]
         first = self._state_of(state)
         intro = _BANNER_END.split(first.observation)[-1].strip()
         return f"textworld-d{self.difficulty}-{seed}", intro, first

@@ -127,7 +127,7 @@ class TextWorldExpressEnv(EngineEnv):
             gold = [str(a) for a in engine.getGoldActionSequence()]
             # the gold path opens with the "look around" the reset already did
             _GOLD[key] = gold[1:] if gold and gold[0] == "look around" else gold
-        self._gold = list(_GOLD[key])
+        self.episode.gold = list(_GOLD[key])
         state = self._state_of(observation, infos)
         intro = f"{infos.get('taskDescription', '')}\n\n{observation}".strip()
         return f"twx-{game}-{self.fold}-{seed}", intro, state

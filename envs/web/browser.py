@@ -33,7 +33,7 @@ LAUNCH_FLAGS = (
 )
 # The headless shell first: it is Chromium's headless build without the browser UI layer (Playwright's own
 # default for headless). The full browser in headless mode runs a WebUI renderer and more browser-process
-# work per step; on the benchmark's 8 tasks the shell took ~20-40% less CPU per step (issue 16).
+# work per step; on the benchmark's 8 tasks the shell took ~20-40% less CPU per step (benchmarks/results/web.md).
 CHROMIUM_CANDIDATES = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 
 

@@ -1,4 +1,5 @@
-"""One parametrised test runs toolgym's env checks over every registered id (STYLE rule 4)."""
+"""One parametrised test runs toolgym's env checks over every registered id, as Gymnasium's
+tests/envs/test_envs.py runs check_env over its registry."""
 
 import gymnasium as gym
 import pytest

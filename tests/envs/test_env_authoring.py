@@ -6,9 +6,10 @@ import pytest
 import toolgym  # noqa: F401
 from tests.testing_env import COUNTER, Count, CounterEnv, register
 from toolgym.cli import main
-from toolgym.envs.base import Task, ToolEnv, knobs
+from toolgym.envs.base import Task, ToolEnv
 from toolgym.envs.checks import _fork
-from toolgym.errors import ConfigError, DependencyNotInstalled
+from toolgym.envs.knobs import knobs
+from toolgym.errors import ConfigError, DependencyNotInstalled, EnvStateError
 
 
 def test_misspelt_knob_is_a_config_error_listing_the_knobs():
@@ -17,7 +18,7 @@ def test_misspelt_knob_is_a_config_error_listing_the_knobs():
 
 
 class _Forgetful(ToolEnv):
-    """Counts steps in a field that get_state does not copy: the fork check must catch it."""
+    """Counts its tool calls in a field of itself, outside ``self.episode``: a fork would lose the count."""
 
     family = "test"
 
@@ -27,7 +28,6 @@ class _Forgetful(ToolEnv):
         self.hidden = 0
 
     def make_task(self) -> Task:
-        self.hidden = 0
         return Task("t", "say go twice", answer="go")
 
     def check_answer(self, answer: str) -> dict[str, float]:
@@ -52,16 +52,56 @@ class _Forgetful(ToolEnv):
         return "<answer>go</answer>"
 
 
+class _Hiding(_Forgetful):
+    """Hides the count inside a mutable container: no assignment to catch, so the fork check must."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.box = [0]
+
+    def make_task(self) -> Task:
+        self.box[0] = 0
+        return super().make_task()
+
+    def check_answer(self, answer: str) -> dict[str, float]:
+        return {"correct": float(self.box[0] >= 1)}
+
+    def run_tool(self, call):
+        self.box[0] += 1
+        return "ok"
+
+    def expert_action(self) -> str:
+        return (
+            '<tool_call>{"name": "go", "arguments": {}}</tool_call>'
+            if self.box[0] == 0
+            else "<answer>go</answer>"
+        )
+
+
 def test_knobs_span_the_hierarchy_and_kwargs_forwarding():
     assert {"start", "max_turns", "prompt_format"} <= set(knobs(_Forgetful))
     with pytest.raises(ConfigError, match="strat"):
         _Forgetful(strat=1)
 
 
+def test_a_forking_env_cannot_keep_episode_data_on_itself():
+    env = _Forgetful()
+    env.reset(seed=0)
+    with pytest.raises(EnvStateError, match=r"_Forgetful set self.hidden during an episode"):
+        env.step(env.expert_action())
+    # an env that does not fork (a live engine or browser) may keep what it likes
+    loose = type("_Loose", (_Forgetful,), {"supports_fork": False})()
+    loose.reset(seed=0)
+    assert loose.step(loose.expert_action())[1] == 0.0 and loose.hidden == 1
+    # the guard is only up while the episode's hooks run: configuring the env between episodes is fine
+    env.hidden = 5
+    assert env.hidden == 5
+
+
 def test_fork_check_catches_a_field_the_state_forgets():
-    gym.register("tests/Forgetful-v0", entry_point=_Forgetful, disable_env_checker=True)
+    gym.register("tests/Hiding-v0", entry_point=_Hiding, disable_env_checker=True)
     with pytest.raises(AssertionError, match="fork at turn 1"):
-        _fork("tests/Forgetful-v0")
+        _fork("tests/Hiding-v0")
 
 
 def test_check_accepts_ids_of_other_namespaces(capsys):
@@ -113,10 +153,12 @@ def test_mypy_rejects_an_env_that_overrides_step():
 class _Hooked(CounterEnv):
     """Records each extra_info call and marks every returned message."""
 
-    calls: list[tuple[int, bool]]
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls: list[tuple[int, bool]] = []  # a test's record, appended to (not episode data)
 
     def extra_info(self, info, ended):
-        self.calls = [*getattr(self, "calls", []), (info["turn"], ended)]
+        self.calls.append((info["turn"], ended))
         return {"count": self.episode.value, "turn": -1 if info["turn"] == 0 else info["turn"]}
 
     def decorate_observation(self, messages, ended):

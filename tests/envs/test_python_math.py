@@ -253,9 +253,9 @@ def test_tool_bonus_capped_and_paid_with_the_answer():
     env.reset(seed=0)
     inner = env.unwrapped
     assert env.step(call("print(1)"))[1] == 0.0  # earned now, paid with the answer
-    assert env.step(call("1/0"))[1] == 0.0 and inner.get_state()["extra"]["bonus_given"] == pytest.approx(0.1)
+    assert env.step(call("1/0"))[1] == 0.0 and inner.get_state()["episode"].bonus_given == pytest.approx(0.1)
     assert env.step(call("print(2)"))[1] == 0.0  # an error earned nothing; this one reaches the cap
-    assert inner.get_state()["extra"]["bonus_given"] == pytest.approx(0.15)
+    assert inner.get_state()["episode"].bonus_given == pytest.approx(0.15)
     _, reward, term, _, info = env.step(f"<answer>{inner.task.answer}</answer>")
     assert term and info["success"] and reward == pytest.approx(1.15)
     env.close()
@@ -290,7 +290,7 @@ def test_fork_restores_the_interpreter(env):
         env.step(call("x = 99"))
     fresh = gym.make(ID, sandbox=BACKEND)
     fresh.reset(seed=2)
-    assert fresh.unwrapped.get_state()["extra"]["interpreter"] is None  # nothing ran: nothing to fork
+    assert fresh.unwrapped.get_state()["extra"] is None  # nothing ran: nothing to fork
     fresh.close()
 
 

@@ -14,7 +14,7 @@ pytest.importorskip("reasoning_gym")
 import toolgym  # noqa: F401
 from toolgym.envs import ENVS
 from toolgym.envs.checks import check
-from toolgym.envs.reasoning_gym import catalog, env_id, working_tasks
+from toolgym.envs.reasoning_gym import env_id, read_catalog, working_tasks
 from toolgym.envs.reasoning_gym.tasks import dataset
 from toolgym.errors import ConfigError
 
@@ -30,7 +30,7 @@ def test_env_checks_on_a_sample(task):
 
 
 def test_catalog_ids_are_registered():
-    rows = catalog()
+    rows = read_catalog()
     assert len(rows) >= 100
     working = working_tasks()
     assert len(working) >= 95

@@ -1,4 +1,4 @@
-"""Reward hardening, one test per class of the review (issue 11): math and QA edge cases (gold wrapping,
+"""Reward hardening, one test per class of fault a review of the rewards found: math and QA edge cases (gold wrapping,
 false positives, false negatives, which box counts), rewards that never raise on a completion, and
 extraction that stays linear on 100 KB adversarial completions (tests/rewards/adversarial.py)."""
 

@@ -1,4 +1,4 @@
-"""The algorithms added for issue 9 (docs/trainer.md), each against numbers worked out by hand in the test."""
+"""The trainer's algorithms beyond plain GRPO and PPO (docs/trainer.md), each against numbers worked out by hand in the test."""
 
 from __future__ import annotations
 

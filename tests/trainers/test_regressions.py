@@ -1,4 +1,4 @@
-"""Regression tests of issue 9's eight confirmed trainer bugs; every expected number is worked out by hand
+"""Regression tests of eight confirmed trainer bugs (each test says which); every expected number is worked out by hand
 in the test (literals or explicit arithmetic), never by re-running the code under test.
 
 Trees are written out as P (prompt) -> model turns -> env/tool nodes; `chain` builds one unbranched

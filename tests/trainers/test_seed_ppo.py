@@ -1,4 +1,4 @@
-"""The seed methods in the PPO loop (issue 19): replay + task selection, EPO and HiPER (critic=hiper), each a
+"""The seed methods in the PPO loop: replay + task selection, EPO and HiPER (critic=hiper), each a
 two-step CPU run with the tiny model; the config checks of the PPO side."""
 
 from __future__ import annotations
