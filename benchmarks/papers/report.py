@@ -23,26 +23,36 @@ from papers.claims import CLAIMS, Claim
 from papers.curves import at_tokens, curves, diff_ci95, mean_to, read_metrics
 
 
-def runs_of(folder: Path, arm: str) -> dict[int, dict[str, Any]]:
-    """seed -> curve of every `<arm>_s<seed>` run folder that has at least one evaluation."""
-    out = {}
+def runs_of(folder: Path, arm: str, start: float | None) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    """seed -> curve of every `<arm>_s<seed>` run with two or more evaluations (one that died before its
+    second has no curve to compare: it would set equal tokens to 0), and the seeds left out for that."""
+    out, short = {}, []
     for d in sorted(folder.glob(f"{arm}_s*")):
         if d.is_dir() and d.name[len(arm) + 2 :].isdigit():
             c = curves(read_metrics(d))
-            if c["evals"]:
-                out[int(d.name[len(arm) + 2 :])] = c
-    return out
+            seed = int(d.name[len(arm) + 2 :])
+            if start is not None and c["evals"] and c["evals"][0][0] > 0:
+                # a trainer that does not evaluate before its first step starts where the warm start ended
+                # (the same held-out episodes: GRPO's step-0 reading equals the SFT's last one)
+                c["evals"].insert(0, (0, 0.0, start))
+            if len(c["evals"]) >= 2:
+                out[seed] = c
+            else:
+                short.append(seed)
+    return out, short
 
 
 def claim_result(claim: Claim, folder: Path) -> dict[str, Any]:
-    arms = {a.name: runs_of(folder, a.name) for a in claim.arms}
+    sft_path = folder / "sft" / "summary.json"
+    sft = json.loads(sft_path.read_text()) if sft_path.is_file() else {}
+    found = {a.name: runs_of(folder, a.name, sft.get("success_after")) for a in claim.arms}
+    arms = {a: runs for a, (runs, _) in found.items()}
     ends = [c["evals"][-1][1] for runs in arms.values() for c in runs.values()]
     t_star = min(ends) if ends else 0.0
     at = {a: {s: at_tokens(c["evals"], t_star) for s, c in runs.items()} for a, runs in arms.items()}
     mean = {a: {s: mean_to(c["evals"], t_star) for s, c in runs.items()} for a, runs in arms.items()}
     summary_path = folder / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    sft_path = folder / "sft" / "summary.json"
     res: dict[str, Any] = {
         "title": claim.title,
         "paper": claim.paper,
@@ -51,6 +61,7 @@ def claim_result(claim: Claim, folder: Path) -> dict[str, Any]:
         "departures": list(claim.departures),
         "equal_tokens": t_star,
         "seeds": {a: sorted(runs) for a, runs in arms.items()},
+        "seeds_left_out": {a: short for a, (_, short) in found.items() if short},
         "success_at_equal_tokens": at,
         "mean_success_to_equal_tokens": mean,
         "steps": {a: {s: c["steps"] for s, c in runs.items()} for a, runs in arms.items()},
@@ -58,7 +69,7 @@ def claim_result(claim: Claim, folder: Path) -> dict[str, Any]:
             a: {s: c["generated_tokens"] for s, c in runs.items()} for a, runs in arms.items()
         },
         "start_success": {a: {s: c["evals"][0][2] for s, c in runs.items()} for a, runs in arms.items()},
-        "sft": json.loads(sft_path.read_text()) if sft_path.is_file() else {},
+        "sft": sft,
         "rl_return_codes": summary.get("rl_rc", {}),
         "calls": summary.get("calls", []),
         "commands": summary.get("commands", {}),
@@ -141,6 +152,8 @@ def markdown(results: dict[str, dict[str, Any]], notes: str) -> str:
         md += ["", f"![{name}](papers_{name}.png)", "", "Departures from the paper's setting:", ""]
         md += [f"- {d}" for d in r["departures"]]
         md += ["", "Commands:", "", "```", *[f"{k}: {v}" for k, v in r["commands"].items()], "```", ""]
+        if r["seeds_left_out"]:
+            md += [f"Left out (fewer than two evaluations: the run died early): {r['seeds_left_out']}", ""]
         md += [f"Return codes (None: stopped by the time budget, resumable): {r['rl_return_codes']}", ""]
     return "\n".join(md) + "\n"
 
