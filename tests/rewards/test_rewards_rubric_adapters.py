@@ -16,7 +16,6 @@ import pytest
 
 from toolgym.errors import ConfigError
 from toolgym.rewards import Rubric, exact_match, math_match, single_answer, tag_balance, to_verl
-from toolgym.rewards.server import serve_in_thread
 
 
 async def async_len_bonus(completions, **kwargs):
@@ -116,29 +115,6 @@ def _post(url, payload):
     )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
-
-
-def test_server_openrlhf_shape():
-    rubric = Rubric({"em": exact_match, "tags": tag_balance}, weights=[1.0, 0.0])
-    server, url = serve_in_thread(rubric)
-    try:
-        prompts = ["<|user|>Capital of France? Reply <answer>X</answer><|assistant|>"] * 3
-        responses = ["<answer>Paris</answer>", "no idea", "<answer>Paris</answer>"]
-        body = _post(url + "/get_reward", {"query": [p + r for p, r in zip(prompts, responses, strict=False)], "prompts": prompts,
-                                           "labels": ["Paris", "Paris", ""]})  # fmt: skip
-        assert body["rewards"] == [1.0, 0.0, 0.0]  # the prompt's example tag is not scored (case 39)
-        assert body["extra_logs"]["valid"] == [1.0, 1.0, 0.0] and body["extra_logs"]["tags"] == [
-            1.0,
-            1.0,
-            1.0,
-        ]
-        with pytest.raises(urllib.error.HTTPError) as err:
-            _post(url + "/get_reward", {"prompts": ["x"]})
-        assert err.value.code == 400
-        with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            assert json.loads(r.read())["parts"] == ["em", "tags"]
-    finally:
-        server.shutdown()
 
 
 def test_serve_reward_cli(tmp_path):

@@ -1,11 +1,14 @@
-"""``toolgym serve-reward`` on FastAPI: a rubric in OpenRLHF's remote reward-model shape (``--remote_rm_url``).
+"""``toolgym serve-reward``: a rubric over HTTP (FastAPI) in OpenRLHF's remote reward-model shape
+(``--remote_rm_url``); toolgym's one reward server.
 
 ``POST /get_reward`` takes ``{"query": [...], "prompts": [...], "labels": [...]}`` (plus any other list of
 the same length, passed to the rubric as a column of that name) and answers ``{"rewards", "scores",
-"extra_logs": {"valid", part…}}``; the scoring is ``toolgym.rewards.server.score_request``, so both servers
-answer alike. The body is a pydantic model: a missing ``query``, a non-string query or lists of unequal
-length are answered 422 with the field and the reason. ``GET /health`` lists the parts; ``/docs`` is the
-OpenAPI page. Scoring runs in FastAPI's thread pool, so slow rewards (a sandbox) do not block the loop.
+"extra_logs": {"valid", part…}}``. OpenRLHF's ``query`` is prompt + response: the prompt prefix is cut off so
+only the response is scored (a reward must never see the prompt echo); ``labels`` becomes the gold column
+(``gold_key``); a None (not applicable) is sent as ``none_value`` with ``valid`` 0. ``score_request`` is that
+mapping without HTTP. The body is a pydantic model: a missing ``query``, a non-string query or lists of
+unequal length are answered 422 with the field and the reason. ``GET /health`` lists the parts; ``/docs`` is
+the OpenAPI page. Scoring runs in FastAPI's thread pool, so slow rewards (a sandbox) do not block the loop.
 """
 
 from __future__ import annotations
@@ -18,6 +21,40 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from toolgym.errors import ConfigError
 from toolgym.rewards.rubric import Rubric
 from toolgym.serving.base import AppServer
+
+
+def score_request(
+    rubric: Rubric, payload: dict[str, Any], gold_key: str = "answer", none_value: float = 0.0
+) -> dict[str, Any]:
+    """The response to one OpenRLHF-style request (also usable without HTTP).
+
+    >>> from toolgym.rewards.qa import exact_match
+    >>> score_request(Rubric([exact_match]), {"query": ["Q: capital? <answer>Paris</answer>"], "prompts": ["Q: capital? "],
+    ...                                       "labels": ["Paris"]})
+    {'rewards': [1.0], 'scores': [1.0], 'extra_logs': {'valid': [1.0], 'exact_match': [1.0]}}
+    >>> score_request(Rubric([exact_match]), {"query": ["<answer>x</answer>"], "labels": [[]]})["extra_logs"]["valid"]
+    [0.0]
+    """
+    queries = payload.get("query", payload.get("queries"))
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise ConfigError('the request needs "query": a list of strings (prompt + response).')
+    n = len(queries)
+    prompts = payload.get("prompts") or [""] * n
+    if len(prompts) != n:
+        raise ConfigError(f'"prompts" has {len(prompts)} items but "query" has {n}.')
+    completions = [q[len(p) :] if p and q.startswith(p) else q for q, p in zip(queries, prompts, strict=True)]
+    columns: dict[str, Any] = {}
+    for key, value in payload.items():
+        if key in ("query", "queries", "prompts") or not isinstance(value, list) or len(value) != n:
+            continue
+        columns[gold_key if key == "labels" else key] = value
+    columns["prompts"] = prompts
+    result = rubric.score(completions, **columns)
+    rewards = [none_value if t is None else float(t) for t in result.total]
+    extra: dict[str, list[float]] = {"valid": [0.0 if t is None else 1.0 for t in result.total]}
+    for name, values in result.parts.items():
+        extra[name] = [none_value if v is None else float(v) for v in values]
+    return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra}
 
 
 class RewardRequest(BaseModel):
@@ -55,8 +92,6 @@ class RewardResponse(BaseModel):
 def build_reward_app(rubric: Rubric, gold_key: str = "answer", none_value: float = 0.0) -> Any:
     """The FastAPI application serving ``rubric``."""
     from fastapi import FastAPI, HTTPException
-
-    from toolgym.rewards.server import score_request
 
     app = FastAPI(title="toolgym serve-reward", description="A toolgym rubric as OpenRLHF's remote reward.")
 
