@@ -1,6 +1,7 @@
 """The episode runner: many episodes over many envs, interleaved, with one batched policy call a round.
 
-Each round, every live episode that waits for the model is put in one batch: a token-level policy
+Each episode is an ``Episode`` of the one episode loop (agents/episode_loop.py), which also runs the
+trainers' rollout trees: reset, then a turn and an env step until the episode ends. Each round, every live episode that waits for the model is put in one batch: a token-level policy
 (``hf``) gets the prompt ids kept per episode (``ChatRenderer``: turn k+1's prompt is turn k's prompt +
 its sampled ids + the rendered env suffix, never re-tokenized); other policies get the message lists.
 Then each env steps (in a thread pool when ``env_workers > 0``, for envs that wait on I/O).
@@ -23,15 +24,25 @@ backend turn with ``finish_reason == "error"``) ends that episode only: it is re
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import inspect
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolgym.agents.episode_loop import (
+    Answered,
+    EnvCalls,
+    EnvPool,
+    Episode,
+    EpisodeLoop,
+    Fault,
+    Generate,
+    LoopStats,
+    close_quietly,
+    submit_turn,
+)
 from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy
 from toolgym.agents.trajectory import Trajectory
 from toolgym.envs.base import ParsedAction, action_reader
@@ -72,6 +83,7 @@ class _Live:
     pending: list[int] = field(default_factory=list)  # ids to append before the next prompt (mask 0)
     # the env's read_action when this runner parses turns through the env (token-level policies)
     reader: Callable[[Any], ParsedAction] | None = None
+    seq: Any = None  # the episode's engine sequence (continuous)
 
 
 class EpisodeRunner:
@@ -79,7 +91,7 @@ class EpisodeRunner:
 
     ``make_env(spec)`` builds an env (default: ``gym.make(spec.env_id, **kwargs)``); envs are reused across
     episodes of the same spec kwargs. ``on_episode(trajectory)`` is called as each episode ends,
-    ``on_round(n, live)`` before each batched policy call.
+    ``on_round(n, live)`` before each batched policy call (each engine step, with the engine).
     """
 
     def __init__(
@@ -108,56 +120,43 @@ class EpisodeRunner:
         # a token policy whose to_turn can skip its parse (RenderedTokenPolicy): the env's is then the only one
         self._lazy_turns = self.token_level and _has_parameter(getattr(policy, "to_turn", None), "parse")
         self.stats = {"policy_s": 0.0, "env_s": 0.0, "policy_calls": 0, "model_turns": 0, "total_s": 0.0}
-        self._pool: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Any]] = {}
-        self._pool_lock = threading.Lock()
+        self._pool = EnvPool()
         self.continuous = getattr(policy, "engine", None) is not None and hasattr(policy, "generation")
 
     # ----- public ------------------------------------------------------------------------------------------
     def run(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
         """Run every spec; trajectories come back in the order of ``specs``."""
-        if self.continuous:
-            return self._run_continuous(specs)
-        t0 = time.perf_counter()
         results: list[Trajectory | None] = [None] * len(specs)
-        queue = list(enumerate(specs))[::-1]
         live: dict[int, _Live] = {}
-        rounds = 0
-        executor = ThreadPoolExecutor(self.env_workers) if self.env_workers > 0 else None
+        stats = LoopStats()
+        turns: _EngineTurns | EpisodeRunner = _EngineTurns(self) if self.continuous else self
+        workers = (self.env_workers or 8) if self.continuous else self.env_workers
+        loop = EpisodeLoop(
+            concurrency=self.concurrency, env_workers=workers, on_step=self.on_round, stats=stats
+        )
         try:
-            while queue or live:
-                while queue and len(live) < self.concurrency:
-                    idx, spec = queue.pop()
-                    ep = self._start(spec)
-                    if ep.traj.error is not None:
-                        results[idx] = self._finish(ep)
-                    else:
-                        live[idx] = ep
-                if not live:
-                    continue
-                order = list(live)
-                rounds += 1
-                if self.on_round is not None:
-                    self.on_round(rounds, len(order))
-                turns = self._act([live[i] for i in order])
-                done = self._step_all([live[i] for i in order], turns, executor)
-                for i, finished in zip(order, done, strict=True):
-                    if finished:
-                        results[i] = self._finish(live.pop(i))
+            loop.run(
+                [functools.partial(self._episode, i, spec, live, results) for i, spec in enumerate(specs)],
+                turns,
+            )
         finally:
-            if executor is not None:
-                executor.shutdown(wait=True)
             for ep in live.values():  # the run was interrupted: nothing may leak
                 if ep.env is not None:
-                    _close_quietly(ep.env)
-            self.stats["total_s"] += time.perf_counter() - t0
+                    close_quietly(ep.env)
+                if ep.seq is not None and ep.seq.state in ("idle", "new"):
+                    self.policy.engine.release(ep.seq)  # type: ignore[attr-defined]
+            self.stats["policy_s"] += stats.generate_s
+            self.stats["policy_calls"] += stats.generate_calls
+            self.stats["env_s"] += stats.env_s
+            self.stats["total_s"] += stats.wall_s
+            if self.continuous:
+                self.stats["idle_s"] = self.stats.get("idle_s", 0.0) + stats.idle_s
         return [r for r in results if r is not None]
 
     def close(self) -> None:
         """Close every pooled env."""
-        for envs in self._pool.values():
-            for env in envs:
-                _close_quietly(env)
-        self._pool.clear()
+        for env in self._pool.drain():
+            close_quietly(env)
 
     def __enter__(self) -> EpisodeRunner:
         return self
@@ -165,15 +164,34 @@ class EpisodeRunner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ----- episode life ------------------------------------------------------------------------------------
+    # ----- one episode (what it does, not when) ------------------------------------------------------------
+    def _episode(
+        self, idx: int, spec: EpisodeSpec, live: dict[int, _Live], results: list[Trajectory | None]
+    ) -> Episode:
+        """Reset, then turns and env steps until the episode ends; its trajectory goes to ``results[idx]``."""
+        (ep,) = yield EnvCalls([functools.partial(self._start, spec)])
+        if isinstance(ep, Fault):
+            raise RuntimeError(f"{spec.env_id} seed {spec.seed}: starting the episode failed: {ep.error}")
+        live[idx] = ep
+        while ep.traj.error is None:
+            (turn,) = yield Generate([ep])
+            if turn is None:  # no room left in the engine's slot for another turn
+                break
+            (done,) = yield EnvCalls([functools.partial(self._step, ep, turn)])
+            if isinstance(done, Fault):
+                self._fail(ep, "step", RuntimeError(done.error))
+            elif done:
+                break
+        del live[idx]
+        results[idx] = self._finish(ep)
+        if ep.seq is not None:
+            self.policy.engine.release(ep.seq)  # type: ignore[attr-defined]
+
     def _start(self, spec: EpisodeSpec) -> _Live:
         traj = Trajectory(env_id=spec.env_id, seed=spec.seed, agent=getattr(self.policy, "name", ""))
         ep = _Live(spec, None, traj, time.perf_counter())
         try:
-            with self._pool_lock:  # reset may run on the env thread pool
-                pool = self._pool.get((spec.env_id, spec.kwargs))
-                env = pool.pop() if pool else None
-            ep.env = env if env is not None else self.make_env(spec)
+            ep.env = self._pool.acquire((spec.env_id, spec.kwargs), lambda: self.make_env(spec))
             obs, info = ep.env.reset(seed=spec.seed)
         except ConfigError:
             raise
@@ -193,110 +211,8 @@ class EpisodeRunner:
             traj.logprobs = [0.0] * len(prompt)
         return ep
 
-    def _run_continuous(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
-        """Continuous batching with the engine (see the module docstring)."""
-        from toolgym.agents.engine.policy import mode_of
-
-        policy: Any = self.policy
-        eng = policy.engine
-        policy.refresh()
-        sp = self.sampling or policy.sampling
-        mode = mode_of(sp, policy.top_k)
-        if sp.seed is not None:
-            eng.seed(sp.seed)
-        t0 = time.perf_counter()
-        results: list[Trajectory | None] = [None] * len(specs)
-        queue = list(enumerate(specs))[::-1]
-        live: dict[int, _Live | None] = {}  # None while its reset runs
-        seqs: dict[int, Any] = {}
-        pending: dict[Future[Any], tuple[str, int]] = {}
-        steps = 0
-        executor = ThreadPoolExecutor(self.env_workers if self.env_workers > 0 else 8)
-
-        def submit(idx: int) -> bool:
-            """Queue the next turn of episode ``idx``; False when it cannot fit the engine any more."""
-            seq, ep = seqs[idx], live[idx]
-            room = eng.cache.capacity - 2 - len(seq.ids)
-            if room < 1:
-                assert ep is not None
-                ep.traj.truncated, ep.traj.truncation = True, "token_budget"
-                ep.traj.reward = sum(ep.traj.rewards)
-                return False
-            eng.submit(seq, mode, min(sp.max_new_tokens, room), sp.stop)
-            return True
-
-        def end(idx: int) -> None:
-            ep = live.pop(idx)
-            assert ep is not None
-            results[idx] = self._finish(ep)
-            seq = seqs.pop(idx, None)
-            if seq is not None:
-                eng.release(seq)
-
-        try:
-            while queue or live:
-                while queue and len(live) < self.concurrency:
-                    idx, spec = queue.pop()
-                    live[idx] = None
-                    pending[executor.submit(self._start, spec)] = ("start", idx)
-                if eng.busy():
-                    steps += 1
-                    if self.on_round is not None:
-                        self.on_round(steps, len(live))
-                    t1 = time.perf_counter()
-                    for seq in eng.step():
-                        idx = seq.tag
-                        ep = live[idx]
-                        assert ep is not None
-                        gen = policy.generation(seq)
-                        turn = self._to_turn(gen, ep, len(seq.ids) - len(seq.out))
-                        self.stats["model_turns"] += 1
-                        pending[executor.submit(self._step, ep, turn)] = ("step", idx)
-                    self.stats["policy_s"] += time.perf_counter() - t1
-                    self.stats["policy_calls"] += 1
-                    ready = [f for f in pending if f.done()]
-                elif pending:
-                    t1 = time.perf_counter()
-                    done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                    self.stats["idle_s"] = self.stats.get("idle_s", 0.0) + time.perf_counter() - t1
-                    ready = list(done)
-                else:
-                    ready = []
-                for fut in ready:
-                    kind, idx = pending.pop(fut)
-                    if kind == "start":
-                        ep = fut.result()  # a ConfigError from make_env ends the run, as in rounds
-                        live[idx] = ep
-                        if ep.traj.error is not None:
-                            end(idx)
-                            continue
-                        seqs[idx] = eng.new(ep.traj.token_ids, tag=idx)
-                        if not submit(idx):
-                            end(idx)
-                        continue
-                    ep = live[idx]
-                    assert ep is not None
-                    if fut.result():
-                        end(idx)
-                        continue
-                    _extend_context(ep.traj, ep.pending)
-                    eng.extend(seqs[idx], ep.pending)
-                    ep.pending = []
-                    if not submit(idx):
-                        end(idx)
-        finally:
-            executor.shutdown(wait=True)
-            for ep in live.values():  # the run was interrupted: nothing may leak
-                if ep is not None and ep.env is not None:
-                    _close_quietly(ep.env)
-            for seq in seqs.values():
-                if seq.state in ("idle", "new"):
-                    eng.release(seq)
-            self.stats["total_s"] += time.perf_counter() - t0
-        return [r for r in results if r is not None]
-
-    def _act(self, eps: list[_Live]) -> list[AssistantTurn]:
-        t0 = time.perf_counter()
+    def generate(self, eps: list[_Live], left: int | None = None) -> list[AssistantTurn]:
+        """A round's turns (the loop's ``RoundTurns``): one batched policy call for every waiting episode."""
         if self.token_level:
             policy: Any = self.policy
             for ep in eps:
@@ -314,32 +230,11 @@ class EpisodeRunner:
             )
         if len(turns) != len(eps):
             raise ConfigError(f"{self.policy!r} returned {len(turns)} turns for {len(eps)} conversations")
-        self.stats["policy_s"] += time.perf_counter() - t0
-        self.stats["policy_calls"] += 1
         self.stats["model_turns"] += len(eps)
         return turns
 
-    def _step_all(
-        self, eps: list[_Live], turns: list[AssistantTurn], executor: ThreadPoolExecutor | None
-    ) -> list[bool]:
-        t0 = time.perf_counter()
-        if executor is None:
-            done = [self._step(ep, turn) for ep, turn in zip(eps, turns, strict=True)]
-        else:
-            done = list(executor.map(self._step, eps, turns))
-        self.stats["env_s"] += time.perf_counter() - t0
-        return done
-
     def _step(self, ep: _Live, turn: AssistantTurn) -> bool:
         """Record the turn, step the env, record what came back; True when the episode is over."""
-        t_env = time.perf_counter()
-        try:
-            return self._step_inner(ep, turn)
-        finally:
-            if self.continuous:  # (in rounds, _step_all times the whole round)
-                self.stats["env_s"] += time.perf_counter() - t_env
-
-    def _step_inner(self, ep: _Live, turn: AssistantTurn) -> bool:
         traj = ep.traj
         traj.completion_tokens += len(turn.token_ids) or int(turn.usage.get("completion_tokens", 0))
         if self.token_level:
@@ -410,7 +305,7 @@ class EpisodeRunner:
         ep.traj.truncated, ep.traj.truncation = True, "env_error"
         ep.traj.reward = sum(ep.traj.rewards)
         if ep.env is not None:
-            _close_quietly(ep.env)
+            close_quietly(ep.env)
             ep.env = None
 
     def _finish(self, ep: _Live) -> Trajectory:
@@ -418,11 +313,47 @@ class EpisodeRunner:
         if ep.traj.entropies:  # aligned with token_ids, 0.0 off the sampled tokens
             ep.traj.entropies += [0.0] * (len(ep.traj.token_ids) - len(ep.traj.entropies))
         if ep.env is not None:
-            with self._pool_lock:
-                self._pool.setdefault((ep.spec.env_id, ep.spec.kwargs), []).append(ep.env)
+            self._pool.release((ep.spec.env_id, ep.spec.kwargs), ep.env)
         if self.on_episode is not None:
             self.on_episode(ep.traj)
         return ep.traj
+
+
+class _EngineTurns:
+    """The loop's ``EngineTurns`` for episodes: each episode is one engine sequence, continued turn after turn
+    (only the env's reply is prefilled: its KV stays in the slot unless evicted), released when it ends."""
+
+    def __init__(self, runner: EpisodeRunner) -> None:
+        from toolgym.agents.engine.policy import mode_of
+
+        policy: Any = runner.policy
+        self.runner, self.policy, self.engine = runner, policy, policy.engine
+        policy.refresh()
+        self.sp = runner.sampling or policy.sampling
+        self.mode = mode_of(self.sp, policy.top_k)
+        if self.sp.seed is not None:
+            self.engine.seed(self.sp.seed)
+
+    def plan(self, eps: list[_Live], lefts: list[int | None]) -> list[Any]:
+        out: list[Any] = []
+        for ep in eps:
+            if ep.seq is None:
+                ep.seq = self.engine.new(ep.traj.token_ids)
+            else:
+                _extend_context(ep.traj, ep.pending)
+                self.engine.extend(ep.seq, ep.pending)
+                ep.pending = []
+            if submit_turn(self.engine, ep.seq, self.mode, self.sp.max_new_tokens, self.sp.stop):
+                out.append(ep.seq)
+            else:  # the episode cannot fit the engine any more
+                ep.traj.truncated, ep.traj.truncation = True, "token_budget"
+                ep.traj.reward = sum(ep.traj.rewards)
+                out.append(Answered(None))
+        return out
+
+    def result(self, ep: _Live, seq: Any) -> AssistantTurn:
+        self.runner.stats["model_turns"] += 1
+        return self.runner._to_turn(self.policy.generation(seq), ep, len(seq.ids) - len(seq.out))
 
 
 def _has_parameter(fn: Any, name: str) -> bool:
@@ -447,11 +378,6 @@ def _gym_make(spec: EpisodeSpec) -> Any:
         return gym.make(spec.env_id, **dict(spec.kwargs))
     except gym.error.Error as exc:
         raise ConfigError(f"{exc} (see `toolgym list`)") from exc
-
-
-def _close_quietly(env: Any) -> None:
-    with contextlib.suppress(Exception):  # closing a broken env must not end the run
-        env.close()
 
 
 def run_episodes(

@@ -8,25 +8,24 @@ template's end of turn + the env messages + the next generation prompt, loss mas
 ended, a policy with `top_up` (ARPO) fills a tree that ended below the budget with fresh global samples,
 and `on_complete` may fork inside finished turns (TreeRL/APPO); the rounds run again for them.
 
-A tree's loop never touches the policy or an env itself: it yields work (turns to generate, env calls to
-make) and gets the results back, so the tree's contents (node order included) depend only on what was
-generated, never on how the work was scheduled. Two drivers run the loops of all trees of a batch:
-- rounds (`HFPolicy`, any `TokenPolicy`): the pending turns of every tree in one `policy.generate` call,
-  then every env call, one after another, on this thread;
+A tree's loop never touches the policy or an env itself: it is an episode of the one episode loop
+(agents/episode_loop.py): it yields work (turns to generate, env calls to make) and gets the results back,
+so the tree's contents (node order included) depend only on what was generated, never on how the work was
+scheduled. The loop runs every tree of a batch in one of its two modes:
+- rounds (`HFPolicy`, any `TokenPolicy`): the pending turns of every tree in one `policy.generate` call per
+  token allowance, then every env call, one after another, on this thread;
 - continuous (a policy with an `engine`, our `EnginePolicy`): each tree's turns go to the engine as soon
   as they are ready and leave its batch the step they end (`Engine.submit/step`), env calls run on a
   thread pool while the GPU decodes the other trees; a turn that continues a path prefills only the env
   reply (its KV stays in the slot) and a branch forks the KV of the turn it starts from (`Engine.fork`,
   through the policy's prefix index): nothing is prefilled twice.
 Branching draws come from one generator per tree (seeded by the run seed and the tree's index), so both
-drivers make the same branching decisions given the same turns and entropies.
+modes make the same branching decisions given the same turns and entropies.
 
 Each model turn is parsed once, by its env: the env call reads it (`ToolEnv.read_action`) and steps with
 that reading, and the turn's node keeps the calls the env read (`info["calls"]`, shown by rollout_log).
 
-Forking an env: a forkable env (`env.unwrapped.supports_fork`) is snapshotted with `get_state()` on every
-env node while a branching policy is active, and a fork restores the snapshot into a pooled env with
-`set_state`; otherwise the fork resets a pooled env with the task's seed and replays the path's actions.
+Forking an env: see trainers/rollout_envs.py (a snapshot restored, or the path's actions replayed).
 
 Env faults: an exception from `env.step` ends that path as an infrastructure failure
 (`episode.truncation == "env_error"`: no training row, not scored, tree.flatten leaves it out); the env
@@ -46,21 +45,28 @@ Departures from the papers / official code:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
-import threading
-import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from toolgym.envs.base import action_reader
+from toolgym.agents.episode_loop import (
+    EnvCalls,
+    EpisodeLoop,
+    Fault,
+    Generate,
+    LoopStats,
+    close_quietly,
+    submit_turn,
+    turn_room,
+)
 from toolgym.errors import ConfigError
 from toolgym.trainers.branching import BranchPolicy, NoBranching, apply_forks
+from toolgym.trainers.rollout_envs import TreeEnvs
 from toolgym.trainers.tree import NodeKind, RolloutTree
 
 
@@ -91,46 +97,15 @@ class _Req:
 
 
 @dataclass
-class RolloutStats:
+class RolloutStats(LoopStats):
+    """The episode loop's times (`generate_s`, `env_s`, `generate_calls`, `idle_s`, `wall_s`) and the trees'."""
+
     generated_tokens: int = 0
-    generate_s: float = 0.0  # time generating (rounds: in policy.generate; continuous: in engine steps)
-    env_s: float = 0.0  # time in env calls (summed over threads when they overlap)
-    generate_calls: int = 0  # policy.generate calls (rounds) or engine steps (continuous)
-    idle_s: float = 0.0  # continuous: wall time with nothing to decode, waiting for envs
-    wall_s: float = 0.0
     env_errors: int = 0  # paths ended (or forks dropped) by an env fault
     forks: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass
-class _Gen:
-    """Work a tree loop yields: one turn per prompt, at most `lefts[i]` new tokens; gets Generations back."""
-
-    prompts: list[list[int]]
-    lefts: list[int]
-
-
-@dataclass
-class _Env:
-    """Work a tree loop yields: env calls (any thread); gets their results back, a `_Fault` for an exception."""
-
-    calls: list[Callable[[], Any]]
-
-
-@dataclass
-class _Fault:
-    error: str
-
-
-@dataclass
-class _Loop:
-    """A tree's loop and the work it waits for (filled in by a driver)."""
-
-    gen: Generator[Any, list[Any], None]
-    work: Any = None
-    results: list[Any] = field(default_factory=list)
-    remaining: int = 0
-    done: bool = False
+Grow = Generator[Generate | EnvCalls, list[Any], None]
 
 
 def _gold(env: Any) -> str | None:
@@ -166,16 +141,6 @@ def state_key(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha1(json.dumps(messages, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _call(fn: Callable[[], Any]) -> Any:
-    """Runs an env call; an env fault comes back as a `_Fault` (a config error still raises)."""
-    try:
-        return fn()
-    except ConfigError:
-        raise
-    except Exception as exc:  # an infrastructure fault of this env: this path only
-        return _Fault(f"{type(exc).__name__}: {exc}")
-
-
 class TreeRollout:
     """Grows rollout trees with `policy` (a `TokenPolicy`: `generate`, `renderer`) in envs made by id.
 
@@ -204,12 +169,10 @@ class TreeRollout:
         self.continuous = has_engine if continuous is None else continuous
         self.env_workers = max(1, env_workers)
         # seconds an idle engine waits for env calls in flight before planning the turns that are ready
-        # (continuous driver): about half an eager prefill pass on a GPU host
+        # (continuous mode): about half an eager prefill pass on a GPU host
         self.plan_wait = 0.02
-        self._pool: dict[str, list[Any]] = {}
-        self._pool_lock = threading.Lock()
-        self._wrappers: list[Any] = []
         self.snapshots = not isinstance(self.branch, NoBranching)
+        self.envs = TreeEnvs(self.env_kwargs, self.snapshots)
 
     # ----- the run -----------------------------------------------------------------------------------------
     def run(self, tasks: list[RolloutTask], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
@@ -217,25 +180,24 @@ class TreeRollout:
         stats = RolloutStats()
         forest: list[RolloutTree | None] = [None] * len(tasks)
         sampling = np.random.default_rng(seed)  # sampling seeds; each tree draws its branching from its own
-        loops = [
-            _Loop(self._grow(ti, task, np.random.default_rng([seed, ti]), forest, stats))
+        starts = [
+            functools.partial(self._grow, ti, task, np.random.default_rng([seed, ti]), forest, stats)
             for ti, task in enumerate(tasks)
         ]
-        t0 = time.perf_counter()
         if self.continuous:
-            self._drive_continuous(loops, sampling, stats)
+            loop = EpisodeLoop(env_workers=self.env_workers, plan_wait=self.plan_wait, stats=stats)
+            loop.run(starts, _EngineTurns(self.policy, self.cfg, sampling))
         else:
-            self._drive_rounds(loops, sampling, stats)
-        stats.wall_s = time.perf_counter() - t0
+            EpisodeLoop(stats=stats).run(starts, _RoundTurns(self.policy, self.cfg, sampling))
         return [t for t in forest if t is not None], stats
 
     # ----- one tree (what it does, not when) ---------------------------------------------------------------
     def _grow(
         self, ti: int, task: RolloutTask, rng: np.random.Generator, forest: list[RolloutTree | None],
         stats: RolloutStats,
-    ) -> Generator[Any, list[Any], None]:  # fmt: skip
-        (start,) = yield _Env([lambda: self._reset(task)])
-        if isinstance(start, _Fault):
+    ) -> Grow:  # fmt: skip
+        (start,) = yield EnvCalls([lambda: self.envs.reset(task.env_id, task.seed)])
+        if isinstance(start, Fault):
             raise RuntimeError(f"{task.env_id} seed {task.seed}: reset failed: {start.error}")
         env, obs, info, snap = start
         tools = list(info.get("tools") or [])
@@ -272,7 +234,7 @@ class TreeRollout:
 
     def _rounds(
         self, tree: RolloutTree, reqs: list[_Req], rng: np.random.Generator, stats: RolloutStats
-    ) -> Generator[Any, list[Any], None]:
+    ) -> Grow:
         while reqs:
             new = yield from self._generate(tree, reqs, stats)
             room = self.cfg.budget - len(tree.leaves())
@@ -281,8 +243,8 @@ class TreeRollout:
             if extra:
                 new += yield from self._generate(tree, extra, stats)
             texts = [self._action(tree, nid) for _, nid in new]
-            results = yield _Env(
-                [self._stepper(r.env, text) for (r, _), text in zip(new, texts, strict=True)]
+            results = yield EnvCalls(
+                [self.envs.stepper(r.env, text) for (r, _), text in zip(new, texts, strict=True)]
             )
             reqs = []
             for (r, nid), text, res in zip(new, texts, results, strict=True):
@@ -292,7 +254,7 @@ class TreeRollout:
 
     def _fork_requests(
         self, ti: int, tree: RolloutTree, forks: list[Any], stats: RolloutStats
-    ) -> Generator[Any, list[Any], list[_Req]]:
+    ) -> Generator[Generate | EnvCalls, list[Any], list[_Req]]:
         todo = []
         for parent, count, reason in apply_forks(tree, forks):
             stats.forks[reason] = stats.forks.get(reason, 0) + count
@@ -301,15 +263,15 @@ class TreeRollout:
 
     def _requests(
         self, ti: int, tree: RolloutTree, todo: list[tuple[int, int, str]], stats: RolloutStats
-    ) -> Generator[Any, list[Any], list[_Req]]:
+    ) -> Generator[Generate | EnvCalls, list[Any], list[_Req]]:
         """`count` requests from each `parent`, each with a pooled env in the state at that node."""
         wanted = [(parent, reason) for parent, count, reason in todo for _ in range(max(0, count))]
         if not wanted:
             return []
-        envs = yield _Env([functools.partial(self._env_at, tree, parent) for parent, _ in wanted])
+        envs = yield EnvCalls([functools.partial(self.envs.at, tree, parent) for parent, _ in wanted])
         out = []
         for (parent, reason), env in zip(wanted, envs, strict=True):
-            if isinstance(env, _Fault):
+            if isinstance(env, Fault):
                 stats.env_errors += 1  # the fork is dropped: its env could not be put in that state
                 continue
             out.append(_Req(ti, parent, reason, env))
@@ -317,10 +279,10 @@ class TreeRollout:
 
     def _generate(
         self, tree: RolloutTree, reqs: list[_Req], stats: RolloutStats
-    ) -> Generator[Any, list[Any], list[tuple[_Req, int]]]:
+    ) -> Generator[Generate | EnvCalls, list[Any], list[tuple[_Req, int]]]:
         """One turn per request (rows continuing a cut turn only get what is left of its allowance)."""
         lefts = [max(1, self.cfg.max_new_tokens - len(self._partial_turn(tree, r.parent))) for r in reqs]
-        gens = yield _Gen([tree.prefix_ids(r.parent) for r in reqs], lefts)
+        gens = yield Generate([tree.prefix_ids(r.parent) for r in reqs], lefts)
         out: list[tuple[_Req, int]] = []
         for r, g in zip(reqs, gens, strict=True):
             parent = tree.nodes[r.parent]
@@ -346,19 +308,6 @@ class TreeRollout:
         """The text the env gets for the turn ending at `nid` (the whole turn when it was cut by forks)."""
         return self.renderer.decode(self.renderer.strip_stop(self._partial_turn(tree, nid)))
 
-    def _stepper(self, env: Any, text: str) -> Callable[[], Any]:
-        def step() -> tuple[Any, ...]:
-            # the turn's one parse, by the env's parser: step takes it as it is, the tree keeps its calls
-            reader = action_reader(env)
-            read = reader(text) if reader is not None else None
-            obs, reward, terminated, truncated, info = env.step(read if read is not None else text)
-            snap = None
-            if self.snapshots and not (terminated or truncated) and env.supports_fork:
-                snap = env.get_state()
-            return obs, reward, terminated, truncated, info, snap, read
-
-        return step
-
     def _record(
         self, tree: RolloutTree, req: _Req, nid: int, text: str, res: Any, stats: RolloutStats
     ) -> _Req | None:
@@ -366,14 +315,13 @@ class TreeRollout:
         node = tree.nodes[nid]
         node.info["action"] = text
         path = tree.path(nid)
-        if isinstance(res, _Fault):  # an infrastructure fault: the path ends, not the model's failure
+        if isinstance(res, Fault):  # an infrastructure fault: the path ends, not the model's failure
             stats.env_errors += 1
             node.info.update(invalid=False, tool_calls=0, infra_error=res.error)
             ret = sum(tree.nodes[n].step_reward for n in path)
             fault = {"success": False, "truncation": "env_error", "episode_reward": ret, "truncated": True}
             self._finish(tree, nid, fault)
-            with contextlib.suppress(Exception):  # a broken env is closed, never pooled
-                req.env.close()
+            close_quietly(req.env)  # a broken env is closed, never pooled
             return None
         obs, reward, terminated, truncated, info, snap, read = res
         node.step_reward = float(reward)
@@ -404,7 +352,7 @@ class TreeRollout:
                 }
         if end is not None:
             self._finish(tree, nid, end)
-            self._release(tree.meta["env_id"], req.env)
+            self.envs.release(tree.meta["env_id"], req.env)
             return None
         kind: NodeKind = "tool" if any(m.get("role") == "tool" for m in obs) else "user"
         where = anchor(obs, info)
@@ -426,177 +374,6 @@ class TreeRollout:
         node.info["episode"] = end
         tree.set_reward(nid, end["episode_reward"])
 
-    # ----- drivers -----------------------------------------------------------------------------------------
-    def _advance(self, loop: _Loop, first: bool = False) -> None:
-        """Resumes a tree loop with its results until it waits for work (or ends)."""
-        try:
-            work = next(loop.gen) if first else loop.gen.send(loop.results)
-            while isinstance(work, (_Gen, _Env)) and not (
-                work.prompts if isinstance(work, _Gen) else work.calls
-            ):
-                work = loop.gen.send([])  # nothing to do: answer at once
-        except StopIteration:
-            loop.done, loop.work = True, None
-            return
-        loop.work = work
-        n = len(work.prompts) if isinstance(work, _Gen) else len(work.calls)
-        loop.results, loop.remaining = [None] * n, n
-
-    def _sampling(self, left: int, seed: int) -> Any:
-        from toolgym.agents.policy import SamplingParams
-
-        return SamplingParams(
-            temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_new_tokens=left, seed=seed,
-            return_entropies=self.cfg.entropies,
-        )  # fmt: skip
-
-    def _drive_rounds(self, loops: list[_Loop], sampling: np.random.Generator, stats: RolloutStats) -> None:
-        """Lock-step: every waiting turn of every tree in one generate call (per token allowance), then every
-        env call on this thread."""
-        for loop in loops:
-            self._advance(loop, first=True)
-        while True:
-            live = [lp for lp in loops if not lp.done]
-            if not live:
-                return
-            turns = [(lp, k) for lp in live if isinstance(lp.work, _Gen) for k in range(len(lp.work.prompts))]
-            groups: dict[int, list[tuple[_Loop, int]]] = {}
-            for lp, k in turns:
-                groups.setdefault(lp.work.lefts[k], []).append((lp, k))
-            for left, group in groups.items():
-                sp = self._sampling(left, int(sampling.integers(2**31)))
-                t0 = time.perf_counter()
-                gens = self.policy.generate([lp.work.prompts[k] for lp, k in group], sp)
-                stats.generate_s += time.perf_counter() - t0
-                stats.generate_calls += 1
-                for (lp, k), g in zip(group, gens, strict=True):
-                    lp.results[k] = g
-            t0 = time.perf_counter()
-            for lp in live:
-                if isinstance(lp.work, _Env):
-                    lp.results = [_call(fn) for fn in lp.work.calls]
-            stats.env_s += time.perf_counter() - t0
-            for lp in live:
-                self._advance(lp)
-
-    def _drive_continuous(
-        self, loops: list[_Loop], sampling: np.random.Generator, stats: RolloutStats
-    ) -> None:
-        """The engine's continuous batching: turns enter and leave the decode batch one by one, env calls
-        run on a thread pool meanwhile (see the module docstring)."""
-        from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-
-        from toolgym.agents.engine.policy import mode_of
-
-        policy = self.policy
-        eng = policy.engine
-        policy.refresh()  # new weights after an optimizer step: held caches are dropped
-        eng.seed(int(sampling.integers(2**31)))
-        sp = self._sampling(self.cfg.max_new_tokens, 0)
-        mode = mode_of(sp, getattr(policy, "top_k", 0))
-        pending: dict[Future[Any], tuple[_Loop, int]] = {}
-        ours: list[Any] = []  # every engine sequence this run made (released at the end)
-
-        def timed(fn: Callable[[], Any]) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return _call(fn)
-            finally:
-                with self._pool_lock:
-                    stats.env_s += time.perf_counter() - t0
-
-        planned: list[_Loop] = []  # trees whose turns wait for the next joint plan
-
-        def dispatch(loop: _Loop) -> None:
-            work = loop.work
-            if isinstance(work, _Env):
-                for k, fn in enumerate(work.calls):
-                    pending[pool.submit(timed, fn)] = (loop, k)
-                return
-            planned.append(loop)
-
-        def plan() -> None:
-            # every tree's waiting turns in one plan: their prompts' new ids run as one packed prefill (a plan
-            # per tree was a prefill pass per group, ~30 layers of launches each, most of a short step)
-            if not planned:
-                return
-            batch = planned[:]
-            planned.clear()
-            works = [lp.work for lp in batch]
-            assert all(isinstance(w, _Gen) for w in works)
-            t0 = time.perf_counter()
-            seqs = iter(policy._plan([p for w in works for p in w.prompts]))  # continues / forks held caches
-            stats.generate_s += time.perf_counter() - t0
-            for loop, work in zip(batch, works, strict=True):
-                for k, left in enumerate(work.lefts):
-                    s = next(seqs)
-                    room = eng.cache.capacity - 2 - len(s.ids)
-                    if room < 1:
-                        raise ConfigError(
-                            f"a prompt of {len(s.ids)} tokens does not fit the engine's capacity "
-                            f"({eng.cache.capacity}): give it max_total_tokens + max_new_tokens + 8"
-                        )
-                    s.tag = (loop, k)
-                    eng.submit(s, mode, min(left, room), sp.stop)
-                    ours.append(s)
-
-        def resume(loop: _Loop) -> None:
-            self._advance(loop)
-            if not loop.done:
-                dispatch(loop)
-
-        def collect(ready: Iterable[Future[Any]]) -> None:
-            for fut in ready:
-                loop, k = pending.pop(fut)
-                loop.results[k] = fut.result()
-                loop.remaining -= 1
-                if loop.remaining == 0:
-                    resume(loop)
-
-        pool = ThreadPoolExecutor(self.env_workers, thread_name_prefix="rollout-env")
-        try:
-            for loop in loops:
-                self._advance(loop, first=True)
-                if not loop.done:
-                    dispatch(loop)
-            while any(not lp.done for lp in loops):
-                if planned and pending and not eng.busy():
-                    # nothing decodes: a turn planned now runs its own prefill pass (~50 launches a layer,
-                    # ~40 ms on an H100 host), so env calls in flight get a moment to join it (resets of a
-                    # step's trees finish one by one, and a tree may need another env call after its reset)
-                    t0 = time.perf_counter()
-                    while planned and pending and (left := t0 + self.plan_wait - time.perf_counter()) > 0:
-                        collect(wait(list(pending), timeout=left, return_when=ALL_COMPLETED)[0])
-                    stats.idle_s += time.perf_counter() - t0
-                plan()
-                if eng.busy():
-                    t0 = time.perf_counter()
-                    ended = eng.step()
-                    stats.generate_s += time.perf_counter() - t0
-                    stats.generate_calls += 1
-                    for s in ended:
-                        policy.index.add(s)
-                        loop, k = s.tag
-                        s.tag = None
-                        loop.results[k] = policy.generation(s)
-                        loop.remaining -= 1
-                        if loop.remaining == 0:
-                            resume(loop)
-                    ready = [f for f in pending if f.done()]
-                elif pending:
-                    t0 = time.perf_counter()
-                    ready = list(wait(list(pending), return_when=FIRST_COMPLETED)[0])
-                    stats.idle_s += time.perf_counter() - t0
-                else:
-                    raise RuntimeError("rollout stalled: trees wait for work that was never queued")
-                collect(ready)
-        finally:
-            pool.shutdown(wait=True)
-            for s in ours:  # an interrupted run leaves nothing in the batch (finished turns stay held)
-                if s.state in ("queued", "active"):
-                    eng.cancel(s)
-
-    # ----- helpers -----------------------------------------------------------------------------------------
     @staticmethod
     def _partial_turn(tree: RolloutTree, node_id: int) -> list[int]:
         """Token ids of the model turn that ends at `node_id` (its earlier pieces when the turn was cut)."""
@@ -607,54 +384,56 @@ class TreeRollout:
             cur = tree.nodes[cur].parent
         return ids
 
-    def _reset(self, task: RolloutTask) -> tuple[Any, list[dict[str, Any]], dict[str, Any], Any]:
-        env = self._acquire(task.env_id)
-        obs, info = env.reset(seed=task.seed)
-        snap = env.get_state() if self.snapshots and env.supports_fork else None
-        return env, obs, info, snap
-
-    def _env_at(self, tree: RolloutTree, node_id: int) -> Any:
-        """A pooled env in the state before the next turn from `node_id` (restored, or replayed)."""
-        anchor = node_id
-        while tree.nodes[anchor].kind == "model":
-            anchor = tree.nodes[anchor].parent  # type: ignore[assignment]
-        env = self._acquire(tree.meta["env_id"])
-        try:
-            env.reset(seed=tree.meta["seed"])
-            snap = tree.nodes[anchor].info.get("snapshot")
-            if snap is not None:
-                env.set_state(snap)
-                return env
-            for n in tree.path(anchor):  # replay: the actions of the turns before the anchor
-                if "action" in tree.nodes[n].info:
-                    env.step(tree.nodes[n].info["action"])
-        except Exception:
-            with contextlib.suppress(Exception):  # a broken env is closed, never pooled
-                env.close()
-            raise
-        return env
-
-    def _acquire(self, env_id: str) -> Any:
-        with self._pool_lock:  # env calls run on threads (continuous driver)
-            pool = self._pool.setdefault(env_id, [])
-            if pool:
-                return pool.pop()
-        import gymnasium as gym
-
-        import toolgym  # noqa: F401  (registers the ids)
-        from toolgym.envs.base import tool_env
-
-        wrapped = gym.make(env_id, **self.env_kwargs)
-        with self._pool_lock:
-            self._wrappers.append(wrapped)
-        return tool_env(wrapped)
-
-    def _release(self, env_id: str, env: Any) -> None:
-        with self._pool_lock:
-            self._pool.setdefault(env_id, []).append(env)
-
     def close(self) -> None:
-        for w in self._wrappers:
-            with contextlib.suppress(Exception):  # best effort: a failing close must not hide results
-                w.close()
-        self._wrappers, self._pool = [], {}
+        self.envs.close()
+
+
+class _RoundTurns:
+    """Rounds: each token allowance's prompts in one `policy.generate` call, seeded from the run's sampling
+    generator (one draw a call)."""
+
+    def __init__(self, policy: Any, cfg: RolloutConfig, sampling: np.random.Generator) -> None:
+        self.policy, self.cfg, self.sampling = policy, cfg, sampling
+
+    def generate(self, requests: list[Any], left: int | None) -> list[Any]:
+        sp = _sampling(self.cfg, left or self.cfg.max_new_tokens, int(self.sampling.integers(2**31)))
+        return list(self.policy.generate(requests, sp))
+
+
+class _EngineTurns:
+    """Continuous: every waiting prompt planned against the policy's held caches (continued, forked or new),
+    then submitted; an ended turn's sequence stays held (indexed) for the forks and turns that continue it."""
+
+    def __init__(self, policy: Any, cfg: RolloutConfig, sampling: np.random.Generator) -> None:
+        from toolgym.agents.engine.policy import mode_of
+
+        self.policy, self.engine = policy, policy.engine
+        policy.refresh()  # new weights after an optimizer step: held caches are dropped
+        self.engine.seed(int(sampling.integers(2**31)))
+        self.sp = _sampling(cfg, cfg.max_new_tokens, 0)
+        self.mode = mode_of(self.sp, getattr(policy, "top_k", 0))
+
+    def plan(self, requests: list[Any], lefts: list[int | None]) -> list[Any]:
+        seqs = self.policy._plan(requests)  # continues / forks held caches
+        for s in seqs:  # (all checked before any is submitted: a failed plan leaves nothing in the batch)
+            if turn_room(self.engine, s) < 1:
+                raise ConfigError(
+                    f"a prompt of {len(s.ids)} tokens does not fit the engine's capacity "
+                    f"({self.engine.cache.capacity}): give it max_total_tokens + max_new_tokens + 8"
+                )
+        for s, left in zip(seqs, lefts, strict=True):
+            submit_turn(self.engine, s, self.mode, left or self.sp.max_new_tokens, self.sp.stop)
+        return list(seqs)
+
+    def result(self, request: Any, seq: Any) -> Any:
+        self.policy.index.add(seq)
+        return self.policy.generation(seq)
+
+
+def _sampling(cfg: RolloutConfig, left: int, seed: int) -> Any:
+    from toolgym.agents.policy import SamplingParams
+
+    return SamplingParams(
+        temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=left, seed=seed,
+        return_entropies=cfg.entropies,
+    )  # fmt: skip
