@@ -25,6 +25,10 @@ CALC = [
     }
 ]
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "37*58"}}</tool_call>'
+# a tool result as a ChatML model's tokens decode: the end of the model's turn, the result's turn, the next prompt
+RESULT = (
+    "<|im_end|>\n<|im_start|>user\n<tool_response>\n2146\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+)
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -56,7 +60,7 @@ def calc_tree(seed: int, rewards: tuple[float, float, float]) -> RolloutTree:
     tree.meta.update(env_id="toolgym/Calculator-v0", seed=seed, tools=CALC, answer="2146")
     call = tree.add(0, "model", ids(CALL), turn=0)
     tree.nodes[call].info.update(action=CALL, tool_calls=1)
-    result = tree.add(call, "tool", ids("<|tool|>2146"), turn=0)
+    result = tree.add(call, "tool", ids(RESULT), turn=0)
     leaf(tree, result, "<answer>2146</answer>", 1, rewards[0], success=rewards[0] == 1.0)
     leaf(tree, result, "<answer>2000</answer>", 1, rewards[1], success=rewards[1] == 1.0)
     tree.nodes[-1].branch_reason = "entropy"
@@ -104,9 +108,7 @@ def test_saved_trees_and_step_choice(run_dir: Path) -> None:
         and tree["tools"] == ["calculator"]
     )
     assert nodes[1]["tool_calls"] == [{"name": "calculator", "arguments": {"expression": "37*58"}}]
-    assert (
-        nodes[2]["kind"] == "tool" and nodes[2]["text"] == "<|tool|>2146" and len(nodes[2]["children"]) == 2
-    )
+    assert nodes[2]["kind"] == "tool" and nodes[2]["text"] == RESULT and len(nodes[2]["children"]) == 2
     assert [a["value"] for a in nodes[1]["advantages"]] == pytest.approx([2 / 3, -1 / 3])  # in both rows
     assert nodes[3]["reward"] == 1.0 and nodes[3]["episode"]["success"] is True
     assert pick_steps([1, 2], None) == [1, 2] and pick_steps([1, 2], "2") == [2]
@@ -181,7 +183,17 @@ def test_the_page_in_chromium(run_dir: Path, tmp_path: Path) -> None:
             assert first.locator(".branchpoint").count() == 2  # after the prompt, after the tool result
             assert first.locator(".branches").first.locator(":scope > .branch").count() == 2
             assert "calculator(" in first.locator(".calls").first.inner_text()
-            assert first.locator(".node.tool pre").first.inner_text() == "<|tool|>2146"
+            # the tool result is shown as its message; the template's tokens only with "template tokens"
+            tool = first.locator(".node.tool").first
+            assert tool.locator(".msgs .role").all_inner_texts() == ["user"]
+            assert tool.locator(".msgs pre").inner_text() == "<tool_response>\n2146\n</tool_response>"
+            assert "<|im_" not in tool.inner_text() and not tool.locator(".rawtext").is_visible()
+            page.check("#f-raw")
+            assert tool.locator(".rawtext").inner_text() == RESULT.rstrip("\n") or (
+                "<|im_start|>user" in tool.locator(".rawtext").inner_text()
+            )
+            assert not tool.locator(".msgs").is_visible()
+            page.uncheck("#f-raw")
             assert "adv 0.667" in first.locator(".node.model .adv").nth(1).inner_text()
             assert first.locator(".leaf.win").count() == 1 and first.locator(".leaf.loss").count() == 2
             page.fill("#f-min", "0.5")  # leaves below the range are dimmed
@@ -192,7 +204,7 @@ def test_the_page_in_chromium(run_dir: Path, tmp_path: Path) -> None:
             page.select_option("#f-step", "3")
             third = visible.first
             third.locator("summary").click()
-            assert "What is </script><b>37*58</b>?" in third.locator(".node.prompt pre").inner_text()
+            assert "What is </script><b>37*58</b>?" in third.locator(".node.prompt .msgs pre").inner_text()
             assert errors == []
             assert all(u.startswith("file://") for u in requests), requests  # nothing from the network
         finally:

@@ -5,6 +5,8 @@ Reads ``RUN_DIR/rollouts/step_*.jsonl`` (``toolgym train --save-rollouts N``; th
 network): per tree its task, leaves and rewards; per node the text of each turn, the parsed tool calls, the
 observations, the step reward, the advantage of the node in each row, and branch points (nodes with two or
 more children) shown as side-by-side branches. Filters: step, task, leaf reward range, outcome, text search.
+Each node shows the messages its tokens hold (``toolgym.viewer.messages``); the "template tokens" switch shows
+the decoded tokens as the model saw them, chat-template markup included.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import ConfigError
+from toolgym.viewer.messages import with_messages
 
 MAX_DEFAULT_STEPS = 20
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
@@ -80,7 +83,11 @@ def load_trees(run_dir: Path, steps: list[int]) -> list[dict[str, Any]]:
 def render_page(trees: list[dict[str, Any]], title: str) -> str:
     """The HTML page (data inline; ``</`` escaped so no text can close the script element)."""
     template = resources.files(__package__).joinpath("page.html").read_text()
-    data = json.dumps(trees, default=str).replace("</", "<\\/").replace("<!--", "<\\!--")
+    data = (
+        json.dumps([with_messages(t) for t in trees], default=str)
+        .replace("</", "<\\/")
+        .replace("<!--", "<\\!--")
+    )
     return template.replace("__TITLE__", html.escape(title)).replace("__DATA__", data)
 
 
