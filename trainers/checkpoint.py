@@ -2,7 +2,8 @@
 
 The checkpoint is written to a temporary folder and renamed into place, so a run killed mid-save keeps
 the previous checkpoint. Rollouts draw their randomness from (seed, step), so a resumed run samples the
-same next batch as an uninterrupted one.
+same next batch as an uninterrupted one. What the seed methods keep between steps (EPO's entropy history,
+the replay buffer and its random draws, the task pool's cursor and rates) is saved with it (`extra`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ from toolgym.errors import ConfigError
 class Progress:
     step: int = 0  # training steps done
     data_pos: int = 0  # tasks drawn so far (the next task index)
+    extra: dict[str, Any] | None = None  # the run's other state (`SeedState.state_dict`), as saved
 
 
-def save(folder: Path, modules: dict[str, Any], optimizer: torch.optim.Optimizer, progress: Progress) -> None:
-    """Writes `folder` (replacing it atomically): one state dict per module, optimizer, RNG, progress."""
+def save(
+    folder: Path, modules: dict[str, Any], optimizer: torch.optim.Optimizer, progress: Progress,
+    extra: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    """Writes `folder` (replacing it atomically): one state dict per module, optimizer, RNG, progress, and
+    `extra` (picklable: the seed methods' state)."""
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -41,7 +47,8 @@ def save(folder: Path, modules: dict[str, Any], optimizer: torch.optim.Optimizer
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-    torch.save({"rng": rng, "step": progress.step, "data_pos": progress.data_pos}, tmp / "state.pt")
+    state = {"rng": rng, "step": progress.step, "data_pos": progress.data_pos, "extra": extra}
+    torch.save(state, tmp / "state.pt")
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         if old.exists():
@@ -69,4 +76,4 @@ def load(folder: Path, modules: dict[str, Any], optimizer: torch.optim.Optimizer
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return Progress(step=int(state["step"]), data_pos=int(state["data_pos"]))
+    return Progress(step=int(state["step"]), data_pos=int(state["data_pos"]), extra=state.get("extra"))

@@ -61,6 +61,7 @@ from toolgym.trainers.distributed import Dist
 from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
 from toolgym.trainers.igpo import igpo_advantages
 from toolgym.trainers.loss import (
+    KL_SHAPING,
     PolicyBatch,
     StatLog,
     accuracy_keep,
@@ -91,7 +92,16 @@ from toolgym.trainers.runlog import RunLog
 from toolgym.trainers.seed_config import SeedState
 from toolgym.trainers.tree import RolloutTree, Row, flatten, leaf_rewards
 
-__all__ = ["GRPO_ESTIMATORS", "GRPOConfig", "changed_fields", "credit", "kl_reward", "train", "warn_inert"]
+__all__ = [
+    "GRPO_ESTIMATORS",
+    "KL_SHAPING",
+    "GRPOConfig",
+    "changed_fields",
+    "credit",
+    "kl_reward",
+    "train",
+    "warn_inert",
+]
 
 
 def vocab_size(model: Any) -> int | None:
@@ -101,9 +111,6 @@ def vocab_size(model: Any) -> int | None:
         return int(emb.weight.shape[0])
     conf = getattr(model, "config", None)
     return getattr(conf, "vocab_size", None)
-
-
-KL_SHAPING = "kl_shaping"  # leaf info key: the row's KL-in-reward shaping, -kl_coef * sum of its token KLs
 
 
 @dataclass
@@ -273,6 +280,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
     roller = TreeRollout(policy, branch, rollout_cfg, cfg.env_kwargs)
     seeds = SeedState(cfg, dist.world)  # replay buffer, task pool, EPO entropy band
+    if cfg.resume:  # the seed methods continue where the checkpoint left them
+        seeds.load_state_dict(progress.extra)
     curriculum = CurriculumHook(cfg, seeds.selector, dist.world)  # levels of env knobs (a no-op when off)
     bar = _progress_bar(cfg, progress.step) if dist.main else None
     per_rank = cfg.prompts_per_step // dist.world
@@ -368,7 +377,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         assert log is not None
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-            checkpoint.save(out / "checkpoint", modules, optimizer, progress)
+            checkpoint.save(out / "checkpoint", modules, optimizer, progress, seeds.state_dict())
         if bar is not None:
             bar.update(1)
             bar.set_postfix(

@@ -422,6 +422,9 @@ def void_keep(void: Sequence[bool]) -> list[bool]:
     return [not v for v in void]
 
 
+KL_SHAPING = "kl_shaping"  # leaf info key: the row's KL-in-reward shaping, -kl_coef * sum of its token KLs
+
+
 def overlong_shaping(length: int, max_len: int, buffer: int, factor: float = 1.0) -> float:
     """DAPO overlong shaping: 0 up to max_len - buffer, then linear down to -factor at max_len (and beyond).
 

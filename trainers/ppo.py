@@ -97,6 +97,8 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
     roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs)
     seeds = SeedState(cfg)  # replay buffer, task pool, EPO entropy band (seed_config.py)
+    if cfg.resume:  # the seed methods continue where the checkpoint left them
+        seeds.load_state_dict(progress.extra)
     bar = None
     if cfg.progress:
         from tqdm import tqdm
@@ -230,7 +232,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                 metrics |= evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved)
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-            checkpoint.save(out / "checkpoint", modules, optimizer, progress)
+            checkpoint.save(out / "checkpoint", modules, optimizer, progress, seeds.state_dict())
         if bar is not None:
             bar.update(1)
             bar.set_postfix(

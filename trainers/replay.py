@@ -18,7 +18,7 @@ Departures from ARPO:
 1. The probe is the training group itself (ARPO probes the initial policy before training): no extra
    rollouts, and the filter follows the policy as it learns.
 2. Replay needs a prompt identical token for token to the buffered one (same task, same renderer).
-3. The buffer and the selector live in memory: a resumed run starts them empty.
+3. The buffer and the selector are saved with the checkpoint (`SeedState.state_dict`): a resume is exact.
 4. With `refill` the zero-variance filter drops all-failed groups before replay could act.
 5. ARPO trains the replayed rollout as if on-policy (its old logprobs recomputed, PPO epoch 1: ratio 1);
    we keep its behaviour logprobs, so the truncated weight min(exp(logp_old - logp_behaviour), `is_max`)
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolgym.trainers.episodes import next_tasks
+from toolgym.trainers.loss import KL_SHAPING
 from toolgym.trainers.rollout import RolloutTask
 from toolgym.trainers.tree import Node, RolloutTree, env_error
 
@@ -83,7 +84,7 @@ class SuccessBuffer:
                 path = [copy.deepcopy(tree.nodes[i]) for i in tree.path(leaf)[1:]]
                 for p in path:
                     p.info.pop("snapshot", None)  # env snapshots are large and never replayed
-                    p.info.pop("shaped", None)  # reward shaping is applied again to the copy
+                    p.info.pop(KL_SHAPING, None)  # the replayed copy is shaped again under the policy of then
                 path[-1].reward = float(
                     node.info.get("episode", {}).get("episode_reward", node.reward or 0.0)
                 )

@@ -16,7 +16,8 @@ __all__ = ["SeedMethodsConfig", "SeedState"]
 
 
 class SeedState:
-    """What the seed methods keep across the steps of one run (in memory: a resume starts it empty)."""
+    """What the seed methods keep across the steps of one run; saved with the checkpoint (`state_dict`), so a
+    resumed run replays, draws tasks and bands entropies exactly as an uninterrupted one."""
 
     def __init__(self, cfg: SeedMethodsConfig, world: int = 1) -> None:
         from toolgym.trainers import epo, replay
@@ -30,6 +31,41 @@ class SeedState:
         )
         self.weight = 0.0
         self._sums: dict[str, float] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """EPO's history, the replay buffer (paths and its random generator), the task pool's cursor, rates
+        and drop steps: plain picklable values."""
+        out: dict[str, Any] = {}
+        if self.band is not None:
+            out["epo_history"] = list(self.band.history)
+        if self.buffer is not None:
+            out["replay"] = {"paths": self.buffer.paths, "rng": self.buffer.rng.getstate()}
+        if self.selector is not None:
+            s = self.selector
+            out["task_pool"] = {"cursor": s.cursor, "rate": dict(s.rate), "dropped_at": dict(s.dropped_at)}
+        return out
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restores `state_dict`; a part the run uses but the checkpoint lacks (saved without that method,
+        or by an older version) is a ConfigError, since the resume would silently differ."""
+        state = state or {}
+        parts = {"epo_history": self.band, "replay": self.buffer, "task_pool": self.selector}
+        missing = [k for k, on in parts.items() if on is not None and k not in state]
+        if missing:
+            raise ConfigError(
+                f"the checkpoint holds no {', '.join(missing)} state (saved without it): this resume would not "
+                "continue the run; start it again, or turn the option off"
+            )
+        if self.band is not None:
+            self.band.history.clear()
+            self.band.history.extend(state["epo_history"])
+        if self.buffer is not None:
+            self.buffer.paths = state["replay"]["paths"]
+            self.buffer.rng.setstate(state["replay"]["rng"])
+        if self.selector is not None:
+            tp = state["task_pool"]
+            self.selector.cursor, self.selector.rate = tp["cursor"], dict(tp["rate"])
+            self.selector.dropped_at = dict(tp["dropped_at"])
 
     def tasks(self, default: Any, n: int, step: int) -> Any:
         """The step's tasks: from the task pool when on, else `default()`."""

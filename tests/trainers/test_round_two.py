@@ -168,3 +168,42 @@ def test_epo_trajectory_entropy_reads_every_turn_of_a_row_with_shared_once() -> 
     # only the turn it trains); step 1 has no band: loss = -alpha (1.5 + 1.5) / 2 rows
     assert seeds._sums["entropy_sum"] == approx(3.0)
     assert float(loss) == approx(-0.1 * 1.5)
+
+
+# ----- replay x KL in reward: a replayed leaf is shaped like its siblings ----------------------------------
+@pytest.mark.slow
+def test_replayed_leaves_get_the_kl_shaping(tmp_path: Any, tokenizer: Any, monkeypatch: Any) -> None:
+    from tests.trainers.conftest import register_fake_env, tiny_model
+    from tests.trainers.test_train import SMALL
+    from toolgym.trainers import grpo
+    from toolgym.trainers.seed_config import SeedState
+
+    register_fake_env()
+    before, credit = SeedState.before_credit, grpo.credit
+    seen: list[list[Any]] = []
+
+    def forced(self: SeedState, forest: list[Any], step: int, metrics: dict[str, float]) -> list[Any]:
+        # step 1: the first rollout of each task succeeds (buffered); step 2: every rollout fails (replayed)
+        for t in forest:
+            for i, leaf in enumerate(t.leaves()):
+                ok = step == 1 and i == 0
+                t.nodes[leaf].info["episode"] |= {"success": ok, "episode_reward": float(ok)}
+                t.set_reward(leaf, float(ok))
+        return before(self, forest, step, metrics)
+
+    def recording(cfg: Any, forest: list[Any], scorer: Any = None) -> Any:
+        seen.append(forest)
+        return credit(cfg, forest, scorer)
+
+    monkeypatch.setattr(SeedState, "before_credit", forced)
+    monkeypatch.setattr(grpo, "credit", recording)
+    opts = dict(SMALL, prompts_per_step=1, kl_coef=0.5, kl_in_reward=True, replay=True, task_pool=1)
+    grpo.train(
+        grpo.GRPOConfig(steps=2, output_dir=str(tmp_path), **opts), tiny_model(len(tokenizer)), tokenizer
+    )
+    tree = seen[-1][0]
+    replayed = [lf for lf in tree.leaves() if tree.nodes[lf].info.get("replayed")]
+    fresh = [lf for lf in tree.leaves() if not tree.nodes[lf].info.get("replayed")]
+    assert len(replayed) == 1 and tree.nodes[replayed[0]].reward == 1.0  # the outcome, unshaped
+    # the policy moved in step 1, so every path has a KL to the reference: the replayed one too (it had none)
+    assert all(tree.nodes[lf].info.get(grpo.KL_SHAPING, 0.0) < 0 for lf in replayed + fresh)
