@@ -151,7 +151,7 @@ def make_vec(
     )
 
 
-def _expert_rewards(env: gym.Env[Any, Any], seed: int) -> list[float]:
+def _expert_rewards(env: gym.Env[Any, Any], seed: int | None) -> list[float]:
     """The rewards of one expert episode of a single env."""
     env.reset(seed=seed)
     inner: Any = env.unwrapped
@@ -169,7 +169,7 @@ def check_vector(env_id: str, n: int = 2, mode: str = "sync", seed: int = 0, **k
     by the scripted expert shows the same first messages and earns the same rewards as one ``gym.make`` env,
     and the step that ends its episode resets it (a new first observation, the ended episode's info under
     ``final_info``). Raises AssertionError naming the first difference."""
-    seeds = [seed + i for i in range(n)]
+    seeds: list[int | None] = [seed + i for i in range(n)]
     single = gym.make(env_id, **kwargs)
     try:
         firsts = [single.reset(seed=s)[0] for s in seeds]
@@ -188,7 +188,7 @@ def check_vector(env_id: str, n: int = 2, mode: str = "sync", seed: int = 0, **k
         live = np.ones(n, dtype=bool)
         while live.any():
             obs, rewards, terms, truncs, _ = vec.step(list(vec.call("expert_action")))
-            for i in np.flatnonzero(live):
+            for i in map(int, np.flatnonzero(live)):
                 got[i].append(float(rewards[i]))
                 if terms[i] or truncs[i]:
                     live[i] = False

@@ -34,14 +34,20 @@ class ServerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    command: list[str] | None = Field(None, description="argv of a stdio server, e.g. ['mcp-server-time']")
-    url: str | None = Field(None, description="a streamable-HTTP endpoint, e.g. http://127.0.0.1:8000/mcp")
+    command: list[str] | None = Field(
+        default=None, description="argv of a stdio server, e.g. ['mcp-server-time']"
+    )
+    url: str | None = Field(
+        default=None, description="a streamable-HTTP endpoint, e.g. http://127.0.0.1:8000/mcp"
+    )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of a stdio server")
     cwd: str | None = None
-    tools: list[str] | None = Field(None, description="keep only these of the server's tools")
-    prefix: str = Field("", description="prepended to each tool's name (two servers with one tool name)")
-    call_timeout_s: float = Field(30.0, gt=0)
-    connect_timeout_s: float = Field(30.0, gt=0)
+    tools: list[str] | None = Field(default=None, description="keep only these of the server's tools")
+    prefix: str = Field(
+        default="", description="prepended to each tool's name (two servers with one tool name)"
+    )
+    call_timeout_s: float = Field(default=30.0, gt=0)
+    connect_timeout_s: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _one_transport(self) -> ServerConfig:

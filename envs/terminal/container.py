@@ -23,6 +23,7 @@ import base64
 import contextlib
 import io
 import secrets
+import shlex
 import socket
 import tarfile
 import threading
@@ -160,29 +161,34 @@ class TaskContainer:
         """Writes ``files`` (paths relative to ``root``) into the container."""
         if not files:
             return
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            dirs: set[str] = set()
-            for name in sorted(files):
-                parts = name.split("/")[:-1]
-                for i in range(1, len(parts) + 1):
-                    d = "/".join(parts[:i])
-                    if d not in dirs:
-                        dirs.add(d)
-                        info = tarfile.TarInfo(d)
-                        info.type, info.mode = tarfile.DIRTYPE, 0o755
-                        tar.addfile(info)
-                info = tarfile.TarInfo(name)
-                info.size = len(files[name])
-                info.mode = 0o755 if name.endswith(".sh") else 0o644
-                tar.addfile(info, io.BytesIO(files[name]))
         try:
-            if not self.container.put_archive(root, buf.getvalue()):
+            if not self.container.put_archive(root, _tar_bytes(files)):
                 raise InfrastructureError("docker refused the task files")
         except InfrastructureError:
             raise
         except Exception as exc:
             raise InfrastructureError(f"could not copy files into the task container: {exc}") from exc
+
+    def prepare(self, files: dict[str, bytes], setup: str, timeout_s: float = 120.0) -> None:
+        """Writes a task's ``files`` (paths relative to the working folder) and runs its ``setup`` (bash, in
+        a subshell: nothing it sets stays in the shell), in one round trip of the warm shell."""
+        parts = []
+        if files:
+            blob = base64.b64encode(_tar_bytes(files)).decode()
+            parts.append(
+                f"printf %s {blob} | base64 -d | tar -x -C {shlex.quote(self.workdir)}"
+            )
+        if setup.strip():
+            parts.append(f"(cd {shlex.quote(self.workdir)} && set -e\n{setup}\n)")
+        if not parts:
+            return
+        result = self.run(
+            " && ".join(parts) + f"; s=$?; cd {shlex.quote(self.workdir)}; (exit $s)", timeout_s
+        )
+        if result.exit_code != 0:
+            raise InfrastructureError(
+                f"the task's files or setup failed ({result.exit_code}): {result.output[-500:]}"
+            )
 
     def read_file(self, path: str) -> str | None:
         code, out = self.exec(["cat", path], timeout_s=10)
@@ -292,6 +298,27 @@ class TaskContainer:
         threading.Thread(target=lambda: _remove(container), daemon=True).start()
 
 
+def _tar_bytes(files: dict[str, bytes]) -> bytes:
+    """A tar of ``files`` (relative paths), with their folders; ``*.sh`` executable."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        dirs: set[str] = set()
+        for name in sorted(files):
+            parts = name.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    info = tarfile.TarInfo(d)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+            info = tarfile.TarInfo(name)
+            info.size = len(files[name])
+            info.mode = 0o755 if name.endswith(".sh") else 0o644
+            tar.addfile(info, io.BytesIO(files[name]))
+    return buf.getvalue()
+
+
 def _remove(container: Any) -> None:
     with contextlib.suppress(Exception):
         container.remove(force=True)
@@ -302,7 +329,7 @@ class ContainerPool:
 
     def __init__(self, image: str, resources: Resources, workdir: str, spares: int = 1) -> None:
         self.image, self.resources, self.workdir, self.spares = image, resources, workdir, spares
-        self._ready: list[Any] = []
+        self._ready: list[TaskContainer] = []  # started, each with its shell running
         self._lock = threading.Lock()
         self._filling = 0
         self.closed = False
@@ -315,18 +342,28 @@ class ContainerPool:
         except Exception as exc:
             raise InfrastructureError(f"could not start a task container from {self.image}: {exc}") from exc
 
-    def _fill_one(self) -> None:
+    def _started(self) -> TaskContainer:
+        box = TaskContainer(self._start(), self.workdir)
         try:
-            container = self._start()
+            box.start_shell()
         except InfrastructureError:
-            container = None
+            box.close()
+            raise
+        return box
+
+    def _fill_one(self) -> None:
+        box: TaskContainer | None
+        try:
+            box = self._started()
+        except InfrastructureError:
+            box = None
         with self._lock:
             self._filling -= 1
-            if container is not None and not self.closed:
-                self._ready.append(container)
-                container = None
-        if container is not None:
-            _remove(container)
+            if box is not None and not self.closed:
+                self._ready.append(box)
+                box = None
+        if box is not None:
+            box.close()
 
     def _refill(self) -> None:
         with self._lock:
@@ -336,16 +373,17 @@ class ContainerPool:
             threading.Thread(target=self._fill_one, daemon=True).start()
 
     def take(self) -> TaskContainer:
+        """A started container with a fresh shell (a warm one when there is one)."""
         with self._lock:
-            container = self._ready.pop() if self._ready else None
-        if container is None:
-            container = self._start()
+            box = self._ready.pop() if self._ready else None
+        if box is None:
+            box = self._started()
         self._refill()
-        return TaskContainer(container, self.workdir)
+        return box
 
     def close(self) -> None:
         with self._lock:
             self.closed = True
             ready, self._ready = self._ready, []
-        for container in ready:
-            threading.Thread(target=lambda c=container: _remove(c), daemon=True).start()
+        for box in ready:
+            box.close()

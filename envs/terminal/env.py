@@ -193,13 +193,7 @@ class TerminalEnv(ToolEnv):
         box = self._pool(task.image).take()
         self._box = box
         self._verifier = ""
-        files = {f"{task.workdir.strip('/')}/{rel}": text.encode() for rel, text in task.files.items()}
-        box.put_files(files)
-        if task.setup.strip():
-            code, out = box.exec(["bash", "-c", "set -e\n" + task.setup], timeout_s=120)
-            if code != 0:
-                raise InfrastructureError(f"task {task.name}: setup failed ({code}): {out[-500:]}")
-        box.start_shell()
+        box.prepare({rel: text.encode() for rel, text in task.files.items()}, task.setup)
         prompt = (
             f"{task.instruction}\n\n(Your shell starts in {task.workdir}. Call submit when you are done.)"
         )
