@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from toolgym.envs.base import Task, ToolEnv
 from toolgym.envs.calculator.arithmetic import ArithmeticError_, evaluate, format_number
+from toolgym.envs.calculator.expert import expert_action
 from toolgym.envs.calculator.tasks import SPLITS, as_choices, make_problem
 from toolgym.errors import ConfigError
 from toolgym.messages import ToolCall
@@ -251,19 +252,7 @@ class CalculatorEnv(ToolEnv):
     def expert_action(self) -> str:
         """Call the calculator on the problem's expression (step by step under ``ops_per_call``), then
         answer with its result."""
-        results = [m.text for m in self._transcript if m.role == "tool" and m.name == "calculator"]
-        done = [r for r in results if not r.startswith("Error")]
-        steps = self.task.data["steps"]
-        stepwise = self.ops_per_call > 0 and len(steps) > 1
-        if done and (not stepwise or len(done) >= len(steps)):
-            return f"<answer>{done[-1]}</answer>"
-        # stepwise: each step's first operand is the previous result (the task's numbers agree)
-        expression = steps[len(done)] if stepwise else self.task.data["expression"]
-        if self.action_format == "tags":
-            return f"<calculator>{expression}</calculator>"
-        return (
-            f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
-        )
+        return expert_action(self.task, self._transcript, self.ops_per_call, self.action_format)
 
 
 class CalculatorChainEnv(CalculatorEnv):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from toolgym.envs.base import Task
+from toolgym.envs.coding.expert import SUBMIT, expert_action
 from toolgym.envs.coding.interpreter import (
     Interpreter,
     InterpreterEnv,
@@ -26,7 +27,6 @@ from toolgym.rewards.code import extract_code, grade
 from toolgym.sandboxes import Sandbox
 from toolgym.tools import Tool
 
-SUBMIT = "submit"
 _PROBLEMS: dict[tuple[str, str, str | None], list[CodingProblem]] = {}
 
 
@@ -284,14 +284,7 @@ class CodingEnv(InterpreterEnv):
 
     def expert_action(self) -> str:
         """Run the visible tests on the canonical solution, then submit it."""
-        code = self.problem.canonical
-        if code is None:
-            raise ConfigError(f"task {self.task.task_id} has no canonical solution for the expert")
-        tested = any(m.role == "tool" and m.name == "run_tests" for m in self._transcript)
-        name = SUBMIT if tested or not self.problem.visible else "run_tests"
-        if self.action_format == "tags":
-            return f"<{name}>\n{code}\n</{name}>"
-        return "<tool_call>" + json.dumps({"name": name, "arguments": {"code": code}}) + "</tool_call>"
+        return expert_action(self.problem, self._transcript, self.action_format)
 
 
 def _prompt(problem: CodingProblem) -> str:

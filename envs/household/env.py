@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from toolgym.envs.base import CommandOutcome, Task, ToolEnv
 from toolgym.envs.household.catalog import ALIASES, TASK_TYPES
-from toolgym.envs.household.planner import next_command, plan
+from toolgym.envs.household.expert import next_command, plan
 from toolgym.envs.household.tasks import LAYOUTS, SPLITS, make_scene, min_receptacles
 from toolgym.envs.household.world import (
     CLOSE,

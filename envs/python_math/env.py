@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from toolgym.envs.base import Task
 from toolgym.envs.coding.interpreter import Interpreter, InterpreterEnv, render, show_last_expression
 from toolgym.envs.python_math.datasets import MathItem, load_math_dataset
+from toolgym.envs.python_math.expert import expert_action
 from toolgym.envs.python_math.generator import KINDS, check_options, make_problem
 from toolgym.errors import ConfigError
 from toolgym.messages import ToolCall
@@ -20,10 +21,6 @@ from toolgym.sandboxes import Sandbox
 from toolgym.tools import Tool
 
 _DATASETS: dict[tuple[Any, ...], list[MathItem]] = {}
-
-
-def _looks_like_answer(output: str) -> bool:
-    return bool(output) and "\n" not in output and not output.startswith("[") and "Error" not in output
 
 
 @dataclass
@@ -257,10 +254,4 @@ class PythonMathEnv(InterpreterEnv):
 
     def expert_action(self) -> str:
         """Run the problem's program with the tool, then box what it printed."""
-        outputs = [m.text.strip() for m in self._transcript if m.role == "tool" and m.name == "python"]
-        if outputs and _looks_like_answer(outputs[-1]):
-            return f"The program prints the exact value, so the answer is \\boxed{{{outputs[-1]}}}."
-        code = self.task.data["code"]
-        if self.action_format == "tags":
-            return f"Let me compute it exactly.\n```python\n{code}\n```"
-        return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
+        return expert_action(self.task, self._transcript, self.action_format)

@@ -12,7 +12,7 @@ import pytest
 import toolgym  # noqa: F401
 from toolgym.envs.household.catalog import TASK_TYPES
 from toolgym.envs.household.env import HouseholdEnv
-from toolgym.envs.household.planner import plan
+from toolgym.envs.household.expert import plan
 from toolgym.envs.household.tasks import layout
 from toolgym.errors import ConfigError
 

@@ -74,7 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError as exc:
         raise ConfigError("serve-retriever needs uvicorn: pip install 'toolgym[search]'") from exc
-    from toolgym.envs.search.server import create_app
+    from toolgym.envs.search.retrieval_server import create_app
 
     if not 1 <= args.topk <= 100:
         raise ConfigError(f"--topk must be between 1 and 100, got {args.topk}")

@@ -1,4 +1,5 @@
-"""The planner expert: the shortest command sequence that reaches the goal from the current world state.
+"""The scripted expert, a planner: the shortest command sequence that reaches the goal from the current world
+state.
 
 It sees the whole world (closed receptacles included), so from the start of an episode its plan length is
 the optimal plan length the env reports. It enumerates the few ways to reach each goal (which instance of
