@@ -51,6 +51,30 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def spare_rows(sb: Any, k: int) -> list[tuple[str, list[float]]]:
+    """What the options for a session's first worker cost, on one box, timed at the supervisor's call: the
+    box's spare (root until it takes the session, the default) against a fresh fork of the supervisor
+    (what a box without a spare does: the option of no reuse at all)."""
+    box = sb.pool.acquire()
+    spare, fresh = [], []
+    blobs = {"code": b"pass"}
+    for i in range(2 * (100 // k)):
+        if i % 2:  # a one-shot run drops the spare: the next session's worker is a fresh fork
+            box.call({"op": "run", "timeout": 10}, {"code": b"pass"}, 10)
+        else:
+            box.call({"op": "reset"}, timeout=10)
+            time.sleep(0.01)  # the spare is made at the session before: let it settle, as between episodes
+        t = time.perf_counter()
+        reply, _ = box.call({"op": "exec", "spawn": True, "timeout": 10}, blobs, 10)
+        (fresh if i % 2 else spare).append(time.perf_counter() - t)
+        box.call({"op": "kill", "wid": reply["wid"]}, timeout=10)
+    sb.pool.release(box, reset=True)
+    return [
+        ("new session's first call: from the box's spare (default)", spare),
+        ("new session's first call: a fresh fork (no spare)", fresh),
+    ]
+
+
 def toolgym_rows(k: int) -> tuple[list[tuple[str, list[float]]], dict[str, float]]:
     """Our one-shot runs, session calls and forks (whichever toolgym.sandboxes is importable)."""
     sb = get_sandbox("docker", pool_size=2)
@@ -85,6 +109,7 @@ def toolgym_rows(k: int) -> tuple[list[tuple[str, list[float]]], dict[str, float
         f.close()
     rows.append(("toolgym fork (copy-on-write branch)", forks))
     s.close()
+    rows += spare_rows(sb, k)
     sb.close()
     rates = {
         "toolgym one-shot Sandbox.run": oneshot_rate,
@@ -97,7 +122,7 @@ def docker_rows(k: int) -> list[tuple[str, list[float]]]:
     cli = client()
     lim = get_sandbox("docker", pool_size=1).limits
     rows: list[tuple[str, list[float]]] = []
-    user = lim.user
+    user = "200000:200000" if lim.user == "box" else lim.user  # a box uid, as ours get
 
     def docker_run() -> None:
         kw = container_kwargs(lim, f"bench-run-{time.monotonic_ns()}")
@@ -160,7 +185,17 @@ def drive() -> None:
     def fork() -> None:
         s.fork().close()
 
-    kinds = {"session": lambda: s.run("x += 1"), "oneshot": lambda: sb.run("pass", timeout=10), "fork": fork}
+    def start() -> None:  # a new session's first call: served from the box's spare worker
+        fresh = sb.session()
+        fresh.run("pass")
+        fresh.close()
+
+    kinds = {
+        "session": lambda: s.run("x += 1"),
+        "oneshot": lambda: sb.run("pass", timeout=10),
+        "fork": fork,
+        "start": start,
+    }
     box = client().containers.list(filters={"name": sb._prefix})  # type: ignore[attr-defined]
     for line in sys.stdin:
         kind, n = line.split()
@@ -211,6 +246,7 @@ def interleaved(ref: str, k: int) -> list[tuple[str, list[float]]]:
             "oneshot": (300 // k, 20),
             "session": (5000 // k, 250),
             "fork": (200 // k, 10),
+            "start": (200 // k, 10),
             "cpu": (4000 // k, 500),
         }
         got: dict[tuple[str, str], list[float]] = {}
@@ -228,6 +264,7 @@ def interleaved(ref: str, k: int) -> list[tuple[str, list[float]]]:
             d.wait(timeout=60)
     names = {"oneshot": "toolgym one-shot Sandbox.run", "session": "toolgym session call (warm)",
              "fork": "toolgym fork (copy-on-write branch)",
+             "start": "toolgym new session + first call + close",
              "cpu": "box CPU per session call (not latency)"}  # fmt: skip
     return [(f"{names[kind]} {tag}", xs) for (kind, tag), xs in got.items()]
 
