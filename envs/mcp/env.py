@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import time
 from typing import Any, ClassVar
 
 from toolgym.envs.base import Task, ToolEnv
-from toolgym.envs.mcp import tasks
+from toolgym.envs.mcp import expert, tasks
 from toolgym.envs.mcp.attach import mcp_tools
 from toolgym.envs.mcp.client import MCPClient, ServerConfig
 from toolgym.errors import ConfigError, InfrastructureError
@@ -153,11 +152,7 @@ class MCPEnv(ToolEnv):
 
     def expert_action(self) -> str:
         """The task's plan, one turn of calls at a time, then the answer."""
-        plan = self.task.data["plan"]
-        turns_done = sum(1 for m in self._transcript if m.role == "assistant" and m.tool_calls)
-        if turns_done < len(plan):
-            return "".join(f"<tool_call>{json.dumps(call)}</tool_call>" for call in plan[turns_done])
-        return f"<answer>{self.task.answer}</answer>"
+        return expert.expert_action(self.task, self._transcript)
 
     def _stop_process(self) -> None:
         if self._process is not None:
