@@ -1,0 +1,101 @@
+"""The engine's scheduler alone (agents/engine/scheduler.py), over a cache of slot numbers: admission,
+inline prefill rows, least-recently-used eviction, block lengths and where sampled tokens end a row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from toolgym.agents.engine.sampling import SampleMode
+from toolgym.agents.engine.scheduler import Scheduler
+from toolgym.agents.engine.seq import Seq
+
+GREEDY = SampleMode(temperature=0)
+
+
+class Slots:
+    """The part of ``KVCache`` the scheduler uses: slot numbers and the capacity."""
+
+    def __init__(self, slots: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.free = list(range(slots))[::-1]
+
+    def alloc(self) -> int | None:
+        return self.free.pop() if self.free else None
+
+    def release(self, slot: int) -> None:
+        self.free.append(slot)
+
+
+def make(slots: int = 2, capacity: int = 64, block: int = 1) -> Scheduler:
+    cache: Any = Slots(slots, capacity)
+    return Scheduler(cache, stop_ids=[0], decode_text=None, prefill_tokens=100, block=block)
+
+
+def test_admission_takes_free_slots_and_splits_inline_rows_from_eager_prefills() -> None:
+    sch = make(slots=2, capacity=128)
+    short, long, late = Seq(0, [1, 2, 3]), Seq(1, list(range(1, 71))), Seq(2, [4, 5])
+    for s in (short, long, late):
+        sch.submit(s, GREEDY, 4)
+    eager, inline = sch.schedule(rows=8)
+    # two slots: the third waits; 3 uncached ids run as rows of the decode step, 70 > 64 prefill eagerly
+    assert (eager, inline, sch.queue) == ([long], [short], [late])
+    assert (short.slot, long.slot, late.slot) == (0, 1, None)
+
+
+def test_inline_rows_are_bounded_by_the_decode_step() -> None:
+    sch = make(slots=3)
+    a, b = Seq(0, list(range(1, 7))), Seq(1, list(range(1, 7)))
+    sch.submit(a, GREEDY, 4)
+    sch.submit(b, GREEDY, 4)
+    eager, inline = sch.schedule(rows=8)
+    # rows: 8 - 2 admitted = 6 extra; a takes 5 more rows (6 ids), b's 5 no longer fit
+    assert (inline, eager) == ([a], [b])
+
+
+def test_eviction_takes_the_least_recently_used_idle_slot_and_says_so() -> None:
+    evicted: list[int] = []
+    sch = make(slots=2)
+    sch.on_evict = lambda s: evicted.append(s.id)
+    old, recent, new = Seq(0, [1, 2]), Seq(1, [3, 4]), Seq(2, [5, 6])
+    for s in (old, recent):
+        sch.submit(s, GREEDY, 1)
+    sch.schedule(rows=8)
+    for s in (old, recent):  # each samples a stop token: the turn ends, the slot stays held
+        sch.record([s], torch.tensor([[0]]), torch.tensor([[-0.5]]), None)
+    assert list(sch.idle) == [0, 1] and old.kv == 2  # ids [1, 2, 0]: the last sampled one not yet fed
+    sch.submit(new, GREEDY, 1)
+    sch.schedule(rows=8)
+    assert evicted == [0] and (old.slot, new.slot) == (None, 0) and list(sch.idle) == [1]
+
+
+def test_recording_ends_rows_at_a_stop_token_the_allowance_or_the_slot_end() -> None:
+    sch = make(slots=3, capacity=8)
+    stop, allowance, slot_end = Seq(0, [1]), Seq(1, [1]), Seq(2, [1, 2, 3, 4, 5])
+    sch.submit(stop, GREEDY, 9)
+    sch.submit(allowance, GREEDY, 2)
+    sch.submit(slot_end, GREEDY, 9)
+    sch.schedule(rows=8)
+    # a block of three steps ([k, rows]): row 0 stops at step 2; row 1 reaches its 2 tokens; row 2 its
+    # slot's end (capacity 8 - 1 = 7 positions: 5 ids + 2 sampled)
+    tok = torch.tensor([[7, 7, 7], [0, 8, 8], [9, 9, 9]])
+    lp = torch.full((3, 3), -1.0)
+    done = sch.record([stop, allowance, slot_end], tok, lp, None)
+    assert [s.id for s in done] == [0, 1, 2]
+    assert (stop.out, stop.finish) == ([7, 0], "stop")
+    assert (allowance.out, allowance.finish) == ([7, 8], "length")
+    assert (slot_end.out, slot_end.finish) == ([7, 8], "length")
+    sch.finish(done)
+    assert not sch.busy() and list(sch.idle) == [0, 1, 2]
+
+
+def test_a_block_stops_short_of_every_rows_allowance() -> None:
+    sch = make(slots=2, capacity=64, block=8)
+    a, b = Seq(0, [1, 2]), Seq(1, [3, 4])
+    sch.submit(a, GREEDY, 10)
+    sch.submit(b, GREEDY, 3)
+    sch.schedule(rows=8)
+    sch.record([a, b], torch.tensor([[5, 5]]), torch.tensor([[-1.0, -1.0]]), None)  # both go on
+    assert sch.block_len(inline=False) == 2  # b has 2 tokens left
+    assert sch.block_len(inline=True) == 1  # a newcomer decodes inline: one step
