@@ -32,7 +32,8 @@ from typing import Any
 
 from toolgym.sandboxes import get_sandbox
 from toolgym.sandboxes.channel import DockerExecChannel
-from toolgym.sandboxes.docker_backend import ENV, client, container_kwargs
+from toolgym.sandboxes.docker_backend import client, container_kwargs
+from toolgym.sandboxes.limits import BOX_ENV
 
 BARE = "import sys\nfor line in sys.stdin:\n    exec(line)\n    sys.stdout.write('.\\n')\n    sys.stdout.flush()\n"
 
@@ -141,7 +142,7 @@ def docker_rows(k: int) -> list[tuple[str, list[float]]]:
             )
         )
         exec_id = cli.api.exec_create(
-            box.id, ["python3", "-u", "-c", BARE], stdin=True, user=user, environment=ENV
+            box.id, ["python3", "-u", "-c", BARE], stdin=True, user=user, environment=BOX_ENV
         )
         sock = cli.api.exec_start(exec_id["Id"], socket=True)
         ch = DockerExecChannel(getattr(sock, "_sock", sock))

@@ -60,7 +60,6 @@ def supervisor_caps() -> list[str]:
 GVISOR_HEADROOM_MB = 256  # container memory above memory_mb under gVisor (its sandbox kernel)
 LABEL = "toolgym.sandbox"
 OWNER = "toolgym.sandbox.owner"  # host:pid of the process whose pool made the container
-ENV = BOX_ENV  # (kept under this name for callers)
 _client_lock = threading.Lock()
 
 
@@ -148,7 +147,7 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
             Ulimit(name="fsize", soft=lim.fsize_mb << 20, hard=lim.fsize_mb << 20),
             Ulimit(name="core", soft=0, hard=0),
         ],
-        "environment": ENV,
+        "environment": BOX_ENV,
         "working_dir": "/tmp",
         "labels": {LABEL: "1", OWNER: f"{socket.gethostname()}:{os.getpid()}"},
         "stop_signal": "SIGKILL",
@@ -238,7 +237,7 @@ class DockerSandbox(Sandbox):
                 tty=False,
                 user="0:0",
                 workdir="/tmp",
-                environment=ENV,
+                environment=BOX_ENV,
             )["Id"]
             sock = cli.api.exec_start(exec_id, socket=True)
             raw = getattr(sock, "_sock", sock)

@@ -22,6 +22,7 @@ tests/sandboxes/.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -46,6 +47,7 @@ MASKED = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/
 # (Not CAP_SYS_RESOURCE: bwrap 0.8 then keeps every capability. The OOM score is set before bwrap starts.)
 CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_PTRACE")
 CLONE_NEWIPC = 0x08000000
+_libc = ctypes.CDLL(None, use_errno=True)
 # Caps of the box's own IPC namespace (per namespace, so set once before bwrap starts): SysV shared memory is
 # not counted by RLIMIT_AS, POSIX queues and SysV queues hold kernel memory.
 IPC_SYSCTLS = {
@@ -93,9 +95,7 @@ def _prepare_child() -> None:
     with `IPC_SYSCTLS` (bwrap inherits it: it is not asked to make another)."""
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write("-1000")  # refused on some kernels: the code's 1000 still makes it the OOM killer's choice
-    import ctypes
-
-    if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWIPC) != 0:
+    if _libc.unshare(CLONE_NEWIPC) != 0:  # (nothing is imported here: the parent has threads)
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWIPC) failed: the box needs an IPC namespace")
     for name, value in IPC_SYSCTLS.items():
         with open(f"/proc/sys/{name}", "w") as f:

@@ -126,9 +126,9 @@ def test_19_no_host_secrets_or_environment(docker_sb: Sandbox) -> None:
     res = docker_sb.run(SECRETS, timeout=T)
     contained(docker_sb, res, {"ok"}, BOUND, t0)
     out = json.loads(res.stdout)
-    from toolgym.sandboxes.docker_backend import ENV
+    from toolgym.sandboxes.limits import BOX_ENV
 
-    assert set(out["env"]) <= {*ENV, "HOSTNAME"}, out["env"]
+    assert set(out["env"]) <= {*BOX_ENV, "HOSTNAME"}, out["env"]
     assert "hunter2" not in res.stdout and not out["aws"] and 200000 <= out["uid"] < 300000
 
 
