@@ -256,13 +256,39 @@ def hgpo(
     return turn_to_nodes(forest, rows, per_turn)
 
 
-def tree_values(tree: RolloutTree, leaf_values: dict[int, float]) -> list[float]:
-    """V(node) = mean of `leaf_values` over the leaves below it that have a value (0 where none)."""
-    out = []
-    for n in tree.nodes:
-        ls = [leaf for leaf in tree.subtree_leaves(n.id) if leaf in leaf_values]
-        out.append(sum(leaf_values[leaf] for leaf in ls) / len(ls) if ls else 0.0)
-    return out
+def tree_values(
+    tree: RolloutTree, leaf_values: dict[int, float], over: Literal["leaves", "children"] = "leaves"
+) -> list[float]:
+    """V(node) = mean of `leaf_values` over the leaves below it that have a value (`leaves`: TreeRL), or the
+    mean of V over its children that have a value below them (`children`: SPO, ALGORITHMS.md 5.3; on an
+    unbalanced tree a subtree counts once, however many leaves it holds). 0 where no leaf has a value.
+
+    >>> t = RolloutTree("q", [1]); a = t.add(t.root, "model", [2]); b = t.add(t.root, "model", [3])
+    >>> l1, l2 = t.add(a, "model", [4]), t.add(a, "model", [5])
+    >>> [tree_values(t, {l1: 1.0, l2: 0.0, b: 0.0}, over)[0] for over in ("leaves", "children")]
+    [0.3333333333333333, 0.25]
+    """
+    if over == "leaves":
+        out = []
+        for n in tree.nodes:
+            ls = [leaf for leaf in tree.subtree_leaves(n.id) if leaf in leaf_values]
+            out.append(sum(leaf_values[leaf] for leaf in ls) / len(ls) if ls else 0.0)
+        return out
+    value: dict[int, float] = {}  # nodes with a valued leaf below them
+    stack: list[tuple[int, bool]] = [(tree.root, False)]
+    while stack:  # post-order without recursion (paths can be long; split suffixes have larger ids)
+        nid, done = stack.pop()
+        if not done:
+            stack.append((nid, True))
+            stack += [(c, False) for c in tree.nodes[nid].children]
+            continue
+        if nid in leaf_values:
+            value[nid] = leaf_values[nid]
+        else:
+            kids = [value[c] for c in tree.nodes[nid].children if c in value]
+            if kids:
+                value[nid] = sum(kids) / len(kids)
+    return [value.get(n.id, 0.0) for n in tree.nodes]
 
 
 TreeStyle = Literal["spo", "spo_std", "treerl"]
@@ -271,8 +297,8 @@ TreeStyle = Literal["spo", "spo_std", "treerl"]
 def tree_advantages(forest: list[RolloutTree], rows: list[Row], style: TreeStyle = "spo") -> NodeAdv:
     """Segment credit (departure 3), the same for every row holding the node.
 
-    With s the segment of a node and p the branch point above it (tree.py `segment_heads`):
-    `spo`: V(s) - V(p); `spo_std`: (V(s) - V(p)) / (population std of V over p's children + 1e-8);
+    With s the segment of a node and p the branch point above it (tree.py `segment_heads`), V the mean over
+    children (SPO) or over leaves (TreeRL) (`tree_values`): `spo`: V(s) - V(p); `spo_std`: (V(s) - V(p)) / (population std of V over p's children + 1e-8);
     `treerl`: leaves leave-one-out normalised first, then ((V(s) - V(p)) + V(s)) / sqrt(#leaves below s).
     Only leaves that have a row count (env_error leaves have none).
     """
@@ -283,7 +309,7 @@ def tree_advantages(forest: list[RolloutTree], rows: list[Row], style: TreeStyle
         raw = {leaf: tree.nodes[leaf].reward or 0.0 for leaf in leaves}
         if style == "treerl":
             raw = dict(zip(leaves, rloo(list(raw.values()), [0] * len(raw)), strict=True))
-        v = tree_values(tree, raw)
+        v = tree_values(tree, raw, "leaves" if style == "treerl" else "children")
         heads = segment_heads(tree, set(leaves))
         n_leaves = {h: sum(leaf in raw for leaf in tree.subtree_leaves(h)) for h in set(heads.values())}
         adv: dict[int, float] = {}

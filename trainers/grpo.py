@@ -425,10 +425,13 @@ def optimize(
     ent_grad = cfg.entropy_coef > 0 or cfg.epo  # EPO's entropy terms need the entropy's gradient
     t_train, trained_tokens, updates = time.perf_counter(), 0, 0
     g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
-    for _epoch in range(cfg.epochs):
+    for epoch in range(cfg.epochs):
         order = torch.randperm(n_rows, generator=g) if cfg.minibatches > 1 else torch.arange(n_rows)
         per_mb = -(-n_rows // cfg.minibatches)
-        for mb_rows in micro_batches(n_rows, per_mb, order):
+        for mb_index, mb_rows in enumerate(micro_batches(n_rows, per_mb, order)):
+            # before the first optimizer step the policy is the sampling one: its own logprobs are the old
+            # ones, exactly (the eval pass differs by rounding, ~1e-7, which would fire LLDS's gate)
+            fresh = old is None or (epoch == 0 and mb_index == 0)
             chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len)
             denom = dist.sum(sum(denominator(mask_cpu[i], loss_cfg) for i in chunks))  # all ranks
             epo_rows = int(
@@ -459,7 +462,7 @@ def optimize(
                 if cfg.entropy_advantage and ent is not None:
                     adv = entropy_scaled(adv, ent, mb.loss_mask, cfg.entropy_advantage)
                 pb = PolicyBatch(
-                    logprobs=logp, old_logprobs=old[idx, :T] if old is not None else logp.detach(),
+                    logprobs=logp, old_logprobs=logp.detach() if fresh or old is None else old[idx, :T],
                     advantages=adv, mask=mb.loss_mask, rollout_logprobs=mb.rollout_logprobs,
                     ref_logprobs=ref_logp, entropy=ent, turn_ids=mb.turn_ids,
                 )  # fmt: skip

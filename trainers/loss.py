@@ -352,7 +352,9 @@ def llds_penalty(
 ) -> torch.Tensor:
     """LLDS per-token term g * max(0, old - logp) on the preserving set P = {A >= 0, mask}. [B, T] -> [B, T].
 
-    The gate g is 1 where the summed likelihood drop over P is positive, per turn ("action") or per row.
+    The gate g is 1 where the summed likelihood drop over P is positive, per turn ("action") or per row. The
+    max is `torch.maximum`, as the official code (vengdeng/LLDS-...-Search-R1, `dp_actor.py`): at an exact tie
+    (no drop) it passes half the gradient (`clamp` would pass all of it).
     """
     d = old.detach() - logp  # [B, T]
     p = ((adv >= 0) & mask.bool()).to(logp.dtype)  # [B, T]
@@ -360,7 +362,7 @@ def llds_penalty(
         drop = _run_sum((d * p).detach(), turn_ids)  # [B, T]
     else:
         drop = (d * p).detach().sum(1, keepdim=True).expand_as(d)  # [B, T]
-    return (drop > 0).to(logp.dtype) * d.clamp(min=0) * p  # [B, T]
+    return (drop > 0).to(logp.dtype) * torch.maximum(d, torch.zeros_like(d)) * p  # [B, T]
 
 
 def value_loss(

@@ -61,11 +61,12 @@ def test_rloo() -> None:
 
 def test_tree_values_spo(tree3: RolloutTree) -> None:
     rows = flatten([tree3])
-    # V: B 1, C 0, D 1, T 1/2, A 1/2, P 2/3.  A(A) = 1/2 - 2/3, A(B) = 1/2, A(C) = -1/2, A(D) = 1/3
+    # V is the mean over children (ALGORITHMS.md 5.3): B 1, C 0, D 1, T 1/2, A 1/2, P (1/2 + 1)/2 = 3/4 (the
+    # mean over leaves gave P 2/3). A(A) = 1/2 - 3/4, A(B) = 1/2, A(C) = -1/2, A(D) = 1 - 3/4
     tok = adv.token_advantages(rows, adv.tree_advantages([tree3], rows))
-    assert tok[0] == approx([0, 0, -1 / 6, -1 / 6, 0, 0.5])
-    assert tok[1] == approx([0, 0, -1 / 6, -1 / 6, 0, -0.5, -0.5])
-    assert tok[2] == approx([0, 0, 1 / 3])
+    assert tok[0] == approx([0, 0, -1 / 4, -1 / 4, 0, 0.5])
+    assert tok[1] == approx([0, 0, -1 / 4, -1 / 4, 0, -0.5, -0.5])
+    assert tok[2] == approx([0, 0, 1 / 4])
 
 
 def test_tree_values_treerl(tree3: RolloutTree) -> None:

@@ -90,13 +90,14 @@ def test_top_entropy_quantile_trains_only_high_entropy_tokens() -> None:
 
 # ----- estimators -----------------------------------------------------------------------------------------
 def test_spo_std_normalised(tree3: RolloutTree) -> None:
-    """V: P 2/3, segment {A, T} 1/2, B 1, C 0, D 1. Children of P: {1/2, 1}, population std 1/4; of T:
-    {1, 0}, std 1/2. A: (1/2 - 2/3) / (1/4) = -2/3; D: (1 - 2/3) / (1/4) = 4/3; B: 1; C: -1."""
+    """V (mean over children): segment {A, T} 1/2, B 1, C 0, D 1, P (1/2 + 1)/2 = 3/4. Children of P:
+    {1/2, 1}, population std 1/4; of T: {1, 0}, std 1/2. A: (1/2 - 3/4) / (1/4) = -1; D: (1 - 3/4) / (1/4)
+    = 1; B: 1; C: -1 (each / (std + 1e-8))."""
     rows = flatten([tree3])
     na = adv.tree_advantages([tree3], rows, style="spo_std")
-    assert na[0] == approx({1: -2 / 3, 3: 1.0})
-    assert na[1] == approx({1: -2 / 3, 4: -1.0})
-    assert na[2] == approx({5: 4 / 3})
+    assert na[0] == approx({1: -0.25 / (0.25 + 1e-8), 3: 0.5 / (0.5 + 1e-8)})
+    assert na[1] == approx({1: -0.25 / (0.25 + 1e-8), 4: -0.5 / (0.5 + 1e-8)})
+    assert na[2] == approx({5: 0.25 / (0.25 + 1e-8)})
 
 
 def test_treepo_sub_groups(tree3: RolloutTree) -> None:

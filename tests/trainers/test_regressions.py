@@ -74,12 +74,12 @@ def test_bug1_final_answer_turns_after_a_fork_get_credit() -> None:
     t, ids = forked_at_first_tool()
     rows = flatten([t])
     na = adv.tree_advantages([t], rows)
-    # V: leaves 1, 0, 1 -> P 2/3; segment {A, T}: 1/2; {B, env, B2}: 1; {C, ...}: 0; {D, env, D2}: 1
-    assert na[0][ids["a"]] == approx(0.5 - 2 / 3)
+    # V (mean over children): segment {A, T}: 1/2; {B, env, B2}: 1; {C, ...}: 0; {D, env, D2}: 1 -> P 3/4
+    assert na[0][ids["a"]] == approx(0.5 - 3 / 4)
     assert na[0][ids["b2"]] == approx(1 - 0.5)  # the final answer turn (was 0.0)
     assert na[1][ids["c2"]] == approx(0 - 0.5)
-    assert na[2][ids["d2"]] == approx(1 - 2 / 3)
-    assert sorted(na[0].values()) == approx([-1 / 6, 0.5, 0.5])  # A; B and B2 share their segment
+    assert na[2][ids["d2"]] == approx(1 - 3 / 4)
+    assert sorted(na[0].values()) == approx([-1 / 4, 0.5, 0.5])  # A; B and B2 share their segment
 
 
 @pytest.mark.parametrize("estimator", ["tree", "spo_std", "treerl", "treepo"])

@@ -207,3 +207,39 @@ def test_replayed_leaves_get_the_kl_shaping(tmp_path: Any, tokenizer: Any, monke
     assert len(replayed) == 1 and tree.nodes[replayed[0]].reward == 1.0  # the outcome, unshaped
     # the policy moved in step 1, so every path has a KL to the reference: the replayed one too (it had none)
     assert all(tree.nodes[lf].info.get(grpo.KL_SHAPING, 0.0) < 0 for lf in replayed + fresh)
+
+
+# ----- LLDS: no firing on the rounding noise of the old-logprob pass -------------------------------------
+def test_llds_does_not_fire_before_the_first_update() -> None:
+    def noisy(model: Any, mb: Any, *args: Any, **kwargs: Any) -> Any:
+        logp, ent, v = table_forward(model, mb, *args, **kwargs)
+        # the eval-mode pass of the old logprobs is 3e-7 higher: the rounding of another batch layout
+        return (logp if model.training else logp + 3e-7), ent, v
+
+    batch = table_batch(
+        [[0, 1, 1]] * 4, [[0, 1, 1]] * 4, [[0, 1.0, 0.5], [0, -1.0, 0.5], [0, 2.0, 0], [0, 0, 1]]
+    )
+    deltas = []
+    for llds in (0.0, 0.2):
+        cfg = cfg_of(minibatches=2, llds_coef=llds)
+        model = Table(4, 3, scale=0.3, seed=1)
+        start = model.theta.detach().clone()
+        optimize(cfg, 1, batch, model, model, torch.optim.SGD(model.parameters(), lr=1.0), fwd=noisy)
+        deltas.append(model.theta.detach() - start)
+    # the first minibatch's rows (the loop's order: randperm of the step's generator) move as without LLDS
+    # (each row has its own logits, so the other minibatch's step does not touch them); before, LLDS saw a
+    # drop of 3e-7 and added 0.2 x the full gradient of -logp on every token with A >= 0
+    first = torch.randperm(4, generator=torch.Generator().manual_seed(0 * 100_003 + 1))[:2]
+    assert torch.equal(deltas[0][first], deltas[1][first])
+
+
+def test_llds_max_passes_half_the_gradient_at_a_tie_as_the_official_code() -> None:
+    from toolgym.trainers.loss import llds_penalty
+
+    # two tokens of one turn, A >= 0: token 0 dropped by 0.5 (gate on), token 1 exactly unchanged
+    logp = torch.tensor([[-1.5, -1.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -1.0]])
+    pen = llds_penalty(logp, old, torch.ones(1, 2), torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.long))
+    pen.sum().backward()
+    assert pen.tolist() == [[0.5, 0.0]] and logp.grad is not None
+    assert logp.grad.tolist() == [[-1.0, -0.5]]  # torch.maximum at the tie: half (clamp passed -1)
