@@ -15,11 +15,14 @@ attribute are ours:
   same step's n info dicts unbatched (``env_infos[i]["tools"]`` is env i's tool specs after a reset).
 - **``mode="async"``** runs each env in its own worker process (gymnasium's ``AsyncVectorEnv``, no shared
   memory: observations are text), so n sandboxed or browser envs step in parallel; ``step_async`` sends a
-  batch and ``step_wait`` collects it, so a caller can generate the next turns meanwhile.
+  batch and ``step_wait`` collects it, so a caller can generate the next turns meanwhile. For continuous
+  batching, ``send(i, action)`` steps env i alone as soon as its turn is generated, ``ready()`` lists the
+  envs whose step finished and ``recv(i)`` returns that env's ``(obs, reward, terminated, truncated, info)``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,12 +59,12 @@ class _PerEnvInfos:
 
     def _keep(self, env_info: dict[str, Any], env_num: int) -> None:
         if set(env_info) == {"final_obs", "final_info"}:
-            # SAME_STEP's record of the ended episode comes first; env i's info is the new episode's, with
-            # the ended one under "final_info", as in the batched dict
-            self._final[env_num] = env_info["final_info"]
+            # sync SAME_STEP reports the ended episode first; env i's info is the new episode's, with the
+            # ended one's under "final_obs" / "final_info" (as the async workers send it)
+            self._final[env_num] = env_info
             return
         final = self._final.pop(env_num, None)
-        self.env_infos[env_num] = env_info if final is None else {**env_info, "final_info": final}
+        self.env_infos[env_num] = env_info if final is None else {**env_info, **final}
 
     def _fresh(self) -> None:
         self.env_infos = [{} for _ in range(self.num_envs)]
@@ -85,6 +88,15 @@ class ToolSyncVectorEnv(_PerEnvInfos, SyncVectorEnv):
 class ToolAsyncVectorEnv(_PerEnvInfos, AsyncVectorEnv):
     """Each env in its own worker process; ``step_async``/``step_wait`` split a step."""
 
+    def reset_async(
+        self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> None:
+        if self._in_flight:
+            raise RuntimeError(
+                f"envs {sorted(self._in_flight)} have a step in flight (send): recv them first"
+            )
+        super().reset_async(seed=seed, options=options)
+
     def reset_wait(self, timeout: int | float | None = None) -> Any:
         self._fresh()
         return super().reset_wait(timeout=timeout)
@@ -92,6 +104,52 @@ class ToolAsyncVectorEnv(_PerEnvInfos, AsyncVectorEnv):
     def step_wait(self, timeout: int | float | None = None) -> Any:
         self._fresh()
         return super().step_wait(timeout=timeout)
+
+    def step_async(self, actions: Any) -> None:
+        if self._in_flight:
+            raise RuntimeError(
+                f"envs {sorted(self._in_flight)} have a step in flight (send): recv them first"
+            )
+        super().step_async(actions)
+
+    # ----- one env at a time: continuous batching ------------------------------------------------------
+    @property
+    def _in_flight(self) -> set[int]:
+        return self.__dict__.setdefault("_sent", set())
+
+    def send(self, index: int, action: Any) -> None:
+        """Starts a step of env ``index`` alone, e.g. as soon as the engine has generated that env's turn;
+        ``recv(index)`` returns its ``(obs, reward, terminated, truncated, info)`` (SAME_STEP autoreset as in
+        a batch step). Batch ``step``/``reset`` wait until every sent step is received."""
+        from gymnasium.vector.async_vector_env import AsyncState
+
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT:
+            raise RuntimeError(f"a batch call is pending ({self._state.value}): finish it before send")
+        if not 0 <= index < self.num_envs or index in self._in_flight:
+            raise RuntimeError(f"env {index} does not exist or already has a step in flight")
+        self.parent_pipes[index].send(("step", action))
+        self._in_flight.add(index)
+
+    def ready(self, timeout: float | None = 0.0) -> list[int]:
+        """The envs whose sent step has finished (waiting up to ``timeout`` seconds for the first one)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            done = [i for i in sorted(self._in_flight) if self.parent_pipes[i].poll()]
+            if done or not self._in_flight or (deadline is not None and time.monotonic() >= deadline):
+                return done
+            time.sleep(0.001)
+
+    def recv(self, index: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """The result of env ``index``'s sent step (blocks until it is there)."""
+        if index not in self._in_flight:
+            raise RuntimeError(f"env {index} has no step in flight: send it one first")
+        result, success = self.parent_pipes[index].recv()
+        self._in_flight.discard(index)
+        self._raise_if_errors([success])
+        obs, reward, terminated, truncated, info = result
+        self.env_infos[index] = info
+        return obs, float(reward), bool(terminated), bool(truncated), info
 
 
 class _EnvFactory:

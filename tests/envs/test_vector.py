@@ -90,3 +90,45 @@ def test_bad_arguments_are_config_errors():
     with pytest.raises(ConfigError, match="autoreset_mode"):
         make_vec(CALC, 1, autoreset_mode="later")
     assert isinstance(make_vec(CALC, 1).single_observation_space, type(gym.make(CALC).observation_space))
+
+
+def test_async_envs_step_one_at_a_time():
+    """Continuous batching: each env steps when its own turn is ready, in any order; the results are those
+    of a batch step."""
+    batch = make_vec(CALC, 3, mode="sync")
+    vec = make_vec(CALC, 3, mode="async")
+    try:
+        batch.reset(seed=4)
+        vec.reset(seed=4)
+        expected = batch.step(list(batch.call("expert_action")))
+        actions = list(vec.call("expert_action"))
+        for i in (2, 0):
+            vec.send(i, actions[i])
+        with pytest.raises(RuntimeError, match="in flight"):
+            vec.step(actions)
+        while len(ready := vec.ready(timeout=5)) < 2:
+            pass
+        assert ready == [0, 2]
+        vec.send(1, actions[1])
+        results = {i: vec.recv(i) for i in (2, 1, 0)}
+        for i in range(3):
+            obs, reward, term, trunc, info = results[i]
+            assert obs == expected[0][i] and reward == expected[1][i]
+            assert term == expected[2][i] and trunc == expected[3][i]
+            assert vec.env_infos[i]["turn"] == info["turn"] == 1
+        # an answer ends env 0's episode: SAME_STEP autoreset in the worker, the old info kept
+        vec.send(0, "<answer>-5</answer>")
+        obs, reward, term, _, info = vec.recv(0)
+        assert term and info["final_info"]["success"] is False and obs[0]["role"] == "system"
+        _, _, terms, _, _ = vec.step(list(vec.call("expert_action")))  # batch steps work again
+        assert list(terms) == [False, True, True]
+    finally:
+        batch.close()
+        vec.close()
+
+
+def test_toolgym_check_runs_the_vector_check():
+    from toolgym.envs.checks import check
+
+    report = check(CALC, garbage_actions=5, expert_episodes=2)
+    assert report.passed.get("vector") is True, report.errors.get("vector")
