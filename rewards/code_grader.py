@@ -22,8 +22,11 @@ for a fresh probe run after the candidate's call.
 from __future__ import annotations
 
 import ast
+import base64
 import contextlib
+import importlib.util
 import json
+import marshal
 import os
 import select
 import signal
@@ -44,13 +47,43 @@ _WIRE = (_HERE / "code_wire.py").read_text()
 _SERVER = (_HERE / "code_server.py").read_text()
 _RUNNER = (_HERE / "code_runner.py").read_text()
 _PROXY = (_HERE / "code_proxy.py").read_text()
+
+
+def _compiled(source: str, name: str) -> str:
+    """The source compiled once here, marshalled and base64'd: an interpreter of this very build loads it
+    in well under a millisecond instead of compiling 20-60 KB of source for every candidate."""
+    return base64.b64encode(marshal.dumps(compile(source, name, "exec"))).decode("ascii")
+
+
+# the test process runs this very interpreter: it always gets the compiled forms
+_RUNNER_ARGS = [
+    _compiled(_WIRE, "code_wire.py"),
+    _compiled(_PROXY, "code_proxy.py"),
+    _compiled(_RUNNER, "code_runner.py"),
+]
+# a sandbox session gets both; it loads the compiled ones only when its Python reads this bytecode version
+_SESSION_JOB = json.dumps(
+    {
+        "wire": _WIRE,
+        "server": _SERVER,
+        "build": importlib.util.MAGIC_NUMBER.hex(),
+        "wire_c": _compiled(_WIRE, "code_wire.py"),
+        "server_c": _compiled(_SERVER, "code_server.py"),
+    }
+)
 _SESSION_BOOT = (
     "import json as _j, sys as _s, types as _t\n"
     "_src = _j.loads(_s.stdin.read())\n"
+    "def _tg_code(key, file):\n"
+    "    if _src.get('build') == _s.modules['_frozen_importlib_external'].MAGIC_NUMBER.hex():\n"
+    "        import base64, marshal\n"
+    "        return marshal.loads(base64.b64decode(_src[key + '_c']))\n"
+    "    return compile(_src[key], file, 'exec')\n"
     "_w = _t.ModuleType('_tg_wire')\n"
-    "exec(compile(_src['wire'], 'code_wire.py', 'exec'), _w.__dict__)\n"
+    "exec(_tg_code('wire', 'code_wire.py'), _w.__dict__)\n"
     "_s.modules['_tg_wire'] = _w\n"
-    "exec(compile(_src['server'], 'code_server.py', 'exec'), globals())\n"
+    "exec(_tg_code('server', 'code_server.py'), globals())\n"
+    "del _src, _tg_code\n"
     "_TG = {'wire': _w}\n"
     "_tg_report({'ready': True})\n"
 )
@@ -140,6 +173,17 @@ def _classes(prelude: str, job: dict[str, Any]) -> list[str]:
     return sorted(names)
 
 
+def _asks(reply: dict[str, Any]) -> bool:
+    """Whether a relayed reply is the candidate asking the tests to answer a callback first."""
+    raw = reply.get("raw")
+    if not isinstance(raw, str):
+        return False
+    try:
+        return "need" in json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+
+
 class _Candidate:
     """The candidate's function server in one sandbox session; reloaded in a fresh interpreter for the next
     test case when it died."""
@@ -155,9 +199,7 @@ class _Candidate:
     def start(self) -> str:
         """Boots the server and loads the candidate; returns an infrastructure error ("" when fine)."""
         self.session = self.sandbox.session()
-        boot = self.session.run(
-            _SESSION_BOOT, timeout=30, stdin=json.dumps({"wire": _WIRE, "server": _SERVER})
-        )
+        boot = self.session.run(_SESSION_BOOT, timeout=30, stdin=_SESSION_JOB)
         if _report(boot.stdout) != {"ready": True}:
             return f"the sandbox session did not start: {boot.status} {boot.detail}".strip()
         self.load()
@@ -178,11 +220,38 @@ class _Candidate:
         self.load_error = ""
         self.names = json.dumps(report)
 
-    def call(self, request: str, case: int, budget: float) -> tuple[dict[str, Any], float]:
+    def call(
+        self, request: str, case: int, budget: float, branch: bool = False
+    ) -> tuple[dict[str, Any], float]:
         """A reply for the test process (``{"raw": report text}`` or ``{"crash": why}``) and the seconds to
         charge to the case: the sandbox's own timing of the call, so the relay's overhead on a busy machine
-        never eats the candidate's budget."""
-        reply = self._call(request, case, budget)
+        never eats the candidate's budget.
+
+        ``branch``: the tests have handed the candidate callables, so the request may stop to ask one and be
+        replayed from its start with the answer: it runs in a fork of the session, kept only when it
+        finished (a replay then starts from the state before the request, not after half of it)."""
+        main = self.session
+        fork = None
+        if branch and self.dead_in is None and not self.load_error:
+            try:
+                fork = self.session.fork()
+            except Exception:  # a backend without fork: replays run on the session itself
+                fork = None
+        if fork is not None:
+            self.session = fork
+        try:
+            reply = self._call(request, case, budget)
+        except BaseException:
+            if fork is not None:
+                self.session = main
+                with contextlib.suppress(Exception):
+                    fork.close()
+            raise
+        if fork is not None:
+            keep, drop = (main, fork) if _asks(reply) else (fork, main)
+            self.session = keep
+            with contextlib.suppress(Exception):
+                drop.close()
         return reply, self.charged
 
     def _call(self, request: str, case: int, budget: float) -> dict[str, Any]:
@@ -192,9 +261,7 @@ class _Candidate:
                 return {"crash": "the candidate's interpreter died earlier in this test"}
             self.dead_in = None
             with contextlib.suppress(InfrastructureError):
-                self.session.run(
-                    _SESSION_BOOT, timeout=30, stdin=json.dumps({"wire": _WIRE, "server": _SERVER})
-                )
+                self.session.run(_SESSION_BOOT, timeout=30, stdin=_SESSION_JOB)
                 self.load()
         if self.load_error:
             return {"crash": self.load_error}
@@ -242,7 +309,7 @@ class _Runner:
         workdir = tempfile.gettempdir()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", BOOT, _WIRE, _PROXY, _RUNNER, str(write_fd)],
+                [sys.executable, "-I", "-c", BOOT, *_RUNNER_ARGS, str(write_fd)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -345,7 +412,9 @@ def grade_function(
             case = int(message.get("case", 0)) % total
             t0 = time.monotonic()
             try:
-                reply, charged = candidate.call(str(message.get("call", "")), case, timeout - used[case])
+                reply, charged = candidate.call(
+                    str(message.get("call", "")), case, timeout - used[case], message.get("branch") is True
+                )
             except InfrastructureError as exc:
                 return Grade(0, total, infra_error=str(exc))
             used[case] += charged

@@ -1,8 +1,8 @@
 """The test process of a function test: the dataset's trusted test code, run in a clean interpreter that never
 sees the candidate's code. Standard library only; nothing runs at import.
 
-Started by the host (:mod:`toolgym.rewards.code_grader`) as ``python -I -c BOOT WIRE PROXY THIS FD``;
-``BOOT`` loads :mod:`toolgym.rewards.code_wire` as module ``_tg_wire`` and
+Started by the host (:mod:`toolgym.rewards.code_grader`) as ``python -I -c BOOT WIRE PROXY THIS FD`` (each
+module compiled once by the host, marshalled; the same interpreter runs both); ``BOOT`` loads :mod:`toolgym.rewards.code_wire` as module ``_tg_wire`` and
 :mod:`toolgym.rewards.code_proxy` as ``_tg_proxy`` and calls :func:`main`. The job (one JSON line) and then
 the host's replies arrive on stdin; requests and the single final report go out on fd ``FD``, a pipe only
 the host holds the other end of. The test code's own stdin, stdout and stderr are /dev/null.
@@ -21,13 +21,13 @@ from __future__ import annotations
 from typing import Any
 
 BOOT = (
-    "import sys, types\n"
-    "for name, src, file in (('_tg_wire', sys.argv[1], 'code_wire.py'), ('_tg_proxy', sys.argv[2], 'code_proxy.py')):\n"
+    "import base64, marshal, sys, types\n"
+    "for name, blob in (('_tg_wire', sys.argv[1]), ('_tg_proxy', sys.argv[2])):\n"
     "    m = types.ModuleType(name)\n"
-    "    exec(compile(src, file, 'exec'), m.__dict__)\n"
+    "    exec(marshal.loads(base64.b64decode(blob)), m.__dict__)\n"
     "    sys.modules[name] = m\n"
     "ns = {'__name__': '_tg_runner'}\n"
-    "exec(compile(sys.argv[3], 'code_runner.py', 'exec'), ns)\n"
+    "exec(marshal.loads(base64.b64decode(sys.argv[3])), ns)\n"
     "ns['main']()\n"
 )
 # modules the candidate imported that this process imports for the tests by the same name: the standard

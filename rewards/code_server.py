@@ -29,6 +29,7 @@ from typing import Any
 
 MARK = "\x1eTGR "
 STATE_CAP = 2000  # objects whose state one reply carries unasked (a linked list walked without round trips)
+STATE_BYTES = 256 << 10  # of states one reply carries unasked
 MAX_CALLBACKS = 10_000  # calls back into the tests during one request
 _TG: dict[str, Any] = {}  # the wire module and the candidate's module, set by the session's boot code
 _REG: dict[int, Any] = {}  # reference id -> the candidate's object (kept alive: ids stay valid)
@@ -151,6 +152,7 @@ class _Encoder:
         self.classes: dict[str, Any] = {}
         self.states: dict[str, Any] = {}
         self.queue: list[int] = []  # references whose state goes along
+        self.state_bytes = 0
 
     def value(self, v: Any) -> Any:
         out = self.wire.to_wire(v, 0, self.hook)
@@ -210,10 +212,12 @@ class _Encoder:
                         continue
                 self.objs[self.obj_index[id(v)]] = [type(v).__name__, attrs]
                 continue
-            self.state(self.queue.pop(0))
+            self.state(self.queue.pop(0), eager=True)
             done += 1
 
-    def state(self, rid: int) -> None:
+    def state(self, rid: int, eager: bool = False) -> None:
+        """Adds the object's plain attributes to the reply; one sent unasked (``eager``) only while small:
+        the reply must stay within the sandbox's output limit."""
         wire = self.wire
         if str(rid) in self.states or rid not in _REG:
             return
@@ -228,6 +232,14 @@ class _Encoder:
         if isinstance(obj, _BUILTIN_BASES):
             with contextlib.suppress(wire.WireError, RecursionError):
                 attrs["$base"] = wire._encode_other(obj, 1, None)
+        if eager:
+            import json
+
+            size = len(json.dumps(attrs, separators=(",", ":")))
+            if size > STATE_BYTES // 4 or self.state_bytes + size > STATE_BYTES:
+                del self.states[str(rid)]
+                return
+            self.state_bytes += size
         self.states[str(rid)] = attrs
 
     def tables(self) -> dict[str, Any]:
@@ -274,6 +286,14 @@ class _Decoder:
             return self.objs[body]
         if tag == "$cb" and type(body) is int:
             return _TG.setdefault("cbs", {}).setdefault(body, _Cb(body))
+        if tag == "$bi" and type(body) is str and body.split(".")[0] in ("builtins", "math", "operator"):
+            import importlib
+
+            parts = body.split(".")
+            found = importlib.import_module(parts[0])
+            for part in parts[1:]:
+                found = getattr(found, part)
+            return found
         raise wire.WireError(f"unknown tag {tag!r}")
 
 

@@ -375,3 +375,14 @@ SHAPES: dict[str, tuple[str, Any, str | None]] = {
         "def reverse_in_place(head):\n    return head\n",
     ),
 }
+
+SHAPES["callbacks with state before the call back"] = (
+    "class Counter:\n    def __init__(self):\n        self.n = 0\n        self.log = []\n    def each(self, xs, fn):\n"
+    "        for x in xs:\n            self.n += 1\n            self.log.append(fn(x))\n        return self.n\n",
+    [
+        "c = Counter()\nassert c.each([1, 2, 3], lambda v: v * v) == 3\nassert c.log == [1, 4, 9] and c.n == 3\n"
+        "assert c.each([4], str) == 4 and c.log[-1] == '4'"
+    ],
+    "class Counter:\n    def __init__(self):\n        self.n = 0\n        self.log = []\n    def each(self, xs, fn):\n"
+    "        self.log = [fn(x) for x in xs]\n        return len(xs)\n",
+)
