@@ -89,3 +89,54 @@ def test_html_report_renders_in_chromium(tmp_path: Path) -> None:
         finally:
             browser.close()
     assert len(shot) > 10_000 and (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def _tiny_model_folder(folder: Path) -> Any:
+    """A tiny random Llama with SmolLM2's template shape, saved as a transformers folder."""
+    from tests.agents.conftest import CHATML, make_tokenizer, tiny_model
+
+    tokenizer = make_tokenizer(CHATML)
+    model = tiny_model(len(tokenizer))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+def test_eval_loads_the_model_a_train_run_saved(tmp_path: Path, capsys: Any) -> None:
+    """``--agent hf:RUN_DIR`` on a GRPO run: its checkpoint's weights over the model it started from (an SFT
+    run's folder, as `make demo` does), exported once into RUN_DIR/model; an SFT run's model is read as is."""
+    import json
+
+    import torch
+
+    from toolgym.trainers import checkpoint
+
+    sft = tmp_path / "demo_sft"
+    base = _tiny_model_folder(sft / "model")
+    run = tmp_path / "demo_rl"
+    run.mkdir()
+    trained = type(base).from_pretrained(sft / "model")
+    with torch.no_grad():
+        trained.lm_head.weight.mul_(2.0)  # "training": weights the starting model does not have
+    optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
+    checkpoint.save(run / "checkpoint", {"model": trained}, optimizer, checkpoint.Progress(step=10))
+    settings = {
+        "algorithm": "grpo",
+        "model": str(sft / "model"),
+        "lora_r": 0,
+        "env_kwargs": {"prompt_format": "text", "action_format": "tags", "split": "train", "max_turns": 2},
+        "eval_env_kwargs": {"split": "test"},
+    }
+    (run / "config.json").write_text(json.dumps(settings))
+
+    argv = ["eval", "toolgym/Calculator-v0", "--episodes", "2", "--max-new-tokens", "4", "--quiet"]
+    for agent in (f"hf:{run}", f"hf:{sft}"):
+        assert main([*argv, "--agent", agent, "--no-report", "--out", str(tmp_path / "eval")]) == 0
+        out = capsys.readouterr()
+        assert "toolgym/Calculator-v0  2" in out.out
+        if agent == f"hf:{run}":  # the settings the run evaluated on: its eval split over its training one
+            assert "'action_format': 'tags', 'split': 'test', 'max_turns': 2}" in out.err
+    exported = type(base).from_pretrained(run / "model")
+    assert torch.equal(exported.lm_head.weight, trained.lm_head.weight)
+    assert not torch.equal(exported.lm_head.weight, base.lm_head.weight)
+    assert (run / "model" / "tokenizer_config.json").is_file()

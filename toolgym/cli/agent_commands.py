@@ -19,7 +19,9 @@ def register(subparsers: Any) -> None:
         "eval", help="evaluate an agent on environments (scoreboard, JSONL, HTML report)"
     )
     p.add_argument("env_ids", nargs="+", metavar="ENV", help="env ids, e.g. toolgym/Calculator-v0")
-    p.add_argument("--agent", default="hf:smollm2-135m", help=AGENT_HELP)
+    p.add_argument(
+        "--agent", default="hf:smollm2-135m", help=f"{AGENT_HELP}; hf:RUN_DIR loads a sft/train run's model"
+    )
     p.add_argument("--episodes", type=int, default=10, help="episodes per env (seeds 0…N-1 + --seed)")
     p.add_argument("--seed", type=int, default=0, help="first seed")
     p.add_argument("--concurrency", type=int, default=64, help="episodes live at once (one batched call)")
@@ -33,7 +35,10 @@ def register(subparsers: Any) -> None:
         help="auto: text when the model's chat template cannot show tools",
     )
     p.add_argument(
-        "--env-kwargs", type=json_object, default={}, help="JSON of keyword arguments for gym.make"
+        "--env-kwargs",
+        type=json_object,
+        default={},
+        help="JSON of keyword arguments for gym.make (default with hf:RUN_DIR: the settings the run evaluated on)",
     )
     p.add_argument("--out", default=None, help="output folder (default runs/eval-TIMESTAMP)")
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
@@ -47,6 +52,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model-name", default=None, help="the name /v1/models reports")
     p.add_argument("--max-batch", type=int, default=64)
     p.set_defaults(func=cmd_serve)
+
+
+def _agent(spec: str) -> str:
+    """``hf:RUN_DIR`` of a training run as ``hf:`` its model folder (``toolgym.cli.run_models``)."""
+    if not spec.startswith("hf:"):
+        return spec
+    from toolgym.cli.run_models import run_model
+
+    return "hf:" + run_model(spec[len("hf:") :])
 
 
 def _progress(total: int, quiet: bool) -> Any:
@@ -85,13 +99,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
     env_kwargs = dict(args.env_kwargs)
+    if args.agent.startswith("hf:") and not env_kwargs:  # a training run: the settings it evaluated on
+        from toolgym.cli.run_models import run_env_kwargs
+
+        env_kwargs = run_env_kwargs(args.agent[len("hf:") :]) or {}
+        if env_kwargs:
+            print(
+                f"env settings of the run (its env_kwargs + eval_env_kwargs): {env_kwargs}", file=sys.stderr
+            )
     from toolgym.cli.ids import require_ids
 
     require_ids(args.env_ids)
     # hf: keep each episode's KV cache between its turns (only the new tokens run each turn)
-    policy = (
-        make_policy(args.agent, reuse_kv=True) if args.agent.startswith("hf") else make_policy(args.agent)
-    )
+    agent = _agent(args.agent)
+    policy = make_policy(agent, reuse_kv=True) if agent.startswith("hf") else make_policy(agent)
     fmt = args.prompt_format
     if fmt == "auto":
         fmt = "text" if isinstance(policy, TokenPolicy) and not policy.renderer.renders_tools else None
@@ -164,9 +185,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from toolgym.agents.server import PolicyServer
 
     # hf: a follow-up request whose prompt extends an earlier prompt + reply reuses that KV cache
-    policy = (
-        make_policy(args.agent, reuse_kv=True) if args.agent.startswith("hf") else make_policy(args.agent)
-    )
+    agent = _agent(args.agent)
+    policy = make_policy(agent, reuse_kv=True) if agent.startswith("hf") else make_policy(agent)
     if policy.name == "scripted":
         from toolgym.errors import ConfigError
 
