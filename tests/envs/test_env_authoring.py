@@ -100,8 +100,30 @@ def test_a_forking_env_cannot_keep_episode_data_on_itself():
 
 def test_fork_check_catches_a_field_the_state_forgets():
     gym.register("tests/Hiding-v0", entry_point=_Hiding, disable_env_checker=True)
-    with pytest.raises(AssertionError, match="fork at turn 1"):
+    with pytest.raises(AssertionError, match="fork at turn 2"):  # turn 0 has no action, turn 1 calls
         _fork("tests/Hiding-v0")
+
+
+class _HidingVoid(_Hiding):
+    """Counts turns with no action in a container and reports the count in every step's info: rewards and
+    observations agree after a fork, only the info (after such a turn) shows what was lost."""
+
+    def extra_info(self, info, ended):
+        self.box[0] += int(info.get("parse_error") == "no_action")
+        return {"void_turns": self.box[0]} if info["turn"] else {}
+
+    def run_tool(self, call):
+        return "ok"
+
+    def expert_action(self) -> str:
+        called = any(m.role == "tool" for m in self._transcript)
+        return "<answer>go</answer>" if called else '<tool_call>{"name": "go", "arguments": {}}</tool_call>'
+
+
+def test_fork_check_compares_infos_after_a_turn_with_no_action():
+    gym.register("tests/HidingVoid-v0", entry_point=_HidingVoid, disable_env_checker=True)
+    with pytest.raises(AssertionError, match="fork at turn 1 diverged"):
+        _fork("tests/HidingVoid-v0")
 
 
 def test_check_accepts_ids_of_other_namespaces(capsys):
