@@ -1,6 +1,7 @@
-"""Issue 10's attack classes, on both backends where they apply: forged results through the supervisor's
-channels, turning the code's own failure into ``sandbox_error``, state that leaks across calls and pooled
-episodes, and the process backend reaching the host. Each test names the class it guards."""
+"""The sandbox's hardening against untrusted code, one attack class at a time, on both backends where they
+apply: forged results through the supervisor's channels, turning the code's own failure into
+``sandbox_error``, state that leaks across calls and pooled episodes, and the process backend reaching the
+host. Each test names the class it guards."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def test_grpo_two_steps_move_every_parameter(tmp_path: Path, tokenizer: Any) -> 
 
 
 def test_grpo_resume_gives_the_same_next_step(tmp_path: Path, tokenizer: Any) -> None:
-    """Issue 9 bug 2: with kl_coef > 0 the reference must stay the initial policy after a resume (it was
+    """A fixed trainer bug: with kl_coef > 0 the reference must stay the initial policy after a resume (it was
     the checkpoint, so the step-2 KL was 0 instead of its uninterrupted value)."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     opts = dict(SMALL, kl_coef=0.1)
@@ -186,7 +186,7 @@ def test_toolgym_train_command(tmp_path: Path, tokenizer: Any, capsys: pytest.Ca
 
 
 def test_minibatches_make_llds_act(tmp_path: Path, tokenizer: Any) -> None:
-    """Issue 9 bug 7: with one optimizer step per batch old = logp.detach(), so LLDS's drop term is 0 and
+    """A fixed trainer bug: with one optimizer step per batch old = logp.detach(), so LLDS's drop term is 0 and
     the weights after a step are the same for llds_coef 0 and 5. With two minibatches the second step sees
     a moved policy, and LLDS changes the result."""
 

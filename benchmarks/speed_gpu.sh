@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 12's GPU benchmarks (device side, from the repository root), one or more per call:
-#   bash benchmarks/issue12_gpu.sh rollout grpo_step      # ~2.5 min on an H100
-#   bash benchmarks/issue12_gpu.sh update generation      # ~4 min on an H100
+# The decode engine's and the update's GPU benchmarks (device side, from the repository root), one or more
+# per call:
+#   bash benchmarks/speed_gpu.sh rollout grpo_step      # ~2.5 min on an H100
+#   bash benchmarks/speed_gpu.sh update generation      # ~4 min on an H100
 # Expects, carried from the developer's machine: .whl/ (gymnasium, pydantic, ... wheels the image lacks) and
 # .bench/smollm2 (SmolLM2-135M's config + tokenizer files, no weights). Results (NAME.md, NAME.json, NAME.log)
 # land in $OUT; copy them to benchmarks/results/. Each benchmark has a time limit so one call stays < 10 min.
