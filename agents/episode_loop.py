@@ -91,9 +91,7 @@ class EngineTurns(Protocol):
 
 @dataclass
 class LoopStats:
-    generate_s: float = (
-        0.0  # time generating (rounds: in generate calls; continuous: planning + engine steps)
-    )
+    generate_s: float = 0.0  # in generate calls (rounds); planning turns and engine steps (continuous)
     env_s: float = 0.0  # time in env calls (summed over threads when they overlap)
     generate_calls: int = 0  # generate calls (rounds) or engine steps (continuous)
     idle_s: float = 0.0  # continuous: wall time with nothing to decode, waiting for envs
@@ -188,7 +186,6 @@ class EpisodeLoop:
     # ----- rounds ------------------------------------------------------------------------------------------
     def _rounds(self, starts: Iterator[Callable[[], Episode]], turns: RoundTurns) -> None:
         """Lock-step: every waiting turn in ``generate`` calls (one per token allowance), then every env call."""
-        stats = self.stats
         live: list[_Slot] = []
         pool = ThreadPoolExecutor(self.env_workers) if self.env_workers > 0 else None
         rounds = 0
@@ -204,26 +201,11 @@ class EpisodeLoop:
                         live.append(slot)
                 if not live:
                     return
-                asks = [
-                    (s, k) for s in live if isinstance(s.work, Generate) for k in range(len(s.work.requests))
-                ]
-                if asks:
+                if any(isinstance(s.work, Generate) for s in live):
                     rounds += 1
                     if self.on_step is not None:
                         self.on_step(rounds, len(live))
-                groups: dict[int | None, list[tuple[_Slot, int]]] = {}
-                for s, k in asks:
-                    assert isinstance(s.work, Generate)
-                    groups.setdefault(s.work.lefts[k] if s.work.lefts else None, []).append((s, k))
-                for left, group in groups.items():
-                    t0 = time.perf_counter()
-                    got = turns.generate([s.work.requests[k] for s, k in group], left)  # type: ignore[union-attr]
-                    stats.generate_s += time.perf_counter() - t0
-                    stats.generate_calls += 1
-                    if len(got) != len(group):
-                        raise ConfigError(f"{turns!r} returned {len(got)} turns for {len(group)} requests")
-                    for (s, k), g in zip(group, got, strict=True):
-                        s.results[k] = g
+                    self._generate_phase(live, turns)
                 self._env_phase([s for s in live if isinstance(s.work, EnvCalls)], pool)
                 for s in live:
                     self._advance(s)
@@ -231,6 +213,23 @@ class EpisodeLoop:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+
+    def _generate_phase(self, live: list[_Slot], turns: RoundTurns) -> None:
+        """Every waiting turn of ``live``, one ``generate`` call per token allowance."""
+        groups: dict[int | None, list[tuple[_Slot, int]]] = {}
+        for s in live:
+            if isinstance(s.work, Generate):
+                for k in range(len(s.work.requests)):
+                    groups.setdefault(s.work.lefts[k] if s.work.lefts else None, []).append((s, k))
+        for left, group in groups.items():
+            t0 = time.perf_counter()
+            got = turns.generate([s.work.requests[k] for s, k in group], left)  # type: ignore[union-attr]
+            self.stats.generate_s += time.perf_counter() - t0
+            self.stats.generate_calls += 1
+            if len(got) != len(group):
+                raise ConfigError(f"{turns!r} returned {len(got)} turns for {len(group)} requests")
+            for (s, k), g in zip(group, got, strict=True):
+                s.results[k] = g
 
     def _env_phase(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> None:
         """Every env call of ``slots``, on ``pool`` or on this thread."""

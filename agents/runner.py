@@ -129,7 +129,7 @@ class EpisodeRunner:
         results: list[Trajectory | None] = [None] * len(specs)
         live: dict[int, _Live] = {}
         stats = LoopStats()
-        turns: _EngineTurns | EpisodeRunner = _EngineTurns(self) if self.continuous else self
+        turns: _EngineTurns | _RoundTurns = _EngineTurns(self) if self.continuous else _RoundTurns(self)
         workers = (self.env_workers or 8) if self.continuous else self.env_workers
         loop = EpisodeLoop(
             concurrency=self.concurrency, env_workers=workers, on_step=self.on_round, stats=stats
@@ -211,8 +211,8 @@ class EpisodeRunner:
             traj.logprobs = [0.0] * len(prompt)
         return ep
 
-    def generate(self, eps: list[_Live], left: int | None = None) -> list[AssistantTurn]:
-        """A round's turns (the loop's ``RoundTurns``): one batched policy call for every waiting episode."""
+    def _act(self, eps: list[_Live]) -> list[AssistantTurn]:
+        """A round's turns: one batched policy call for every waiting episode."""
         if self.token_level:
             policy: Any = self.policy
             for ep in eps:
@@ -317,6 +317,16 @@ class EpisodeRunner:
         if self.on_episode is not None:
             self.on_episode(ep.traj)
         return ep.traj
+
+
+class _RoundTurns:
+    """The loop's ``RoundTurns`` for episodes: a round's turns in one batched policy call."""
+
+    def __init__(self, runner: EpisodeRunner) -> None:
+        self.runner = runner
+
+    def generate(self, eps: list[_Live], left: int | None) -> list[AssistantTurn]:
+        return self.runner._act(eps)
 
 
 class _EngineTurns:
