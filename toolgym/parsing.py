@@ -263,3 +263,24 @@ def parse_action(
         return _fail(
             str(action)[:2000], "bad_message", f"the reply could not be read ({exc.__class__.__name__})."
         )
+
+
+def final_call(parsed: ParseResult, name: str, argument: str) -> ParseResult:
+    """``parsed`` with a call of the tool ``name`` read as the final answer (its ``argument``, "" when left
+    out), as envs whose last step is a tool do (``submit``): alone in its turn it ends the episode; beside
+    other calls it is a ``mixed`` error (which should run first is not the parser's to guess).
+
+    >>> call = ToolCall(id="call_0", name="submit", arguments={"code": "x = 1"})
+    >>> final_call(ParseResult(text="t", tool_calls=(call,)), "submit", "code").answer
+    'x = 1'
+    """
+    finals = [c for c in parsed.tool_calls if c.name == name]
+    if not finals:
+        return parsed
+    if len(parsed.tool_calls) > 1:
+        return _fail(
+            parsed.text, "mixed", f"{name} alone: no other tool call in the same turn.", parsed.message
+        )
+    return ParseResult(
+        text=parsed.text, answer=str(finals[0].arguments.get(argument, "")), message=parsed.message
+    )

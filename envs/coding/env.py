@@ -22,7 +22,7 @@ from toolgym.envs.coding.interpreter import (
 from toolgym.envs.coding.tasks import CodingProblem, load_problems
 from toolgym.envs.coding.visible import run_function_tests, run_stdio_tests
 from toolgym.errors import ConfigError, InfrastructureError
-from toolgym.parsing import ParseResult, parse_hermes, parse_tags
+from toolgym.parsing import ParseResult, final_call, parse_hermes, parse_tags
 from toolgym.rewards.code import extract_code, grade
 from toolgym.sandboxes import Sandbox
 from toolgym.tools import Tool
@@ -239,17 +239,7 @@ class CodingEnv(InterpreterEnv):
             alt = other(action, self._specs, self._call_counter)
             if alt.error_kind != "no_action":
                 parsed = alt
-        submits = [c for c in parsed.tool_calls if c.name == SUBMIT]
-        if not submits:
-            return parsed
-        if len(parsed.tool_calls) > 1:
-            return ParseResult(
-                text=parsed.text,
-                error="submit alone: no other tool call in the same turn.",
-                error_kind="mixed",
-                message=parsed.message,
-            )
-        return ParseResult(text=parsed.text, answer=str(submits[0].arguments["code"]), message=parsed.message)
+        return final_call(parsed, SUBMIT, "code")
 
     def check_answer(self, answer: str) -> dict[str, float]:
         code = extract_code(answer) if "```" in answer else answer

@@ -13,7 +13,7 @@ from toolgym.envs.terminal.harbor import TerminalTask, load_harbor_dir
 from toolgym.envs.terminal.image import BASE_IMAGE, ensure_base
 from toolgym.envs.terminal.tasks import CATEGORIES, TASKS
 from toolgym.errors import ConfigError, InfrastructureError
-from toolgym.parsing import ParseResult
+from toolgym.parsing import ParseResult, final_call
 from toolgym.tools import Tool
 
 SUBMIT = expert.SUBMIT
@@ -207,19 +207,7 @@ class TerminalEnv(ToolEnv):
     def parse(self, action: Any) -> ParseResult:
         """A ``submit`` call, alone in its turn, ends the episode like ``<answer>``."""
         parsed = super().parse(action)
-        submits = [c for c in parsed.tool_calls if c.name == SUBMIT]
-        if not submits:
-            return parsed
-        if len(parsed.tool_calls) > 1:
-            return ParseResult(
-                text=parsed.text,
-                error="submit alone: no other tool call in the same turn.",
-                error_kind="mixed",
-                message=parsed.message,
-            )
-        return ParseResult(
-            text=parsed.text, answer=str(submits[0].arguments.get("note", "")), message=parsed.message
-        )
+        return final_call(parsed, SUBMIT, "note")
 
     def check_answer(self, answer: str) -> dict[str, float]:
         """Runs the task's verifier in the container: ``tests/`` to ``/tests``, then ``bash /tests/test.sh``."""
