@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.interop.interop_models import chatml_policy, qwen_style_policy
+from tests.processes import start, stop
 from toolgym.agents.policy import AssistantTurn, parse_turn
 from toolgym.agents.server import PolicyServer
 
@@ -58,7 +59,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     policy.tokenizer.save_pretrained(folder)
     port = free_port()
     log = open(folder / "serve.log", "wb")  # noqa: SIM115 - read back on failure
-    proc = subprocess.Popen(
+    proc = start(
         [sys.executable, "-m", "toolgym", "serve", "--agent", f"hf:{folder}", "--port", str(port)],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -79,8 +80,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120, max_retries=0
         )
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop(proc)
         log.close()
 
 

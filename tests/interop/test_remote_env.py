@@ -20,6 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("websockets")
 
 import toolgym  # noqa: F401
+from tests.processes import start, stop
 from toolgym.envs.calculator.env import CalculatorEnv
 from toolgym.errors import InfrastructureError
 from toolgym.serving.base import AppServer
@@ -38,7 +39,7 @@ def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
     log = open(tmp_path / "serve-env.log", "wb")  # noqa: SIM115 - read back on failure
     cmd = [sys.executable, "-m", "toolgym", "serve-env", "toolgym/Calculator-v0", "--port", str(port)]
-    proc = subprocess.Popen([*cmd, "--expert"], stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+    proc = start([*cmd, "--expert"], stdout=log, stderr=subprocess.STDOUT, env=os.environ)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300  # imports are slow on a loaded machine
@@ -53,9 +54,7 @@ def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
             time.sleep(0.3)
         yield proc, url
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)
         log.close()
 
 

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from tests.processes import start, stop
 from toolgym.rewards import Rubric, exact_match, tag_balance
 from toolgym.serving.reward_server import RewardServer
 
@@ -62,7 +63,7 @@ def test_the_cli_serves_on_uvicorn() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "toolgym", "serve-reward", "--reward", "exact_match", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
+    proc = start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -80,5 +81,4 @@ def test_the_cli_serves_on_uvicorn() -> None:
         assert httpx.get(f"http://127.0.0.1:{port}/docs", timeout=10).status_code == 200
         assert httpx.post(f"http://127.0.0.1:{port}/get_reward", json={}, timeout=10).status_code == 422
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
