@@ -19,6 +19,10 @@ from .procs import Worker, oom_kills
 
 class Calls(Accounting):
     zygote: int | None
+    null: int  # /dev/null, the stdin of session calls that bring none
+
+    def drop_zygote(self) -> None:  # `Workers.drop_zygote`
+        raise NotImplementedError
 
     def idle(self, w: Worker, patience: float = 1.0) -> bool:
         """Whether the worker's own loop, and not code it ran, is what waits on its request socket: one
