@@ -162,7 +162,7 @@ class TaskContainer:
         if not files:
             return
         try:
-            if not self.container.put_archive(root, _tar_bytes(files)):
+            if not self.container.put_archive(root, tar_bytes(files)):
                 raise InfrastructureError("docker refused the task files")
         except InfrastructureError:
             raise
@@ -174,10 +174,8 @@ class TaskContainer:
         a subshell: nothing it sets stays in the shell), in one round trip of the warm shell."""
         parts = []
         if files:
-            blob = base64.b64encode(_tar_bytes(files)).decode()
-            parts.append(
-                f"printf %s {blob} | base64 -d | tar -x -C {shlex.quote(self.workdir)}"
-            )
+            blob = base64.b64encode(tar_bytes(files)).decode()
+            parts.append(f"printf %s {blob} | base64 -d | tar -x -C {shlex.quote(self.workdir)}")
         if setup.strip():
             parts.append(f"(cd {shlex.quote(self.workdir)} && set -e\n{setup}\n)")
         if not parts:
@@ -298,7 +296,7 @@ class TaskContainer:
         threading.Thread(target=lambda: _remove(container), daemon=True).start()
 
 
-def _tar_bytes(files: dict[str, bytes]) -> bytes:
+def tar_bytes(files: dict[str, bytes]) -> bytes:
     """A tar of ``files`` (relative paths), with their folders; ``*.sh`` executable."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

@@ -17,13 +17,15 @@ A Harbor task is a folder::
 
 from __future__ import annotations
 
+import base64
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.envs.terminal.container import Resources
+from toolgym.envs.terminal.container import Resources, tar_bytes
 from toolgym.envs.terminal.image import BASE_IMAGE
 from toolgym.errors import ConfigError, DependencyNotInstalled
 
@@ -110,7 +112,7 @@ def load_harbor(folder: str | Path, build: bool = True) -> TerminalTask:
         image = str(env_cfg["docker_image"])
     else:
         raise ConfigError(f"{root}: environment/Dockerfile is missing and task.toml names no docker_image")
-    solve = root / "solution" / "solve.sh"
+    workdir = str(env_cfg.get("workdir") or workdir)
     memory = env_cfg.get("memory_mb") or _memory_mb(env_cfg.get("memory"))
     resources = Resources(memory_mb=int(memory or 2048), cpus=float(env_cfg.get("cpus", 1)))
     meta = config.get("metadata", {})
@@ -118,7 +120,7 @@ def load_harbor(folder: str | Path, build: bool = True) -> TerminalTask:
         name=str(config.get("task", {}).get("name") or root.name),
         instruction=instruction.read_text().strip(),
         tests=tests,
-        solution=(solve.read_text(),) if solve.is_file() else (),
+        solution=_solution(root / "solution", workdir),
         category=str(meta.get("category", "general")),
         image=image,
         workdir=workdir,
@@ -127,6 +129,21 @@ def load_harbor(folder: str | Path, build: bool = True) -> TerminalTask:
         resources=resources,
         base_substituted=substituted,
         source=str(root),
+    )
+
+
+def _solution(folder: Path, workdir: str) -> tuple[str, ...]:
+    """The expert's one command for a Harbor task: unpack ``solution/`` to ``/solution`` (as Harbor's oracle
+    gets it) and run ``solve.sh`` from the working folder."""
+    if not (folder / "solve.sh").is_file():
+        return ()
+    files = {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+    blob = base64.b64encode(tar_bytes(files)).decode()
+    return (
+        f"mkdir -p /solution && printf %s {blob} | base64 -d | tar -x -C /solution && "
+        f"cd {shlex.quote(workdir)} && bash /solution/solve.sh",
     )
 
 

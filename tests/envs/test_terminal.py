@@ -136,7 +136,7 @@ def test_registry_base_runs_on_ours_or_is_refused(tmp_path):
     (task / "solution").mkdir()
     (task / "instruction.md").write_text("Write hello to /app/out.txt.\n")
     (task / "task.toml").write_text(
-        'version = "1.0"\n[verifier]\ntimeout_sec = 30.0\n[environment]\nmemory = "1G"\n'
+        'version = "1.0"\n[verifier]\ntimeout_sec = 30.0\n[environment]\nmemory = "1G"\nworkdir = "/app"\n'
     )
     (task / "environment" / "Dockerfile").write_text(
         "FROM ubuntu:24.04\nWORKDIR /app\nRUN echo ready > /app/ready\n"
@@ -145,7 +145,10 @@ def test_registry_base_runs_on_ours_or_is_refused(tmp_path):
         "mkdir -p /logs/verifier\ngrep -qx hello /app/out.txt && echo 1 > /logs/verifier/reward.txt "
         "|| echo 0 > /logs/verifier/reward.txt\n"
     )
-    (task / "solution" / "solve.sh").write_text("#!/bin/bash\ncat /app/ready\necho hello > /app/out.txt\n")
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\ncat /app/ready\ncp /solution/out.txt /app/out.txt\n"
+    )
+    (task / "solution" / "out.txt").write_text("hello\n")  # solve.sh finds its folder at /solution
     loaded = load_harbor_dir(tmp_path)[0]
     assert loaded.base_substituted == "ubuntu:24.04" and loaded.resources.memory_mb == 1024
     env = gym.make(ID, tasks=str(task))
