@@ -34,4 +34,6 @@ fi
 
 if python3 -c "import toolgym.sandboxes.image" 2>/dev/null; then
   python3 -m toolgym sandbox build
+  # Terminal-v0's image: FROM the sandbox image, plus git/make/gcc/pip by apt (skipped when up to date)
+  python3 -c "from toolgym.envs.terminal.image import ensure_base; print(ensure_base(log=print))"
 fi
