@@ -251,3 +251,22 @@ def test_class7_gvisor_boxes_say_up_front_that_sessions_cannot_fork() -> None:
     # Envs see it before any episode (no sandbox started), so rollouts replay prefixes instead of forking.
     assert PythonMathEnv(sandbox="docker", sandbox_options={"runtime": "runsc"}).supports_fork is False
     assert PythonMathEnv(sandbox="docker").supports_fork is True
+
+
+@pytest.mark.bound(120)
+def test_class2_a_fork_the_code_broke_is_a_fresh_branch_not_an_infrastructure_error(any_sb: Sandbox) -> None:
+    """``Session.fork`` (an env's ``get_state``) of an interpreter whose code broke branching: the branch is a
+    fresh interpreter whose first call says so; the rollout never sees an ``InfrastructureError``."""
+    with any_sb.session() as s:
+        s.run("x = 1", timeout=5)
+        s.run(
+            "import os, sys\nsys.modules['inside.worker']._clone[:] = [None]\n"
+            "def boom():\n    raise OSError(11, 'refused by the code')\nos.fork = boom",
+            timeout=5,
+        )
+        branch = s.fork()
+        res = branch.run("print('x' in dir())", timeout=5)
+        assert res.ok and res.restarted and res.stdout == "False\n", res
+        assert "could not copy" in res.detail, res
+        branch.close()
+        assert s.run("print(x)", timeout=5).stdout == "1\n"
