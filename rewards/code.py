@@ -8,9 +8,11 @@ Tests (the ``tests`` column, one value per completion) come in four shapes:
 - a list of program cases ``[{"input": "1 2\\n", "output": "3\\n"}, ...]``: the solution runs as ``__main__``
   on that stdin and its stdout is compared on the host, line by line (trailing spaces ignored).
 
-The candidate runs in its own sandbox session and the tests in a separate clean process; only plain data
-crosses between them (:mod:`toolgym.rewards.code_grader`), so no object, frame, memory or file descriptor
-of the candidate's reaches the verdict. The score is 1.0 when every test passes, else 0.0; ``partial=True``
+The candidate runs in its own sandbox session and the tests in a separate clean process
+(:mod:`toolgym.rewards.code_grader`): values cross as plain data, the candidate's objects as proxies whose
+equality is decided on the tests' side (:mod:`toolgym.rewards.code_proxy`), so no object, frame, memory or
+file descriptor of the candidate's reaches the verdict, while tests that build its classes, pass it
+callbacks or ``import solution`` work as they would in one process. The score is 1.0 when every test passes, else 0.0; ``partial=True``
 gives the fraction passed. A completion without a code block scores 0. None only for what the candidate
 cannot cause (the sandbox failing before its code ran, a broken test), counted as ``code/infra_errors``.
 """
@@ -145,7 +147,7 @@ def code_tests(
     passed), 0.0 otherwise; None when the row has no tests or the infrastructure failed. The candidate runs
     in ``sandbox`` (a ``toolgym.sandboxes`` Sandbox; default ``get_sandbox("auto")``), ``timeout`` seconds
     of its time per test case. Optional columns ``entry_point`` and ``prelude`` serve HumanEval-style rows.
-    ``strict`` is accepted for compatibility: values always cross as plain data now.
+    ``strict`` is accepted for compatibility: values always cross as plain data or proxies now.
 
     >>> code_tests(["no code here"], tests=[["assert True"]])
     [0.0]

@@ -1,12 +1,14 @@
-"""Grading one program: the candidate and the tests in separate processes, only plain data between them.
+"""Grading one program: the candidate and the tests in separate processes, plain data and proxies between them.
 
 Two graders, both returning a :class:`Grade`:
 
-- :func:`grade_function`: the candidate defines functions; trusted tests call them. The candidate's code runs
-  in a sandbox session as a function server (:mod:`toolgym.rewards.code_server`); the tests run on the host
-  in a fresh ``python -I`` process (:mod:`toolgym.rewards.code_runner`) that never imports or sees the
-  candidate's code; its ``candidate`` is a proxy, and each call crosses as plain data
-  (:mod:`toolgym.rewards.code_wire`) relayed by this module. Test shapes: a list of assert statements, a test
+- :func:`grade_function`: the candidate defines functions and classes; trusted tests use them. The
+  candidate's code runs in a sandbox session as an object server (:mod:`toolgym.rewards.code_server`); the
+  tests run on the host in a fresh ``python -I`` process (:mod:`toolgym.rewards.code_runner`) that never
+  imports or sees the candidate's code; the candidate's names there are proxies
+  (:mod:`toolgym.rewards.code_proxy`), and each call, attribute or operator crosses as plain data
+  (:mod:`toolgym.rewards.code_wire`) relayed by this module; requests that call back into the tests run in a
+  fork of the session, kept only when they finish. Test shapes: a list of assert statements, a test
   module with ``def test_*()`` functions, or HumanEval's ``check(candidate)`` with an ``entry_point``.
 - :func:`grade_program`: stdin/stdout programs; each case is one fresh sandbox run, the expected output never
   leaves the host and is compared here.

@@ -506,6 +506,18 @@ class Remote:
     def __abs__(self) -> Any:
         return _op(self, "abs")
 
+    def __int__(self) -> int:
+        out = _op(self, "int")
+        if type(out) is not int:
+            raise TypeError("__int__ should return an int")
+        return out
+
+    def __float__(self) -> float:
+        out = _op(self, "float")
+        if type(out) is not float:
+            raise TypeError("__float__ should return a float")
+        return out
+
     def __index__(self) -> int:
         out = _op(self, "index")
         if type(out) is not int:

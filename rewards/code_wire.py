@@ -37,7 +37,7 @@ from typing import Any
 MAX_DEPTH = 100  # nesting levels a value may have
 MAX_ITEMS = 100_000  # items drained from an iterator
 _HUGE_DIGITS = 4000  # ints with more digits travel as hex (json's decimal conversion is capped at 4300)
-_ND_KINDS = "biufcSU"  # numpy dtype kinds that cross as raw bytes: never objects, records or voids
+_ND_KINDS = frozenset("biufcSU")  # numpy dtype kinds that cross as raw bytes: never objects, records or voids
 _NAMEDTUPLES: dict[tuple[str, tuple[str, ...]], Any] = {}
 NO = object()  # a hook's answer: "not mine", the value is handled (or refused) as if there were no hook
 
@@ -115,11 +115,11 @@ def _encode_other(value: Any, depth: int, hook: Any) -> Any:
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, tuple):
-        items = [to_wire(v, depth + 1, hook) for v in tuple.__iter__(value)]
+        members = [to_wire(v, depth + 1, hook) for v in tuple.__iter__(value)]
         fields = getattr(type(value), "_fields", None)
-        if type(fields) is tuple and len(fields) == len(items) and all(type(f) is str for f in fields):
-            return {"$nt": [str(type(value).__name__), list(fields), items]}
-        return {"$tuple": items}
+        if type(fields) is tuple and len(fields) == len(members) and all(type(f) is str for f in fields):
+            return {"$nt": [str(type(value).__name__), list(fields), members]}
+        return {"$tuple": members}
     if isinstance(value, list):
         return [to_wire(v, depth + 1, hook) for v in list.__iter__(value)]
     if isinstance(value, (collections.OrderedDict, collections.Counter)):
@@ -136,7 +136,7 @@ def _encode_other(value: Any, depth: int, hook: Any) -> Any:
         )
     module = type(value).__module__
     if module == "numpy" and hasattr(value, "tolist"):  # numpy scalars and arrays
-        dtype = getattr(value, "dtype", None)
+        dtype: Any = getattr(value, "dtype", None)
         if type(value).__name__ == "ndarray" and getattr(dtype, "kind", "") in _ND_KINDS:
             data = value.tobytes()  # C order
             return {"$nd": [str(dtype.str), [int(n) for n in value.shape], base64.b64encode(data).decode()]}
