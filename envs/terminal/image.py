@@ -27,6 +27,7 @@ BASE_IMAGE = "toolgym-terminal:latest"
 SANDBOX_IMAGE = "toolgym-sandbox:latest"
 IMAGE_VERSION = "1"  # bump when PACKAGES or the Dockerfile below change: older images are rebuilt
 VERSION_LABEL = "toolgym.terminal.version"
+PARENT_LABEL = "toolgym.terminal.parent"  # the sandbox image id it was built on
 PACKAGES = (
     "bash",
     "coreutils",
@@ -116,10 +117,14 @@ def ensure_base(force: bool = False, log: Callable[[str], None] = lambda s: None
     with _build_lock:
         cli = _client()
         labels = _labels(cli, BASE_IMAGE)
-        if labels is not None and labels.get(VERSION_LABEL) == IMAGE_VERSION and not force:
+        # rebuilt when our packages change or the sandbox image under it was rebuilt
+        parent = str(cli.images.get(SANDBOX_IMAGE).id)
+        current = labels is not None and labels.get(VERSION_LABEL) == IMAGE_VERSION
+        if current and labels is not None and labels.get(PARENT_LABEL) == parent and not force:
             return BASE_IMAGE
         log(f"building {BASE_IMAGE} from {SANDBOX_IMAGE} (apt: {', '.join(PACKAGES)}; about a minute)")
-        _build(cli, _tar({"Dockerfile": _DOCKERFILE.encode()}), BASE_IMAGE, log)
+        dockerfile = _DOCKERFILE + f'LABEL {PARENT_LABEL}="{parent}"\n'
+        _build(cli, _tar({"Dockerfile": dockerfile.encode()}), BASE_IMAGE, log)
         return BASE_IMAGE
 
 
@@ -144,6 +149,8 @@ def task_image(environment: Path, log: Callable[[str], None] = lambda s: None) -
     index, base = from_line(dockerfile)
     cli = _client()
     substituted: str | None = None
+    if base in (BASE_IMAGE, BASE_IMAGE.split(":")[0]):
+        ensure_base(log=log)  # ours: built here, kept up to date
     if _labels(cli, base) is None:
         if not KNOWN_BASES.match(base):
             raise ConfigError(
@@ -160,7 +167,9 @@ def task_image(environment: Path, log: Callable[[str], None] = lambda s: None) -
         if path.is_file() and rel != "Dockerfile":
             files[rel] = path.read_bytes()
     context = _tar(files)
-    tag = f"toolgym-terminal-task:{hashlib.sha256(context).hexdigest()[:16]}"
+    # the base's id is part of the name: a rebuilt base (or sandbox image) gives new task images
+    base_id = str(cli.images.get(BASE_IMAGE if substituted else base).id)
+    tag = f"toolgym-terminal-task:{hashlib.sha256(context + base_id.encode()).hexdigest()[:16]}"
     with _build_lock:
         if _labels(cli, tag) is None:
             log(f"building {tag} from {environment}")
