@@ -196,33 +196,42 @@ def test_class4_posix_message_queues_do_not_survive_a_run(any_sb: Sandbox) -> No
         assert s.run(code.format(flags="os.O_RDWR"), timeout=5).stdout.startswith("False")
 
 
+HOLD_A_BOX = (
+    "import sys\nfrom toolgym.sandboxes import get_sandbox\n"
+    "sb = get_sandbox(sys.argv[1], pool_size=1)\ns = sb.session()\n"
+    "print(s.run('import os; print(os.getuid())').stdout.strip(), flush=True)\n"
+    "sys.stdin.read()\ns.close()\nsb.close()"
+)
+
+
 @pytest.mark.bound(120)
 def test_class4_6_every_box_has_a_uid_of_its_own(any_sb: Sandbox) -> None:
-    """Two boxes at once never share a uid (docker boxes shared 65534, process boxes restarted at 200000
-    in every program), and another program's boxes take other uids too."""
+    """Boxes alive at once never share a uid: two of one program (docker boxes all had 65534), nor the
+    boxes of two other programs running now (process boxes restarted at 200000 in every program)."""
     import subprocess
     import sys
 
-    a, b = any_sb.session(), any_sb.session()  # both boxes of the pool, held while the other program runs
-    ua = a.run("import os; print(os.getuid())", timeout=5).stdout
-    ub = b.run("import os; print(os.getuid())", timeout=5).stdout
-    assert ua != ub and int(ua) >= 200000 and int(ub) >= 200000, (ua, ub)
-    other = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from toolgym.sandboxes import get_sandbox\n"
-            f"sb = get_sandbox({any_sb.backend!r}, pool_size=1)\n"
-            "s = sb.session(); print(s.run('import os; print(os.getuid())').stdout.strip()); s.close(); sb.close()",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    a.close()
-    b.close()
-    assert other.returncode == 0, other.stderr
-    assert other.stdout.strip() not in (ua.strip(), ub.strip()), (other.stdout, ua, ub)
+    a, b = any_sb.session(), any_sb.session()  # both boxes of the pool, held while the others run
+    ua = a.run("import os; print(os.getuid())", timeout=5).stdout.strip()
+    ub = b.run("import os; print(os.getuid())", timeout=5).stdout.strip()
+    others = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOLD_A_BOX, any_sb.backend],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        theirs = [p.stdout.readline().strip() for p in others if p.stdout is not None]
+    finally:
+        for p in others:
+            p.communicate("", timeout=60)
+        a.close()
+        b.close()
+    uids = [ua, ub, *theirs]
+    assert all(u.isdigit() and int(u) >= 200000 for u in uids) and len(set(uids)) == 4, uids
 
 
 INOTIFY = (
