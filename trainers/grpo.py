@@ -215,13 +215,14 @@ def credit(cfg: GRPOConfig, forest: list[RolloutTree], scorer: Any = None) -> Cr
 
 
 def _whiten(advantages: list[list[float]], masks: list[list[int]]) -> list[list[float]]:
-    """`masked_whiten` over the masked tokens of every row (ragged rows). [B][T] -> [B][T]."""
+    """`masked_whiten` over the masked tokens of every row (ragged rows). [B][T] -> [B][T]. In float64: with
+    equal advantages (std 0) float32's rounding of the mean, ~1e-8, divided by eps 1e-8 gave values near 1."""
     T = max((len(a) for a in advantages), default=0)
-    x = torch.zeros((len(advantages), T))  # [B, T]
-    m = torch.zeros((len(advantages), T))  # [B, T]
+    x = torch.zeros((len(advantages), T), dtype=torch.float64)  # [B, T]
+    m = torch.zeros((len(advantages), T), dtype=torch.float64)  # [B, T]
     for i, (a, k) in enumerate(zip(advantages, masks, strict=True)):
-        x[i, : len(a)] = torch.tensor(a, dtype=torch.float)
-        m[i, : len(k)] = torch.tensor(k, dtype=torch.float)
+        x[i, : len(a)] = torch.tensor(a, dtype=torch.float64)
+        m[i, : len(k)] = torch.tensor(k, dtype=torch.float64)
     w = masked_whiten(x, m)  # [B, T]
     return [w[i, : len(a)].tolist() for i, a in enumerate(advantages)]
 
