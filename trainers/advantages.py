@@ -10,7 +10,8 @@ Departures from the papers (docs/trainer.md; each is also marked where it happen
    form their own (singleton) step group. Similarity mode clusters the observation texts of one turn
    index greedily (difflib ratio >= threshold), like verl-agent's but per turn index.
 3. Tree estimators give one advantage per segment (the chain between two branch points, tool/env
-   messages included; tree.py), as SPO and TreeRL do: `tree` is SPO's V(segment) - V(branch point),
+   messages included; tree.py), as SPO and TreeRL do: `tree` is SPO's V(segment) - V(branch point) with
+   V the mean over children (a node's subtrees count once each, however many leaves they hold),
    `spo_std` divides that by the population std of the sibling values (unverified: SPO's code was not
    read for which std), `treerl` is TreeRL's ((V(s) - V(p)) + V(s)) / sqrt(#leaves below s) on
    leave-one-out rewards. `treepo` is TreePO's sub-group baseline (one scalar per row).

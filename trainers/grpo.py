@@ -10,19 +10,25 @@ Departures from the papers:
    "soft" attribution with `shared="repeat"`, "hard" with `shared="once"`; tree.py says exactly how).
 2. Old logprobs are the trainer's (recomputed in eval mode), never the engine's; the engine/trainer
    mismatch is corrected by truncated importance sampling (token TIS, C = 2 by default).
-3. DAPO's dynamic sampling drops groups whose advantages are all zero (on what the estimator produced,
-   not on equal rewards, so turn-level estimators keep their signal). Without `refill` the step is
+3. DAPO's dynamic sampling drops groups whose advantages are all zero (on what the estimator produced
+   from the outcome rewards, before shaping: DAPO filters on accuracy; turn-level estimators keep their
+   signal from groups with equal outcomes). Without `refill` the step is
    smaller instead (`rollout/zero_variance_fraction` says by how much); with `refill` more groups are
    sampled until the batch is full or `max_gen_batches` rounds were drawn (DAPO).
 4. Overlong shaping counts the whole path (prompt, turns and env messages) against `max_total_tokens`.
 5. With `epochs == minibatches == 1` the old logprobs come from the same forward pass (ratio exactly 1),
    as TRL does; clipping, dual clip, AEPO clip, the two-sided clip, CISPO's cap and LLDS are then inert
-   (a warning says so at start).
+   (a warning says so at start). Otherwise too the first minibatch of the first epoch takes its own
+   logprobs as the old ones (the policy has not moved yet; the eval pass differs by rounding, which
+   LLDS's gate would take for a likelihood drop); later minibatches read the eval pass.
 6. Under torchrun the loop is data parallel with DDP, not FSDP2 (distributed.py says why).
 7. Episodes cut by an infrastructure fault (`truncation == "env_error"`) get no row: neither trained on
    nor counted in their group's statistics.
-8. `kl_in_reward` follows verl's use_kl_in_reward for outcome estimators (the row's summed token KL,
-   sampling policy vs reference, shapes its reward before the advantages), with a fixed coefficient.
+8. `kl_in_reward` follows verl's use_kl_in_reward (the row's summed token KL, sampling policy vs
+   reference, times -kl_coef), with a fixed coefficient, but as shaping: like DAPO's overlong shaping it
+   is added to every estimator's advantage centred on the group and unscaled, not z-scored with the
+   outcome (verl normalises the shaped reward, so an all-failed group's KL noise became +-1 advantages).
+   It is computed after success replay, so a replayed row is shaped as its siblings.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Departures from the papers (docs/trainer.md):
 1. Sequence- and turn-level ratios use the GSPO-token form exp(lr_t - sg(lr_t) + sg(mean lr)): the value
    is the geometric-mean ratio of the sequence/turn, the gradient stays per token.
 2. The LLDS term is added per token (lambda * gate * max(0, logp_old - logp) on tokens with A >= 0) and
-   aggregated with the same mode as the policy loss, not always a masked token mean.
+   aggregated with the same mode as the policy loss, not always a masked token mean. (The gate and the
+   max are the official code's: `torch.maximum`, half the gradient at an exact tie.)
 3. Importance weights for the engine/trainer mismatch (TIS) multiply the policy term only, never the
    KL, entropy or LLDS terms. Mask modes zero the weight outside [is_min, is_max] and keep it inside (TRL).
 4. approx_kl is the k3 estimate of KL(old || new) on the token ratio, whatever the ratio level.
