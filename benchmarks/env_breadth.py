@@ -15,6 +15,7 @@
    container per command (the same image and hardened settings: ``containers.run`` + ``exec_run``); and
    ``docker_exec_warm_container_p50_ms``, ``exec_run`` in one running container (no state between calls).
 4. ``terminal_expert_success``: the scripted expert over every built-in task, one episode each.
+5. With ``--web``: ``make_vec_async_speedup_8_web``, 8 ``toolgym/Web-v0`` envs (Chromium) the same way.
 
 Writes benchmarks/results/env_breadth.md and env_breadth.json.
 """
@@ -114,6 +115,31 @@ def vec_speedup(n: int, steps: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def web_speedup(n: int, steps: int) -> dict[str, Any]:
+    """``toolgym/Web-v0`` (MiniWoB++ in Chromium) the same way, n envs, one round each (browsers are heavy)."""
+    out: dict[str, float] = {}
+    for mode in MODES:
+        vec = toolgym.make_vec("toolgym/Web-v0", n, mode=mode)
+        try:
+            vec.reset(seed=list(range(n)))
+            for _ in range(3):
+                vec.step(list(vec.call("expert_action")))
+            vec.reset(seed=list(range(50, 50 + n)))
+            out[mode] = 0.0
+            for _ in range(steps):
+                actions = list(vec.call("expert_action"))
+                t0 = time.perf_counter()
+                vec.step(actions)
+                out[mode] += time.perf_counter() - t0
+        finally:
+            vec.close()
+    return {
+        f"make_vec_web_sync_s_{n}": round(out["sync"], 2),
+        f"make_vec_web_async_s_{n}": round(out["async"], 2),
+        f"make_vec_async_speedup_{n}_web": round(out["sync"] / out["async"], 2),
+    }
+
+
 def mcp_latency(calls: int) -> dict[str, float]:
     direct = []
     for _ in range(calls):
@@ -203,9 +229,12 @@ def terminal(steps: int, resets: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    parser.add_argument("--web", action="store_true", help="Web-v0 too (8 envs: 8 browsers in async mode)")
     args = parser.parse_args()
     results: dict[str, Any] = {"load_average_at_start": os.getloadavg()[0]}
     results.update(vec_speedup(16, steps=4, rounds=1 if args.quick else 3))
+    if args.web:
+        results.update(web_speedup(8, steps=6))
     print(json.dumps(results))
     results.update(mcp_latency(50 if args.quick else 300))
     print(json.dumps(results))
