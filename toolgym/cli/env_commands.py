@@ -109,9 +109,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         failed |= not report.ok
         marks = [
-            "ok" if report.passed.get(k) else "FAIL"
+            "ok" if report.passed.get(k) else "-" if report.skipped else "FAIL"
             for k in ("gymnasium", "determinism", "garbage", "fork", "expert")
         ]
+        if report.skipped:  # named on the command line: a missing package fails it, in one column
+            marks[0] = "NOT INSTALLED"
         rows.append(
             [
                 env_id,
