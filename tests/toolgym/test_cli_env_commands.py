@@ -124,3 +124,31 @@ def test_eval_fails_when_every_episode_is_an_infrastructure_failure(capsys, tmp_
     err = capsys.readouterr().err
     assert "all 2 episodes failed for infrastructure reasons" in err
     assert "pip install 'toolgym[absent]'" in err
+
+
+def test_stock_market_is_declared_wall_clock_and_its_determinism_check_skipped(capsys, monkeypatch):
+    """MiniWoB's stock-market page moves with the wall clock: its card says so and the determinism check,
+    which would replay a seed, does not run on it (it makes no env at all)."""
+    import gymnasium as gym
+
+    from toolgym.envs import checks
+    from toolgym.envs.web.env import MiniWoB_click_button, MiniWoB_stock_market
+
+    assert MiniWoB_stock_market.deterministic is False and MiniWoB_click_button.deterministic is True
+    assert main(["info", "toolgym/MiniWoB-stock-market-v0", "--no-example"]) == 0
+    assert "not deterministic per seed" in capsys.readouterr().out
+
+    resets = []
+
+    class _NoBrowser:
+        unwrapped = MiniWoB_stock_market.__new__(MiniWoB_stock_market)
+
+        def reset(self, **kw):
+            resets.append(kw)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(gym, "make", lambda *a, **k: _NoBrowser())
+    checks._determinism("toolgym/MiniWoB-stock-market-v0")
+    assert resets == []
