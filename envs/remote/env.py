@@ -390,11 +390,11 @@ def _read(
             bool(obs.get("truncated")),
         )
     done = bool(data.get("done"))
-    info: dict[str, Any] = {"openenv_observation": obs}
+    theirs: dict[str, Any] = {"openenv_observation": obs}
     said = obs.get("success") if isinstance(obs, dict) else None
     if isinstance(said, bool):
-        info["success"] = said
-    return [{"role": "user", "content": _text(obs)}], info, None, reward, done, False
+        theirs["success"] = said
+    return [{"role": "user", "content": _text(obs)}], theirs, None, reward, done, False
 
 
 # ----- the loopback ----------------------------------------------------------------------------------------
