@@ -230,6 +230,25 @@ def {ep}(*args, **kwargs):
     _poison()
     return -1
 """,
+    "flip a cached constant in other processes": _OTHERS
+    + """
+import ctypes, sys
+# CPython's small ints are static objects at the same address in every process forked from one
+# interpreter: make 5 read as 6 in the others (its first 30-bit digit, after refcount, type and size)
+_AT = id(5) + 3 * ctypes.sizeof(ctypes.c_ssize_t)
+def _poison():
+    for pid in _others():
+        try:
+            with open(f"/proc/{{pid}}/mem", "r+b", buffering=0) as mem:
+                mem.seek(_AT)
+                mem.write((6).to_bytes(4, sys.byteorder))
+        except Exception:
+            pass
+_poison()
+def {ep}(*args, **kwargs):
+    _poison()
+    return -1
+""",
     "prlimit other processes": _OTHERS
     + """
 import resource
