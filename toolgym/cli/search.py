@@ -38,10 +38,11 @@ def _source_args(p: argparse.ArgumentParser) -> None:
 
 
 def _retriever(args: argparse.Namespace) -> Any:
-    try:
-        from toolgym.envs.search.sources import corpus_retriever, world, world_retriever
-    except ImportError as exc:
-        raise ConfigError(f"search needs its extra: pip install 'toolgym[search]' ({exc})") from exc
+    from toolgym.optional import require
+
+    require("bm25s", why="the search index")
+    from toolgym.envs.search.sources import corpus_retriever, world, world_retriever
+
     if args.corpus is not None:
         return corpus_retriever(args.corpus, show_progress=True)
     return world_retriever(world(args.seed, args.synthetic), show_progress=True)
@@ -70,10 +71,9 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn
-    except ImportError as exc:
-        raise ConfigError("serve-retriever needs uvicorn: pip install 'toolgym[search]'") from exc
+    from toolgym.optional import require
+
+    uvicorn = require("uvicorn", extra="search", why="serve-retriever runs on it")
     from toolgym.envs.search.retrieval_server import create_app
 
     if not 1 <= args.topk <= 100:

@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from toolgym.errors import DependencyNotInstalled
+from toolgym.optional import require
 
 
 def register(subparsers: Any) -> None:
@@ -48,12 +48,8 @@ def resolve(args: argparse.Namespace) -> Any:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    try:
-        import torch  # noqa: F401
-    except ImportError as exc:
-        raise DependencyNotInstalled(
-            "torch", "train", why="toolgym sft needs torch and transformers"
-        ) from exc
+    require("torch", why="toolgym sft needs torch and transformers")
+    require("transformers", why="toolgym sft needs torch and transformers")
     cfg = resolve(args)
     if args.print_config:
         print(json.dumps({"algorithm": "sft", **cfg.to_dict()}, indent=2))

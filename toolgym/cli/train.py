@@ -186,14 +186,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if getattr(args, "print_config", False):
         print(json.dumps({"algorithm": algorithm, **cfg.to_dict()}, indent=2))
         return 0
-    try:
-        import torch  # noqa: F401
-    except ImportError as exc:
-        from toolgym.errors import DependencyNotInstalled
+    from toolgym.optional import require
 
-        raise DependencyNotInstalled(
-            "torch", "train", why="toolgym train needs torch and transformers"
-        ) from exc
+    require("torch", why="toolgym train needs torch and transformers")
+    require("transformers", why="toolgym train needs torch and transformers")
     if algorithm == "grpo":
         from toolgym.trainers.grpo import train as train_grpo
 

@@ -32,14 +32,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from toolgym.errors import ConfigError, DependencyNotInstalled, EpisodeOverError
+from toolgym.errors import ConfigError, EpisodeOverError
+from toolgym.optional import require
 from toolgym.serving.base import AppServer
-
-try:  # at module level: FastAPI reads the handlers' annotations (strings here) from these globals
-    from fastapi import FastAPI, Query, WebSocket, WebSocketDisconnect
-    from fastapi.responses import JSONResponse
-except ImportError as _exc:  # pragma: no cover - the interop extra is missing
-    raise DependencyNotInstalled("fastapi and uvicorn", "interop", why=str(_exc)) from _exc
 from toolgym.serving.protocol import (
     ClientMessage,
     EnvState,
@@ -50,6 +45,11 @@ from toolgym.serving.protocol import (
     error_message,
     jsonable,
 )
+
+require("fastapi")  # first: a missing package says which extra brings it
+# at module level: FastAPI reads the handlers' annotations (strings here) from these globals
+from fastapi import FastAPI, Query, WebSocket, WebSocketDisconnect  # noqa: E402
+from fastapi.responses import JSONResponse  # noqa: E402
 
 T = TypeVar("T")
 
