@@ -42,3 +42,48 @@ def test_missing_package_says_what_to_install(monkeypatch: Any) -> None:
 
 def test_other_names_pass_through() -> None:
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@pytest.mark.slow
+def test_the_cached_tokenizer_keeps_smollm2s_template_and_adds_the_tool_template() -> None:
+    """The default template is SmolLM2's (the renderer, trainer and demo see no change); ``tool_use`` is
+    toolgym's, picked by transformers when tools are passed, with the parser for calls."""
+    from transformers import AutoTokenizer
+
+    from toolgym.agents.embedded import RESPONSE_TEMPLATE, TOOL_TEMPLATE
+    from toolgym.agents.rendering import ChatRenderer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    templates = tokenizer.chat_template
+    assert set(templates) == {"default", "tool_use"} and templates["tool_use"] == TOOL_TEMPLATE
+    assert "tool" not in templates["default"]  # SmolLM2's own: no tools, no tool role
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.tool_role == "user" and not renderer.renders_tools
+    assert tokenizer.response_template == RESPONSE_TEMPLATE
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+    conv = [{"role": "user", "content": "2*3?"}]
+    with_tools = tokenizer.apply_chat_template(conv, tools=[tool], tokenize=False)
+    assert "<tools>" in with_tools and '"name": "calculator"' in with_tools
+    assert tokenizer.apply_chat_template(conv, tokenize=False) == renderer.render_text(conv)
+
+
+@pytest.mark.slow
+def test_a_cache_written_before_the_tool_template_gains_it(tmp_path: Path, monkeypatch: Any) -> None:
+    import shutil
+
+    from toolgym.agents.embedded import TOOL_TEMPLATE
+
+    cached = Path(resolve_model("smollm2-135m"))
+    old = tmp_path / "models" / "smollm2-135m"
+    old.mkdir(parents=True)
+    for f in cached.iterdir():
+        if f.name == "model.safetensors":
+            (old / f.name).symlink_to(f)  # 540 MB: the weights are not what changes
+        elif f.is_file():
+            shutil.copy(f, old / f.name)
+    (old / "chat_template.jinja").write_text((cached / "chat_template.jinja").read_text())
+    monkeypatch.setenv("TOOLGYM_CACHE", str(tmp_path))
+    assert not (old / "additional_chat_templates").exists()
+    assert resolve_model("smollm2-135m") == str(old)
+    assert (old / "additional_chat_templates" / "tool_use.jinja").read_text() == TOOL_TEMPLATE
+    assert (old / "model.safetensors").is_symlink()

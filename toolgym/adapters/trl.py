@@ -16,6 +16,14 @@ arguments for each rollout slot and reads, off the class:
 
 A malformed call (wrong argument types, a missing argument) is the env's business: it comes back as the
 env's feedback text and format penalty, as it would in toolgym's own runner.
+
+``tool_tokenizer(model)`` is a model's tokenizer for TRL's tool loop: for the embedded ``smollm2-135m`` (no
+download) its ``tool_use`` chat template (tools in the system message, Hermes ``<tool_call>`` JSON, tool
+results as user turns) becomes the only one, with the parser TRL reads calls back with.
+
+TRL's ``max_completion_length`` bounds the whole multi-turn completion (every model turn and every tool
+result); a tool result that would pass it is dropped without a word and the rollout ends there, so a tool loop
+needs room for all its turns (docs/interop.md).
 """
 
 from __future__ import annotations
@@ -202,6 +210,22 @@ def environment_factory(env_id: str, *, first_seed: int = 0, **env_kwargs: Any) 
         **methods,
     }
     return type(f"Toolgym_{name}", (ToolgymTRLEnv,), namespace)
+
+
+def tool_tokenizer(model: str = "smollm2-135m") -> Any:
+    """The tokenizer of ``model`` (a path, hub id or embedded name) ready for TRL's tool loop: a ``tool_use``
+    chat template, where the tokenizer has one (the embedded model's: ``toolgym.agents.embedded``), becomes its
+    only template, since TRL renders and checks tool conversations without naming a template; left padding."""
+    from transformers import AutoTokenizer
+
+    from toolgym.agents.embedded import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+    template = tokenizer.chat_template
+    if isinstance(template, dict) and "tool_use" in template:
+        tokenizer.chat_template = template["tool_use"]
+    tokenizer.padding_side = "left"
+    return tokenizer
 
 
 def dataset(env_id: str, n: int, *, first_seed: int = 0, prompt: str = "") -> Any:
