@@ -144,7 +144,8 @@ def main() -> None:
             return link.request("get", None, key)
 
     solution = Solution("solution")
-    solution.__all__ = sorted(names)  # type: ignore[attr-defined]
+    # a star import never rebinds a builtin or a standard module in the tests (a candidate's `abs` or `math`)
+    solution.__all__ = sorted(n for n in names if n not in builtins.__dict__ and n not in stdlib)  # type: ignore[attr-defined]
     sys.modules["solution"] = solution
 
     ns = Globals({"__name__": "__test__", "__builtins__": builtins})
