@@ -19,10 +19,9 @@ so the episode loop, its bookkeeping and forking stay the same for every family:
 - ``decorate_observation(messages, ended)``: change the messages ``reset``/``step`` return (screenshots).
 - ``begin_episode(options)``, ``extra_state()``/``load_extra_state(state)``: resources beyond plain data.
 
-An env that forks (``supports_fork``) cannot keep episode data anywhere else: while ``make_task`` and the
-hooks of a ``step`` run, assigning an attribute of the env other than the base's own bookkeeping raises
-``EnvStateError`` (mutate ``self.episode`` instead; a resource such as an interpreter goes through
-``extra_state``). So a fork can only miss what a hook hides inside a resource, never a forgotten field.
+An env that forks (``supports_fork``) keeps no episode data outside ``self.episode``: while ``make_task`` and
+the hooks of a ``step`` run, assigning any attribute of the env but the base's bookkeeping raises
+``EnvStateError`` (a resource such as an interpreter goes through ``extra_state``).
 """
 
 from __future__ import annotations
@@ -36,40 +35,25 @@ from typing import Any, ClassVar, final
 
 import gymnasium as gym
 
+from toolgym.envs import prompts
 from toolgym.envs.knobs import knob_checked
 from toolgym.envs.records import CommandOutcome, ParsedAction, Task
 from toolgym.envs.spaces import ActionText, Messages
 from toolgym.errors import ConfigError, EnvStateError, EpisodeOverError, InfrastructureError
 from toolgym.messages import Message, ToolCall
-from toolgym.parsing import ANSWER_TOOL, ActionFormat, ParseResult, parse_action
+from toolgym.parsing import ActionFormat, ParseResult, parse_action
 from toolgym.rewards.extract import lenient_answer
 from toolgym.tools import Tool, ToolSpec
 
 __all__ = ["TRUNCATIONS", "CommandOutcome", "ParsedAction", "Task", "ToolEnv", "action_reader", "tool_env"]
 
 TRUNCATIONS = ("turn_limit", "token_budget", "timeout", "env_error")
-# what the base itself changes during an episode (``get_state`` copies each); hooks of a forking env may
-# assign none but these while an episode runs (see ``ToolEnv.__setattr__``)
-_BOOKKEEPING = frozenset(
-    (
-        "episode",
-        "_stamp",
-        "_task",
-        "_transcript",
-        "_turn",
-        "_tokens",
-        "_done",
-        "_started",
-        "_episode_reward",
-        "_episode_components",
-        "_tool_calls",
-        "_invalid",
-        "_call_counter",
-        "_sealed",
-        "_np_random",  # gymnasium makes the generator on first use; get_state copies its state
-        "_np_random_seed",
-    )
-)
+# what the base itself changes during an episode (``get_state`` copies each; gymnasium makes ``_np_random``
+# on first use): hooks of a forking env may assign none but these while an episode runs (``__setattr__``)
+_BOOKKEEPING = frozenset((
+    "episode", "_stamp", "_task", "_transcript", "_turn", "_tokens", "_done", "_started", "_episode_reward",
+    "_episode_components", "_tool_calls", "_invalid", "_call_counter", "_sealed", "_np_random", "_np_random_seed",
+))  # fmt: skip
 
 
 def _copy_episode(episode: Any) -> Any:
@@ -145,17 +129,17 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
             self.mcp_servers = attach_mcp(self, mcp)
         self._task: Task | None = None
         self._transcript: list[Message] = []
-        self._turn = 0
-        self._tokens = 0
-        self._done = False
-        self._started = 0.0
-        self._episode_reward = 0.0
-        self._episode_components: dict[str, float] = {}
-        self._tool_calls = 0
-        self._invalid = 0
-        self._call_counter = 0
+        self._zero_counters()
         self.episode: Any = None
         self._stamp = object()  # who may trust a ParsedAction: renewed whenever the state changes
+
+    def _zero_counters(self) -> None:
+        """The base's per-episode counts, as a new episode starts them (``get_state`` copies each)."""
+        self._turn = self._tokens = self._tool_calls = self._invalid = self._call_counter = 0
+        self._done = False
+        self._started = time.monotonic()
+        self._episode_reward = 0.0
+        self._episode_components: dict[str, float] = dict.fromkeys(self.reward_keys, 0.0)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_sealed") and name not in _BOOKKEEPING:
@@ -301,28 +285,14 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         return self._task
 
     def system_prompt(self) -> str:
+        """The system message: ``system_prompt=`` when given, else the instructions and how to act in this
+        action format (``toolgym.envs.prompts``)."""
         if self.custom_system_prompt is not None:
             return self.custom_system_prompt
-        parts = [self.instructions()]
-        if self.action_format == "hermes":
-            if self.prompt_format == "text" and self._tools:
-                schemas = "\n".join(json.dumps(t.spec.to_dict()["function"]) for t in self._tools.values())
-                parts.append(f"You may call these tools:\n{schemas}")
-            if self._tools:
-                parts.append(
-                    'To call a tool, write <tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>; '
-                    "the result comes back in the next message."
-                )
-            parts.append("When you know the final answer, write it as <answer>ANSWER</answer>.")
-            example = self.example() if self.prompt_format == "text" else None
-            if example:
-                parts.append(f"Example:\n{example}")
-        elif self.action_format == "tags":
-            for t in self._tools.values():
-                first = next(iter(t.spec.parameters.get("properties", {})), "input")
-                parts.append(f"<{t.name}>{first.upper()}</{t.name}>: {t.spec.description}")
-            parts.append("When you know the final answer, write it as <answer>ANSWER</answer>.")
-        return "\n\n".join(parts)
+        example = self.example() if self.prompt_format == "text" and self.action_format == "hermes" else None
+        return prompts.system_prompt(
+            self.instructions(), list(self._tools.values()), self.action_format, self.prompt_format, example
+        )
 
     @final
     def read_action(self, action: Any) -> ParsedAction:
@@ -355,15 +325,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         self.episode = self.new_episode()
         with self._episode_sealed():
             self._task = self.make_task()
-            self._turn = 0
-            self._tokens = 0
-            self._done = False
-            self._started = time.monotonic()
-            self._episode_reward = 0.0
-            self._episode_components = dict.fromkeys(self.reward_keys, 0.0)
-            self._tool_calls = 0
-            self._invalid = 0
-            self._call_counter = 0
+            self._zero_counters()
             obs = [
                 Message(role="system", content=self.system_prompt()),
                 Message(role="user", content=self._task.prompt),
@@ -466,18 +428,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
 
     def format_feedback(self, parsed: ParseResult) -> str:
         """The observation after an invalid action: what was wrong and the expected format."""
-        if self.action_format == "command":
-            how = "Reply with one command."
-        elif self.action_format == "tags":
-            names = ", ".join(f"<{n}>…</{n}>" for n in self._tools)
-            how = f"Call a tool ({names}) or give the final answer as <answer>…</answer>."
-        else:
-            names = ", ".join(n for n in self._tools if n != ANSWER_TOOL) or "none"
-            how = (
-                'Call a tool with <tool_call>{"name": "TOOL", "arguments": {...}}</tool_call> '
-                f"(tools: {names}) or give the final answer as <answer>…</answer>."
-            )
-        return f"Invalid action: {parsed.error} {how}"
+        return prompts.format_feedback(parsed, list(self._tools), self.action_format)
 
     # ----- forking -----------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -520,13 +471,11 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
     def render(self) -> str | None:  # type: ignore[override]
         if self.render_mode != "ansi":
             return None
-        lines = []
-        for m in self._transcript:
-            body = m.text
-            if m.tool_calls:
-                body += " " + " ".join(f"[{c.name}({json.dumps(c.arguments)})]" for c in m.tool_calls)
-            lines.append(f"[{m.role}] {body}")
-        return "\n".join(lines)
+        calls = [
+            "".join(f" [{c.name}({json.dumps(c.arguments)})]" for c in m.tool_calls or ())
+            for m in self._transcript
+        ]
+        return "\n".join(f"[{m.role}] {m.text}{c}" for m, c in zip(self._transcript, calls, strict=True))
 
 
 def action_reader(env: gym.Env[Any, Any]) -> Callable[[Any], ParsedAction] | None:
