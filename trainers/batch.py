@@ -8,7 +8,7 @@ The loss mask is never used as the attention mask (TRL#4974): padding has its ow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -51,12 +51,17 @@ class TrainBatch(NamedTuple):
         """The rows `idx` (a micro-batch), trimmed to their longest row: `length` when the caller knows it
         (the update loops read the row lengths once per step; measuring here waits for the GPU)."""
         idx = to_device(idx, self.input_ids.device)  # one copy, not one per field
-        sub = TrainBatch(*(None if t is None else t[idx] for t in self))
+        sub = self.each(lambda t: t[idx])
         T = length if length is not None else int(sub.attention_mask.sum(1).max()) if len(idx) else 0
-        return TrainBatch(*(None if t is None else t[:, :T] if t.dim() == 2 else t for t in sub))
+        return sub.each(lambda t: t[:, :T] if t.dim() == 2 else t)
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        return TrainBatch(*(None if t is None else t.to(device) for t in self))
+        return self.each(lambda t: t.to(device))
+
+    def each(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
+        """`fn` applied to every field that is set (`row_mask` may be None)."""
+        parts: list[Any] = [None if t is None else fn(t) for t in self]
+        return TrainBatch(*parts)
 
     def scored_mask(self) -> torch.Tensor:
         """The tokens a forward must score: the loss mask, and the row mask where there is one. [B, T]."""

@@ -441,9 +441,9 @@ def optimize(
             fresh = old is None or (epoch == 0 and mb_index == 0)
             chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len)
             denom = dist.sum(sum(denominator(mask_cpu[i], loss_cfg) for i in chunks))  # all ranks
-            epo_rows = int(
-                dist.sum(float(sum(epo_live[r] for r in mb_rows.tolist())))
-            )  # EPO's mean, all ranks
+            # EPO's mean is over the minibatch's rows that train, on all ranks
+            epo_rows = sum(epo_live[r] for r in mb_rows.tolist()) if cfg.epo else 0
+            epo_rows = int(dist.sum(float(epo_rows))) if cfg.epo else 0
             if denom == 0 and epo_rows == 0:
                 continue  # nothing to learn from these rows (every group was filtered out)
             optimizer.zero_grad(set_to_none=True)

@@ -387,7 +387,8 @@ def use_packing(setting: str, model: Any, device: torch.device, quiet: bool = Fa
         if setting == "on":
             logit_head(model)  # raises, naming the family
         if not quiet:
-            kind = getattr(model.config, "model_type", None)
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            kind = getattr(base.config, "model_type", None)
             print(
                 f"toolgym: packing is off for model_type {kind!r} (not checked exact; padded update)",
                 file=sys.stderr,
