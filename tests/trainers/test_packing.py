@@ -219,3 +219,22 @@ def test_packed_forward_also_scores_the_row_mask() -> None:
     assert torch.allclose(lp * full, want_lp * full, atol=1e-5) and torch.allclose(
         ent * full, want_ent * full, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("family", ["gemma2", "mistral", "granite", "cohere"])
+def test_packed_gradients_are_the_models_own(family: str) -> None:
+    """The soft-capped eager attention, the sliding-window mask and the logit scales carry gradients too."""
+    model = tiny_family(family).train()
+    batch = batch_of([9, 4, 13, 7], seed=3)
+    grads = []
+    for fn in (forward, packed_forward):  # the padded pass first: the model's own attention
+        model.zero_grad()
+        logp, ent, _ = fn(model, batch, 0.7, entropy=True, entropy_grad=True)
+        assert ent is not None
+        m = batch.loss_mask
+        loss = -(logp * batch.advantages * m).sum() / m.sum() - 0.1 * (ent * m).sum() / m.sum()
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for n, g in grads[0].items():
+        assert torch.allclose(g, grads[1][n], atol=2e-5), (family, n)
