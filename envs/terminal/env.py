@@ -71,14 +71,16 @@ class TerminalEnv(ToolEnv):
 
     ## Episode End
     Terminated by ``submit``. Truncated after ``max_turns`` (``turn_limit``; the verifier does not run), by
-    ``token_budget`` / ``time_limit_s``, or by a container fault (``env_error``: docker failed, or the
-    verifier wrote no reward; exclude the episode). ``info["verifier_output"]`` holds the verifier's log tail.
+    ``token_budget`` / ``time_limit_s``, or by a container fault (``env_error``: docker failed; exclude the
+    episode). A verifier that writes no reward (it ran past its time limit, or the agent broke what it needs)
+    scores 0. ``info["verifier_output"]`` holds the verifier's log tail.
 
     ## Arguments
     ``tasks`` ("builtin", or a folder of Harbor tasks / one task folder), ``categories`` (built-in
     categories to keep: files, text, git, build, packaging), ``max_turns`` (20), ``command_timeout_s`` (30),
     ``max_output_chars`` (4000), ``pool_spares`` (1: containers started ahead per image), ``format_penalty``,
-    ``action_format``, ``prompt_format``, ``token_budget``, ``time_limit_s``.
+    ``action_format``, ``prompt_format``, ``token_budget``, ``time_limit_s`` (default: each task's
+    ``[agent] timeout_sec``, 900 s for the built-in tasks: an episode past it is truncated as ``timeout``).
 
     ## Version History
     - v0: first version.
@@ -127,6 +129,7 @@ class TerminalEnv(ToolEnv):
         self._pick: int | None = None
         self._verifier = ""
         super().__init__(max_turns=max_turns, **kwargs)
+        self._own_time_limit = self.time_limit_s  # None: each task's own [agent] timeout_sec applies
 
     # ----- tools -----------------------------------------------------------------------------------------
     def shell(self, command: str) -> str:
@@ -193,6 +196,7 @@ class TerminalEnv(ToolEnv):
         box = self._pool(task.image).take()
         self._box = box
         self._verifier = ""
+        self.time_limit_s = self._own_time_limit or task.agent_timeout_s
         box.prepare({rel: text.encode() for rel, text in task.files.items()}, task.setup)
         prompt = (
             f"{task.instruction}\n\n(Your shell starts in {task.workdir}. Call submit when you are done.)"
@@ -224,9 +228,12 @@ class TerminalEnv(ToolEnv):
         self._verifier = _cut(out + log, 2000)
         reward = _read_reward(box)
         if reward is None:
-            raise InfrastructureError(
-                f"the verifier of {task.name} wrote no reward (exit {code}): {out[-300:]}"
-            )
+            # the verifier ran in the agent's container and wrote nothing: it ran out of time (a program the
+            # agent left hangs) or the agent broke what it needs. The episode's own failure, scored 0: were it
+            # an env_error, a policy could dodge a 0 by breaking the verifier. Docker faults raise above.
+            why = "killed at the time limit" if code in (124, 137) else f"exit {code}"
+            self._verifier += f"\n[the verifier wrote no reward ({why}): scored 0]"
+            reward = 0.0
         return {"correct": reward}
 
     def extra_info(self, info: dict[str, Any], ended: bool) -> dict[str, Any]:

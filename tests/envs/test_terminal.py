@@ -169,3 +169,23 @@ def test_bad_arguments():
         gym.make(ID, categories=["cooking"])
     with pytest.raises(ConfigError, match="Harbor"):
         gym.make(ID, tasks="/nonexistent/folder")
+
+
+def test_verifier_without_a_reward_scores_zero(tmp_path):
+    """A verifier that runs out of time (say, on a program the agent left hanging) is the episode's failure
+    (reward 0), not an env_error a policy could hide behind."""
+    task = tmp_path / "hang"
+    for sub in ("environment", "tests"):
+        (task / sub).mkdir(parents=True)
+    (task / "instruction.md").write_text("Nothing to do.\n")
+    (task / "task.toml").write_text("[verifier]\ntimeout_sec = 2.0\n")
+    (task / "environment" / "Dockerfile").write_text("FROM toolgym-terminal:latest\nWORKDIR /app\n")
+    (task / "tests" / "test.sh").write_text("sleep 30\necho 1 > /logs/verifier/reward.txt\n")
+    env = gym.make(ID, tasks=str(task))
+    try:
+        env.reset(seed=0)
+        _, reward, term, trunc, info = env.step(SUBMIT)
+        assert term and not trunc and reward == 0.0 and info["success"] is False
+        assert "killed at the time limit" in info["verifier_output"]
+    finally:
+        env.close()
