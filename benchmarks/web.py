@@ -229,7 +229,7 @@ def solver_rates(episodes: int) -> dict[str, float]:
 
     import toolgym  # noqa: F401
     from toolgym.envs.web.browser import BrowserHost
-    from toolgym.envs.web.solvers import SOLVERS
+    from toolgym.envs.web.expert import SOLVERS
 
     rates: dict[str, float] = {}
     host = BrowserHost.shared()

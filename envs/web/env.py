@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 from toolgym.envs.base import CommandOutcome, Task, ToolEnv
 from toolgym.envs.web import class_name, miniwob_tasks
 from toolgym.envs.web.browser import BrowserHost
+from toolgym.envs.web.expert import SOLVERS
 from toolgym.envs.web.page import KEYS, MiniWoBPage, Snapshot, miniwob_html_dir
-from toolgym.envs.web.solvers import SOLVERS
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.messages import ToolCall
 from toolgym.tools import Tool
@@ -131,7 +131,7 @@ class WebEnv(ToolEnv):
     ``miniwob_task``, ``miniwob_reward`` (after the episode), ``elements`` (count of listed elements).
 
     ## Expert
-    Scripted solvers for the tasks in ``toolgym.envs.web.solvers.SOLVERS`` read the same element list the
+    Scripted solvers for the tasks in ``toolgym.envs.web.expert.SOLVERS`` read the same element list the
     model sees; other tasks have no expert (it gives up) and declare ``expert_success_rate = 0``.
     """
 
