@@ -49,6 +49,7 @@ _WIRE = (_HERE / "code_wire.py").read_text()
 _SERVER = (_HERE / "code_server.py").read_text()
 _RUNNER = (_HERE / "code_runner.py").read_text()
 _PROXY = (_HERE / "code_proxy.py").read_text()
+_REMOTE = (_HERE / "code_remote.py").read_text()
 
 
 def _compiled(source: str, name: str) -> str:
@@ -60,6 +61,7 @@ def _compiled(source: str, name: str) -> str:
 # the test process runs this very interpreter: it always gets the compiled forms
 _RUNNER_ARGS = [
     _compiled(_WIRE, "code_wire.py"),
+    _compiled(_REMOTE, "code_remote.py"),
     _compiled(_PROXY, "code_proxy.py"),
     _compiled(_RUNNER, "code_runner.py"),
 ]

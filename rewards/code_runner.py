@@ -1,9 +1,10 @@
 """The test process of a function test: the dataset's trusted test code, run in a clean interpreter that never
 sees the candidate's code. Standard library only; nothing runs at import.
 
-Started by the host (:mod:`toolgym.rewards.code_grader`) as ``python -I -c BOOT WIRE PROXY THIS FD`` (each
-module compiled once by the host, marshalled; the same interpreter runs both); ``BOOT`` loads :mod:`toolgym.rewards.code_wire` as module ``_tg_wire`` and
-:mod:`toolgym.rewards.code_proxy` as ``_tg_proxy`` and calls :func:`main`. The job (one JSON line) and then
+Started by the host (:mod:`toolgym.rewards.code_grader`) as ``python -I -c BOOT WIRE REMOTE PROXY THIS FD``
+(each module compiled once by the host and marshalled: the same interpreter runs both); ``BOOT`` loads
+:mod:`toolgym.rewards.code_wire`, :mod:`toolgym.rewards.code_remote` and :mod:`toolgym.rewards.code_proxy` as
+modules ``_tg_wire``, ``_tg_remote`` and ``_tg_proxy`` and calls :func:`main`. The job (one JSON line) and then
 the host's replies arrive on stdin; requests and the single final report go out on fd ``FD``, a pipe only
 the host holds the other end of. The test code's own stdin, stdout and stderr are /dev/null.
 
@@ -22,12 +23,12 @@ from typing import Any
 
 BOOT = (
     "import base64, marshal, sys, types\n"
-    "for name, blob in (('_tg_wire', sys.argv[1]), ('_tg_proxy', sys.argv[2])):\n"
+    "for name, blob in zip(('_tg_wire', '_tg_remote', '_tg_proxy'), sys.argv[1:4]):\n"
     "    m = types.ModuleType(name)\n"
     "    exec(marshal.loads(base64.b64decode(blob)), m.__dict__)\n"
     "    sys.modules[name] = m\n"
     "ns = {'__name__': '_tg_runner'}\n"
-    "exec(marshal.loads(base64.b64decode(sys.argv[3])), ns)\n"
+    "exec(marshal.loads(base64.b64decode(sys.argv[4])), ns)\n"
     "ns['main']()\n"
 )
 # modules the candidate imported that this process imports for the tests by the same name: the standard
@@ -58,7 +59,7 @@ def main() -> None:
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     rx = os.fdopen(os.dup(0), "rb")
-    tx = int(sys.argv[4])
+    tx = int(sys.argv[5])
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
