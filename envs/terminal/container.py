@@ -19,6 +19,7 @@ the container. Processes left in the background keep running until the episode e
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import io
@@ -144,6 +145,7 @@ class TaskContainer:
         self.shell: _Stream | None = None
         self.shell_pid = 0
         self.closed = False
+        self.removal: threading.Thread | None = None  # the background removal close() started
 
     # ----- plumbing -----------------------------------------------------------------------------------
     def exec(self, cmd: list[str], timeout_s: float = 60.0, workdir: str | None = None) -> tuple[int, str]:
@@ -285,15 +287,19 @@ class TaskContainer:
             restarted = True
         return CommandResult("", None, time.monotonic() - t0, timed_out=True, restarted=restarted)
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Removes the container: in the background (an episode's end: a few hundred ms off the critical
+        path), or now with ``wait``. Whatever is left at interpreter exit is removed then."""
         if self.closed:
             return
         self.closed = True
         if self.shell is not None:
             self.shell.close()
-        container = self.container
-        # removal takes a few hundred ms: not on the episode's critical path
-        threading.Thread(target=lambda: _remove(container), daemon=True).start()
+        if wait:
+            _remove(self.container)
+        else:
+            self.removal = threading.Thread(target=_remove, args=(self.container,), daemon=True)
+            self.removal.start()
 
 
 def tar_bytes(files: dict[str, bytes]) -> bytes:
@@ -317,9 +323,27 @@ def tar_bytes(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+_LIVE: dict[str, Any] = {}  # containers this process started and has not removed yet, by id
+_LIVE_LOCK = threading.Lock()
+
+
 def _remove(container: Any) -> None:
     with contextlib.suppress(Exception):
         container.remove(force=True)
+    with _LIVE_LOCK:
+        _LIVE.pop(container.id, None)
+
+
+@atexit.register
+def _remove_all() -> None:
+    """At exit, the containers still here (background removals are daemon threads and die with us)."""
+    with _LIVE_LOCK:
+        left = list(_LIVE.values())
+    threads = [threading.Thread(target=_remove, args=(c,), daemon=True) for c in left]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
 
 
 class ContainerPool:
@@ -330,15 +354,19 @@ class ContainerPool:
         self._ready: list[TaskContainer] = []  # started, each with its shell running
         self._lock = threading.Lock()
         self._filling = 0
+        self._fillers: list[threading.Thread] = []
         self.closed = False
 
     def _start(self) -> Any:
         from toolgym.sandboxes.docker_backend import client
 
         try:
-            return client().containers.run(**_kwargs(self.image, self.resources, self.workdir))
+            container = client().containers.run(**_kwargs(self.image, self.resources, self.workdir))
         except Exception as exc:
             raise InfrastructureError(f"could not start a task container from {self.image}: {exc}") from exc
+        with _LIVE_LOCK:
+            _LIVE[container.id] = container
+        return container
 
     def _started(self) -> TaskContainer:
         box = TaskContainer(self._start(), self.workdir)
@@ -361,14 +389,16 @@ class ContainerPool:
                 self._ready.append(box)
                 box = None
         if box is not None:
-            box.close()
+            box.close(wait=True)
 
     def _refill(self) -> None:
         with self._lock:
             need = self.spares - len(self._ready) - self._filling
             self._filling += max(need, 0)
         for _ in range(max(need, 0)):
-            threading.Thread(target=self._fill_one, daemon=True).start()
+            thread = threading.Thread(target=self._fill_one, daemon=True)
+            self._fillers = [t for t in self._fillers if t.is_alive()] + [thread]
+            thread.start()
 
     def take(self) -> TaskContainer:
         """A started container with a fresh shell (a warm one when there is one)."""
@@ -380,8 +410,11 @@ class ContainerPool:
         return box
 
     def close(self) -> None:
+        """Removes the spare containers now (a container being started is removed when it is up)."""
         with self._lock:
             self.closed = True
             ready, self._ready = self._ready, []
         for box in ready:
-            box.close()
+            box.close(wait=True)
+        for thread in self._fillers:
+            thread.join(60)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -126,6 +127,7 @@ class TerminalEnv(ToolEnv):
         self.pool_spares = pool_spares
         self._pools: dict[str, ContainerPool] = {}
         self._box: TaskContainer | None = None
+        self._removals: list[threading.Thread] = []  # containers of ended episodes being removed
         self._pick: int | None = None
         self._verifier = ""
         super().__init__(max_turns=max_turns, **kwargs)
@@ -243,17 +245,23 @@ class TerminalEnv(ToolEnv):
             self._end_container()
         return extra
 
-    def _end_container(self) -> None:
+    def _end_container(self, wait: bool = False) -> None:
         if self._box is not None:
-            self._box.close()
+            self._box.close(wait)
+            if self._box.removal is not None:
+                self._removals.append(self._box.removal)
             self._box = None
+        self._removals[:] = [t for t in self._removals if t.is_alive()]
 
     def expert_action(self) -> str:
         """The task's reference solution, one command per turn, then submit."""
         return expert.expert_action(self.current, self._transcript, self.action_format)
 
     def close(self) -> None:
-        self._end_container()
+        # every container goes now: a make_vec worker process exits without running atexit handlers
+        self._end_container(wait=True)
+        for removal in self._removals:
+            removal.join(30)
         for pool in self._pools.values():
             pool.close()
         self._pools = {}
