@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from toolgym.envs.base import Task, ToolEnv
+from toolgym.envs.free_qa.expert import expert_action
 from toolgym.errors import ConfigError
 from toolgym.rewards.qa import token_f1_score
 from toolgym.tools import Tool
@@ -153,4 +154,4 @@ class FreeQAEnv(ToolEnv):
 
     def expert_action(self) -> str:
         """The reference answer (a pipeline check: F1 1.0; a judge should agree)."""
-        return f"<answer>{self.task.answer}</answer>"
+        return expert_action(self.task)

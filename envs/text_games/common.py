@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from toolgym.envs.base import CommandOutcome, Task, ToolEnv
+from toolgym.envs.text_games.expert import walkthrough_action
 from toolgym.errors import InfrastructureError
 
 MAX_COMMAND_CHARS = 200
@@ -161,10 +162,7 @@ class EngineEnv(ToolEnv):
 
     def expert_action(self) -> str:
         """The engine's own walkthrough (gold path) from the start of the episode."""
-        gold = self.episode.gold
-        if self._turn < len(gold):
-            return gold[self._turn]
-        return "look"
+        return walkthrough_action(self.episode.gold, self._turn)
 
     def state_key(self) -> str:
         """The engine's observation and inventory, hashed (GiGPO groups turns by it)."""

@@ -6,6 +6,7 @@ import shutil
 from typing import Any, ClassVar
 
 from toolgym.envs.text_games.common import EngineEnv, EngineState
+from toolgym.envs.text_games.expert import walkthrough_action
 from toolgym.errors import ConfigError, DependencyNotInstalled
 from toolgym.optional import require
 
@@ -157,10 +158,7 @@ class ScienceWorldEnv(EngineEnv):
 
     def expert_action(self) -> str:
         """ScienceWorld's gold path; past its end, wait a tick (a score can settle one tick late)."""
-        gold = self.episode.gold
-        if self._turn < len(gold):
-            return gold[self._turn]
-        return "wait1"
+        return walkthrough_action(self.episode.gold, self._turn, past_end="wait1")
 
     def _step(self, command: str) -> EngineState:
         # The engine's own step() also lists every valid action-object combination (thousands, slow);
