@@ -24,8 +24,8 @@ MISBEHAVED = "the code wrote on the supervisor's reply channel"
 ZYGOTE_NAME = b"tg-spare"  # the comm of a box's zygote worker, which never runs code (tests tell it apart)
 # Exactly what a worker's loop writes (`worker.session_loop`), nothing else: one regex match per call.
 REPLY = re.compile(
-    rb'\{"n": ([1-9][0-9]{0,17}), "exc": (null|"[^"\\\x00-\x1f]{1,800}"), "exit": ([0-9]{1,3})\}'
-)
+    rb'\{"n": ([1-9][0-9]{0,17}), "exc": (null|"[^"\\\x00-\x1f]{1,800}"), "exit": ([0-9]{1,3})(, "retire": 1)?\}'
+)  # "retire": the worker found its own rlimits changed by the call (it checks them: no /proc/PID/limits needed)
 
 
 def _stdin_fd(data: bytes | None) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 from .accounting import INLINE_CODE, MISBEHAVED, REPLY, Accounting, _stdin_fd
 from .frames import Blobs, write_all
-from .procs import Worker, oom_kills
+from .procs import Worker, oom_kills, pread_proc
 
 
 class Calls(Accounting):
@@ -39,8 +39,8 @@ class Calls(Accounting):
                 fields = os.pread(fd, 512, 0).split()
             except ProcessLookupError:
                 return False
-            except OSError:
-                return True  # no ptrace access here (documented): the other checks still hold
+            except OSError:  # no /proc/PID/syscall here (gVisor; documented): the other checks still hold
+                return self._asleep(w, patience)
             if len(fields) >= 9 and fields[0] not in (b"running", b"-1") and fields[1] == b"0x3":
                 mark = (fields[0].decode(), fields[7].decode(), fields[8].decode())
                 if w.mark is None:
@@ -55,6 +55,20 @@ class Calls(Accounting):
                 os.sched_yield()  # it is usually a few instructions away from blocking: let it run
             else:
                 time.sleep(0.0002)
+
+    @staticmethod
+    def _asleep(w: Worker, patience: float) -> bool:
+        """Waits (up to ``patience``) until the worker sleeps, so a new worker's set-up (rlimits, priority,
+        uid) is over before its first call is measured against; True unless it is gone."""
+        end = time.monotonic() + patience
+        while True:
+            stat = pread_proc(w.proc["stat"])
+            at = stat.rfind(b")")
+            if at < 0:
+                return False
+            if stat[at + 2 : at + 3] == b"S" or time.monotonic() > end:
+                return True
+            time.sleep(0.0002)
 
     def _gone(self, wid: int, why: str) -> tuple[dict[str, Any], Blobs]:
         self.kill_worker(wid)
@@ -135,7 +149,7 @@ class Calls(Accounting):
                 if not reply and self.wait_status(w.pid, 0.1) is not None:  # it did not misbehave: it died
                     how = "exited"
             else:
-                exc, exit_code = parsed
+                exc, exit_code, retire = parsed
                 status = "ok" if exc is None and exit_code == 0 else "error"
                 if status == "error" and (exc == "MemoryError" or 0 <= oom_before < oom_kills()):
                     status = "oom"  # its own MemoryError, or the OOM killer took one of its processes
@@ -143,7 +157,7 @@ class Calls(Accounting):
                 if threads > 1:
                     alive = False
                     detail = "a thread the code started outlived its call (a session keeps no threads between calls)"
-                elif vitals != w.vitals:
+                elif retire or vitals != w.vitals:
                     alive = False
                     detail = (
                         "the code changed its interpreter's priority, scheduling policy or resource limits, "
@@ -188,16 +202,16 @@ class Calls(Accounting):
         return header, {"stdout": bytes(bufs[out_r]), "stderr": bytes(bufs[err_r])}
 
     @staticmethod
-    def _parse_reply(raw: bytes, n: int) -> tuple[str | None, int] | None:
-        """(exception name or None, exit status) from a worker's reply, or None when it is not exactly
-        what a worker sends."""
+    def _parse_reply(raw: bytes, n: int) -> tuple[str | None, int, bool] | None:
+        """(exception name or None, exit status, whether the worker must retire) from a worker's reply, or
+        None when it is not exactly what a worker sends."""
         m = REPLY.fullmatch(raw)
         if m is None or int(m[1]) != n or int(m[3]) > 255:
             return None
         if m[2] == b"null":
-            return None, int(m[3])
+            return None, int(m[3]), m[4] is not None
         try:
             exc = m[2][1:-1].decode()
         except UnicodeDecodeError:
             return None
-        return (exc, int(m[3])) if exc.isidentifier() and len(exc) <= 200 else None
+        return (exc, int(m[3]), m[4] is not None) if exc.isidentifier() and len(exc) <= 200 else None

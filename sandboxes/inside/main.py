@@ -31,7 +31,7 @@ def serve_main(argv: list[str]) -> None:
     set_oom_adj(-1000)  # the OOM killer takes the code's processes, never the supervisor
     with contextlib.suppress(OSError):  # ahead of the code's processes (a fork bomb) when it must kill them
         os.setpriority(os.PRIO_PROCESS, 0, -10)
-    prepare_seccomp()  # built once here; every worker only installs it
+    prepare_seccomp(not os.path.ismount("/dev/mqueue"))  # built once here; every worker only installs it
     for name in _values(argv, "preload"):  # imported once here, then shared copy-on-write by every worker
         for mod in name.split(","):
             with contextlib.suppress(Exception):

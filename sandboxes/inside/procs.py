@@ -89,7 +89,10 @@ NR_CLONE, NR_CLONE3 = 56, 435
 CLONE_NS_FLAGS = 0x7E020080  # NEWNS NEWCGROUP NEWUTS NEWIPC NEWUSER NEWPID NEWNET NEWTIME
 
 
-def _seccomp_program() -> bytes:
+NR_MQ_OPEN = 240
+
+
+def _seccomp_program(deny: tuple[int, ...] = ()) -> bytes:
     import struct
 
     def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
@@ -98,7 +101,7 @@ def _seccomp_program() -> bytes:
     ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
     allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
     prog = [op(ld, 4), op(jeq, AUDIT_ARCH_X86_64, 1, 0), op(ret, allow), op(ld, 0)]
-    for nr in DENY_EPERM:
+    for nr in (*DENY_EPERM, *deny):
         prog += [op(jeq, nr, 0, 1), op(ret, eperm)]
     prog += [op(jeq, NR_CLONE3, 0, 1), op(ret, enosys)]  # libc falls back to clone, checked below
     prog += [op(jeq, NR_CLONE, 0, 3), op(ld, 16), op(jset, CLONE_NS_FLAGS, 0, 1), op(ret, eperm)]
@@ -113,15 +116,16 @@ class _Fprog(ctypes.Structure):
 _seccomp: list[Any] = []  # (buffer, fprog), built once in the supervisor and inherited by every fork
 
 
-def prepare_seccomp() -> None:
-    """Builds the filter program (in the supervisor, once)."""
+def prepare_seccomp(no_mqueues: bool = False) -> None:
+    """Builds the filter program (in the supervisor, once). ``no_mqueues``: POSIX message queues are
+    refused too (where no mqueue file system is mounted, e.g. gVisor, the supervisor could not wipe them)."""
     if not _seccomp:
         import platform
 
         if platform.machine() != "x86_64":
             _seccomp.append(None)
         else:
-            prog = _seccomp_program()
+            prog = _seccomp_program((NR_MQ_OPEN,) if no_mqueues else ())
             buf = ctypes.create_string_buffer(prog, len(prog))
             _seccomp.append((buf, _Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))))
 
@@ -200,7 +204,7 @@ class Worker:
         self.err_r, self.err_w = os.pipe()
         os.set_blocking(self.out_r, False)
         os.set_blocking(self.err_r, False)
-        self.proc = {name: open_proc(f"/proc/{pid}/{name}") for name in ("stat", "syscall", "limits")}
+        self.proc = {name: open_proc(f"/proc/{pid}/{name}") for name in ("stat", "syscall")}
         self.vitals: bytes | None = None  # `state()`'s second half before its first call
         self.proc["children"] = open_proc(f"/proc/{pid}/task/{pid}/children")
 
@@ -214,11 +218,11 @@ class Worker:
 
     def state(self) -> tuple[int, bytes]:
         """(threads, what a call must not change for the next: nice, real-time priority, scheduling
-        policy, every rlimit), from two small reads; (0, b"") when it is gone."""
+        policy), from one read; (0, b"") when it is gone. (Its rlimits the worker checks itself.)"""
         stat = pread_proc(self.proc["stat"])
         try:
             f = stat[stat.rindex(b")") + 2 :].split()
-            return int(f[17]), b" ".join((f[16], f[37], f[38], pread_proc(self.proc["limits"])))
+            return int(f[17]), b" ".join((f[16], f[37], f[38]))
         except (ValueError, IndexError):
             return 0, b""
 

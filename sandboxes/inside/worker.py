@@ -16,6 +16,7 @@ import io
 import json
 import linecache
 import os
+import resource
 import signal
 import socket
 import sys
@@ -23,7 +24,7 @@ import traceback
 import types
 from typing import Any
 
-from .procs import HARDEN, UNSET, become_user, harden_env, set_name
+from .procs import HARDEN, RLIMITS, UNSET, become_user, harden_env, set_name
 
 INLINE_MAX = (32 << 10) + 64  # the supervisor's INLINE_CODE plus the request's head
 
@@ -201,6 +202,10 @@ def _serve(door: socket.socket, become: tuple[int, int, str] | None) -> None:
     read, settrace, setprofile, sys_, byteorder = os.read, sys.settrace, sys.setprofile, sys, sys.byteorder
     closerange, open_, devnull, o_rdwr = os.closerange, os.open, os.devnull, os.O_RDWR
     setitimer, timers = signal.setitimer, (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+    # Its rlimits as set up (the supervisor reads nice and policy from /proc, but /proc/PID/limits is not
+    # everywhere, e.g. gVisor): a call that changed one retires this interpreter after it answered.
+    getrlimit, rlimits = resource.getrlimit, [getattr(resource, name) for name in RLIMITS]
+    limits0 = [getrlimit(r) for r in rlimits]
     putenv, unsetenv, environ = os.putenv, os.unsetenv, os.environ
     hard = [(k.encode(), v.encode()) for k, v in HARDEN.items()]
     unset = [k.encode() for k in UNSET]
@@ -312,10 +317,11 @@ def _serve(door: socket.socket, become: tuple[int, int, str] | None) -> None:
             settrace(None)
             setprofile(None)
             # The reply comes after run_cell flushed stdout and stderr: what the code printed is in the pipes.
-            reply = b'{"n": %d, "exc": %s, "exit": %d}' % (
+            reply = b'{"n": %d, "exc": %s, "exit": %d%s}' % (
                 n,
                 b"null" if exc is None else b'"%s"' % exc.encode(),
                 status,
+                b"" if [getrlimit(r) for r in rlimits] == limits0 else b', "retire": 1',
             )
             with contextlib.suppress(OSError):
                 write(reply_fd, reply)

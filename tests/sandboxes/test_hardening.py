@@ -168,8 +168,10 @@ for fd in map(int, os.listdir("/proc/self/fd")):
 def test_reply_parser_rejects_every_malformed_reply() -> None:
     from toolgym.sandboxes.inside.server import Server
 
-    assert Server._parse_reply(b'{"n": 1, "exc": null, "exit": 0}', 1) == (None, 0)
-    assert Server._parse_reply(b'{"n": 1, "exc": "KeyError", "exit": 1}', 1) == ("KeyError", 1)
+    assert Server._parse_reply(b'{"n": 1, "exc": null, "exit": 0}', 1) == (None, 0, False)
+    assert Server._parse_reply(b'{"n": 1, "exc": "KeyError", "exit": 1}', 1) == ("KeyError", 1, False)
+    assert Server._parse_reply(b'{"n": 1, "exc": null, "exit": 0, "retire": 1}', 1) == (None, 0, True)
+    assert Server._parse_reply(b'{"n": 1, "exc": null, "exit": 0, "retire": 2}', 1) is None
     for raw in [*GARBAGE, b'{"n": 2, "exc": null, "exit": 0}', b'{"n": true, "exc": null, "exit": 0}', b""]:
         assert Server._parse_reply(raw.replace(b"CALL", b"1"), 1) is None, raw
 
