@@ -219,11 +219,12 @@ POLICIES: dict[str, Policy] = {"random": random_policy, "basic": basic_policy, "
 
 def play_out(
     game: WerewolfGame, seats: dict[str, str], rng: np.random.Generator, max_moves: int = 2000
-) -> None:
-    """Play the game to its end, each player with the policy named in ``seats`` (player -> strength)."""
-    for _ in range(max_moves):
+) -> int:
+    """Play the game to its end, each player with the policy named in ``seats`` (player -> strength);
+    returns the number of moves played."""
+    for moves in range(max_moves):
         if game.phase == "over":
-            return
+            return moves
         agent = game.agent_selection
         game.step(POLICIES[seats[agent]](view_of(game, agent), rng))
     raise RuntimeError("a scripted game did not end")
