@@ -33,7 +33,11 @@ from typing import Any
 from toolgym.sandboxes import get_sandbox
 from toolgym.sandboxes.channel import DockerExecChannel
 from toolgym.sandboxes.docker_backend import client, container_kwargs
-from toolgym.sandboxes.limits import BOX_ENV
+
+try:
+    from toolgym.sandboxes.limits import BOX_ENV
+except ImportError:  # a --compare-ref package from before the box environment moved to limits
+    from toolgym.sandboxes.docker_backend import ENV as BOX_ENV  # type: ignore[attr-defined,no-redef]
 
 BARE = "import sys\nfor line in sys.stdin:\n    exec(line)\n    sys.stdout.write('.\\n')\n    sys.stdout.flush()\n"
 
