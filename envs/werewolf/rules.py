@@ -53,7 +53,9 @@ def deal_roles(n_players: int) -> list[Role]:
     if not 5 <= n_players <= 7:
         raise ConfigError(f"n_players must be 5, 6 or 7, got {n_players}")
     wolves = 1 if n_players == 5 else 2
-    return ["werewolf"] * wolves + ["seer", "doctor"] + ["villager"] * (n_players - wolves - 2)
+    werewolves: list[Role] = ["werewolf"] * wolves
+    villagers: list[Role] = ["villager"] * (n_players - wolves - 2)
+    return [*werewolves, "seer", "doctor", *villagers]
 
 
 @dataclass
@@ -82,9 +84,12 @@ class WerewolfGame(MultiAgentEnv[Move]):
         deal_roles(self.n_players)  # validates n_players
         self.possible_agents = [f"P{i + 1}" for i in range(self.n_players)]
         self.log = MessageLog()
-        self.agents = []
+        self.agents: list[str] = []
         self.agent_selection = ""
-        self.rewards, self.terminations, self.truncations, self.infos = {}, {}, {}, {}
+        self.rewards: dict[str, float] = {}
+        self.terminations: dict[str, bool] = {}
+        self.truncations: dict[str, bool] = {}
+        self.infos: dict[str, dict[str, Any]] = {}
 
     # ----- the AEC API ------------------------------------------------------------------------------------
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
