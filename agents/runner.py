@@ -334,7 +334,7 @@ class _EngineTurns:
     (only the env's reply is prefilled: its KV stays in the slot unless evicted), released when it ends."""
 
     def __init__(self, runner: EpisodeRunner) -> None:
-        from toolgym.agents.engine.policy import mode_of
+        from toolgym.agents.engine.engine_policy import mode_of
 
         policy: Any = runner.policy
         self.runner, self.policy, self.engine = runner, policy, policy.engine

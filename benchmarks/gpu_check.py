@@ -39,7 +39,7 @@ def main() -> int:
         return 1
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from toolgym.agents.engine.policy import EnginePolicy
+    from toolgym.agents.engine.engine_policy import EnginePolicy
     from toolgym.agents.policy import SamplingParams
 
     t0 = time.monotonic()

@@ -122,7 +122,7 @@ def _patch(obj: Any, attr: str, name: str) -> None:
 def instrument() -> None:
     """Timers around the phases (module attributes looked up at call time)."""
     import toolgym.agents.engine.engine as eng
-    import toolgym.agents.engine.policy as pol
+    import toolgym.agents.engine.engine_policy as pol
     import toolgym.trainers.grpo as grpo
     import toolgym.trainers.rollout as ro
 
@@ -278,7 +278,7 @@ def engine_host(args: Any, reps: int = 7) -> dict[str, float]:
 
     import toolgym.agents.engine.engine as eng
     from toolgym.agents import SamplingParams
-    from toolgym.agents.engine.policy import EnginePolicy
+    from toolgym.agents.engine.engine_policy import EnginePolicy
 
     conf = AutoConfig.from_pretrained(args.model)
     conf.update(dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -360,11 +360,12 @@ def update_proxy(args: Any, reps: int = 5) -> dict[str, float]:
     return out
 
 
-SWAPPED = [  # (module, path): what ``--at COMMIT`` takes from that commit, in load order
-    ("toolgym.trainers.packing", "trainers/packing.py"),
-    ("toolgym.agents.engine.model", "agents/engine/model.py"),
-    ("toolgym.agents.engine.engine", "agents/engine/engine.py"),
-    ("toolgym.agents.engine.policy", "agents/engine/policy.py"),
+SWAPPED = [  # (module, paths): what ``--at COMMIT`` takes from that commit, in load order
+    ("toolgym.trainers.packing", ("trainers/packing.py",)),
+    ("toolgym.agents.engine.model", ("agents/engine/model.py",)),
+    ("toolgym.agents.engine.engine", ("agents/engine/engine.py",)),
+    # EnginePolicy's module was agents/engine/policy.py in older commits
+    ("toolgym.agents.engine.engine_policy", ("agents/engine/engine_policy.py", "agents/engine/policy.py")),
 ]
 
 
@@ -375,12 +376,17 @@ def swap_in(commit: str) -> None:
     import subprocess
 
     import toolgym.agents.engine as pkg
+    import toolgym.agents.engine.kv_slots as kv_slots
 
+    # older commits import the slotted cache as agents/engine/cache.py
+    sys.modules.setdefault("toolgym.agents.engine.cache", kv_slots)
     folder = Path(tempfile.mkdtemp(prefix=SWAP_PREFIX))
-    for name, rel in SWAPPED:
-        src = subprocess.run(
-            ["git", "show", f"{commit}:{rel}"], cwd=ROOT, capture_output=True, text=True, check=True
-        )
+    for name, rels in SWAPPED:
+        for rel in rels:  # the first path the commit has
+            src = subprocess.run(["git", "show", f"{commit}:{rel}"], cwd=ROOT, capture_output=True, text=True)
+            if src.returncode == 0:
+                break
+        src.check_returncode()
         path = folder / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(src.stdout)
@@ -389,8 +395,8 @@ def swap_in(commit: str) -> None:
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
-    eng, pol = sys.modules["toolgym.agents.engine.engine"], sys.modules["toolgym.agents.engine.policy"]
-    pkg.engine, pkg.Engine, pkg.policy, pkg.EnginePolicy = eng, eng.Engine, pol, pol.EnginePolicy  # type: ignore[attr-defined]
+    eng, pol = sys.modules["toolgym.agents.engine.engine"], sys.modules["toolgym.agents.engine.engine_policy"]
+    pkg.engine, pkg.Engine, pkg.engine_policy, pkg.EnginePolicy = eng, eng.Engine, pol, pol.EnginePolicy  # type: ignore[attr-defined]
 
 
 def _top(prof: cProfile.Profile, n: int) -> list[str]:

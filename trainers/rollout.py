@@ -405,7 +405,7 @@ class _EngineTurns:
     then submitted; an ended turn's sequence stays held (indexed) for the forks and turns that continue it."""
 
     def __init__(self, policy: Any, cfg: RolloutConfig, sampling: np.random.Generator) -> None:
-        from toolgym.agents.engine.policy import mode_of
+        from toolgym.agents.engine.engine_policy import mode_of
 
         self.policy, self.engine = policy, policy.engine
         policy.refresh()  # new weights after an optimizer step: held caches are dropped

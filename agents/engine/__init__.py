@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from toolgym.agents.engine.engine import Engine, Seq
-    from toolgym.agents.engine.policy import EnginePolicy
+    from toolgym.agents.engine.engine_policy import EnginePolicy
 
 __all__ = ["Engine", "EnginePolicy", "Seq", "unsupported"]
 
 _LAZY = {
     "Engine": "toolgym.agents.engine.engine",
     "Seq": "toolgym.agents.engine.engine",
-    "EnginePolicy": "toolgym.agents.engine.policy",
+    "EnginePolicy": "toolgym.agents.engine.engine_policy",
     "unsupported": "toolgym.agents.engine.weights",
 }
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from toolgym.agents.engine.cache import KVCache
+from toolgym.agents.engine.kv_slots import KVCache
 from toolgym.agents.engine.model import decode_torch, decode_triton, prefill
 from toolgym.agents.engine.sampling import SampleMode, sample
 from toolgym.agents.engine.scheduler import Scheduler

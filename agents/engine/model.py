@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from toolgym.agents.engine.cache import KVCache
+from toolgym.agents.engine.kv_slots import KVCache
 from toolgym.agents.engine.weights import PackedWeights
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from toolgym.agents.engine.cache import KVCache
+from toolgym.agents.engine.kv_slots import KVCache
 from toolgym.agents.engine.sampling import SampleMode
 from toolgym.agents.engine.seq import Seq
 from toolgym.errors import ConfigError

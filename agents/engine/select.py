@@ -62,7 +62,7 @@ def choose_engine(
         return policy
     import torch
 
-    from toolgym.agents.engine.policy import EnginePolicy
+    from toolgym.agents.engine.engine_policy import EnginePolicy
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     per_token = shape_of(model).kv_bytes_per_token(dtype)

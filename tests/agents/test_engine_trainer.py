@@ -69,7 +69,7 @@ def test_auto_keeps_hf_on_cpu_and_fast_refuses_other_architectures(
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from toolgym.agents import HFPolicy
-    from toolgym.agents.engine.policy import EnginePolicy
+    from toolgym.agents.engine.engine_policy import EnginePolicy
     from toolgym.agents.engine.select import choose_engine
     from toolgym.errors import ConfigError
 

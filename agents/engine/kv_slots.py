@@ -1,4 +1,4 @@
-"""The slotted KV cache: ``slots`` sequences of up to ``capacity`` tokens each, allocated once.
+"""The slotted KV cache of the engine: ``slots`` sequences of up to ``capacity`` tokens each, allocated once.
 
 ``k``/``v`` are ``[layers, slots + 1, kv_heads, capacity, head_dim]``; a slot's positions hold its sequence
 in order, so a sequence's cache is one contiguous run per (layer, head) and a prefix fork is one strided
