@@ -142,14 +142,20 @@ def _suspicion(view: AgentView, strong: bool) -> dict[str, float]:
         for voter, target in view.votes:  # who voted for a revealed villager, or against a werewolf
             if voter in score and target in view.revealed:
                 score[voter] += -1.0 if view.revealed[target] == "werewolf" else 1.0
+            if voter in score and any(target == c or target in view.claims_of(c)[1] for c in trusted):
+                score[voter] += 3.0  # a vote against the seer or a player it cleared
     return score
 
 
 def _village(view: AgentView, rng: np.random.Generator, strong: bool) -> Move:
     if view.phase == "night":
         if view.role == "seer":
-            unknown = [p for p in view.legal if p not in view.wolves and p not in view.cleared]
-            return Move(kind="inspect", target=_pick(unknown or view.legal, rng))
+            unknown = [p for p in view.legal if p not in view.wolves and p not in view.cleared] or view.legal
+            if strong:  # inspect the most suspicious of the unknown
+                score = _suspicion(view, True)
+                top = max(score[p] for p in unknown)
+                unknown = [p for p in unknown if score[p] == top]
+            return Move(kind="inspect", target=_pick(unknown, rng))
         claimed = [c for c in view.claimants() if c in view.legal and c != view.me]
         if strong and claimed:
             return Move(kind="protect", target=claimed[0])
