@@ -10,7 +10,7 @@ so the trainer's importance weights correct for the truncation). A row stops at 
 The prefix that all prompts of a batch share (the system prompt; the whole prompt of a GRPO group) is run
 once and its KV cache copied to every row; the rows' own tokens follow it, left-padded (padding may sit
 in the middle of a row: the attention mask and position ids skip it). With ``reuse_kv=True`` a prompt
-that extends an earlier call's prompt + generation starts from that call's cache (``kv_reuse``).
+that extends an earlier call's prompt + generation starts from that call's cache (``hf_cache``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from toolgym.agents.decode_cache import with_room
-from toolgym.agents.kv_reuse import KVStore, build_cache, row_layers
+from toolgym.agents.hf_cache import KVStore, build_cache, row_layers, with_room
 from toolgym.agents.policy import (
     FinishReason,
     Generation,
@@ -207,7 +206,7 @@ class HFPolicy(RenderedTokenPolicy):
             if U < B:
                 pick = torch.tensor(first, device=device)
                 logits, cache = self._forward(ids[pick], mask[pick], positions[pick], cache)  # [U, V]
-                cache = with_room(cache, sp.max_new_tokens)  # decode writes in place (decode_cache.py)
+                cache = with_room(cache, sp.max_new_tokens)  # decode writes in place (hf_cache.py)
                 spread = torch.tensor(inverse, device=device)
                 cache.batch_select_indices(spread)
                 logits = logits[spread]  # [B, V]

@@ -215,7 +215,7 @@ def test_reuse_kv_across_turns_gives_the_same_episodes(chatml_tokenizer: Any, ma
 def test_roomy_cache_layer_reads_like_a_dynamic_one() -> None:
     from transformers.cache_utils import DynamicCache
 
-    from toolgym.agents.decode_cache import RoomyLayer, with_room
+    from toolgym.agents.hf_cache import RoomyLayer, with_room
 
     g = torch.Generator().manual_seed(0)
     k0, v0 = torch.randn(3, 2, 5, 4, generator=g), torch.randn(3, 2, 5, 4, generator=g)
