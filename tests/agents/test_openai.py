@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from toolgym.agents import OpenAIPolicy, SamplingParams, run_episodes
-from toolgym.agents.server import PolicyServer
+from toolgym.agents.openai_server import PolicyServer
 from toolgym.errors import ConfigError
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from tests.interop.interop_models import chatml_policy, qwen_style_policy
 from tests.processes import start, stop
+from toolgym.agents.openai_server import PolicyServer
 from toolgym.agents.policy import AssistantTurn, parse_turn
-from toolgym.agents.server import PolicyServer
 
 openai = pytest.importorskip("openai")
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.interop.interop_models import chatml_policy
+from toolgym.agents.openai_server import PolicyServer
 from toolgym.agents.policy import Generation, RenderedTokenPolicy, SamplingParams
-from toolgym.agents.server import PolicyServer
 
 openai = pytest.importorskip("openai")
 

@@ -182,7 +182,7 @@ def _infra_verdict(trajs: list[Any]) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from toolgym.agents import make_policy
-    from toolgym.agents.server import PolicyServer
+    from toolgym.agents.openai_server import PolicyServer
 
     # hf: a follow-up request whose prompt extends an earlier prompt + reply reuses that KV cache
     agent = _agent(args.agent)
