@@ -28,6 +28,16 @@ from toolgym.parsing import ParseResult
 from toolgym.reasoning import strip_reasoning
 
 
+def render_news(game: MultiAgentEnv[Any], seat: str, start: int) -> tuple[str, int]:
+    """What ``seat`` may read among the game's messages from index ``start`` on (not its own words echoed),
+    then what it must do now when it is its turn; and the index to start from next time."""
+    fresh: list[GameMessage] = game.log.messages[start:]
+    lines = [m.render() for m in fresh if m.visible_to(seat) and m.sender != seat]
+    if not game.done and game.agent_selection == seat:
+        lines.append(f"Your move: {game.prompt_for(seat)}")
+    return "\n".join(lines), len(game.log.messages)
+
+
 @dataclass
 class SeatEpisode:
     game: Any = None  # the MultiAgentEnv of this episode
@@ -46,8 +56,9 @@ class SeatEnv(ToolEnv):
     """Base of a seat env; a game family fills in the hooks below."""
 
     reward_keys: ClassVar[tuple[str, ...]] = ("win", "format", "illegal")
-    # plain text is a move in these phases (a speech); elsewhere a turn without a tool call is invalid
+    # plain text is a move in these phases (a call of ``speech_tool``); elsewhere it is an invalid turn
     text_phases: ClassVar[tuple[str, ...]] = ()
+    speech_tool: ClassVar[str] = "say"
 
     def __init__(self, *, illegal_penalty: float = -0.1, **kwargs: Any) -> None:
         self.illegal_penalty = illegal_penalty
@@ -118,16 +129,16 @@ class SeatEnv(ToolEnv):
 
     def _news(self) -> str:
         ep = self.episode
-        fresh: list[GameMessage] = ep.game.log.messages[ep.shown :]
-        ep.shown = len(ep.game.log.messages)
-        lines = [m.render() for m in fresh if m.visible_to(ep.seat) and m.sender != ep.seat]
-        if not ep.game.done:
-            lines.append(f"Your move: {ep.game.prompt_for(ep.seat)}")
-        return "\n".join(lines)
+        text, ep.shown = render_news(ep.game, ep.seat, ep.shown)
+        return text
 
     def parse(self, action: Any) -> ParseResult:
+        return self.parse_for(self.episode.game if self.episode is not None else None, action)
+
+    def parse_for(self, game: MultiAgentEnv[Any] | None, action: Any) -> ParseResult:
+        """Read a turn in ``game``'s current phase (plain text is a speech in ``text_phases``): a valid move
+        comes back as ``command`` (JSON of the call), for ``decode``."""
         parsed = super().parse(action)
-        game = self.episode.game if self.episode is not None else None
         if parsed.answer is not None:
             return ParseResult(
                 text=parsed.text,
@@ -147,18 +158,32 @@ class SeatEnv(ToolEnv):
             and game is not None
             and self.phase(game) in self.text_phases
         ):
-            command = json.dumps({"name": "say", "arguments": {"text": speech}, "calls": 1})
+            command = json.dumps({"name": self.speech_tool, "arguments": {"text": speech}, "calls": 1})
             return ParseResult(
                 text=parsed.text, command=command, message=Message(role="assistant", content=parsed.text)
             )
         return parsed
 
+    def decode(self, game: MultiAgentEnv[Any], command: str) -> Any:
+        """The game's move for a command of ``parse_for``, or a str saying why it is none."""
+        request = json.loads(command)
+        move = self.move_from_call(game, request["name"], request["arguments"])
+        if request["calls"] > 1 and not isinstance(move, str):
+            return "one move per turn: make exactly one tool call."
+        return move
+
+    def read_move(self, game: MultiAgentEnv[Any], action: Any) -> tuple[Any, Message]:
+        """A turn of a seat outside this env's own episode (self-play): the move, or a str saying why the
+        turn is none (unparseable, or no legal call), and the assistant message to record."""
+        parsed = self.parse_for(game, action)
+        if parsed.command is None:
+            return f"Invalid action: {parsed.error}", parsed.assistant_message()
+        move = self.decode(game, parsed.command)
+        return (f"Illegal move: {move}" if isinstance(move, str) else move), parsed.assistant_message()
+
     def run_command(self, command: str) -> CommandOutcome:
         ep = self.episode
-        request = json.loads(command)
-        move = self.move_from_call(ep.game, request["name"], request["arguments"])
-        if request["calls"] > 1 and not isinstance(move, str):
-            move = "one move per turn: make exactly one tool call."
+        move = self.decode(ep.game, command)
         before = self.illegal_count(ep.game, ep.seat)
         if isinstance(move, str):
             ep.last_illegal = True

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from toolgym.envs.multiagent.api import MultiAgentEnv
 from toolgym.envs.multiagent.seat import SeatEnv
+from toolgym.envs.multiagent.selfplay import SelfPlayTable
 from toolgym.envs.werewolf.agents import POLICIES, view_of
 from toolgym.envs.werewolf.expert import expert_action
 from toolgym.envs.werewolf.rules import Move, WerewolfGame, team_of
@@ -186,3 +188,20 @@ class WerewolfEnv(SeatEnv):
     def expert_move_text(self, game: MultiAgentEnv[Any], seat: str, rng: np.random.Generator) -> str:
         assert isinstance(game, WerewolfGame)
         return expert_action(game, seat, rng, self.action_format)
+
+
+def self_play_table(
+    text_seats: Sequence[str], seed: int, others: str = "strong", **env_kwargs: Any
+) -> SelfPlayTable:
+    """A Werewolf game (dealt by ``seed``) whose ``text_seats`` are answered with text, the rest played by the
+    scripted ``others``: the env side of self-play (``toolgym.envs.multiagent.selfplay``)."""
+    if others not in POLICIES:
+        raise ConfigError(f"others must be one of {sorted(POLICIES)}, got {others!r}")
+    rules = WerewolfEnv(opponents=others, **env_kwargs)
+    game = rules.new_game()
+    game.reset(seed=seed)
+
+    def scripted(game: MultiAgentEnv[Any], agent: str, rng: np.random.Generator) -> Move:
+        return rules.opponent_move(game, agent, rng)
+
+    return SelfPlayTable(rules, game, text_seats, scripted, seed=seed + 1)

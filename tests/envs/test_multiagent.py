@@ -67,3 +67,38 @@ def test_agent_iter_raises_on_a_stuck_game():
     with pytest.raises(EpisodeOverError):
         for _ in game.agent_iter(max_iter=3):
             game.step(Move(kind="vote", target="P1"))  # illegal at night: the game never moves on
+
+
+def test_self_play_table_credits_each_seat():
+    from toolgym.envs.werewolf.env import self_play_table
+    from toolgym.envs.werewolf.expert import expert_action
+
+    table = self_play_table(["P1", "P2", "P3"], seed=3)
+    rng = np.random.default_rng(0)
+    turns = 0
+    while (seat := table.next_seat()) is not None:
+        chat = table.messages(seat)
+        assert chat[0]["role"] == "system" and chat[-1]["role"] == "user"
+        assert "Your move" in chat[-1]["content"]
+        # every 5th turn is garbage: a message saying why and a penalty, then the same seat again
+        table.act(
+            seat, "<tool_call>nonsense" if turns % 5 == 0 else expert_action(table.game, seat, rng, "hermes")
+        )
+        turns += 1
+    returns = table.returns()
+    invalid = {s: r.invalid for s, r in table.records.items()}
+    assert sum(invalid.values()) == (turns + 4) // 5
+    for seat in ("P1", "P2", "P3"):
+        won = table.game.rewards[seat] - table.game.illegal_penalty * table.game.illegal[seat]
+        assert returns[seat] == pytest.approx(won - 0.1 * invalid[seat])
+        assert "Roles:" in table.messages(seat)[-1]["content"]  # the game's end reaches every seat
+    with pytest.raises(EpisodeOverError):
+        table.act("P1", "hello")
+
+
+def test_self_play_table_rejects_unknown_seats():
+    from toolgym.envs.werewolf.env import self_play_table
+    from toolgym.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        self_play_table(["P9"], seed=0)
