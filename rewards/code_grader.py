@@ -3,7 +3,8 @@
 Two graders, both returning a :class:`Grade`:
 
 - :func:`grade_function`: the candidate defines functions and classes; trusted tests use them. The
-  candidate's code runs in a sandbox session as an object server (:mod:`toolgym.rewards.code_server`); the
+  candidate's code runs in a sandbox session as an object server
+  (:mod:`toolgym.rewards.code_object_server`); the
   tests run on the host in a fresh ``python -I`` process (:mod:`toolgym.rewards.code_runner`) that never
   imports or sees the candidate's code; the candidate's names there are proxies
   (:mod:`toolgym.rewards.code_proxy`), and each call, attribute or operator crosses as plain data
@@ -41,12 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import ConfigError, InfrastructureError
+from toolgym.rewards.code_object_server import MARK
 from toolgym.rewards.code_runner import BOOT
-from toolgym.rewards.code_server import MARK
 
 _HERE = Path(__file__).parent
 _WIRE = (_HERE / "code_wire.py").read_text()
-_SERVER = (_HERE / "code_server.py").read_text()
+_SERVER = (_HERE / "code_object_server.py").read_text()
 _RUNNER = (_HERE / "code_runner.py").read_text()
 _PROXY = (_HERE / "code_proxy.py").read_text()
 _REMOTE = (_HERE / "code_remote.py").read_text()
@@ -72,7 +73,7 @@ _SESSION_JOB = json.dumps(
         "server": _SERVER,
         "build": importlib.util.MAGIC_NUMBER.hex(),
         "wire_c": _compiled(_WIRE, "code_wire.py"),
-        "server_c": _compiled(_SERVER, "code_server.py"),
+        "server_c": _compiled(_SERVER, "code_object_server.py"),
     }
 )
 _SESSION_BOOT = (
@@ -86,7 +87,7 @@ _SESSION_BOOT = (
     "_w = _t.ModuleType('_tg_wire')\n"
     "exec(_tg_code('wire', 'code_wire.py'), _w.__dict__)\n"
     "_s.modules['_tg_wire'] = _w\n"
-    "exec(_tg_code('server', 'code_server.py'), globals())\n"
+    "exec(_tg_code('server', 'code_object_server.py'), globals())\n"
     "del _src, _tg_code\n"
     "_TG = {'wire': _w}\n"
     "_tg_report({'ready': True})\n"

@@ -3,7 +3,7 @@
 Loaded into the test process (:mod:`toolgym.rewards.code_runner`) as module ``_tg_proxy``, after the proxy
 classes (:mod:`toolgym.rewards.code_remote`, as ``_tg_remote``); standard library only, nothing runs at
 import. A :class:`Link` sends requests (call, attribute, operator, state) through the
-host to the candidate's object server (:mod:`toolgym.rewards.code_server`) and rebuilds the answers:
+host to the candidate's object server (:mod:`toolgym.rewards.code_object_server`) and rebuilds the answers:
 
 - plain data as exact built-in types (:mod:`toolgym.rewards.code_wire`);
 - the candidate's objects as :class:`Remote` proxies (equal when they are the same object): attributes and

@@ -16,7 +16,8 @@ candidate's ever reaches a comparison: a rigged ``__eq__``, an ``int`` subclass 
   ``list(f(x))`` works and ``f(x) == [...]`` stays False, as it would have been.
 
 Anything else (a class instance, a function) goes to the caller's ``hook`` (the graders turn objects into
-references and proxies, :mod:`toolgym.rewards.code_server` and :mod:`toolgym.rewards.code_runner`); without
+references and proxies, :mod:`toolgym.rewards.code_object_server` and
+:mod:`toolgym.rewards.code_runner`); without
 one it does not cross. Subclasses of the types above are read through the base type's own methods, never
 their overrides. The encoder runs in the candidate's process and is not trusted; only the decoder matters,
 and it builds exact types only (a tag it does not know goes to its own ``hook``, or fails).
