@@ -245,7 +245,9 @@ def test_rubric_and_verl_adapters_take_the_judge() -> None:
     assert score == {"score": 0.0, "valid": 1.0}
     import pickle
 
-    copy = pickle.loads(pickle.dumps(to_verl(judge(URL, cache=VerdictCache()))))  # verl ships it to Ray workers
+    copy = pickle.loads(
+        pickle.dumps(to_verl(judge(URL, cache=VerdictCache())))
+    )  # verl ships it to Ray workers
     assert copy.fn.base_url == URL + "/v1"
 
 
@@ -259,3 +261,49 @@ def test_async_grade_inside_a_running_loop() -> None:
         return sync_inside + [v.value for v in verdicts]
 
     assert asyncio.run(main()) == [1.0, 0.0]
+
+
+@pytest.fixture
+def http_judge() -> Any:
+    """The scripted judge behind a real HTTP server on localhost (the CLI builds its own client)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            request = httpx.Request("POST", "http://x", content=body)
+            ref, answer, _ = graded(request)
+            ok = any(normalize_answer(r) in normalize_answer(answer) for r in ref.split(" | "))
+            out = json.dumps(
+                {"choices": [{"message": {"content": f"correctness: {10 if ok else 0}"}}]}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_calibrate_command_over_http(http_judge: str, capsys: Any, tmp_path: Any) -> None:
+    from toolgym.cli import main
+
+    out = tmp_path / "cal.json"
+    assert main(["judge-calibrate", "--judge-url", http_judge, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "agreement 0.792" in text and "(TP 18, TN 20, FP 2, FN 8)" in text  # as the transport test above
+    assert json.loads(out.read_text())["kappa"] == 0.589
+    assert (
+        main(["judge-calibrate", "--judge-url", http_judge, "--injection", "--check", "mentions_reference"])
+        == 0
+    )
+    assert "FP 0" in capsys.readouterr().out
