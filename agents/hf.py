@@ -60,6 +60,27 @@ def load_model(name_or_path: str, device: str | None = None, dtype: str | None =
     return model.eval(), tokenizer
 
 
+def open_model(
+    backend: str, owner: str, model: str | Any, tokenizer: Any, device: str | None, dtype: str | None
+) -> tuple[str, Any, Any]:
+    """A token policy's ``(name, model, tokenizer)``: ``model`` is a name (loaded by ``load_model``; a given
+    ``tokenizer`` wins) or an already loaded model, which needs its ``tokenizer``. The name is
+    ``backend:<model name or class>``; ``owner`` names the policy class in the error."""
+    if isinstance(model, str):
+        model_, loaded = load_model(model, device, dtype)
+        return f"{backend}:{model}", model_, tokenizer or loaded
+    if tokenizer is None:
+        raise ConfigError(f"{owner}(model=<a loaded model>) also needs tokenizer=")
+    label = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+    return f"{backend}:{label}", model, tokenizer
+
+
+def pad_id(tokenizer: Any, renderer: ChatRenderer) -> int:
+    """The tokenizer's pad id, else the least stop id (0 without either): padding is masked, any id does."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return int(pad if pad is not None else min(renderer.stop_ids or {0}))
+
+
 class HFPolicy(RenderedTokenPolicy):
     """A transformers model behind the ``Policy`` protocol, with token-level ``generate`` for the runner.
 
@@ -87,16 +108,7 @@ class HFPolicy(RenderedTokenPolicy):
         min_shared_prefix: int = 16,
         reuse_kv: bool = False,
     ) -> None:
-        if isinstance(model, str):
-            self.name = f"hf:{model}"
-            model, loaded_tok = load_model(model, device, dtype)
-            tokenizer = tokenizer or loaded_tok
-        else:
-            self.name = (
-                f"hf:{getattr(getattr(model, 'config', None), '_name_or_path', '') or type(model).__name__}"
-            )
-            if tokenizer is None:
-                raise ConfigError("HFPolicy(model=<a loaded model>) also needs tokenizer=")
+        self.name, model, tokenizer = open_model("hf", "HFPolicy", model, tokenizer, device, dtype)
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingParams()
@@ -105,9 +117,8 @@ class HFPolicy(RenderedTokenPolicy):
         self.reuse_kv = reuse_kv
         self._store = KVStore(capacity=max(batch_size, 64))
         self._renderer = ChatRenderer(tokenizer, tool_role=tool_role, chat_template=chat_template)
-        pad = getattr(tokenizer, "pad_token_id", None)
         self._cache_name: str | None = None
-        self.pad_id = int(pad if pad is not None else min(self._renderer.stop_ids or {0}))
+        self.pad_id = pad_id(tokenizer, self._renderer)
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -160,7 +171,7 @@ class HFPolicy(RenderedTokenPolicy):
             rests = [p[k:] for p, k in zip(prompts, known, strict=True)]
             shared = 0
         else:
-            shared = _common_prefix(prompts) if B > 1 else 0
+            shared = common_prefix(prompts) if B > 1 else 0
             shared = shared if shared >= self.min_shared_prefix else 0
             rests = [p[shared:] for p in prompts]
             width = shared
@@ -331,10 +342,10 @@ def _shifted(on_token: TokenCallback, start: int) -> TokenCallback:
     return lambda row, token_id, logprob: on_token(start + row, token_id, logprob)
 
 
-def _common_prefix(prompts: Sequence[list[int]]) -> int:
+def common_prefix(prompts: Sequence[list[int]]) -> int:
     """Length of the prefix all prompts share, leaving each at least one token of its own.
 
-    >>> _common_prefix([[1, 2, 3], [1, 2, 4, 5]]), _common_prefix([[1, 2], [1, 2]])
+    >>> common_prefix([[1, 2, 3], [1, 2, 4, 5]]), common_prefix([[1, 2], [1, 2]])
     (2, 1)
     """
     first, n = prompts[0], min(len(p) for p in prompts) - 1

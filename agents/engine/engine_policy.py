@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from toolgym.agents.engine.engine import Engine, Seq
 from toolgym.agents.engine.prefix import PrefixIndex
 from toolgym.agents.engine.sampling import SampleMode
+from toolgym.agents.hf import common_prefix, open_model, pad_id
 from toolgym.agents.policy import (
     Generation,
     RenderedTokenPolicy,
@@ -66,16 +67,7 @@ class EnginePolicy(RenderedTokenPolicy):
     ) -> None:
         from toolgym.agents.engine.weights import unsupported
 
-        if isinstance(model, str):
-            from toolgym.agents.hf import load_model
-
-            self.name = f"engine:{model}"
-            model, loaded = load_model(model, device, dtype)
-            tokenizer = tokenizer or loaded
-        else:
-            self.name = f"engine:{getattr(getattr(model, 'config', None), '_name_or_path', '') or type(model).__name__}"
-            if tokenizer is None:
-                raise ConfigError("EnginePolicy(model=<a loaded model>) also needs tokenizer=")
+        self.name, model, tokenizer = open_model("engine", "EnginePolicy", model, tokenizer, device, dtype)
         why = unsupported(model)
         if why is not None:
             raise ConfigError(f"the fast engine cannot run this model: {why}; use the hf backend")
@@ -85,8 +77,7 @@ class EnginePolicy(RenderedTokenPolicy):
         self.top_k = top_k
         self.min_shared_prefix = min_shared_prefix
         self._renderer = ChatRenderer(tokenizer, tool_role=tool_role, chat_template=chat_template)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = int(pad if pad is not None else min(self._renderer.stop_ids or {0}))
+        self.pad_id = pad_id(tokenizer, self._renderer)
         self.engine = Engine(
             model, slots=slots, capacity=capacity, stop_ids=self._renderer.stop_ids,
             decode_text=self._renderer.decode, cuda_graphs=cuda_graphs, dtype=engine_dtype,
@@ -176,7 +167,7 @@ class EnginePolicy(RenderedTokenPolicy):
         leaders = [members[0] for members in groups.values()]
         root = None
         if len(leaders) > 1:
-            shared = _common_prefix([prompts[i] for i in leaders])
+            shared = common_prefix([prompts[i] for i in leaders])
             if shared >= self.min_shared_prefix:
                 root = eng.new(prompts[leaders[0]][:shared])
                 eng.prefill_only([root], [shared])
@@ -201,13 +192,3 @@ class EnginePolicy(RenderedTokenPolicy):
         for seq in list(self.engine.idle.values()):
             self.engine.release(seq)
         self.index.clear()
-
-
-def _common_prefix(prompts: Sequence[list[int]]) -> int:
-    """Length of the prefix all prompts share, leaving each at least one token of its own."""
-    first, n = prompts[0], min(len(p) for p in prompts) - 1
-    for i in range(n):
-        t = first[i]
-        if any(p[i] != t for p in prompts):
-            return i
-    return max(n, 0)
