@@ -60,6 +60,15 @@ class EpisodeSpec:
     seed: int | None = None
     kwargs: tuple[tuple[str, Any], ...] = ()
 
+    @property
+    def env_key(self) -> tuple[str, str]:
+        """What envs are pooled under: the id and the kwargs as text (a value may be a list, unhashable).
+
+        >>> EpisodeSpec("a", 0, (("num_ops", [1, 2]),)).env_key
+        ('a', "(('num_ops', [1, 2]),)")
+        """
+        return self.env_id, repr(self.kwargs)
+
 
 def episode_specs(
     env_ids: Iterable[str], episodes: int, *, first_seed: int = 0, **kwargs: Any
@@ -191,7 +200,7 @@ class EpisodeRunner:
         traj = Trajectory(env_id=spec.env_id, seed=spec.seed, agent=getattr(self.policy, "name", ""))
         ep = _Live(spec, None, traj, time.perf_counter())
         try:
-            ep.env = self._pool.acquire((spec.env_id, spec.kwargs), lambda: self.make_env(spec))
+            ep.env = self._pool.acquire(spec.env_key, lambda: self.make_env(spec))
             obs, info = ep.env.reset(seed=spec.seed)
         except ConfigError:
             raise
@@ -313,7 +322,7 @@ class EpisodeRunner:
         if ep.traj.entropies:  # aligned with token_ids, 0.0 off the sampled tokens
             ep.traj.entropies += [0.0] * (len(ep.traj.token_ids) - len(ep.traj.entropies))
         if ep.env is not None:
-            self._pool.release((ep.spec.env_id, ep.spec.kwargs), ep.env)
+            self._pool.release(ep.spec.env_key, ep.env)
         if self.on_episode is not None:
             self.on_episode(ep.traj)
         return ep.traj
