@@ -13,19 +13,12 @@ import torch
 from toolgym.agents.engine.weights import ModelShape
 
 
-class KVCache:
-    def __init__(
-        self, shape: ModelShape, slots: int, capacity: int, device: torch.device, dtype: torch.dtype,
-        inv_freq: torch.Tensor, rope_scale: float = 1.0,
-    ) -> None:  # fmt: skip
+class SlotNumbers:
+    """Which of ``slots`` slots of ``capacity`` tokens are free: the part of the cache the scheduler uses (no
+    tensors, so the scheduler is tested on it alone)."""
+
+    def __init__(self, slots: int, capacity: int) -> None:
         self.slots, self.capacity = slots, capacity
-        size = (shape.layers, slots + 1, shape.kv_heads, capacity, shape.head_dim)
-        self.k = torch.zeros(size, device=device, dtype=dtype)
-        self.v = torch.zeros(size, device=device, dtype=dtype)
-        freqs = torch.arange(capacity, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        self.cos = (freqs.cos() * rope_scale).contiguous()  # [T, D/2]
-        self.sin = (freqs.sin() * rope_scale).contiguous()
-        self.scratch = slots
         self.free = list(range(slots))[::-1]
 
     def alloc(self) -> int | None:
@@ -33,6 +26,21 @@ class KVCache:
 
     def release(self, slot: int) -> None:
         self.free.append(slot)
+
+
+class KVCache(SlotNumbers):
+    def __init__(
+        self, shape: ModelShape, slots: int, capacity: int, device: torch.device, dtype: torch.dtype,
+        inv_freq: torch.Tensor, rope_scale: float = 1.0,
+    ) -> None:  # fmt: skip
+        super().__init__(slots, capacity)
+        size = (shape.layers, slots + 1, shape.kv_heads, capacity, shape.head_dim)
+        self.k = torch.zeros(size, device=device, dtype=dtype)
+        self.v = torch.zeros(size, device=device, dtype=dtype)
+        freqs = torch.arange(capacity, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self.cos = (freqs.cos() * rope_scale).contiguous()  # [T, D/2]
+        self.sin = (freqs.sin() * rope_scale).contiguous()
+        self.scratch = slots
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """The first ``n`` positions of slot ``src`` into slot ``dst`` (a fork: no recomputation)."""

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from toolgym.agents.engine.kv_slots import KVCache
+from toolgym.agents.engine.kv_slots import SlotNumbers
 from toolgym.agents.engine.sampling import SampleMode
 from toolgym.agents.engine.seq import Seq
 from toolgym.errors import ConfigError
@@ -23,7 +23,7 @@ from toolgym.errors import ConfigError
 
 class Scheduler:
     def __init__(
-        self, cache: KVCache, *, stop_ids: Iterable[int], decode_text: Callable[[Sequence[int]], str] | None,
+        self, cache: SlotNumbers, *, stop_ids: Iterable[int], decode_text: Callable[[Sequence[int]], str] | None,
         prefill_tokens: int, block: int,
     ) -> None:  # fmt: skip
         self.cache = cache

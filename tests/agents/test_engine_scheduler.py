@@ -3,10 +3,9 @@ inline prefill rows, least-recently-used eviction, block lengths and where sampl
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from toolgym.agents.engine.kv_slots import SlotNumbers
 from toolgym.agents.engine.sampling import SampleMode
 from toolgym.agents.engine.scheduler import Scheduler
 from toolgym.agents.engine.seq import Seq
@@ -14,22 +13,8 @@ from toolgym.agents.engine.seq import Seq
 GREEDY = SampleMode(temperature=0)
 
 
-class Slots:
-    """The part of ``KVCache`` the scheduler uses: slot numbers and the capacity."""
-
-    def __init__(self, slots: int, capacity: int) -> None:
-        self.capacity = capacity
-        self.free = list(range(slots))[::-1]
-
-    def alloc(self) -> int | None:
-        return self.free.pop() if self.free else None
-
-    def release(self, slot: int) -> None:
-        self.free.append(slot)
-
-
 def make(slots: int = 2, capacity: int = 64, block: int = 1) -> Scheduler:
-    cache: Any = Slots(slots, capacity)
+    cache = SlotNumbers(slots, capacity)  # the KV cache less its tensors
     return Scheduler(cache, stop_ids=[0], decode_text=None, prefill_tokens=100, block=block)
 
 
