@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -246,14 +245,4 @@ class SearchEnv(ToolEnv):
         """Follow the question's plan by searching (see ``toolgym.envs.search.expert``). For questions loaded
         from a file there is no plan: it searches the question once, then answers with the first gold alias
         (a pipeline check, not a solver)."""
-        outputs = [m.text for m in self._transcript if m.role == "tool" and m.name == "search"]
-        plan = self.task.data["plan"]
-        if plan is None:
-            move = ("search", self.task.data["question"]) if not outputs else ("answer", self.task.answer[0])
-        else:
-            move = expert.next_move(plan, outputs)
-        if move[0] == "answer":
-            return f"<answer>{move[1]}</answer>"
-        if self.action_format == "tags":
-            return f"<search>{move[1]}</search>"
-        return f"<tool_call>{json.dumps({'name': 'search', 'arguments': {'query': move[1]}})}</tool_call>"
+        return expert.expert_action(self.task, self._transcript, self.action_format)

@@ -8,10 +8,14 @@ success rate measures the corpus and the retriever as well as the plan.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
+from toolgym.envs.base import Task
 from toolgym.envs.search.kb import MONTHS
+from toolgym.messages import Message
 
 NAME = r"[A-Z][\w'-]*(?: (?:of the |of |the )?[A-Z][\w'-]*)*"
 DATE = r"\d{1,2} (?:" + "|".join(MONTHS) + r") \d{4}"
@@ -113,3 +117,26 @@ def next_move(plan: list[dict[str, Any]], observations: list[str]) -> tuple[str,
         else:
             raise ValueError(f"unknown plan step {op!r}")
     return "answer", str(results[-1]) if results else ""
+
+
+def expert_action(task: Task, transcript: Sequence[Message], action_format: str) -> str:
+    """The next action as model text: the plan's next search or its answer. A question loaded from a file has
+    no plan: it searches the question once, then answers with the first gold alias (a pipeline check, not a
+    solver).
+
+    >>> task = Task("q", "Where was Ada born?", ["London"], {"plan": None, "question": "Where was Ada born?"})
+    >>> found = [Message(role="tool", content="…", name="search")]
+    >>> expert_action(task, [], "tags"), expert_action(task, found, "tags")
+    ('<search>Where was Ada born?</search>', '<answer>London</answer>')
+    """
+    outputs = [m.text for m in transcript if m.role == "tool" and m.name == "search"]
+    plan = task.data["plan"]
+    if plan is None:
+        move = ("search", task.data["question"]) if not outputs else ("answer", task.answer[0])
+    else:
+        move = next_move(plan, outputs)
+    if move[0] == "answer":
+        return f"<answer>{move[1]}</answer>"
+    if action_format == "tags":
+        return f"<search>{move[1]}</search>"
+    return f"<tool_call>{json.dumps({'name': 'search', 'arguments': {'query': move[1]}})}</tool_call>"
