@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from toolgym.envs.base import CommandOutcome, Task, ToolEnv
 from toolgym.envs.household.catalog import ALIASES, TASK_TYPES
-from toolgym.envs.household.expert import next_command, plan
+from toolgym.envs.household.expert import expert_action, plan
 from toolgym.envs.household.tasks import LAYOUTS, SPLITS, make_scene, min_receptacles
 from toolgym.envs.household.world import (
     CLOSE,
@@ -185,15 +185,7 @@ class HouseholdEnv(ToolEnv):
 
     def expert_action(self) -> str:
         """The planner's next command (it sees the whole world); in tool formats, an act call or the answer."""
-        world = self._world()
-        if self.action_format == "command":
-            return next_command(world)
-        if world.solved():
-            return "<answer>done</answer>"
-        command = next_command(world)
-        if self.action_format == "tags":
-            return f"<act>{command}</act>"
-        return f'<tool_call>{{"name": "act", "arguments": {{"command": "{command}"}}}}</tool_call>'
+        return expert_action(self._world(), self.action_format)
 
     # ----- the world ---------------------------------------------------------------------------------------
     @property

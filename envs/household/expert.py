@@ -142,4 +142,17 @@ def next_command(world: World) -> str:
     return steps[0] if steps else "look"
 
 
-__all__ = ["HELD", "next_command", "plan"]
+def expert_action(world: World, action_format: str) -> str:
+    """The next action as model text: the planner's command as is (``command`` format), else an ``act``
+    call, or the answer once the goal is reached."""
+    if action_format == "command":
+        return next_command(world)
+    if world.solved():
+        return "<answer>done</answer>"
+    command = next_command(world)
+    if action_format == "tags":
+        return f"<act>{command}</act>"
+    return f'<tool_call>{{"name": "act", "arguments": {{"command": "{command}"}}}}</tool_call>'
+
+
+__all__ = ["HELD", "expert_action", "next_command", "plan"]
