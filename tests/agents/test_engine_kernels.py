@@ -118,4 +118,6 @@ def test_decode_step_matches_torch(version: str, monkeypatch: pytest.MonkeyPatch
     with torch.no_grad():
         want = decode_torch(eng.weights, eng.cache, tok, sl, ps)
         got = decode_triton(eng.weights, eng.cache, tok, sl, ps, 2)
-    assert (got - want).abs().max().item() < 1e-3
+    # both steps end in bf16 logits that round differently: allow two bf16 steps of the value (2^-7 relative;
+    # an H200 gave 0.00195), not a fixed 1e-3 that only logits below ~0.25 can meet
+    assert ((got - want).abs() <= 1e-3 + want.abs() * 2.0**-7).all()
