@@ -1,7 +1,7 @@
 """GEM's games (PyPI ``gem-llm``) as toolgym envs, driven through ``gem.make``: toolgym's env checks on a
 sample, GEM's own observations and rewards, private RNGs (GEM seeds the global ones). gem-llm is an opt-in
-extra (``toolgym[gem]``: it pins reasoning-gym 0.1.23), so most of this file runs only where it is
-installed; the last test runs everywhere."""
+extra (it pins reasoning-gym 0.1.23: ``toolgym[gem]`` holds its other dependencies, then ``pip install --no-deps
+gem-llm==0.1.0``), so most of this file runs only where it is installed; the last test runs everywhere."""
 
 import os
 import random
@@ -107,3 +107,8 @@ def test_without_gem_a_reset_says_what_to_install():
     )
     assert out.returncode == 0, out.stderr
     assert "gem-llm is not installed" in out.stdout and "toolgym[gem]" in out.stdout
+    assert "pip install --no-deps gem-llm==0.1.0" in out.stdout  # the recipe that downgrades nothing
+    # gymnasium's own error class: code written for gymnasium's envs catches it
+    assert issubclass(
+        __import__("toolgym").DependencyNotInstalled, __import__("gymnasium").error.DependencyNotInstalled
+    )
