@@ -105,6 +105,16 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
 
         bar = tqdm(total=cfg.steps, initial=progress.step, desc="ppo", unit="step", dynamic_ncols=True)
     metrics: dict[str, float] = {}
+    eval_kwargs = {**cfg.env_kwargs, **cfg.eval_env_kwargs}  # as GRPO and SFT evaluate
+
+    def held_out(step: int) -> dict[str, float]:
+        model.eval()
+        with torch.no_grad(), autocast(device, cfg.bf16):
+            saved = (out, step) if cfg.save_evals else None
+            return evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved)
+
+    if cfg.eval_every and progress.step == 0:  # curves start at the initial policy, as GRPO's
+        log.log(0, held_out(0))
     for step in range(progress.step + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         # 1. rollout: `budget` independent samples per task
@@ -225,11 +235,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
 
         # 4. evaluate, log, save
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            model.eval()
-            with torch.no_grad(), autocast(device, cfg.bf16):
-                saved = (out, step) if cfg.save_evals else None
-                eval_kwargs = {**cfg.env_kwargs, **cfg.eval_env_kwargs}  # as GRPO and SFT evaluate
-                metrics |= evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved)
+            metrics |= held_out(step)
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
             checkpoint.save(out / "checkpoint", modules, optimizer, progress, seeds.state_dict())

@@ -257,3 +257,21 @@ def test_evaluations_run_on_eval_env_kwargs(
     cfg: Any = (GRPOConfig if algo == "grpo" else PPOConfig)(steps=1, output_dir=str(tmp_path), **opts)
     (train_grpo if algo == "grpo" else train_ppo)(cfg, tiny_model(len(tokenizer)), tokenizer)
     assert seen and all(kw == {"max_turns": 2, "format_penalty": 0.0} for kw in seen)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_curves_start_at_the_initial_policy(
+    tmp_path: Path, tokenizer: Any, algo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both trainers evaluate before their first step (PPO's curves once began at its first eval_every step,
+    so a comparison at equal tokens had no common starting point)."""
+    from toolgym.trainers import grpo, ppo
+
+    module: Any = grpo if algo == "grpo" else ppo
+    monkeypatch.setattr(module, "evaluate", lambda *a, **k: {"eval/success": 0.25})
+    cfg: Any = (GRPOConfig if algo == "grpo" else PPOConfig)(
+        steps=1, output_dir=str(tmp_path), **dict(SMALL, eval_every=1)
+    )
+    (train_grpo if algo == "grpo" else train_ppo)(cfg, tiny_model(len(tokenizer)), tokenizer)
+    records = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval/success" in r] == [0, 1]
