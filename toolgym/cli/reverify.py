@@ -33,20 +33,13 @@ def register(subparsers: Any) -> None:
 
 def cmd_reverify(args: argparse.Namespace) -> int:
     from toolgym.cli.judge_commands import build_judge
-    from toolgym.cli.reward_commands import load_reward
-    from toolgym.errors import ConfigError
+    from toolgym.cli.reward_commands import load_reward, reward_specs
     from toolgym.rewards.rubric import Rubric
     from toolgym.trainers.reverify import format_report, reverify
 
-    funcs: dict[str, Any] = {}
-    weights: list[float] = []
-    for spec in args.reward:
-        name, _, weight = spec.partition("=")
-        try:
-            weights.append(float(weight) if weight else 1.0)
-        except ValueError as exc:
-            raise ConfigError(f"--reward {spec}: the weight must be a number") from exc
-        funcs[name] = build_judge(args) if name == "judge" else load_reward(name)
+    funcs, weights = reward_specs(
+        args.reward, lambda n: build_judge(args) if n == "judge" else load_reward(n)
+    )
     reward = next(iter(funcs.values())) if len(funcs) == 1 and weights == [1.0] else Rubric(funcs, weights)
     steps = set(args.steps) if args.steps else None
     report = reverify(

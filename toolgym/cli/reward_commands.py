@@ -45,20 +45,33 @@ def load_reward(name: str) -> Any:
     return rewards.REWARD_FUNCTIONS[name]
 
 
-def cmd_serve_reward(args: argparse.Namespace) -> int:
+def reward_specs(specs: list[str], load: Any = None) -> tuple[dict[str, Any], list[float]]:
+    """The functions and weights of repeated ``--reward NAME[=WEIGHT]`` flags (`load` maps a name to its
+    function; default :func:`load_reward`).
+
+    >>> funcs, weights = reward_specs(["exact_match", "token_f1=0.5"])
+    >>> list(funcs), weights
+    (['exact_match', 'token_f1'], [1.0, 0.5])
+    """
     from toolgym.errors import ConfigError
-    from toolgym.rewards.rubric import Rubric
-    from toolgym.serving.reward_server import RewardServer
 
     funcs: dict[str, Any] = {}
     weights: list[float] = []
-    for spec in args.reward:
+    for spec in specs:
         name, _, weight = spec.partition("=")
         try:
             weights.append(float(weight) if weight else 1.0)
         except ValueError as exc:
             raise ConfigError(f"--reward {spec}: the weight must be a number") from exc
-        funcs[name] = load_reward(name)
+        funcs[name] = (load or load_reward)(name)
+    return funcs, weights
+
+
+def cmd_serve_reward(args: argparse.Namespace) -> int:
+    from toolgym.rewards.rubric import Rubric
+    from toolgym.serving.reward_server import RewardServer
+
+    funcs, weights = reward_specs(args.reward)
     rubric = Rubric(funcs, weights)
     server = RewardServer(rubric, args.host, args.port, gold_key=args.gold_key, none_value=args.none_value)
     parts = ", ".join(f"{n}×{w:g}" for n, w in zip(rubric.names, weights, strict=True))
