@@ -81,33 +81,14 @@ def expert_conversations(
 ) -> list[Conversation]:
     """Successful episodes of each env's scripted expert (``env.expert_action()``), as (messages, tools).
 
-    Seeds are ``seed * 1_000_003 + i``, below the trainer's held-out seeds (``EVAL_SEED0``).
+    They run through the one episode runner (``agents.scripted.expert_transcripts``). Seeds are
+    ``seed * 1_000_003 + i``, below the trainer's held-out seeds (``EVAL_SEED0``). An env fault raises
+    ``InfrastructureError`` (an episode left out for an infra reason would silently change the data);
+    none solved raises ``ConfigError``.
     """
-    import gymnasium as gym
+    from toolgym.agents.scripted import expert_transcripts
 
-    import toolgym  # noqa: F401  (registers the envs)
-    from toolgym.envs.base import tool_env
-
-    out: list[Conversation] = []
-    for env_id in env_ids:
-        env = gym.make(env_id, **env_kwargs)
-        try:
-            for i in range(episodes):
-                obs, info = env.reset(seed=seed * 1_000_003 + i)
-                messages, tools = list(obs), list(info.get("tools") or [])
-                inner = tool_env(env)
-                done, success = False, False
-                while not done:
-                    action = inner.expert_action()
-                    messages.append({"role": "assistant", "content": action})
-                    obs, _, terminated, truncated, info = env.step(action)
-                    messages += list(obs)
-                    done = terminated or truncated
-                    success = bool(info.get("success"))
-                if success:
-                    out.append((messages, tools))
-        finally:
-            env.close()
+    out = expert_transcripts(env_ids, env_kwargs, episodes, first_seed=seed * 1_000_003)
     if not out:
         raise ConfigError(f"the scripted experts of {list(env_ids)} solved none of {episodes} episodes")
     return out
