@@ -362,7 +362,8 @@ class LossOptionsConfig(SeedMethodsConfig):
     eps_low: float = field(default=0.2, metadata={"help": "lower clip range: ratio >= 1 - eps_low"})
     eps_high: float = field(default=0.28, metadata=EPS_HIGH_HELP)
     ratio_level: RatioLevel = field(
-        default="token", metadata=choices("importance ratio per (sequence, turn: GSPO-style mean)", RATIO_LEVELS)
+        default="token",
+        metadata=choices("importance ratio per (sequence, turn: GSPO-style mean)", RATIO_LEVELS),
     )
     dual_clip: float = field(
         default=3.0, metadata={"help": "dual-clip constant for negative advantages (0: off)"}
@@ -373,7 +374,9 @@ class LossOptionsConfig(SeedMethodsConfig):
     is_max: float = field(default=2.0, metadata={"help": "TIS cap (upper bound of the importance weight)"})
     kl_coef: float = field(
         default=0.0,
-        metadata={"help": "weight of the KL to the initial policy, a loss term or kl_in_reward (0: no reference)"},
+        metadata={
+            "help": "weight of the KL to the initial policy, a loss term or kl_in_reward (0: no reference)"
+        },
     )
     kl_estimator: KlEstimator = field(default="k3", metadata=choices("KL estimator", KL_ESTIMATORS))
     kl_in_reward: bool = field(

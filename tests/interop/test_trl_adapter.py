@@ -101,28 +101,10 @@ def test_grpo_trainer_trains_two_steps_on_a_toolgym_env(tmp_path: Path) -> None:
             rewards.append(super().get_reward())
             return rewards[-1]
 
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_completion_length=8,
-        max_tool_calling_iterations=1,
+    trainer = _two_step_trainer(
+        trl, tmp_path, model, tokenizer, Watched, max_completion_length=8, max_tool_calling_iterations=1,
         learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-    )
-    trainer = trl.GRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=dataset("toolgym/Calculator-v0", 4),
-        environment_factory=Watched,
-    )
+    )  # fmt: skip
     trainer.train()
     assert trainer.state.global_step == 2
     assert len(resets) >= 4 and all(s >= 0 for s in resets)
@@ -156,28 +138,11 @@ def test_grpo_trainer_trains_the_embedded_model_offline(tmp_path: Path, monkeypa
     )
     assert '"name": "calculator"' in prompt and "<tool_call>" in prompt
 
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        num_generations=2,
+    trainer = _two_step_trainer(
+        trl, tmp_path, model, tokenizer, cls,
         max_completion_length=96,  # room for a call, its result and a second turn
-        max_tool_calling_iterations=2,
-        learning_rate=1e-6,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-    )
-    trainer = trl.GRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=dataset("toolgym/Calculator-v0", 4),
-        environment_factory=cls,
-    )
+        max_tool_calling_iterations=2, learning_rate=1e-6,
+    )  # fmt: skip
     trainer.train()
     assert trainer.state.global_step == 2
     assert any("loss" in h for h in trainer.state.log_history), trainer.state.log_history
@@ -221,3 +186,15 @@ SMOLLM2_TEMPLATE = (
     "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+def _two_step_trainer(trl: Any, tmp_path: Path, model: Any, tokenizer: Any, factory: Any, **opts: Any) -> Any:
+    """TRL's GRPOTrainer on 4 Calculator tasks for two CPU steps (2 rows a step, 2 generations each)."""
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, num_generations=2,
+        logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False, seed=0, **opts,
+    )  # fmt: skip
+    return trl.GRPOTrainer(
+        model=model, processing_class=tokenizer, args=args, train_dataset=dataset("toolgym/Calculator-v0", 4),
+        environment_factory=factory,
+    )  # fmt: skip
