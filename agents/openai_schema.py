@@ -1,0 +1,158 @@
+"""The request body of ``POST /v1/chat/completions`` as pydantic models (``toolgym serve``): a malformed
+request fails validation here and is answered 400 by the server."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolgym.agents.policy import SamplingParams
+
+
+class _Function(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    """One entry of ``tools``: ``{"type": "function", "function": {name, description, parameters}}``."""
+
+    type: Literal["function"] = "function"
+    function: _Function
+
+
+class _CallFunction(BaseModel):
+    name: str
+    arguments: str = "{}"
+
+
+class _ToolCallIn(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: _CallFunction
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """A message of the conversation (``developer`` is read as ``system``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[_Part] | None = None
+    name: str | None = None
+    tool_calls: list[_ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatMessage:
+        if isinstance(self.content, list):
+            bad = [p.type for p in self.content if p.type != "text" or p.text is None]
+            if bad:
+                raise ValueError(f"only text content parts are supported, got {bad}")
+        if self.role == "assistant":
+            if self.content is None and not self.tool_calls:
+                raise ValueError("an assistant message needs content or tool_calls")
+        elif self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
+
+    def to_plain(self) -> dict[str, Any]:
+        """The message as the renderer takes it (text parts joined, ``developer`` as ``system``)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text or "" for p in content)
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+        out["content"] = content or ""
+        if self.name:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class _StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """The body of ``POST /v1/chat/completions`` (fields the API has that we cannot honour are refused)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=64)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if isinstance(self.stop, list) and len(self.stop) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, dict):
+            name = self.chosen_function()
+            known = [t.function.name for t in self.tools or ()]
+            if name not in known:
+                raise ValueError(f"tool_choice names the function {name!r}, which is not in tools {known}")
+        return self
+
+    def chosen_function(self) -> str | None:
+        """The function a ``tool_choice`` object names (``{"type": "function", "function": {"name": …}}``)."""
+        if not isinstance(self.tool_choice, dict):
+            return None
+        fn = self.tool_choice.get("function")
+        if self.tool_choice.get("type") != "function" or not isinstance(fn, dict):
+            raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", ...}')
+        name = fn.get("name")
+        if not isinstance(name, str):
+            raise ValueError("tool_choice.function.name must be a string")
+        return name
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        stop = self.stop or ()
+        return tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            max_new_tokens=self.max_completion_tokens or self.max_tokens or 256,
+            stop=self.stops,
+            seed=self.seed,
+        )
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        if not self.tools or self.tool_choice == "none":
+            return None
+        chosen = self.chosen_function()
+        return [
+            t.model_dump(exclude_none=True) for t in self.tools if chosen is None or t.function.name == chosen
+        ]
