@@ -28,6 +28,7 @@ from toolgym.agents.policy import (
 from toolgym.agents.rendering import ChatRenderer, ToolRole
 from toolgym.agents.weights_version import weights_version
 from toolgym.errors import ConfigError
+from toolgym.optional import require
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +39,9 @@ TokenCallback = Callable[[int, int, float], None]
 
 def load_model(name_or_path: str, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` from an embedded name, a local path or a hub id, in eval mode on ``device``."""
+    # first: a missing package names its extra (the imports below keep their types)
+    require("torch", why="hf: agents run the model in it")
+    require("transformers", why="hf: agents load the model with it")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import importlib.util
 import os
 import queue
 import subprocess
@@ -24,6 +23,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from toolgym.errors import ConfigError, InfrastructureError
+from toolgym.optional import available, not_installed
 from toolgym.rewards.counters import count
 from toolgym.rewards.math_worker import judge
 
@@ -71,10 +71,10 @@ class MathJudgePool:
     """
 
     def __init__(self, workers: int | None = None, timeout: float = 5.0, memory_limit_mb: int = 2048) -> None:
-        if importlib.util.find_spec("math_verify") is None:
-            raise ConfigError(
-                "math rewards need Math-Verify: pip install 'toolgym[rewards]' (math-verify>=0.7)."
-            )
+        # found without importing (the import takes seconds, and the workers do their own): the check is
+        # here so a missing package fails at construction, not as every judged answer's worker crash
+        if not available("math_verify"):
+            raise not_installed("math_verify", why="math rewards judge answers with it")
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive seconds, got {timeout}.")
         self.workers = min(2, os.cpu_count() or 1) if workers is None else workers

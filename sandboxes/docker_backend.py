@@ -25,6 +25,7 @@ from functools import cache
 from typing import Any
 
 from toolgym.errors import InfrastructureError
+from toolgym.optional import available, not_installed, require
 from toolgym.sandboxes.base import Sandbox
 from toolgym.sandboxes.box import Box
 from toolgym.sandboxes.channel import DockerExecChannel
@@ -65,17 +66,15 @@ _client_lock = threading.Lock()
 
 @cache
 def client(timeout: int = 60) -> Any:
-    import docker
-
-    return docker.from_env(timeout=timeout)
+    return require("docker", why="the docker sandbox backend talks to the daemon through it").from_env(
+        timeout=timeout
+    )
 
 
 def docker_problem(image: str) -> str | None:
     """None when the daemon answers and ``image`` exists; otherwise what is wrong and what to do."""
-    try:
-        import docker  # noqa: F401
-    except ImportError:
-        return "the docker Python package is missing: pip install 'toolgym[docker]'"
+    if not available("docker"):
+        return str(not_installed("docker"))
     try:
         cli = client()
         cli.ping()
@@ -113,7 +112,7 @@ def runtime_problem(runtime: str | None) -> str | None:
 
 def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
     """The hardened settings of `containers.create` (also printed by `toolgym sandbox doctor`)."""
-    from docker.types import Ulimit
+    Ulimit = require("docker.types").Ulimit
 
     # gVisor has no OOM killer of its own: at the cgroup's limit the host kills the sandbox kernel, the
     # whole box (sandbox_error). There the code's processes get RLIMIT_AS = memory_mb (MemoryError: `oom`)

@@ -51,6 +51,12 @@ MODULES: dict[str, Optional] = {
     "math_verify": Optional("math-verify", "rewards"),
     "torch": Optional("torch", "train"),
     "transformers": Optional("transformers", "train"),
+    "peft": Optional("peft", "train"),
+    "datasets": Optional("datasets", "train"),
+    "yaml": Optional("pyyaml", "train"),
+    "tqdm": Optional("tqdm", "train"),
+    "mcp": Optional("mcp", "mcp"),
+    "tomli": Optional("tomli", None),  # Python 3.10 only (3.11's tomllib reads TOML); no extra holds it
 }
 
 

@@ -15,7 +15,7 @@ empty. The levels are
 How it reaches the envs: each (env id, level) is registered once with Gymnasium under a derived id
 (``curriculum/toolgym.Calculator-v0.L2.<hash>``) whose spec holds the level's keywords, and a step's tasks are
 rewritten to those ids (``review`` of them drawn from a lower level, against forgetting). After the rollout
-the trees get their own env id back (``meta["curriculum_level"]`` says the level), so the seed methods'
+the trees get their own env id back (``meta["curriculum_level"]`` says the level), so the add-ons'
 success replay and task selection see the tasks they drew; a level change clears task selection's
 measurements of that env (they were made at another difficulty). A run's levels are kept in
 ``output_dir/curriculum.json``; ``resume`` reads them back.
@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from toolgym.errors import ConfigError
+from toolgym.optional import require
 from toolgym.trainers.rollout import RolloutTask
 from toolgym.trainers.tree import RolloutTree, env_error
 
@@ -120,12 +121,7 @@ def reasoning_gym_levels(env_id: str, env_kwargs: dict[str, Any]) -> list[dict[s
         raise ConfigError(f"curriculum reasoning_gym: {env_id} is not a toolgym/ReasoningGym-* env")
     if not isinstance(task, str):
         raise ConfigError("curriculum reasoning_gym: the env needs one task (task=NAME or a per-task id)")
-    try:
-        from reasoning_gym.factory import create_curriculum
-    except ImportError as exc:
-        raise ConfigError(
-            "curriculum reasoning_gym needs reasoning-gym: pip install 'toolgym[interop]'"
-        ) from exc
+    create_curriculum = require("reasoning_gym.factory", why="curriculum reasoning_gym").create_curriculum
     try:
         cur = create_curriculum(task)
     except Exception as exc:  # reasoning-gym raises its own errors for a dataset without a curriculum

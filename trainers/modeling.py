@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from toolgym.errors import ConfigError
+from toolgym.optional import require
 from toolgym.trainers.config import RunConfig
 
 
@@ -35,14 +36,11 @@ def build_policy(cfg: RunConfig, device: torch.device, model: Any = None, tokeni
         model, tokenizer = load_model(cfg.model, device=str(device), dtype="float32")
     model = model.to(device=device, dtype=torch.float32)
     if cfg.lora_r > 0:
-        try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError as exc:
-            raise ConfigError("lora_r > 0 needs peft: pip install peft") from exc
-        lora = LoraConfig(
+        peft = require("peft", why="lora_r > 0 trains LoRA adapters")
+        lora = peft.LoraConfig(
             r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_targets), lora_dropout=0.0
         )
-        model = get_peft_model(model, lora)
+        model = peft.get_peft_model(model, lora)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if hasattr(model, "enable_input_require_grads"):

@@ -23,7 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toolgym.errors import ConfigError, DependencyNotInstalled, InfrastructureError
+from toolgym.errors import ConfigError, InfrastructureError
+from toolgym.optional import require
 
 # JSON-RPC codes that mean the connection, not the request, failed
 _TRANSPORT_CODES = {-32000, -32001}  # CONNECTION_CLOSED, REQUEST_TIMEOUT in the SDK
@@ -133,10 +134,7 @@ class MCPClient:
     """One live connection; ``tools`` lists the server's tools (the SDK's ``Tool`` objects)."""
 
     def __init__(self, config: ServerConfig) -> None:
-        try:
-            import mcp  # noqa: F401
-        except ImportError as exc:
-            raise DependencyNotInstalled("MCP tools need the mcp SDK: pip install 'toolgym[mcp]'") from exc
+        require("mcp", why="MCP servers' tools are reached through its client")
         self.config = config
         self.tools: list[Any] = []
         self._loop = asyncio.new_event_loop()

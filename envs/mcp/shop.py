@@ -92,7 +92,9 @@ def build_server() -> object:
     from collections.abc import Callable
     from typing import Any
 
-    from mcp.server.mcpserver import MCPServer
+    from toolgym.optional import require
+
+    MCPServer = require("mcp.server.mcpserver", why="the shop runs as an MCP server").MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
     def reported(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import ConfigError
+from toolgym.optional import require
 from toolgym.rewards.extract import extract_boxed
 
 QUESTION_KEYS = ("question", "problem", "prompt", "query", "input")
@@ -86,12 +87,7 @@ def _rows_from_file(path: Path) -> list[dict[str, Any]]:
 
 
 def _rows_from_hub(name: str, split: str, config: str | None) -> list[dict[str, Any]]:
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ConfigError(
-            f"{name!r} is not a file; loading a Hugging Face dataset needs `pip install datasets`"
-        ) from exc
+    datasets = require("datasets", why=f"{name!r} is not a file, so it is loaded as a Hugging Face dataset")
     try:
         data = datasets.load_dataset(name, config, split=split)
     except Exception as exc:  # the library raises many types for a missing/offline dataset

@@ -23,6 +23,7 @@ import numpy as np
 from toolgym.envs.search.kb import World
 from toolgym.envs.search.retriever import Doc, _doc_from_json, cache_root
 from toolgym.errors import ConfigError
+from toolgym.optional import require
 
 
 class WorldStore:
@@ -111,7 +112,7 @@ def corpus_cache_dir(path: Path) -> Path:
 
 def write_world_jsonl(world: World, path: Path, show_progress: bool = True) -> None:
     """Stream the world's passages to a corpus JSONL (id/title/text, plus Search-R1's ``contents``)."""
-    from tqdm.auto import tqdm
+    tqdm = require("tqdm.auto", extra="search").tqdm
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -193,10 +194,7 @@ def load_questions(path: str | Path) -> list[QAItem]:
         raise ConfigError(f"questions file {p} does not exist")
     records: list[dict[str, Any]]
     if p.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ConfigError("reading parquet needs pyarrow: pip install 'toolgym[search]'") from exc
+        pq = require("pyarrow.parquet", why="reading a .parquet questions file")
         records = pq.read_table(p).to_pylist()
     else:
         text = p.read_text()

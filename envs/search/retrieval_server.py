@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from toolgym.envs.search.retriever import Hit, Retriever
+from toolgym.optional import require
 
 MAX_QUERIES = 1024
 MAX_QUERY_CHARS = 10_000
@@ -35,8 +36,7 @@ def _document(hit: Hit) -> dict[str, Any]:
 
 def create_app(retriever: Retriever, default_topk: int = 3, num_docs: int | None = None) -> Any:
     """The FastAPI app serving ``retriever``."""
-    from fastapi import FastAPI
-
+    FastAPI = require("fastapi", extra="search", why="the retrieval server runs on it").FastAPI
     app = FastAPI(title="toolgym retriever", description="Search-R1-compatible BM25 retrieval (bm25s)")
 
     @app.post("/retrieve")

@@ -102,8 +102,7 @@ class BM25Index:
         """Tokenize (streamed) and index ``texts``; ``total`` sizes the progress bar."""
         bm25s = require("bm25s")
         Tokenizer = require("bm25s.tokenization").Tokenizer
-        from tqdm.auto import tqdm
-
+        tqdm = require("tqdm.auto", extra="search").tqdm
         tokenizer = Tokenizer(lower=True, splitter=TOKEN_PATTERN, stopwords="en", stemmer=None)
         stream = tokenizer.streaming_tokenize(texts, update_vocab=True)
         ids = list(tqdm(stream, total=total, desc="Tokenize", unit="doc", disable=not show_progress))

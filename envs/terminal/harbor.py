@@ -27,7 +27,8 @@ from typing import Any
 
 from toolgym.envs.terminal.container import Resources, tar_bytes
 from toolgym.envs.terminal.image import BASE_IMAGE
-from toolgym.errors import ConfigError, DependencyNotInstalled
+from toolgym.errors import ConfigError
+from toolgym.optional import require
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,7 @@ def _toml(path: Path) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover (3.10)
-        try:
-            import tomli as tomllib
-        except ImportError as exc:
-            raise DependencyNotInstalled(
-                "reading task.toml on Python 3.10 needs tomli: pip install tomli"
-            ) from exc
+        tomllib = require("tomli", why="reading task.toml on Python 3.10")
     try:
         return tomllib.loads(path.read_text())
     except Exception as exc:

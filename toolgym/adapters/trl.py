@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal
 
 from toolgym.errors import ConfigError
 from toolgym.messages import Message, ToolCall
+from toolgym.optional import require
 from toolgym.parsing import ANSWER_TOOL
 from toolgym.tools import ToolSpec
 
@@ -216,8 +217,7 @@ def tool_tokenizer(model: str = "smollm2-135m") -> Any:
     """The tokenizer of ``model`` (a path, hub id or embedded name) ready for TRL's tool loop: a ``tool_use``
     chat template, where the tokenizer has one (the embedded model's: ``toolgym.agents.embedded``), becomes its
     only template, since TRL renders and checks tool conversations without naming a template; left padding."""
-    from transformers import AutoTokenizer
-
+    AutoTokenizer = require("transformers", why="the tokenizer of TRL's tool loop").AutoTokenizer
     from toolgym.agents.embedded import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
@@ -230,7 +230,7 @@ def tool_tokenizer(model: str = "smollm2-135m") -> Any:
 
 def dataset(env_id: str, n: int, *, first_seed: int = 0, prompt: str = "") -> Any:
     """A ``datasets.Dataset`` of ``n`` rows (``prompt``, ``seed``) whose tasks the env's ``reset`` picks."""
-    from datasets import Dataset
+    Dataset = require("datasets", why="TRL's trainers take a datasets.Dataset").Dataset
 
     if n < 1:
         raise ConfigError(f"n must be >= 1, got {n}")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import ConfigError
+from toolgym.optional import require
 
 
 def run_model(spec: str) -> str:
@@ -50,6 +51,9 @@ def run_env_kwargs(spec: str) -> dict[str, Any] | None:
 
 
 def _export(run: Path, weights: Path, target: Path) -> None:
+    # first: a missing package names its extra (the imports below keep their types)
+    require("torch", why="exporting a run's weights")
+    require("transformers", why="exporting a run's weights")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

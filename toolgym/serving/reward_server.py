@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolgym.errors import ConfigError
+from toolgym.optional import require
 from toolgym.rewards.rubric import Rubric
 from toolgym.serving.base import AppServer
 
@@ -91,6 +92,7 @@ class RewardResponse(BaseModel):
 
 def build_reward_app(rubric: Rubric, gold_key: str = "answer", none_value: float = 0.0) -> Any:
     """The FastAPI application serving ``rubric``."""
+    require("fastapi", why="serve-reward runs on it")  # first: a missing package names its extra
     from fastapi import FastAPI, HTTPException
 
     app = FastAPI(title="toolgym serve-reward", description="A toolgym rubric as OpenRLHF's remote reward.")
