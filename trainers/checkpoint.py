@@ -2,7 +2,7 @@
 
 The checkpoint is written to a temporary folder and renamed into place, so a run killed mid-save keeps
 the previous checkpoint. Rollouts draw their randomness from (seed, step), so a resumed run samples the
-same next batch as an uninterrupted one. What the seed methods keep between steps (EPO's entropy history,
+same next batch as an uninterrupted one. What the add-ons keep between steps (EPO's entropy history,
 the replay buffer and its random draws, the task pool's cursor and rates) is saved with it (`extra`).
 """
 
@@ -24,7 +24,7 @@ from toolgym.errors import ConfigError
 class Progress:
     step: int = 0  # training steps done
     data_pos: int = 0  # tasks drawn so far (the next task index)
-    extra: dict[str, Any] | None = None  # the run's other state (`SeedState.state_dict`), as saved
+    extra: dict[str, Any] | None = None  # the run's other state (`AddonState.state_dict`), as saved
 
 
 def save(
@@ -32,7 +32,7 @@ def save(
     extra: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
     """Writes `folder` (replacing it atomically): one state dict per module, optimizer, RNG, progress, and
-    `extra` (picklable: the seed methods' state)."""
+    `extra` (picklable: the add-ons' state)."""
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -1,5 +1,5 @@
 """The configs of every training run: `RunConfig` (envs, model, rollout, optimizer, logging, checkpoints)
-and the algorithms' `GRPOConfig` (with the seed methods' `SeedMethodsConfig` fields) and `PPOConfig`.
+and the algorithms' `GRPOConfig` (with the add-ons' `AddonsConfig` fields) and `PPOConfig`.
 
 This module imports no torch, so `toolgym train grpo|ppo --help` and config checks run without it; the loops
 (grpo.py, ppo.py) import torch at the top. Every field carries a one-line help (`metadata["help"]`), which
@@ -254,8 +254,8 @@ def check_loss_rules(cfg: Any) -> None:
 
 
 @dataclass
-class SeedMethodsConfig(RunConfig):
-    """Fields of the seed methods: success replay + task selection, EPO, HiPER (seed_config.py)."""
+class AddonsConfig(RunConfig):
+    """Fields of the add-ons: success replay + task selection, EPO, HiPER (addons.py)."""
 
     # --- success replay and task selection (ARPO for GUI agents)
     replay: bool = field(
@@ -325,7 +325,7 @@ class SeedMethodsConfig(RunConfig):
         return getattr(self, "estimator", "") == "hiper" or getattr(self, "critic", "") == "hiper"
 
     def seed_inert(self, changed: set[str]) -> list[str]:
-        """The seed-method options that do nothing under the other settings."""
+        """The add-on options that do nothing under the other settings."""
         out = []
         epo_opts = sorted(n for n in changed if n.startswith("epo_"))
         if epo_opts and not self.epo:
@@ -355,7 +355,7 @@ EPS_HIGH_HELP = {"help": "upper clip range (0.28: DAPO's clip-higher)"}
 
 
 @dataclass
-class LossOptionsConfig(SeedMethodsConfig):
+class LossOptionsConfig(AddonsConfig):
     """The policy-loss options GRPO and PPO share (one field and one help each; `loss.LossConfig` reads them).
     GRPO adds its loss variants (objective, delta, CISPO, AEPO, LLDS, top-entropy); PPO overrides eps_high."""
 

@@ -15,7 +15,7 @@ empty. The levels are
 How it reaches the envs: each (env id, level) is registered once with Gymnasium under a derived id
 (``curriculum/toolgym.Calculator-v0.L2.<hash>``) whose spec holds the level's keywords, and a step's tasks are
 rewritten to those ids (``review`` of them drawn from a lower level, against forgetting). After the rollout
-the trees get their own env id back (``meta["curriculum_level"]`` says the level), so the seed methods'
+the trees get their own env id back (``meta["curriculum_level"]`` says the level), so the add-ons'
 success replay and task selection see the tasks they drew; a level change clears task selection's
 measurements of that env (they were made at another difficulty). A run's levels are kept in
 ``output_dir/curriculum.json``; ``resume`` reads them back.

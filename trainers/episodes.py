@@ -83,7 +83,7 @@ def evaluate(
     finally:
         roller.close()
     if save is not None:
-        from toolgym.trainers.rollout_log import save_step
+        from toolgym.trainers.saved_rollouts import save_step
 
         save_step(save[0], save[1], forest, [], None, None, policy.renderer.decode, folder_name="evals")
     return episode_metrics(forest, stats, prefix="eval")

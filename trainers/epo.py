@@ -1,7 +1,7 @@
 """EPO: entropy-regularized policy optimization for multi-turn agents (Xu et al., arXiv 2509.22576).
 
 Three terms on top of the policy loss, all computed from the per-token entropies the forward pass gives
-(docs/trainer.md, "Seed methods", has the check against the paper and the official code):
+(docs/trainer.md, "Add-ons", has the check against the paper and the official code):
 
 1. Trajectory-level entropy: H(row) = (1/K) sum_k mean_{tokens of turn k} H_t, the mean over the row's
    model turns of each turn's mean token entropy (every turn counts once, long or short).

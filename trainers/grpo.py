@@ -45,6 +45,7 @@ import torch
 from toolgym.agents.engine.select import choose_engine
 from toolgym.errors import ConfigError
 from toolgym.trainers import checkpoint
+from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import (
     NodeAdv,
     advantage_keep,
@@ -76,6 +77,7 @@ from toolgym.trainers.loss import (
     overlong_shaping,
     policy_loss,
 )
+from toolgym.trainers.metrics_log import MetricsLog
 from toolgym.trainers.modeling import (
     Reference,
     autocast,
@@ -93,9 +95,7 @@ from toolgym.trainers.packing import (
     use_share,
 )
 from toolgym.trainers.rollout import TreeRollout
-from toolgym.trainers.rollout_log import save_step
-from toolgym.trainers.runlog import RunLog
-from toolgym.trainers.seed_config import SeedState
+from toolgym.trainers.saved_rollouts import save_step
 from toolgym.trainers.tree import RolloutTree, Row, flatten, leaf_rewards
 
 __all__ = [
@@ -281,15 +281,17 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     if compiled:  # the policy's layers and the frozen reference's (its pass is a fifth of the update's FLOPs)
         compile_decoder(model, ref.frozen if ref is not None else None)
     log = (
-        RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None) if dist.main else None
+        MetricsLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
+        if dist.main
+        else None
     )
     if dist.main:
         (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
     roller = TreeRollout(policy, branch, rollout_cfg, cfg.env_kwargs)
-    seeds = SeedState(cfg, dist.world)  # replay buffer, task pool, EPO entropy band
-    if cfg.resume:  # the seed methods continue where the checkpoint left them
-        seeds.load_state_dict(progress.extra)
-    curriculum = CurriculumHook(cfg, seeds.selector, dist.world)  # levels of env knobs (a no-op when off)
+    addons = AddonState(cfg, dist.world)  # replay buffer, task pool, EPO entropy band
+    if cfg.resume:  # the add-ons continue where the checkpoint left them
+        addons.load_state_dict(progress.extra)
+    curriculum = CurriculumHook(cfg, addons.selector, dist.world)  # levels of env knobs (a no-op when off)
     bar = _progress_bar(cfg, progress.step) if dist.main else None
     per_rank = cfg.prompts_per_step // dist.world
     metrics: dict[str, float] = {}
@@ -319,7 +321,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         rounds = 0
         metrics = {}
         while True:
-            tasks = seeds.tasks(
+            tasks = addons.tasks(
                 lambda: next_tasks(cfg.env_ids, cfg.seed, progress.data_pos + dist.rank * per_rank, per_rank),
                 per_rank, step,
             )  # fmt: skip
@@ -349,7 +351,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             if not forest:
                 forest = new  # nothing survived: train on the last round (its filters drop it again)
 
-        forest = seeds.before_credit(forest, step, metrics)  # task probe, success replay
+        forest = addons.before_credit(forest, step, metrics)  # task probe, success replay
         if cfg.kl_in_reward and ref is not None:  # after replay: a replayed leaf is shaped as its siblings
             metrics["losses/kl_in_reward"] = _kl_into_rewards(cfg, forest, model, ref, policy.pad_id, device)
         # 2-3. rows, shaped rewards, advantages (groups = trees), filters
@@ -369,7 +371,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
 
         # 4. optimize (see `optimize`)
         metrics |= optimize(
-            cfg, step, batch, model, trainer, optimizer, ref=ref, dist=dist, seeds=seeds, fwd=fwd
+            cfg, step, batch, model, trainer, optimizer, ref=ref, dist=dist, addons=addons, fwd=fwd
         )
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics = dist.mean_metrics(metrics)  # (rank means; tokens_per_s is then per rank)
@@ -384,7 +386,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         assert log is not None
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-            checkpoint.save(out / "checkpoint", modules, optimizer, progress, seeds.state_dict())
+            checkpoint.save(out / "checkpoint", modules, optimizer, progress, addons.state_dict())
         if bar is not None:
             bar.update(1)
             bar.set_postfix(
@@ -403,7 +405,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
 
 def optimize(
     cfg: GRPOConfig, step: int, batch: TrainBatch, model: Any, trainer: Any, optimizer: Any, *,
-    ref: Reference | None = None, dist: Dist | None = None, seeds: SeedState | None = None,
+    ref: Reference | None = None, dist: Dist | None = None, addons: AddonState | None = None,
     fwd: Forward = forward,
 ) -> dict[str, float]:  # fmt: skip
     """Step 4 of the loop (benchmarks/update.py times exactly this): the sampling policy's logprobs when
@@ -411,7 +413,7 @@ def optimize(
     micro-batches of a minibatch share one global denominator. `trainer` is `model` or its DDP wrapper;
     `fwd` the forward of every pass (`packing.update_forward`). Returns the losses/time metrics."""
     dist = dist or Dist()
-    seeds = seeds or SeedState(cfg, dist.world)
+    addons = addons or AddonState(cfg, dist.world)
     loss_cfg = cfg.loss_config()
     device = batch.input_ids.device
     n_rows = batch.input_ids.shape[0]
@@ -428,7 +430,7 @@ def optimize(
     old = _old_logprobs(model, batch, cfg, device, fwd, row_len, masks) if multi else None
     model.train()
     stats = StatLog()  # the loss stats stay on the device until each optimizer step ends
-    seeds.start_step(step)
+    addons.start_step(step)
     ent_grad = cfg.entropy_coef > 0 or cfg.epo  # EPO's entropy terms need the entropy's gradient
     t_train, trained_tokens, updates = time.perf_counter(), 0, 0
     g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
@@ -474,7 +476,7 @@ def optimize(
                     ref_logprobs=ref_logp, entropy=ent, turn_ids=mb.turn_ids,
                 )  # fmt: skip
                 loss, st = policy_loss(pb, loss_cfg, denom)
-                loss = seeds.epo_term(loss, ent, mb, epo_rows)
+                loss = addons.epo_term(loss, ent, mb, epo_rows)
                 with dist.no_sync(trainer, sync=i == len(chunks) - 1):
                     (loss * dist.world).backward()
                 trained_tokens += sum(row_len[r] for r in rows)
@@ -487,7 +489,7 @@ def optimize(
             metrics["losses/grad_norm"] = stats.read(grad_norm=grad_norm)["grad_norm"]  # the step's one sync
     metrics |= {f"losses/{k}": v for k, v in stats.means().items()}
     metrics["losses/updates"] = float(updates)
-    seeds.end_step(metrics)
+    addons.end_step(metrics)
     metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
     return metrics
 

@@ -1,5 +1,5 @@
 """HiPER's hierarchical advantage estimation (HAE) for plan/execute turns (Peng et al., arXiv 2602.16165;
-code JonP07/HiPER-agent). docs/trainer.md ("Seed methods") has the check against the official code.
+code JonP07/HiPER-agent). docs/trainer.md ("Add-ons") has the check against the official code.
 
 The policy marks a plan by writing `<subgoal>...</subgoal>` in a turn (toolgym/parsing.py ignores the tag,
 as it ignores `<think>`, so every env passes it through). A turn whose subgoal differs from the current one

@@ -20,9 +20,9 @@ Departures from the papers:
 4. Old logprobs are the trainer's (recomputed); engine/trainer mismatch is corrected by TIS (see grpo.py).
 5. Rollouts are independent samples (no branching): trees of depth one.
 6. Single process only (torchrun data parallel is in the GRPO loop).
-9. The seed methods (seed_config.py) run here as in GRPO: success replay + task selection (a
+9. The add-ons (addons.py) run here as in GRPO: success replay + task selection (a
    replayed row's values come from the current critic), EPO's entropy terms, and `critic="hiper"`:
-   HiPER's HAE with one value head (hiper.hae_gae; docs/trainer.md "Seed methods").
+   HiPER's HAE with one value head (hiper.hae_gae; docs/trainer.md "Add-ons").
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ import torch
 
 from toolgym.errors import ConfigError
 from toolgym.trainers import checkpoint
+from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards, turn_gae
 from toolgym.trainers.batch import TrainBatch, collate, final_values, forward, micro_batches
 from toolgym.trainers.config import PPOConfig, warn_inert  # the config lives in config.py; re-exported here
 from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
 from toolgym.trainers.hiper import hae_gae, row_plans
 from toolgym.trainers.loss import PolicyBatch, StatLog, denominator, kl_penalty, policy_loss, value_loss
+from toolgym.trainers.metrics_log import MetricsLog
 from toolgym.trainers.modeling import (
     Reference,
     autocast,
@@ -52,8 +54,6 @@ from toolgym.trainers.modeling import (
     value_head,
 )
 from toolgym.trainers.rollout import RolloutConfig, TreeRollout
-from toolgym.trainers.runlog import RunLog
-from toolgym.trainers.seed_config import SeedState
 from toolgym.trainers.tree import flatten, leaf_rewards
 
 __all__ = ["PPOConfig", "train"]
@@ -93,12 +93,12 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         folder = out / "checkpoint"
         present = {k: m for k, m in modules.items() if k != "reference" or (folder / f"{k}.pt").is_file()}
         progress = checkpoint.load(folder, present, optimizer)
-    log = RunLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
+    log = MetricsLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
     roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs)
-    seeds = SeedState(cfg)  # replay buffer, task pool, EPO entropy band (seed_config.py)
-    if cfg.resume:  # the seed methods continue where the checkpoint left them
-        seeds.load_state_dict(progress.extra)
+    addons = AddonState(cfg)  # replay buffer, task pool, EPO entropy band (addons.py)
+    if cfg.resume:  # the add-ons continue where the checkpoint left them
+        addons.load_state_dict(progress.extra)
     bar = None
     if cfg.progress:
         from tqdm import tqdm
@@ -118,7 +118,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     for step in range(progress.step + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         # 1. rollout: `budget` independent samples per task
-        tasks = seeds.tasks(
+        tasks = addons.tasks(
             lambda: next_tasks(cfg.env_ids, cfg.seed, progress.data_pos, cfg.prompts_per_step),
             cfg.prompts_per_step, step,
         )  # fmt: skip
@@ -127,7 +127,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
             forest, stats = roller.run(tasks, seed=cfg.seed * 100_003 + step)
         progress.data_pos += len(tasks)
         metrics = episode_metrics(forest, stats)
-        forest = seeds.before_credit(forest, step, metrics)  # task probe, success replay
+        forest = addons.before_credit(forest, step, metrics)  # task probe, success replay
         rows = flatten(forest)  # (env_error episodes get no row)
         rewards = leaf_rewards(forest, rows)
         zeros = [[0.0] * len(r.token_ids) for r in rows]
@@ -175,7 +175,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         loss_stats = StatLog()
         g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
         t_train, trained_tokens = time.perf_counter(), 0
-        seeds.start_step(step)
+        addons.start_step(step)
         for _epoch in range(cfg.epochs):
             order = torch.randperm(len(rows), generator=g)
             per_mb = -(-len(rows) // cfg.minibatches)
@@ -207,7 +207,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                         ref_logprobs=ref_logp[idx, :T] if ref_logp is not None else None,
                     )  # fmt: skip
                     pl, st = policy_loss(pb, loss_cfg, denom)
-                    pl = seeds.epo_term(pl, ent, mb, sum(row_mask[r] > 0 for r in mb_rows.tolist()))
+                    pl = addons.epo_term(pl, ent, mb, sum(row_mask[r] > 0 for r in mb_rows.tolist()))
                     assert values is not None
                     vl, vst = value_loss(
                         values[:, :T],
@@ -228,7 +228,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                     "grad_norm"
                 ]  # the one sync
         metrics |= {f"losses/{k}": v for k, v in loss_stats.means().items()} if loss_stats.weight else {}
-        seeds.end_step(metrics)
+        addons.end_step(metrics)
         metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
         metrics["time/step_s"] = time.perf_counter() - t_step
         progress.step = step
@@ -238,7 +238,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
             metrics |= held_out(step)
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-            checkpoint.save(out / "checkpoint", modules, optimizer, progress, seeds.state_dict())
+            checkpoint.save(out / "checkpoint", modules, optimizer, progress, addons.state_dict())
         if bar is not None:
             bar.update(1)
             bar.set_postfix(

@@ -1,6 +1,6 @@
 """Success replay and task selection for sparse rewards (ARPO for GUI agents, Lu et al. 2025).
 
-Two pieces, both off by default (docs/trainer.md, "Seed methods"):
+Two pieces, both off by default (docs/trainer.md, "Add-ons"):
 
 - `SuccessBuffer`: per task (env id, seed) the newest `per_task` successful root-to-leaf paths seen in
   training (ARPO keeps 8). When every rollout of a task's group failed, `inject` replaces one failed
@@ -18,7 +18,7 @@ Departures from ARPO:
 1. The probe is the training group itself (ARPO probes the initial policy before training): no extra
    rollouts, and the filter follows the policy as it learns.
 2. Replay needs a prompt identical token for token to the buffered one (same task, same renderer).
-3. The buffer and the selector are saved with the checkpoint (`SeedState.state_dict`): a resume is exact.
+3. The buffer and the selector are saved with the checkpoint (`AddonState.state_dict`): a resume is exact.
 4. With `refill` the zero-variance filter drops all-failed groups before replay could act.
 5. ARPO trains the replayed rollout as if on-policy (its old logprobs recomputed, PPO epoch 1: ratio 1);
    we keep its behaviour logprobs, so the truncated weight min(exp(logp_old - logp_behaviour), `is_max`)

@@ -1,6 +1,6 @@
 """Rescoring a run's saved rollouts with another reward function, or another version of one, without a model.
 
-Reads ``RUN_DIR/rollouts/step_*.jsonl`` (``save_rollouts``; the format is ``rollout_log.FORMAT``). Each
+Reads ``RUN_DIR/rollouts/step_*.jsonl`` (``save_rollouts``; the format is ``saved_rollouts.FORMAT``). Each
 episode that ended with an answer (no truncation) is one row: the completion is the path's turns as chat
 messages, the final one as the env read it (an ``answer`` tool call becomes ``<answer>…</answer>``, the form
 every answer reward reads), with the gold as the ``answer`` column and the rendered prompt as ``prompts``.

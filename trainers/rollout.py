@@ -23,7 +23,7 @@ Branching draws come from one generator per tree (seeded by the run seed and the
 modes make the same branching decisions given the same turns and entropies.
 
 Each model turn is parsed once, by its env: the env call reads it (`ToolEnv.read_action`) and steps with
-that reading, and the turn's node keeps the calls the env read (`info["calls"]`, shown by rollout_log).
+that reading, and the turn's node keeps the calls the env read (`info["calls"]`, shown by saved_rollouts).
 
 Forking an env: see trainers/rollout_envs.py (a snapshot restored, or the path's actions replayed).
 
@@ -328,7 +328,7 @@ class TreeRollout:
         node.info.update(
             invalid=bool(info.get("invalid_action", False)), tool_calls=int(info.get("tool_calls", 0))
         )
-        if read is not None:  # the env's own reading of the turn: rollout_log shows it without parsing again
+        if read is not None:  # the env's own reading of the turn: saved_rollouts shows it without a reparse
             node.info["calls"] = [{"name": c.name, "arguments": c.arguments} for c in read.result.tool_calls]
         end: dict[str, Any] | None = None
         if terminated or truncated:

@@ -276,9 +276,9 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     import torch
 
     from toolgym.trainers.episodes import evaluate
+    from toolgym.trainers.metrics_log import MetricsLog
     from toolgym.trainers.modeling import autocast, build_policy, pick_device, trainable_parameters
     from toolgym.trainers.rollout import RolloutConfig
-    from toolgym.trainers.runlog import RunLog
 
     cfg.validate()
     t_start = time.perf_counter()
@@ -294,7 +294,7 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     seqs = [conversation_tokens(m, t, renderer) for m, t in convs]
     steps = cfg.steps or max(1, math.ceil(cfg.epochs * len(seqs) / cfg.batch_size))
     out = Path(cfg.output_dir)
-    log = RunLog(out, cfg.tensorboard)
+    log = MetricsLog(out, cfg.tensorboard)
     (out / "config.json").write_text(json.dumps({"algorithm": "sft", **cfg.to_dict()}, indent=2))
     eval_kwargs = {**cfg.env_kwargs, **cfg.eval_env_kwargs}
     rollout = RolloutConfig(

@@ -1,4 +1,4 @@
-"""``toolgym view``: rollout trees saved by the trainer's ``rollout_log`` become one HTML page, checked in a real
+"""``toolgym view``: rollout trees saved by the trainer's ``saved_rollouts`` become one HTML page, checked in a real
 Chromium (Playwright): it renders offline, shows branch points, tool calls and advantages, and filters."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from toolgym.errors import ConfigError
-from toolgym.trainers.rollout_log import save_step
+from toolgym.trainers.saved_rollouts import save_step
 from toolgym.trainers.tree import RolloutTree, flatten
 from toolgym.viewer import pick_steps, write_view
 

@@ -16,7 +16,7 @@ from toolgym.envs.base import tool_env
 from toolgym.errors import ConfigError
 from toolgym.rewards import exact_match, numeric_match
 from toolgym.trainers.reverify import reverify
-from toolgym.trainers.rollout_log import save_step
+from toolgym.trainers.saved_rollouts import save_step
 from toolgym.trainers.tree import RolloutTree
 
 

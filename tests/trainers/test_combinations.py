@@ -230,9 +230,9 @@ def test_update_agrees_with_the_reference(combo: int) -> None:
 
     from tests.trainers import reference
     from tests.trainers.table import Table, table_forward
+    from toolgym.trainers.addons import AddonState
     from toolgym.trainers.batch import collate
     from toolgym.trainers.grpo import optimize
-    from toolgym.trainers.seed_config import SeedState
 
     for est, branched, shared, filters, replay, epo, epochs, minibatches, agg in UPDATE_SAMPLE[
         combo : combo + 20
@@ -251,10 +251,10 @@ def test_update_agrees_with_the_reference(combo: int) -> None:
         batch = batch._replace(input_ids=ids)
         model = Table(len(c.rows), ids.shape[1], scale=0.7, seed=combo)
         theta0 = model.theta.detach().clone()
-        seeds = SeedState(cfg)
-        if seeds.band is not None:
-            seeds.band.update(0.5)  # a history: the band is [0.45, 0.55] (token entropies up to ln 2)
-        optimize(cfg, 1, batch, model, model, torch.optim.SGD(model.parameters(), lr=1.0), seeds=seeds,
+        addons = AddonState(cfg)
+        if addons.band is not None:
+            addons.band.update(0.5)  # a history: the band is [0.45, 0.55] (token entropies up to ln 2)
+        optimize(cfg, 1, batch, model, model, torch.optim.SGD(model.parameters(), lr=1.0), addons=addons,
                  fwd=table_forward)  # fmt: skip
         want = reference.update(cfg, batch, theta0, 1, [0.5] if epo else None)
         where = (est, branched, shared, filters, replay, epo, epochs, minibatches, agg)

@@ -1,5 +1,5 @@
 """Curricula (trainers/curriculum.py): levels, promotion and demotion worked out by hand, the GRPO hook, the
-seed methods' task selection, reasoning-gym's levels, and a CPU smoke run of the shipped configs."""
+the add-ons' task selection, reasoning-gym's levels, and a CPU smoke run of the shipped configs."""
 
 from __future__ import annotations
 

@@ -123,15 +123,15 @@ def test_statlog_refuses_means_before_read_and_reads_mixed_dtypes() -> None:
 def test_update_loop_reads_the_stats_once_per_optimizer_step(
     tmp_path: Path, tokenizer: Any, trainer: str
 ) -> None:
-    """Inside the update (seeds.start_step .. end_step), the loss module's only host read is StatLog's one
+    """Inside the update (addons.start_step .. end_step), the loss module's only host read is StatLog's one
     stacked read per optimizer step (denominator reads the CPU copy of the mask), whatever the micro-batch
     count; before, ~30 float() reads per micro-batch."""
     from tests.trainers.test_train import SMALL
-    from toolgym.trainers import grpo, ppo, seed_config
+    from toolgym.trainers import addons, grpo, ppo
 
     register_fake_env()
     counter = HostReads()
-    start, end = seed_config.SeedState.start_step, seed_config.SeedState.end_step
+    start, end = addons.AddonState.start_step, addons.AddonState.end_step
 
     def started(self: Any, step: int) -> None:
         counter.__enter__()
@@ -143,8 +143,8 @@ def test_update_loop_reads_the_stats_once_per_optimizer_step(
 
     opts = dict(SMALL, steps=1, minibatches=2, micro_batch_rows=2, kl_coef=0.05, ratio_level="turn")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(seed_config.SeedState, "start_step", started)
-        mp.setattr(seed_config.SeedState, "end_step", ended)
+        mp.setattr(addons.AddonState, "start_step", started)
+        mp.setattr(addons.AddonState, "end_step", ended)
         if trainer == "grpo":
             cfg: Any = grpo.GRPOConfig(output_dir=str(tmp_path), epochs=2, **opts)
             metrics = grpo.train(cfg, tiny_model(len(tokenizer)), tokenizer)

@@ -132,10 +132,10 @@ def test_train_with_replay_and_task_selection(tmp_path: Path, tokenizer: Any) ->
 
 
 @pytest.mark.parametrize("name", ["replay", "epo", "hiper"])
-def test_seed_method_yaml_configs_load(name: str) -> None:
+def test_addon_yaml_configs_load(name: str) -> None:
     from toolgym.trainers.config import load_yaml
 
-    data = load_yaml(Path(__file__).parents[2] / "trainers" / "configs" / f"seed_{name}.yaml")
+    data = load_yaml(Path(__file__).parents[2] / "trainers" / "configs" / f"addon_{name}.yaml")
     assert data.pop("algorithm") == "grpo"
     cfg = GRPOConfig.from_dict(data)
     assert cfg.replay or cfg.epo or cfg.estimator == "hiper"

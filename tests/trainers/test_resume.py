@@ -13,11 +13,11 @@ from tests.trainers.conftest import register_fake_env, tiny_model
 from tests.trainers.test_train import SMALL, records
 from toolgym.errors import ConfigError
 from toolgym.trainers import checkpoint
+from toolgym.trainers.addons import AddonState
 from toolgym.trainers.grpo import GRPOConfig
 from toolgym.trainers.grpo import train as train_grpo
 from toolgym.trainers.ppo import PPOConfig
 from toolgym.trainers.ppo import train as train_ppo
-from toolgym.trainers.seed_config import SeedState
 
 OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     # a narrow band: the step-3 smoothing penalty depends on the entropies of steps 1 and 2
@@ -26,7 +26,7 @@ OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "task_pool": ("grpo", dict(task_pool=3, task_filter_refresh=2)),
     "hiper": ("grpo", dict(estimator="hiper")),
     "ppo": ("ppo", dict(kl_coef=0.05)),
-    "ppo_seed_methods": ("ppo", dict(critic="hiper", epo=True, replay=True, task_pool=2, epo_kappa_low=0.99)),
+    "ppo_addons": ("ppo", dict(critic="hiper", epo=True, replay=True, task_pool=2, epo_kappa_low=0.99)),
 }
 
 
@@ -73,11 +73,11 @@ def test_resume_is_bit_identical(option: str, tmp_path: Path, tokenizer: Any, mo
 
 def test_a_checkpoint_without_the_seed_state_is_refused() -> None:
     cfg = GRPOConfig(epo=True, replay=True, task_pool=2)
-    seeds = SeedState(cfg)
-    seeds.band.update(1.5)  # type: ignore[union-attr]
-    seeds.selector.cursor = 3  # type: ignore[union-attr]
-    again = SeedState(cfg)
-    again.load_state_dict(seeds.state_dict())
+    addons = AddonState(cfg)
+    addons.band.update(1.5)  # type: ignore[union-attr]
+    addons.selector.cursor = 3  # type: ignore[union-attr]
+    again = AddonState(cfg)
+    again.load_state_dict(addons.state_dict())
     assert list(again.band.history) == [1.5] and again.selector.cursor == 3  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="epo_history, replay, task_pool"):
-        SeedState(cfg).load_state_dict(None)
+        AddonState(cfg).load_state_dict(None)

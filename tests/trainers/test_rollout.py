@@ -156,7 +156,7 @@ def test_arpo_tops_up_with_global_samples() -> None:
 
 def test_each_turn_is_parsed_once_by_its_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The env call reads the turn (read_action) and steps with that reading: one parse per stepped turn,
-    and the model node keeps the calls the env read (rollout_log shows them without parsing again)."""
+    and the model node keeps the calls the env read (saved_rollouts shows them without parsing again)."""
     import gymnasium as gym
 
     env_cls = gym.spec(FAKE_ENV).entry_point

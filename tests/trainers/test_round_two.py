@@ -1,4 +1,4 @@
-"""Regression tests of the second trainer review (shaping, seed methods, aggregation, LLDS, SPO values);
+"""Regression tests of the second trainer review (shaping, add-ons, aggregation, LLDS, SPO values);
 every expected number is worked out by hand in the test, never by re-running the code under test."""
 
 from __future__ import annotations
@@ -142,9 +142,9 @@ def test_every_estimator_applies_overlong_and_kl_shaping(estimator: str) -> None
 
 # ----- EPO x shared=once: a row's trajectory entropy is the mean over all its turns ----------------------
 def test_epo_trajectory_entropy_reads_every_turn_of_a_row_with_shared_once() -> None:
+    from toolgym.trainers.addons import AddonState
     from toolgym.trainers.batch import collate
     from toolgym.trainers.grpo import credit
-    from toolgym.trainers.seed_config import SeedState
     from toolgym.trainers.tree import RolloutTree
 
     # P[1, 2] -> A[3] (turn 0) -> env[4] -> B[5] (turn 1, R 1) | C[6] (turn 1, R 0)
@@ -161,12 +161,12 @@ def test_epo_trajectory_entropy_reads_every_turn_of_a_row_with_shared_once() -> 
     batch = collate(c.rows, c.advantages, c.rewards, c.keep, 0, None, c.turn_masks)
     assert batch.turn_mask().tolist() == [[0, 0, 1, 0, 1], [0, 0, 1, 0, 1]]
     ent = torch.tensor([[0, 0, 2.0, 0, 1.0], [0, 0, 2.0, 0, 1.0]])  # A: 2, B and C: 1
-    seeds = SeedState(cfg)
-    seeds.start_step(1)
-    loss = seeds.epo_term(torch.tensor(0.0), ent, batch, 2)
+    addons = AddonState(cfg)
+    addons.start_step(1)
+    loss = addons.epo_term(torch.tensor(0.0), ent, batch, 2)
     # H = mean over turns of the turn's mean entropy: (2 + 1) / 2 = 1.5 for both rows (row 1 read 1.0:
     # only the turn it trains); step 1 has no band: loss = -alpha (1.5 + 1.5) / 2 rows
-    assert seeds._sums["entropy_sum"] == approx(3.0)
+    assert addons._sums["entropy_sum"] == approx(3.0)
     assert float(loss) == approx(-0.1 * 1.5)
 
 
@@ -176,13 +176,13 @@ def test_replayed_leaves_get_the_kl_shaping(tmp_path: Any, tokenizer: Any, monke
     from tests.trainers.conftest import register_fake_env, tiny_model
     from tests.trainers.test_train import SMALL
     from toolgym.trainers import grpo
-    from toolgym.trainers.seed_config import SeedState
+    from toolgym.trainers.addons import AddonState
 
     register_fake_env()
-    before, credit = SeedState.before_credit, grpo.credit
+    before, credit = AddonState.before_credit, grpo.credit
     seen: list[list[Any]] = []
 
-    def forced(self: SeedState, forest: list[Any], step: int, metrics: dict[str, float]) -> list[Any]:
+    def forced(self: AddonState, forest: list[Any], step: int, metrics: dict[str, float]) -> list[Any]:
         # step 1: the first rollout of each task succeeds (buffered); step 2: every rollout fails (replayed)
         for t in forest:
             for i, leaf in enumerate(t.leaves()):
@@ -195,7 +195,7 @@ def test_replayed_leaves_get_the_kl_shaping(tmp_path: Any, tokenizer: Any, monke
         seen.append(forest)
         return credit(cfg, forest, scorer)
 
-    monkeypatch.setattr(SeedState, "before_credit", forced)
+    monkeypatch.setattr(AddonState, "before_credit", forced)
     monkeypatch.setattr(grpo, "credit", recording)
     opts = dict(SMALL, prompts_per_step=1, kl_coef=0.5, kl_in_reward=True, replay=True, task_pool=1)
     grpo.train(

@@ -13,9 +13,9 @@ import torch
 from tests.trainers.conftest import FAKE_ENV, register_fake_env, tiny_model
 from toolgym.trainers.grpo import GRPOConfig
 from toolgym.trainers.grpo import train as train_grpo
+from toolgym.trainers.metrics_log import NAMESPACES
 from toolgym.trainers.ppo import PPOConfig
 from toolgym.trainers.ppo import train as train_ppo
-from toolgym.trainers.runlog import NAMESPACES
 
 SMALL: dict[str, Any] = dict(
     env_ids=[FAKE_ENV], env_kwargs={}, prompts_per_step=2, budget=4, max_new_tokens=6, max_total_tokens=256,

@@ -1,7 +1,7 @@
 """``toolgym view RUN_DIR``: one self-contained HTML page of a training run's rollout trees.
 
 Reads ``RUN_DIR/rollouts/step_*.jsonl`` (``toolgym train --save-rollouts N``; the format is
-``toolgym.trainers.rollout_log``) and writes a page with the data inline and plain JavaScript (no CDN, no
+``toolgym.trainers.saved_rollouts``) and writes a page with the data inline and plain JavaScript (no CDN, no
 network): per tree its task, leaves and rewards; per node the text of each turn, the parsed tool calls, the
 observations, the step reward, the advantage of the node in each row, and branch points (nodes with two or
 more children) shown as side-by-side branches. Filters: step, task, leaf reward range, outcome, text search.

@@ -1,4 +1,4 @@
-"""The seed methods in the PPO loop: replay + task selection, EPO and HiPER (critic=hiper), each a
+"""The add-ons in the PPO loop: replay + task selection, EPO and HiPER (critic=hiper), each a
 two-step CPU run with the tiny model; the config checks of the PPO side."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_ppo_config_has_the_seed_fields_and_warns_inert_ones() -> None:
     ],
     ids=["replay", "epo", "hiper"],
 )
-def test_ppo_two_steps_with_each_seed_method(
+def test_ppo_two_steps_with_each_addon(
     tmp_path: Path, tokenizer: Any, opts: dict[str, Any], keys: tuple[str, ...]
 ) -> None:
     cfg = PPOConfig(steps=2, output_dir=str(tmp_path), **opts, **SMALL)

@@ -24,7 +24,7 @@ PLOTS = {
 }
 
 
-class RunLog:
+class MetricsLog:
     """Appends metrics to `folder/metrics.jsonl` (and tensorboard); `plot()` draws the PNGs."""
 
     def __init__(self, folder: Path, tensorboard: bool = True, resume_step: int | None = None) -> None:

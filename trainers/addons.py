@@ -1,8 +1,8 @@
-"""Per-run state of the seed methods: success replay + task selection, EPO, HiPER.
+"""Per-run state of the add-ons: success replay + task selection, EPO, HiPER.
 
-Their config fields are `SeedMethodsConfig` in config.py (re-exported here): `GRPOConfig` extends it, so
+Their config fields are `AddonsConfig` in config.py (re-exported here): `GRPOConfig` extends it, so
 every field is a `toolgym train grpo` flag and a YAML key. The algorithms live in replay.py, epo.py and
-hiper.py; `SeedState` holds what they keep between steps and is the only thing the GRPO loop talks to.
+hiper.py; `AddonState` holds what they keep between steps and is the only thing the GRPO loop talks to.
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from toolgym.errors import ConfigError
-from toolgym.trainers.config import SeedMethodsConfig
+from toolgym.trainers.config import AddonsConfig
 
-__all__ = ["SeedMethodsConfig", "SeedState"]
+__all__ = ["AddonState", "AddonsConfig"]
 
 
-class SeedState:
-    """What the seed methods keep across the steps of one run; saved with the checkpoint (`state_dict`), so a
+class AddonState:
+    """What the add-ons keep across the steps of one run; saved with the checkpoint (`state_dict`), so a
     resumed run replays, draws tasks and bands entropies exactly as an uninterrupted one."""
 
-    def __init__(self, cfg: SeedMethodsConfig, world: int = 1) -> None:
+    def __init__(self, cfg: AddonsConfig, world: int = 1) -> None:
         from toolgym.trainers import epo, replay
 
         if world > 1 and (cfg.replay or cfg.task_pool):
