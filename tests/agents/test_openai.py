@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.processes import start, stop
 from toolgym.agents import OpenAIPolicy, SamplingParams, run_episodes
 from toolgym.agents.openai_server import PolicyServer
 from toolgym.errors import ConfigError
@@ -150,7 +151,7 @@ def test_toolgym_serve_command(tmp_path: Any, tiny_policy: Any) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen(
+    proc = start(
         [sys.executable, "-m", "toolgym", "serve", "--agent", f"hf:{tmp_path}", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -171,5 +172,4 @@ def test_toolgym_serve_command(tmp_path: Any, tiny_policy: Any) -> None:
         (turn,) = policy.act([[{"role": "user", "content": "hi"}]])
         assert len(turn.token_ids) == 3 and len(turn.logprobs) == 3
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)

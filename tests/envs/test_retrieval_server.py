@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 import toolgym  # noqa: F401
+from tests.processes import start, stop
 from toolgym.envs.search.sources import world
 
 
@@ -24,32 +25,36 @@ def _free_port() -> int:
 
 def _serve(args, env=None):
     port = _free_port()
-    proc = subprocess.Popen(
+    proc = start(
         [sys.executable, "-m", "toolgym", "serve-retriever", *args, "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited: {proc.stdout.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("the server did not come up in 120 s")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"the server exited: {proc.stdout.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise AssertionError("the server did not come up in 120 s")
+    except BaseException:
+        stop(proc)
+        raise
 
 
 @pytest.fixture(scope="module")
 def server():
     proc, url = _serve(["--synthetic", "10000", "--topk", "3"])
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        yield url
+    finally:
+        stop(proc)
 
 
 def test_search_r1_client_request(server):
@@ -149,5 +154,4 @@ def test_search_index_writes_a_synthetic_corpus_the_env_and_server_read(tmp_path
                     break
         assert wins >= 9
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc)

@@ -14,6 +14,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from tests.processes import start, stop
 from toolgym.errors import ConfigError
 from toolgym.rewards import Rubric, exact_match, math_match, single_answer, tag_balance, to_verl
 
@@ -123,7 +124,7 @@ def test_serve_reward_cli(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen(
+    proc = start(
         [sys.executable, "-m", "toolgym", "serve-reward", "--reward", "exact_match", "--reward", "tag_balance=0", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -141,8 +142,7 @@ def test_serve_reward_cli(tmp_path):
             pytest.fail(proc.stderr.read() if proc.poll() is not None else "server did not answer")
         assert body["rewards"] == [1.0] and body["extra_logs"]["tag_balance"] == [1.0]
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
     bad = subprocess.run(
         [sys.executable, "-m", "toolgym", "serve-reward", "--reward", "nope"], capture_output=True, text=True
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.processes import start, stop
 from toolgym.sandboxes import Sandbox, get_sandbox
 
 from .conftest import IMAGE
@@ -234,7 +235,7 @@ def test_class4_6_every_box_has_a_uid_of_its_own(any_sb: Sandbox) -> None:
     ua = a.run("import os; print(os.getuid())", timeout=5).stdout.strip()
     ub = b.run("import os; print(os.getuid())", timeout=5).stdout.strip()
     others = [
-        subprocess.Popen(
+        start(
             [sys.executable, "-c", HOLD_A_BOX, any_sb.backend],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -245,10 +246,14 @@ def test_class4_6_every_box_has_a_uid_of_its_own(any_sb: Sandbox) -> None:
     try:
         theirs = [p.stdout.readline().strip() for p in others if p.stdout is not None]
     finally:
-        for p in others:
-            p.communicate("", timeout=60)
-        a.close()
-        b.close()
+        try:
+            for p in others:
+                p.communicate("", timeout=60)
+        finally:
+            for p in others:
+                stop(p)  # a holder stuck past the timeout: its group, box included, ends with the test
+            a.close()
+            b.close()
     uids = [ua, ub, *theirs]
     assert all(u.isdigit() and int(u) >= 200000 for u in uids) and len(set(uids)) == 4, uids
 
