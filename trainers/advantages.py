@@ -1,22 +1,14 @@
 """Advantage estimators: a forest of rollout trees + rewards -> an advantage for every trained token.
 
+Here: the group baselines (GRPO, Dr.GRPO, RLOO), their broadcast to nodes and tokens, GAE, and `estimate`,
+the critic-free estimators by name. The turn-level ones (GiGPO, HGPO, IGPO) are in advantages_turn.py,
+the tree ones (SPO, TreeRL, TreePO) in advantages_tree.py.
+
 Departures from the papers (docs/trainer.md; each is also marked where it happens):
 1. A group of one gets advantage 0 in every group-normalised estimator (GRPO, RLOO, GiGPO steps,
    IGPO): with no sibling there is no baseline. verl gives a lone GRPO sample its raw reward.
-2. GiGPO's episode level counts each trajectory once (verl-agent counts it once per step row, so long
-   trajectories weigh more). Anchor key: (turn index, env state key) when the env reports a state key
-   (`info["state_key"]`); otherwise the whole history of env observations up to the turn (a fixed
-   message such as "Invalid action" then only matches after the same history). Turns without any key
-   form their own (singleton) step group. Similarity mode clusters the observation texts of one turn
-   index greedily (difflib ratio >= threshold), like verl-agent's but per turn index.
-3. Tree estimators give one advantage per segment (the chain between two branch points, tool/env
-   messages included; tree.py), as SPO and TreeRL do: `tree` is SPO's V(segment) - V(branch point) with
-   V the mean over children (a node's subtrees count once each, however many leaves they hold),
-   `spo_std` divides that by the population std of the sibling values (unverified: SPO's code was not
-   read for which std), `treerl` is TreeRL's ((V(s) - V(p)) + V(s)) / sqrt(#leaves below s) on
-   leave-one-out rewards. `treepo` is TreePO's sub-group baseline (one scalar per row).
-4. IGPO takes the per-turn rewards as given (the info-gain scorer lives with the rewards); the
-   normalisation uses the population std and std 1 for a single value, as the updated official code.
+2.-4. GiGPO's episode level and anchor keys, IGPO's normalisation (advantages_turn.py) and the tree
+   estimators' segments (advantages_tree.py) are listed with those estimators.
 5. GAE follows verl: tokens with mask 0 (tool/env text) are skipped, value and advantage carried through.
 
 Interface. Most estimators give one number per (row, node): `NodeAdv = list[dict[node_id, float]]`;
@@ -26,16 +18,13 @@ averages a node's advantage over the rows that hold it (ARPO's "hard" attributio
 
 from __future__ import annotations
 
-import difflib
-import itertools
-import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
 import torch
 
-from toolgym.trainers.tree import RolloutTree, Row, SharedMode, row_turns, segment_heads
+from toolgym.trainers.tree import RolloutTree, Row, SharedMode, row_turns
 
 NormMode = Literal["mean_std", "mean", "none"]
 NodeAdv = list[dict[int, float]]
@@ -142,264 +131,6 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     for t in range(len(rewards) - 1, -1, -1):
         acc = rewards[t] + gamma * acc
         out[t] = acc
-    return out
-
-
-def anchor_keys(
-    forest: list[RolloutTree], rows: list[Row], similarity: float | None = None
-) -> list[list[Hashable]]:
-    """GiGPO anchor group key of every (row, turn) (departure 2). [rows][turns]."""
-    out: list[list[Hashable]] = []
-    texts: dict[tuple[int, int], list[tuple[str, Hashable]]] = defaultdict(list)  # (tree, turn) -> clusters
-    for i, r in enumerate(rows):
-        keys: list[Hashable] = []
-        history: tuple[str | None, ...] = ()
-        for j, t in enumerate(row_turns(forest[r.tree], r)):
-            history += (t.state_key,)
-            if similarity is not None and t.state_text is not None:
-                clusters = texts[(r.tree, t.index)]
-                match = next(
-                    (
-                        k
-                        for rep, k in clusters
-                        if difflib.SequenceMatcher(None, rep, t.state_text).ratio() >= similarity
-                    ),
-                    None,
-                )
-                if match is None:
-                    match = (r.tree, t.index, "sim", len(clusters))
-                    clusters.append((t.state_text, match))
-                keys.append(match)
-            elif t.state_key is None:
-                keys.append((r.tree, "solo", i, j))
-            elif t.env_key:
-                keys.append((r.tree, t.index, t.state_key))
-            else:
-                keys.append((r.tree, history))
-        out.append(keys)
-    return out
-
-
-def step_returns(forest: list[RolloutTree], rows: list[Row], gamma: float) -> list[list[float]]:
-    """Discounted returns of the env step rewards from each turn on. [rows][turns]."""
-    return [discounted_returns([t.step_reward for t in row_turns(forest[r.tree], r)], gamma) for r in rows]
-
-
-def gigpo(
-    forest: list[RolloutTree],
-    rows: list[Row],
-    omega: float = 1.0,
-    gamma: float = 0.95,
-    mode: Literal["mean_norm", "mean_std_norm"] = "mean_norm",
-    eps: float = 1e-6,
-    similarity: float | None = None,
-) -> NodeAdv:
-    """GiGPO: A(i, t) = A_E(i) + omega * A_S(i, t), broadcast to the nodes of turn t of row i.
-
-    A_E normalises the leaf reward within the tree; A_S normalises the gamma-discounted return of the
-    step rewards from turn t on within the anchor group (`anchor_keys`; `similarity` a difflib ratio
-    threshold turns on the similarity mode, 0.95 in verl-agent).
-    """
-    norm: NormMode = "mean" if mode == "mean_norm" else "mean_std"
-    episode = [forest[r.tree].nodes[r.leaf].reward or 0.0 for r in rows]
-    a_e = group_norm(episode, [r.tree for r in rows], norm, "unbiased", eps)
-    keys = anchor_keys(forest, rows, similarity)
-    rets = step_returns(forest, rows, gamma)
-    flat_keys = [k for ks in keys for k in ks]
-    a_s = group_norm([x for xs in rets for x in xs], flat_keys, norm, "unbiased", eps)
-    per_turn: list[list[float]] = []
-    pos = 0
-    for i, ks in enumerate(keys):
-        per_turn.append([a_e[i] + omega * a for a in a_s[pos : pos + len(ks)]])
-        pos += len(ks)
-    return turn_to_nodes(forest, rows, per_turn)
-
-
-def hgpo(
-    forest: list[RolloutTree],
-    rows: list[Row],
-    history: int = 2,
-    gamma: float = 0.95,
-    mode: Literal["mean_norm", "mean_std_norm"] = "mean_std_norm",
-    alpha: float = 1.0,
-    base_group: bool = False,
-    eps: float = 1e-6,
-) -> NodeAdv:
-    """HGPO (ICLR 2026): for k = 1..history+1 the step at turn t is grouped (within its tree) with the
-    steps whose last k state keys equal its own; a group of two or more gives
-    a_k = (R_t - mean) / (population std + eps) (`mean_std_norm`) or R_t - mean (`mean_norm`), with R_t the
-    discounted step return. `base_group` adds k = 0: the GiGPO episode advantage. The step's advantage is
-    sum_k w_k a_k over the levels with a_k != 0, w_k = (k+1)^alpha / sum over those levels (k'+1)^alpha.
-
-    Departure: a level k longer than the history so far (t + 1 < k) is skipped, not padded.
-    """
-    norm: NormMode = "mean" if mode == "mean_norm" else "mean_std"
-    rets = step_returns(forest, rows, gamma)
-    states = [[t.state_key for t in row_turns(forest[r.tree], r)] for r in rows]
-    levels: dict[int, list[float]] = {}  # k -> flat advantage per (row, turn); None-keyed levels skipped
-    owners = [(i, j) for i, ss in enumerate(states) for j in range(len(ss))]
-    for k in range(1, history + 2):
-        keys: list[Hashable] = []
-        for i, j in owners:
-            hist = tuple(states[i][j - k + 1 : j + 1]) if j + 1 >= k else None
-            ok = hist is not None and None not in hist
-            keys.append((rows[i].tree, k, hist) if ok else ("skip", k, i, j))
-        levels[k] = group_norm([rets[i][j] for i, j in owners], keys, norm, "population", eps)
-    if base_group:
-        episode = [forest[r.tree].nodes[r.leaf].reward or 0.0 for r in rows]
-        a_e = group_norm(episode, [r.tree for r in rows], norm, "unbiased", eps)
-        levels[0] = [a_e[i] for i, _ in owners]
-    per_turn: list[list[float]] = [[] for _ in rows]
-    for n, (i, _) in enumerate(owners):
-        items = [(k, a[n]) for k, a in levels.items() if a[n] != 0.0]
-        wsum = sum((k + 1) ** alpha for k, _ in items)
-        per_turn[i].append(sum((k + 1) ** alpha * a for k, a in items) / wsum if items else 0.0)
-    return turn_to_nodes(forest, rows, per_turn)
-
-
-def tree_values(
-    tree: RolloutTree, leaf_values: dict[int, float], over: Literal["leaves", "children"] = "leaves"
-) -> list[float]:
-    """V(node) = mean of `leaf_values` over the leaves below it that have a value (`leaves`: TreeRL), or the
-    mean of V over its children that have a value below them (`children`: SPO, ALGORITHMS.md 5.3; on an
-    unbalanced tree a subtree counts once, however many leaves it holds). 0 where no leaf has a value.
-
-    >>> t = RolloutTree("q", [1]); a = t.add(t.root, "model", [2]); b = t.add(t.root, "model", [3])
-    >>> l1, l2 = t.add(a, "model", [4]), t.add(a, "model", [5])
-    >>> [tree_values(t, {l1: 1.0, l2: 0.0, b: 0.0}, over)[0] for over in ("leaves", "children")]
-    [0.3333333333333333, 0.25]
-    """
-    if over == "leaves":
-        out = []
-        for n in tree.nodes:
-            ls = [leaf for leaf in tree.subtree_leaves(n.id) if leaf in leaf_values]
-            out.append(sum(leaf_values[leaf] for leaf in ls) / len(ls) if ls else 0.0)
-        return out
-    value: dict[int, float] = {}  # nodes with a valued leaf below them
-    stack: list[tuple[int, bool]] = [(tree.root, False)]
-    while stack:  # post-order without recursion (paths can be long; split suffixes have larger ids)
-        nid, done = stack.pop()
-        if not done:
-            stack.append((nid, True))
-            stack += [(c, False) for c in tree.nodes[nid].children]
-            continue
-        if nid in leaf_values:
-            value[nid] = leaf_values[nid]
-        else:
-            kids = [value[c] for c in tree.nodes[nid].children if c in value]
-            if kids:
-                value[nid] = sum(kids) / len(kids)
-    return [value.get(n.id, 0.0) for n in tree.nodes]
-
-
-TreeStyle = Literal["spo", "spo_std", "treerl"]
-
-
-def tree_advantages(forest: list[RolloutTree], rows: list[Row], style: TreeStyle = "spo") -> NodeAdv:
-    """Segment credit (departure 3), the same for every row holding the node.
-
-    With s the segment of a node and p the branch point above it (tree.py `segment_heads`), V the mean over
-    children (SPO) or over leaves (TreeRL) (`tree_values`): `spo`: V(s) - V(p); `spo_std`: (V(s) - V(p)) / (population std of V over p's children + 1e-8);
-    `treerl`: leaves leave-one-out normalised first, then ((V(s) - V(p)) + V(s)) / sqrt(#leaves below s).
-    Only leaves that have a row count (env_error leaves have none).
-    """
-    per_tree: dict[int, dict[int, float]] = {}
-    for ti in sorted({r.tree for r in rows}):
-        tree = forest[ti]
-        leaves = [r.leaf for r in rows if r.tree == ti]
-        raw = {leaf: tree.nodes[leaf].reward or 0.0 for leaf in leaves}
-        if style == "treerl":
-            raw = dict(zip(leaves, rloo(list(raw.values()), [0] * len(raw)), strict=True))
-        v = tree_values(tree, raw, "leaves" if style == "treerl" else "children")
-        heads = segment_heads(tree, set(leaves))
-        n_leaves = {h: sum(leaf in raw for leaf in tree.subtree_leaves(h)) for h in set(heads.values())}
-        adv: dict[int, float] = {}
-        for nid, h in heads.items():
-            p = tree.nodes[h].parent
-            if p is None:
-                continue
-            a = v[h] - v[p]
-            if style == "spo_std":
-                sibs = torch.tensor([v[c] for c in tree.nodes[p].children if c in heads], dtype=torch.float64)
-                a = a / (sibs.std(unbiased=False).item() + 1e-8)
-            elif style == "treerl":
-                a = (a + v[h]) / math.sqrt(n_leaves[h])
-            adv[nid] = a
-        per_tree[ti] = adv
-    return [{n: per_tree[r.tree][n] for n in r.nodes if forest[r.tree].nodes[n].trainable} for r in rows]
-
-
-def treepo(
-    forest: list[RolloutTree], rows: list[Row], weight: Literal["average", "group_size"] = "average"
-) -> list[float]:
-    """TreePO's sub-group baseline, one scalar per row: for each depth d of the row's segment path
-    (d = 0 the whole tree, d >= 1 the leaves below the d-th segment head), s_d = R - mean(subgroup_d),
-    kept when the subgroup has two or more leaves (d = 0 always). `average`: mean of the kept s_d (the
-    official script); `group_size`: sum_d s_d n_d / sum_d n_d (the code's default). TreePO then whitens
-    the token advantages over the batch (the trainer's `treepo_whiten`)."""
-    out: list[float] = []
-    by_tree: dict[int, dict[int, float]] = defaultdict(dict)
-    for r in rows:
-        by_tree[r.tree][r.leaf] = forest[r.tree].nodes[r.leaf].reward or 0.0
-    heads_of = {ti: segment_heads(forest[ti], set(ls)) for ti, ls in by_tree.items()}
-    for r in rows:
-        tree, rewards = forest[r.tree], by_tree[r.tree]
-        seg_heads = list(dict.fromkeys(heads_of[r.tree][n] for n in r.nodes))  # root first
-        terms: list[tuple[float, int]] = []
-        for d, h in enumerate(seg_heads):
-            sub = [rewards[leaf] for leaf in tree.subtree_leaves(h) if leaf in rewards]
-            if d == 0 or len(sub) > 1:
-                terms.append((rewards[r.leaf] - sum(sub) / len(sub), len(sub)))
-        if weight == "group_size":
-            out.append(sum(s * n for s, n in terms) / sum(n for _, n in terms))
-        else:
-            out.append(sum(s for s, _ in terms) / len(terms))
-    return out
-
-
-def info_gain(
-    probs: Sequence[float], kind: Literal["prob_diff", "log_prob_diff"] = "prob_diff"
-) -> list[float]:
-    """IGPO turn rewards from P_0..P_n (P_t = teacher-forced probability of the gold answer after turn t,
-    P_0 before the first turn): IG_t = P_t - P_{t-1} (or the difference of logs), t = 1..n.
-
-    >>> [round(x, 6) for x in info_gain([0.1, 0.4, 0.3])]
-    [0.3, -0.1]
-    """
-    if kind == "log_prob_diff":
-        return [math.log(b) - math.log(a) for a, b in itertools.pairwise(probs)]
-    return [b - a for a, b in itertools.pairwise(probs)]
-
-
-def igpo(
-    turn_rewards: Sequence[Sequence[float]],
-    groups: Sequence[Hashable],
-    gamma: float = 1.0,
-    norm: Literal["joint", "separate"] = "joint",
-) -> list[list[float]]:
-    """IGPO turn advantages: turn rewards (info gains, then the outcome as the last) z-scored within the
-    group (population std; std 1 when there is a single value), then discounted sums from each turn on.
-    Returns one list per row, one advantage per turn (feed to `turn_to_nodes`)."""
-    flat: list[float] = []
-    keys: list[Hashable] = []
-    for g, rs in zip(groups, turn_rewards, strict=True):
-        for j, x in enumerate(rs):
-            flat.append(float(x))
-            last = j == len(rs) - 1
-            keys.append(g if norm == "joint" else (g, last))
-    members: dict[Hashable, list[int]] = defaultdict(list)
-    for i, k in enumerate(keys):
-        members[k].append(i)
-    normed = [0.0] * len(flat)
-    for idx in members.values():
-        xs = torch.tensor([flat[i] for i in idx], dtype=torch.float64)  # [n]
-        sd = xs.std(unbiased=False).item() if len(idx) > 1 else 1.0
-        for i, v in zip(idx, ((xs - xs.mean()) / (sd if sd > 0 else 1.0)).tolist(), strict=True):
-            normed[i] = v
-    out, pos = [], 0
-    for rs in turn_rewards:
-        out.append(discounted_returns(normed[pos : pos + len(rs)], gamma))
-        pos += len(rs)
     return out
 
 
@@ -554,6 +285,10 @@ def estimate(
 
     `scale` is GRPO's (group z-score | one batch std | none); `gigpo_mode` is also HGPO's mode.
     """
+    # imported here: those modules build on this one's group baselines (a module-level import is circular)
+    from toolgym.trainers.advantages_tree import tree_advantages, treepo
+    from toolgym.trainers.advantages_turn import gigpo, hgpo
+
     rewards = [forest[r.tree].nodes[r.leaf].reward or 0.0 for r in rows]
     groups = [r.tree for r in rows]
     if name == "grpo":

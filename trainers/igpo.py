@@ -3,7 +3,7 @@
 P(node) = exp(mean log p(gold answer tokens | the tree's token prefix up to `node`)), computed once for
 the prompt and for every env node (the state before each model turn). Turn t of a row then earns
 IG_t = P(after turn t) - P(before turn t) (or the difference of logs); its last turn earns the outcome
-reward; `advantages.igpo` normalises within the tree and sums discounted turn rewards.
+reward; `advantages_turn.igpo` normalises within the tree and sums discounted turn rewards.
 
 Departures from the paper / official code:
 1. Token level: the gold answer is rendered once as the assistant reply `<answer>GOLD</answer>` and
@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 import torch
 
-from toolgym.trainers.advantages import NodeAdv, igpo, turn_to_nodes
+from toolgym.trainers.advantages import NodeAdv, turn_to_nodes
+from toolgym.trainers.advantages_turn import igpo
 from toolgym.trainers.tree import RolloutTree, Row, row_turns
 
 

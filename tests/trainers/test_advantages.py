@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from toolgym.trainers import advantages as adv
+from toolgym.trainers import advantages_tree as adv_tree
+from toolgym.trainers import advantages_turn as adv_turn
 from toolgym.trainers.tree import RolloutTree, flatten, leaf_rewards
 
 S = math.sqrt(1 / 3)  # unbiased std of [1, 0, 1]; (1 - 2/3) / S = S
@@ -63,7 +65,7 @@ def test_tree_values_spo(tree3: RolloutTree) -> None:
     rows = flatten([tree3])
     # V is the mean over children (ALGORITHMS.md 5.3): B 1, C 0, D 1, T 1/2, A 1/2, P (1/2 + 1)/2 = 3/4 (the
     # mean over leaves gave P 2/3). A(A) = 1/2 - 3/4, A(B) = 1/2, A(C) = -1/2, A(D) = 1 - 3/4
-    tok = adv.token_advantages(rows, adv.tree_advantages([tree3], rows))
+    tok = adv.token_advantages(rows, adv_tree.tree_advantages([tree3], rows))
     assert tok[0] == approx([0, 0, -1 / 4, -1 / 4, 0, 0.5])
     assert tok[1] == approx([0, 0, -1 / 4, -1 / 4, 0, -0.5, -0.5])
     assert tok[2] == approx([0, 0, 1 / 4])
@@ -73,7 +75,7 @@ def test_tree_values_treerl(tree3: RolloutTree) -> None:
     rows = flatten([tree3])
     # LOO leaves: B 0.5, C -1, D 0.5 -> V: T = A = -0.25, P = 0
     # A: ((-0.25 - 0) + -0.25) / sqrt(2); B: ((0.5 + 0.25) + 0.5) / 1; C: ((-1 + 0.25) - 1); D: (0.5 + 0.5)
-    na = adv.tree_advantages([tree3], rows, style="treerl")
+    na = adv_tree.tree_advantages([tree3], rows, style="treerl")
     assert na[0] == approx({1: -0.5 / math.sqrt(2), 3: 1.25})
     assert na[1] == approx({1: -0.5 / math.sqrt(2), 4: -1.75})
     assert na[2] == approx({5: 1.0})
@@ -84,7 +86,7 @@ def test_tree_of_depth_one_is_dr_grpo() -> None:
     for r in (1.0, 0.0, 0.0, 1.0):
         t.set_reward(t.add(t.root, "model", [2], turn=0), r)
     rows = flatten([t])
-    na = adv.tree_advantages([t], rows)
+    na = adv_tree.tree_advantages([t], rows)
     assert [next(iter(d.values())) for d in na] == approx(adv.dr_grpo([1.0, 0.0, 0.0, 1.0], [0] * 4))
 
 
@@ -92,13 +94,13 @@ def test_gigpo(tree3: RolloutTree) -> None:
     rows = flatten([tree3])
     # A_E = R - mean = [1/3, -2/3, 1/3]. Step returns (gamma 0.5): row0 [0.5, 1], row1 [0, 0], row2 [1].
     # anchor s0: {0.5, 0, 1} mean 0.5 -> [0, -0.5, 0.5]; anchor s1: {1, 0} mean 0.5 -> [0.5, -0.5]
-    na = adv.gigpo([tree3], rows, omega=1.0, gamma=0.5)
+    na = adv_turn.gigpo([tree3], rows, omega=1.0, gamma=0.5)
     assert na[0] == approx({1: 1 / 3, 3: 1 / 3 + 0.5})
     assert na[1] == approx({1: -2 / 3 - 0.5, 4: -2 / 3 - 0.5})
     assert na[2] == approx({5: 1 / 3 + 0.5})
     # omega 0 is the episode level alone; mean_std_norm divides by the unbiased std
-    assert adv.gigpo([tree3], rows, omega=0.0)[2] == approx({5: 1 / 3})
-    assert adv.gigpo([tree3], rows, omega=0.0, mode="mean_std_norm")[2] == approx({5: S})
+    assert adv_turn.gigpo([tree3], rows, omega=0.0)[2] == approx({5: 1 / 3})
+    assert adv_turn.gigpo([tree3], rows, omega=0.0, mode="mean_std_norm")[2] == approx({5: S})
 
 
 def test_igpo_joint_and_separate(tree3: RolloutTree) -> None:
@@ -106,12 +108,12 @@ def test_igpo_joint_and_separate(tree3: RolloutTree) -> None:
     # joint: mean 0.4, population std sqrt(0.256)
     sd = math.sqrt(0.256)
     z = [(x - 0.4) / sd for x in (0.2, 1.0, -0.2, 0.0, 1.0)]
-    a = adv.igpo(rewards, [0, 0, 0], gamma=1.0, norm="joint")
+    a = adv_turn.igpo(rewards, [0, 0, 0], gamma=1.0, norm="joint")
     assert a[0] == approx([z[0] + z[1], z[1]])
     assert a[1] == approx([z[2] + z[3], z[3]])
     assert a[2] == approx([z[4]])
     # separate: IG {0.2, -0.2} -> {1, -1}; outcomes {1, 0, 1} -> {0.7071, -1.4142, 0.7071}; gamma 0.5
-    b = adv.igpo(rewards, [0, 0, 0], gamma=0.5, norm="separate")
+    b = adv_turn.igpo(rewards, [0, 0, 0], gamma=0.5, norm="separate")
     assert b == [
         approx([1 + 0.5 * 0.707107, 0.707107]),
         approx([-1 - 0.5 * 1.414214, -1.414214]),
@@ -125,8 +127,8 @@ def test_igpo_joint_and_separate(tree3: RolloutTree) -> None:
 
 
 def test_info_gain() -> None:
-    assert adv.info_gain([0.1, 0.4, 0.3]) == approx([0.3, -0.1])
-    assert adv.info_gain([0.1, 0.4], "log_prob_diff") == approx([math.log(4)])
+    assert adv_turn.info_gain([0.1, 0.4, 0.3]) == approx([0.3, -0.1])
+    assert adv_turn.info_gain([0.1, 0.4], "log_prob_diff") == approx([math.log(4)])
 
 
 def test_gae_skips_tool_tokens() -> None:
@@ -170,5 +172,5 @@ def test_igpo_with_a_scorer(tree3: RolloutTree, monkeypatch: pytest.MonkeyPatch)
     tree3.meta["answer"] = "42"
     rows = flatten([tree3])
     got = igpo_mod.igpo_advantages(None, Renderer(), [tree3], rows, 0, torch.device("cpu"))
-    want = adv.turn_to_nodes([tree3], rows, adv.igpo([[0.3, 1.0], [0.3, 0.0], [1.0]], [0, 0, 0]))
+    want = adv.turn_to_nodes([tree3], rows, adv_turn.igpo([[0.3, 1.0], [0.3, 0.0], [1.0]], [0, 0, 0]))
     assert got == [approx(w) for w in want]

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from toolgym.trainers import advantages as adv
+from toolgym.trainers import advantages_tree as adv_tree
+from toolgym.trainers import advantages_turn as adv_turn
 from toolgym.trainers.grpo import GRPOConfig, credit
 from toolgym.trainers.loss import (
     LossConfig,
@@ -94,7 +96,7 @@ def test_spo_std_normalised(tree3: RolloutTree) -> None:
     {1/2, 1}, population std 1/4; of T: {1, 0}, std 1/2. A: (1/2 - 3/4) / (1/4) = -1; D: (1 - 3/4) / (1/4)
     = 1; B: 1; C: -1 (each / (std + 1e-8))."""
     rows = flatten([tree3])
-    na = adv.tree_advantages([tree3], rows, style="spo_std")
+    na = adv_tree.tree_advantages([tree3], rows, style="spo_std")
     assert na[0] == approx({1: -0.25 / (0.25 + 1e-8), 3: 0.5 / (0.5 + 1e-8)})
     assert na[1] == approx({1: -0.25 / (0.25 + 1e-8), 4: -0.5 / (0.5 + 1e-8)})
     assert na[2] == approx({5: 0.25 / (0.25 + 1e-8)})
@@ -104,8 +106,8 @@ def test_treepo_sub_groups(tree3: RolloutTree) -> None:
     """Row B: depth 0 (all leaves {1, 0, 1}) 1 - 2/3; depth 1 (below A: {1, 0}) 1 - 1/2; depth 2 (B alone)
     skipped. average (1/3 + 1/2) / 2; group_size (1/3 * 3 + 1/2 * 2) / 5. Row D: depth 0 only: 1/3."""
     rows = flatten([tree3])
-    assert adv.treepo([tree3], rows) == approx([5 / 12, (-2 / 3 - 1 / 2) / 2, 1 / 3])
-    assert adv.treepo([tree3], rows, "group_size") == approx([2 / 5, (-2 - 1) / 5, 1 / 3])
+    assert adv_tree.treepo([tree3], rows) == approx([5 / 12, (-2 / 3 - 1 / 2) / 2, 1 / 3])
+    assert adv_tree.treepo([tree3], rows, "group_size") == approx([2 / 5, (-2 - 1) / 5, 1 / 3])
 
 
 def hgpo_tree() -> RolloutTree:
@@ -126,13 +128,13 @@ def test_hgpo_blends_history_levels() -> None:
     Turn 0, k = 1 (keys (a) rows 0, 2; (b) alone): [1/2, 0, -1/2] (k = 2 needs two states: skipped)."""
     t = hgpo_tree()
     rows = flatten([t])
-    na = adv.hgpo([t], rows, history=1, gamma=1.0, mode="mean_norm")
+    na = adv_turn.hgpo([t], rows, history=1, gamma=1.0, mode="mean_norm")
     m = [n.id for n in t.nodes if n.kind == "model"]  # m0, m1 per row in order
     assert na[0] == approx({m[0]: 0.5, m[1]: (4 / 3 + 1.5) / 5})
     assert na[1] == approx({m[2]: 0.0, m[3]: -1 / 3})
     assert na[2] == approx({m[4]: -0.5, m[5]: (-2 / 3 - 1.5) / 5})
     # mean_std_norm divides by the population std: k = 1, turn 1: sqrt(((2/3)^2 + 2 (1/3)^2) / 3) = sqrt(2)/3
-    na = adv.hgpo([t], rows, history=0, gamma=1.0, mode="mean_std_norm", eps=0.0)
+    na = adv_turn.hgpo([t], rows, history=0, gamma=1.0, mode="mean_std_norm", eps=0.0)
     assert na[0][m[1]] == approx((2 / 3) / (math.sqrt(2) / 3))
 
 
@@ -159,7 +161,7 @@ def test_gigpo_anchor_key_is_turn_and_state(env_key: bool) -> None:
     advantages are 0. Turn 0 (state P, both rows) is: gamma 1 returns 1 and 0 -> +-1/2."""
     t = gigpo_invalid_tree(env_key)
     rows = flatten([t])
-    na = adv.gigpo([t], rows, omega=1.0, gamma=1.0)
+    na = adv_turn.gigpo([t], rows, omega=1.0, gamma=1.0)
     a_e = [0.5, -0.5]  # episode level: R - mean of {1, 0}
     assert list(na[0].values()) == approx([a_e[0] + 0.5, a_e[0] + 0.0])
     assert list(na[1].values()) == approx([a_e[1] - 0.5, a_e[1] + 0.0, a_e[1] + 0.0])
@@ -179,11 +181,11 @@ def test_gigpo_similarity_mode_groups_near_identical_texts() -> None:
 
     ratio = difflib.SequenceMatcher(None, "room one has a red key", "room one has a red kay").ratio()
     assert 0.9 <= ratio < 0.96
-    assert [list(a.values()) for a in adv.gigpo([t], rows, gamma=1.0, similarity=0.9)] == [
+    assert [list(a.values()) for a in adv_turn.gigpo([t], rows, gamma=1.0, similarity=0.9)] == [
         approx([0.5]),
         approx([-0.5]),
     ]
-    assert [list(a.values()) for a in adv.gigpo([t], rows, gamma=1.0, similarity=0.99)] == [
+    assert [list(a.values()) for a in adv_turn.gigpo([t], rows, gamma=1.0, similarity=0.99)] == [
         approx([0.0]),
         approx([0.0]),
     ]

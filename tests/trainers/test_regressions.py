@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from toolgym.trainers import advantages as adv
+from toolgym.trainers import advantages_tree as adv_tree
+from toolgym.trainers import advantages_turn as adv_turn
 from toolgym.trainers.grpo import GRPOConfig, credit
 from toolgym.trainers.tree import RolloutTree, flatten
 
@@ -47,13 +49,13 @@ def test_bug1_unbranched_two_turn_group_gets_one_advantage_per_path() -> None:
     (P -> m0 -> env -> m1 per path) is one segment per path, so both turns get the same credit."""
     t = two_turn_group([1.0, 0.0, 0.0, 1.0])
     rows = flatten([t])
-    tok = adv.token_advantages(rows, adv.tree_advantages([t], rows))
+    tok = adv.token_advantages(rows, adv_tree.tree_advantages([t], rows))
     # V(P) = 0.5, V(path) = R: A = R - 0.5 on both turns (was 0.0 on turn 1); rows: [P P m0 env m1]
     assert tok[0] == approx([0, 0, 0.5, 0, 0.5])
     assert tok[1] == approx([0, 0, -0.5, 0, -0.5])
     # TreeRL: leave-one-out rewards 1 - 1/3 = 2/3 and 0 - 2/3 = -2/3; V(P) = 0; one leaf below each
     # segment: ((2/3 - 0) + 2/3) / sqrt(1) = 4/3 on both turns (was 4/3 then 2/3)
-    tok = adv.token_advantages(rows, adv.tree_advantages([t], rows, style="treerl"))
+    tok = adv.token_advantages(rows, adv_tree.tree_advantages([t], rows, style="treerl"))
     assert tok[0] == approx([0, 0, 4 / 3, 0, 4 / 3])
     assert tok[1] == approx([0, 0, -4 / 3, 0, -4 / 3])
 
@@ -73,7 +75,7 @@ def forked_at_first_tool() -> tuple[RolloutTree, dict[str, int]]:
 def test_bug1_final_answer_turns_after_a_fork_get_credit() -> None:
     t, ids = forked_at_first_tool()
     rows = flatten([t])
-    na = adv.tree_advantages([t], rows)
+    na = adv_tree.tree_advantages([t], rows)
     # V (mean over children): segment {A, T}: 1/2; {B, env, B2}: 1; {C, ...}: 0; {D, env, D2}: 1 -> P 3/4
     assert na[0][ids["a"]] == approx(0.5 - 3 / 4)
     assert na[0][ids["b2"]] == approx(1 - 0.5)  # the final answer turn (was 0.0)
@@ -149,7 +151,7 @@ def test_bug4_igpo_group_with_equal_outcomes_is_kept() -> None:
     """IGPO turn rewards: info gains [0.5, -0.3, 0.1] then outcome 1 for all. Separate normalisation: IG
     mean 0.1, population std sqrt((0.16 + 0.16 + 0) / 3); outcomes z = 0 (std 0 -> 1)."""
     sd = math.sqrt(0.32 / 3)
-    a = adv.igpo([[0.5, 1.0], [-0.3, 1.0], [0.1, 1.0]], [0, 0, 0], norm="separate")
+    a = adv_turn.igpo([[0.5, 1.0], [-0.3, 1.0], [0.1, 1.0]], [0, 0, 0], norm="separate")
     assert a == [approx([0.4 / sd, 0.0]), approx([-0.4 / sd, 0.0]), approx([0.0, 0.0])]
     assert adv.advantage_keep(a, [0, 0, 0]) == [True, True, True]
     assert adv.advantage_keep([[0.0, 0.0]] * 3, [0, 0, 0]) == [False, False, False]
