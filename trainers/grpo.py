@@ -56,16 +56,11 @@ from toolgym.trainers.advantages import (
     token_advantages,
 )
 from toolgym.trainers.batch import HostMasks, TrainBatch, collate, forward, micro_batches, to_device
-from toolgym.trainers.config import (  # the config lives in config.py (no torch); re-exported here
-    GRPO_ESTIMATORS,
-    GRPOConfig,
-    RunConfig,
-    changed_fields,
-    warn_inert,
-)
+from toolgym.trainers.config import GRPO_ESTIMATORS, RunConfig, changed_fields, warn_inert
 from toolgym.trainers.curriculum import CurriculumHook
 from toolgym.trainers.distributed import Dist
 from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
+from toolgym.trainers.grpo_config import GRPOConfig  # the config (no torch); re-exported here
 from toolgym.trainers.igpo import igpo_advantages
 from toolgym.trainers.loss import (
     KL_SHAPING,

@@ -40,7 +40,7 @@ from toolgym.trainers import checkpoint
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards, turn_gae
 from toolgym.trainers.batch import TrainBatch, collate, final_values, forward, micro_batches
-from toolgym.trainers.config import PPOConfig, warn_inert  # the config lives in config.py; re-exported here
+from toolgym.trainers.config import warn_inert
 from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
 from toolgym.trainers.hiper import hae_gae, row_plans
 from toolgym.trainers.loss import PolicyBatch, StatLog, denominator, kl_penalty, policy_loss, value_loss
@@ -53,6 +53,7 @@ from toolgym.trainers.modeling import (
     trainable_parameters,
     value_head,
 )
+from toolgym.trainers.ppo_config import PPOConfig  # the config (no torch); re-exported here
 from toolgym.trainers.rollout import RolloutConfig, TreeRollout
 from toolgym.trainers.tree import flatten, leaf_rewards
 

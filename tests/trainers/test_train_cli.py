@@ -9,7 +9,8 @@ import pytest
 from toolgym.cli import build_parser, main
 from toolgym.cli.train import resolve
 from toolgym.errors import ConfigError
-from toolgym.trainers.config import GRPOConfig, PPOConfig
+from toolgym.trainers.grpo_config import GRPOConfig
+from toolgym.trainers.ppo_config import PPOConfig
 
 
 def help_text(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

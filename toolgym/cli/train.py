@@ -1,8 +1,8 @@
 """``toolgym train grpo|ppo``: GRPO or PPO on toolgym envs, from flags or a YAML config (flags win).
 
 Each algorithm is a subcommand with its own flags and defaults: every field of ``GRPOConfig`` /
-``PPOConfig`` (toolgym/trainers/config.py) is a flag (``--env-ids``, ``--model``, ``--estimator``,
-``--budget``, ``--steps``, …); ``toolgym train ppo --help`` lists PPO's with PPO's defaults.
+``PPOConfig`` (toolgym/trainers/grpo_config.py, ppo_config.py) is a flag (``--env-ids``, ``--model``,
+``--estimator``, ``--budget``, ``--steps``, …); ``toolgym train ppo --help`` lists PPO's with PPO's defaults.
 ``toolgym train --config X.yaml`` takes the algorithm from the file (``algorithm: ppo``; grpo when absent).
 ``--init RUN_DIR`` starts from the model a ``toolgym sft`` run wrote (docs/sft.md). Torch and transformers
 load only when a run starts.
@@ -26,7 +26,8 @@ _NOT_FIELDS = ("config", "algorithm", "algorithm_cmd", "print_config", "func", "
 
 
 def _config_classes() -> dict[str, Any]:
-    from toolgym.trainers.config import GRPOConfig, PPOConfig
+    from toolgym.trainers.grpo_config import GRPOConfig
+    from toolgym.trainers.ppo_config import PPOConfig
 
     return {"grpo": GRPOConfig, "ppo": PPOConfig}
 
