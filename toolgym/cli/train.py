@@ -2,7 +2,8 @@
 
 Each algorithm is a subcommand with its own flags and defaults: every field of ``GRPOConfig`` /
 ``PPOConfig`` (toolgym/trainers/grpo_config.py, ppo_config.py) is a flag (``--env-ids``, ``--model``,
-``--estimator``, ``--budget``, ``--steps``, …); ``toolgym train ppo --help`` lists PPO's with PPO's defaults.
+``--estimator``, ``--budget``, ``--steps``, …); ``toolgym train ppo --help`` lists PPO's with PPO's
+defaults.
 ``toolgym train --config X.yaml`` takes the algorithm from the file (``algorithm: ppo``; grpo when absent).
 ``--init RUN_DIR`` starts from the model a ``toolgym sft`` run wrote (docs/sft.md). Torch and transformers
 load only when a run starts.
