@@ -64,16 +64,12 @@ def test_textworld_dense_score_and_knobs(tmp_path):
 
 
 def test_missing_engine_is_a_clear_error(monkeypatch):
-    import builtins
+    import sys
 
-    real_import = builtins.__import__
-
-    def no_textworld(name, *args, **kwargs):
-        if name.startswith("textworld"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_textworld)
+    # hidden as an uninstalled package is, whatever an earlier test imported (a None entry makes every
+    # import of it fail; patching builtins.__import__ missed importlib and modules imported already)
+    for name in [m for m in sys.modules if m == "textworld" or m.startswith("textworld.")] + ["textworld"]:
+        monkeypatch.setitem(sys.modules, name, None)
     env = gym.make("toolgym/TextWorld-v0", cache_dir="/nonexistent-cache", games=1)
     with pytest.raises(DependencyNotInstalled, match=r"toolgym\[household\]"):
         env.reset(seed=0)

@@ -180,6 +180,9 @@ def test_the_page_in_chromium(run_dir: Path, tmp_path: Path) -> None:
             # open a tree: branch points, tool calls, observations, rewards, advantages
             first = visible.first
             first.locator("summary").click()
+            # the body is built by the "toggle" event, a task queued after the click: wait for it (count()
+            # does not wait, and under load the click returned before it ran)
+            first.locator(".branchpoint").first.wait_for()
             assert first.locator(".branchpoint").count() == 2  # after the prompt, after the tool result
             assert first.locator(".branches").first.locator(":scope > .branch").count() == 2
             assert "calculator(" in first.locator(".calls").first.inner_text()
