@@ -41,6 +41,7 @@ while read -r gpu name cmd; do
   esac
   [ -f "$RUNS/$name.done" ] && { echo "$name: done before"; continue; }
   left=$(( deadline - $(date +%s) ))
+  [ "$left" -lt 20 ] && { echo "$name: no time left" | tee -a "$out/gpu.txt"; continue; }
   echo "[$gpu] $name: $cmd" | tee -a "$out/gpu.txt"
   ( cd /root/snap && CUDA_VISIBLE_DEVICES=$gpu timeout "$left" bash -c "$cmd" >>"$RUNS/$name.log" 2>&1
     rc=$?; echo "$name rc=$rc" >>"$out/gpu.txt"; [ $rc = 0 ] && touch "$RUNS/$name.done" ) &
