@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "toolgym.cli.agent_commands",  # eval, serve
     "toolgym.cli.train",  # train
     "toolgym.cli.sft",  # sft
+    "toolgym.cli.dpo",  # dpo
     "toolgym.cli.search",  # serve-retriever, search-index
     "toolgym.cli.interop",  # serve-env, view
     "toolgym.cli.hub",  # new, info
