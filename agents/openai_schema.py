@@ -156,3 +156,60 @@ class ChatCompletionRequest(BaseModel):
         return [
             t.model_dump(exclude_none=True) for t in self.tools if chosen is None or t.function.name == chosen
         ]
+
+
+class CompletionRequest(BaseModel):
+    """The body of ``POST /v1/completions`` as vLLM's server takes it from RL trainers: the prompt as token ids
+    (one list, or a list of lists; a string is tokenized without special tokens), ``logprobs`` (the k likeliest
+    tokens at each step beside the sampled one), ``return_token_ids`` and ``return_tokens_as_token_ids``
+    (tokens written ``token_id:N``), ``stop_token_ids``. Fields our policies cannot honour are refused."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: list[int] | list[list[int]] | str
+    max_tokens: int = Field(default=16, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False  # (the end-of-turn token always ends a turn here)
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=64)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> CompletionRequest:
+        if self.stream:
+            raise ValueError("stream: true is not supported on /v1/completions (use /v1/chat/completions)")
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.top_k not in (None, 0, -1):
+            raise ValueError("top_k is not supported (give 0, -1 or leave it out)")
+        if self.repetition_penalty not in (None, 1.0):
+            raise ValueError("repetition_penalty is not supported (give 1.0 or leave it out)")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt is empty")
+        if isinstance(self.prompt, list) and any(isinstance(p, list) and not p for p in self.prompt):
+            raise ValueError("a prompt of the batch is empty")
+        return self
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        stop = self.stop or ()
+        return tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            max_new_tokens=self.max_tokens,
+            stop=self.stops,
+            seed=self.seed,
+        )

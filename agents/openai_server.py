@@ -1,6 +1,7 @@
 """``toolgym serve``: any ``Policy`` behind the OpenAI chat-completions API, on FastAPI + uvicorn.
 
-Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health`` (and the OpenAPI docs at
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (token ids in and out, as vLLM's server
+takes them from RL trainers: see below), ``GET /v1/models``, ``GET /health`` (and the OpenAPI docs at
 ``/docs``). Requests are pydantic models: a malformed one (unknown role, missing content, ``n`` out of
 range, image parts, a ``tool_choice`` naming a function not in ``tools``) is answered 400, as OpenAI does,
 with an OpenAI-style ``{"error": {"message", "type", "param"}}`` (never FastAPI's 422).
@@ -22,6 +23,14 @@ with an OpenAI-style ``{"error": {"message", "type", "param"}}`` (never FastAPI'
   that only return whole replies (an OpenAI proxy, ``engine``), and ``top_logprobs`` (one scoring forward
   after the reply), stream the finished reply token by token instead.
 
+- **Completions with token ids** (``POST /v1/completions``, what ``engine: vllm`` with ``rollout_servers`` sends):
+  the prompt as a list of token ids (or a list of such lists), never re-tokenized; ``return_token_ids`` gives
+  ``choices[i].token_ids``, ``logprobs: k`` each sampled token's logprob (under the distribution sampled from,
+  as ``generate`` reports it) and the k likeliest tokens (one scoring forward), ``return_tokens_as_token_ids``
+  writes tokens as ``token_id:N``. The token that ends the reply (end of turn, a ``stop_token_ids`` id, the token
+  completing a stop string) is part of ``token_ids``; the text stops before a stop string unless
+  ``include_stop_str_in_output``. ``ignore_eos`` is accepted but the end-of-turn token still ends a reply.
+
 Requests arriving together are answered by one batched generation (a worker thread collects them for
 ``batch_window_s``), so concurrent clients share the model.
 """
@@ -39,7 +48,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolgym.agents.openai_schema import ChatCompletionRequest
+from toolgym.agents.openai_schema import ChatCompletionRequest, CompletionRequest
 from toolgym.agents.openai_stream import live_events, stream_events, usage_block
 from toolgym.agents.openai_tokens import TOOL_CALL, TokenBytes, stop_at, token_text
 from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy
@@ -70,6 +79,7 @@ class _Job:
     future: Future[_Reply]
     sink: _Sink | None = None
     choice: int = 0
+    prompt: list[int] | None = None  # given token ids (``/v1/completions``): no rendering
 
 
 @dataclass
@@ -147,9 +157,10 @@ class PolicyServer(AppServer):
         top_k: int = 0,
         sink: _Sink | None = None,
         choice: int = 0,
+        prompt: list[int] | None = None,
     ) -> Future[_Reply]:
         fut: Future[_Reply] = Future()
-        self._jobs.put(_Job(conversation, tools, sampling, top_k, fut, sink, choice))
+        self._jobs.put(_Job(conversation, tools, sampling, top_k, fut, sink, choice, prompt))
         return fut
 
     @property
@@ -209,12 +220,15 @@ class PolicyServer(AppServer):
         return [{"role": "system", "content": text}, *conv], tools
 
     def _answer(self, jobs: list[_Job], sampling: SamplingParams) -> list[_Reply]:
-        prepared = [self._conversation(j.conversation, j.tools) for j in jobs]
+        prepared = [self._conversation(j.conversation, j.tools) if j.prompt is None else ([], None) for j in jobs]
         if self._renderer is None:  # a policy without tokens (an OpenAI proxy, a custom one)
             turns = self.policy.act([c for c, _ in prepared], [t for _, t in prepared], sampling=sampling)
             return [_Reply(t, int(t.usage.get("prompt_tokens", 0))) for t in turns]
         policy: Any = self.policy
-        prompts = [self._renderer.prompt_ids(c, t) for c, t in prepared]
+        prompts = [
+            j.prompt if j.prompt is not None else self._renderer.prompt_ids(c, t)
+            for j, (c, t) in zip(jobs, prepared, strict=True)
+        ]
         if any(j.sink is not None for j in jobs):
 
             def on_token(row: int, token_id: int, logprob: float) -> None:
@@ -303,6 +317,18 @@ class PolicyServer(AppServer):
         return entries
 
 
+def cpu_threads(requested: int = 0) -> int:
+    """torch's CPU threads for serving: ``requested`` when > 0, else half the cores, at most 4. torch's default
+    (every core) oversubscribes a shared host: SmolLM2-135M took 97 s for a request with it on a busy 2-core
+    machine and 5 s with one thread."""
+    import os
+
+    if requested > 0:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cores // 2))
+
+
 def _error(status: int, message: str, kind: str, param: str | None = None) -> Any:
     from fastapi.responses import JSONResponse
 
@@ -339,6 +365,21 @@ def build_app(server: PolicyServer) -> Any:
     async def models() -> dict[str, Any]:
         model = {"id": server.model_name, "object": "model", "created": 0, "owned_by": "toolgym"}
         return {"object": "list", "data": [model]}
+
+    @app.post("/v1/completions", response_model=None)
+    @app.post("/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> Any:
+        from toolgym.agents import openai_completions as oc
+
+        try:
+            prompts = oc.prompts_of(server, req)
+            futures = oc.submit(server, req, prompts)
+            replies = list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        except ConfigError as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        except Exception as exc:  # the policy failed: the client may retry
+            return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
+        return oc.body(server, req, prompts, replies)
 
     @app.post("/v1/chat/completions", response_model=None)
     @app.post("/chat/completions", response_model=None)
