@@ -1,20 +1,31 @@
-"""One task container and the persistent shell in it, for Terminal-v0.
+"""One task container, the agent's shell in it and the root warden beside it, for Terminal-v0.
 
 What is covered: each episode gets its own container, started from the sandbox's hardened settings
-(``toolgym.sandboxes.docker_backend.container_kwargs``: no network, all capabilities dropped but the three a
-root shell needs to own and write files, no-new-privileges, memory = memory+swap, a pids cap, CPU quota,
-nofile/fsize/core ulimits, a size-capped tmpfs ``/tmp``, no host mounts) with two changes a terminal task
-needs: the root file system is writable (the container's own layer, removed with it at the end of the
-episode) and the shell runs as root in it, as Harbor's tasks expect. Commands run in one ``bash`` that lives
-for the episode (the working directory, variables and functions persist), each with a time limit: at the
-limit every process of the shell's session but the shell is killed, and a shell still busy (a builtin loop)
-is replaced by a fresh one. Output is cut to a size limit. Containers are started ahead of time (a warm
-pool per image), so a reset only copies the task's files in and runs its setup.
+(``toolgym.sandboxes.docker_backend.container_kwargs``: no network, all capabilities dropped but the few
+root needs to own, signal and drop privileges, no-new-privileges, memory = memory+swap, a pids cap, CPU
+quota, nofile/fsize/core ulimits, a size-capped tmpfs ``/tmp``, no host mounts) with a writable root file
+system (the container's own layer, removed with it at the end of the episode).
 
-What is not covered: the agent is root in its container, so it can change anything there, the verifier's
-tools included (``bash``, ``python3``): the verifier runs in the same container after the episode, as in
-Harbor, and a task whose reward matters against an adversarial policy needs a verifier that does not trust
-the container. Processes left in the background keep running until the episode ends.
+Who is who: the agent's shell runs as an unprivileged user (``agent``, uid ``AGENT_UID``, no capabilities,
+no way to gain any), in its working folder (owned by it) with ``HOME=/home/agent``. System folders, ``/tests``
+and ``/logs`` stay root's: ``/tests`` and ``/logs`` are root-owned tmpfs mounts (mode 755), so the agent can
+write neither and a full disk cannot stop the verifier from writing its reward. Beside the agent's shell a
+root ``bash`` (the warden) is started with the container, before any agent process: it writes the task's
+files, runs its setup, and at the end of the episode kills every process of the agent's uid with bash
+builtins only (no fork: a fork bomb cannot starve it), until none is left. ``verify`` runs only then: the
+container holds no agent process, ``/logs/verifier`` and ``/tests`` are made afresh by root, and the
+verifier runs as root with a fixed environment (system ``PATH`` only, ``HOME=/root``) from ``/``.
+
+Commands run in one ``bash`` that lives for the episode (the working directory, variables and functions
+persist), each with a time limit: at the limit every process of the shell's session but the shell is
+killed, and a shell still busy (a builtin loop) is replaced by a fresh one (after the warden has killed every
+agent process, should the container have no process slot left). Output is cut to a size limit. Containers are
+started ahead of time (a warm pool per image), so a reset only copies the task's files in and runs its setup.
+
+What is not covered: a verifier that runs the agent's programs as root hands them root (the built-in tasks
+run their checks as the agent's uid; see ``tasks.TEST_SH`` and ``TOOLGYM_AGENT_UID``); a check can be
+fooled by a program of the agent that fakes what the check looks at (that is the check's strength, not the
+container's). Processes left in the background keep running until the episode ends.
 """
 
 from __future__ import annotations
@@ -33,10 +44,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from toolgym.errors import InfrastructureError
+from toolgym.errors import ConfigError, InfrastructureError
 
-ENV = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+AGENT_UID = 1000  # the agent's shell and everything it starts; root is kept for the warden and verifier
+AGENT_HOME = "/home/agent"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ENV = {  # root's processes (setup, verifier): system folders only, none of them the agent's
+    "PATH": SYSTEM_PATH,
     "HOME": "/root",
     "LANG": "C.UTF-8",
     "TERM": "dumb",
@@ -50,8 +64,65 @@ ENV = {
     "PIP_BREAK_SYSTEM_PACKAGES": "1",
     "PIP_ROOT_USER_ACTION": "ignore",
     "PYTHONDONTWRITEBYTECODE": "1",
+    "TOOLGYM_AGENT_UID": str(AGENT_UID),  # a verifier can drop to it to run the agent's programs
 }
-SHELL_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+AGENT_ENV = {
+    **{k: v for k, v in ENV.items() if k not in ("PIP_ROOT_USER_ACTION", "TOOLGYM_AGENT_UID")},
+    "HOME": AGENT_HOME,
+    "USER": "agent",
+    "LOGNAME": "agent",
+    "PATH": f"{SYSTEM_PATH}:{AGENT_HOME}/.local/bin",  # pip's user installs put console scripts there
+}
+# root's, never the agent's (a non-root exec has an empty capability set and no-new-privileges keeps it so):
+# own and write the task's files, kill the agent's processes, drop to the agent's uid in a verifier
+SHELL_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID"]
+# top-level folders that must stay root's: a task whose working folder is one of them is refused
+SYSTEM_DIRS = frozenset(
+    [
+        "bin",
+        "boot",
+        "dev",
+        "etc",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "logs",
+        "proc",
+        "root",
+        "run",
+        "sbin",
+        "sys",
+        "tests",
+        "usr",
+    ]
+)
+
+# the warden's functions: bash builtins only (glob, read, kill, printf), so they work with no pid left
+WARDEN_PRELUDE = r"""
+exec 7< <(exec sleep infinity)
+__tg_pids() {
+  local p k v s r
+  __tg=()
+  for p in /proc/[0-9]*; do
+    s='' r=''
+    while read -r k v _; do
+      case $k in State:) s=$v ;; Uid:) r=$v; break ;; esac
+    done 2>/dev/null < "$p/status"
+    [[ $r == "$1" && $s != Z && $s != X ]] && __tg+=("${p#/proc/}")
+  done
+}
+__tg_reap() {
+  local i
+  for ((i = 0; i < 200; i++)); do
+    __tg_pids "$1"
+    ((${#__tg[@]})) || return 0
+    kill -9 "${__tg[@]}" 2>/dev/null
+    ((i < 3)) || read -r -t 0.02 -u 7
+  done
+  return 1
+}
+"""
 
 
 @dataclass(frozen=True)
@@ -89,8 +160,23 @@ def _kwargs(image: str, res: Resources, workdir: str) -> dict[str, Any]:
         working_dir=workdir,
         hostname="task",
     )
-    kw["tmpfs"] = {"/tmp": kw["tmpfs"]["/tmp"]}
+    # root's, and apart from the disk: the agent cannot write them, nor fill the disk under the reward
+    kw["tmpfs"] = {
+        "/tmp": kw["tmpfs"]["/tmp"],
+        "/logs": "rw,nosuid,nodev,size=16m,mode=755",
+        "/tests": "rw,nosuid,nodev,size=64m,mode=755",
+    }
     return kw
+
+
+def check_workdir(workdir: str) -> None:
+    """The agent owns its working folder: one that is, or is under, a system folder is refused."""
+    parts = [p for p in workdir.split("/") if p]
+    if not workdir.startswith("/") or not parts or parts[0] in SYSTEM_DIRS or ".." in parts:
+        raise ConfigError(
+            f"the working folder {workdir!r} must be an absolute path outside the system folders "
+            f"({', '.join(sorted(SYSTEM_DIRS))}): the agent (an unprivileged user) owns it"
+        )
 
 
 class _Stream:
@@ -137,104 +223,51 @@ class _Stream:
             self.sock.close()
 
 
-class TaskContainer:
-    """A started container and its shell. ``run`` executes one command; ``close`` removes the container."""
+class _Shell:
+    """A ``bash`` in the container over a hijacked ``docker exec`` socket, with the marker protocol."""
 
-    def __init__(self, container: Any, workdir: str) -> None:
-        self.container = container
-        self.workdir = workdir
-        self.shell: _Stream | None = None
-        self.shell_pid = 0
-        self.closed = False
-        self.removal: threading.Thread | None = None  # the background removal close() started
-
-    # ----- plumbing -----------------------------------------------------------------------------------
-    def exec(self, cmd: list[str], timeout_s: float = 60.0, workdir: str | None = None) -> tuple[int, str]:
-        """A one-off process (not the shell): exit code and output. For setup and verification."""
-        wrapped = ["timeout", "-s", "KILL", f"{max(timeout_s, 1):g}", *cmd]
-        try:
-            code, out = self.container.exec_run(
-                wrapped, user="0:0", workdir=workdir or self.workdir, environment=ENV, demux=False
-            )
-        except Exception as exc:
-            raise InfrastructureError(f"docker exec in the task container failed: {exc}") from exc
-        return int(code if code is not None else -1), (out or b"").decode("utf-8", "replace")
-
-    def put_files(self, files: dict[str, bytes], root: str = "/") -> None:
-        """Writes ``files`` (paths relative to ``root``) into the container."""
-        if not files:
-            return
-        try:
-            if not self.container.put_archive(root, tar_bytes(files)):
-                raise InfrastructureError("docker refused the task files")
-        except InfrastructureError:
-            raise
-        except Exception as exc:
-            raise InfrastructureError(f"could not copy files into the task container: {exc}") from exc
-
-    def prepare(self, files: dict[str, bytes], setup: str, timeout_s: float = 120.0) -> None:
-        """Writes a task's ``files`` (paths relative to the working folder) and runs its ``setup`` (bash, in
-        a subshell: nothing it sets stays in the shell), in one round trip of the warm shell."""
-        parts = []
-        if files:
-            blob = base64.b64encode(tar_bytes(files)).decode()
-            parts.append(f"printf %s {blob} | base64 -d | tar -x -C {shlex.quote(self.workdir)}")
-        if setup.strip():
-            parts.append(f"(cd {shlex.quote(self.workdir)} && set -e\n{setup}\n)")
-        if not parts:
-            return
-        result = self.run(
-            " && ".join(parts) + f"; s=$?; cd {shlex.quote(self.workdir)}; (exit $s)", timeout_s
-        )
-        if result.exit_code != 0:
-            raise InfrastructureError(
-                f"the task's files or setup failed ({result.exit_code}): {result.output[-500:]}"
-            )
-
-    def read_file(self, path: str) -> str | None:
-        code, out = self.exec(["cat", path], timeout_s=10)
-        return out if code == 0 else None
-
-    # ----- the shell ------------------------------------------------------------------------------------
-    def start_shell(self) -> None:
+    def __init__(self, container_id: str, user: str, workdir: str, env: dict[str, str], argv: list[str]):
         from toolgym.sandboxes.docker_backend import client
 
-        if self.shell is not None:
-            self.shell.close()
         api = client().api
         try:
             exec_id = api.exec_create(
-                self.container.id,
-                ["setsid", "-w", "bash", "--noprofile", "--norc"],
+                container_id,
+                argv,
                 stdin=True,
                 stdout=True,
                 stderr=True,
                 tty=False,
-                user="0:0",
-                workdir=self.workdir,
-                environment=ENV,
+                user=user,
+                workdir=workdir,
+                environment=env,
             )["Id"]
-            self.shell = _Stream(api.exec_start(exec_id, socket=True))
+            self.stream = _Stream(api.exec_start(exec_id, socket=True))
         except Exception as exc:
             raise InfrastructureError(f"could not start a shell in the task container: {exc}") from exc
-        first = self._send_and_wait("echo $$", 20.0)
+        first = self.send_and_wait("echo $$", 20.0)
         if first is None or not first[0].strip().isdigit():
+            self.stream.close()
             raise InfrastructureError(f"the task container's shell did not start: {first!r:.200}")
-        self.shell_pid = int(first[0].strip())
+        self.pid = int(first[0].strip())
 
-    def _send_and_wait(
-        self, command: str, timeout_s: float, limit: int = 1 << 20
+    def send_and_wait(
+        self, command: str, timeout_s: float, limit: int = 1 << 20, raw: bool = False
     ) -> tuple[str, int, bool] | None:
-        """Sends one command to the shell; (output, exit code, whether output was cut), or None at the time
-        limit. Raises EOFError when the shell's stream ends (it exited)."""
-        assert self.shell is not None
+        """Sends one command; (output, exit code, whether output was cut), or None at the time limit.
+        Raises EOFError when the shell's stream ends (it exited). ``raw``: our own line, sent as is (the
+        warden's builtins, which must not fork); otherwise it arrives base64-encoded and runs through eval:
+        no quote or heredoc in it can swallow the marker line, and stdin is /dev/null so it cannot read the
+        protocol either."""
         nonce = secrets.token_hex(8)
         marker = f"\n__toolgym_done_{nonce} ".encode()
-        encoded = base64.b64encode(command.encode()).decode()
-        # the command arrives base64-encoded and runs through eval: no quote or heredoc in it can swallow the
-        # marker line; stdin is /dev/null so it cannot read the protocol either
-        line = f"eval \"$(printf %s {encoded} | base64 -d)\" </dev/null 2>&1; printf '\\n__toolgym_done_{nonce} %d\\n' $?\n"
-        self.shell.send(line.encode())
+        done = f"printf '\\n__toolgym_done_{nonce} %d\\n' $?\n"
+        if raw:
+            line = f"{command}\n{done}"
+        else:
+            encoded = base64.b64encode(command.encode()).decode()
+            line = f'eval "$(printf %s {encoded} | base64 -d)" </dev/null 2>&1; {done}'
+        self.stream.send(line.encode())
         buf, cut = bytearray(), False
         deadline = time.monotonic() + timeout_s
         while True:
@@ -247,7 +280,7 @@ class TaskContainer:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            data = self.shell.read(min(left, 1.0))
+            data = self.stream.read(min(left, 1.0))
             if data == b"":
                 raise EOFError
             if data:
@@ -256,6 +289,115 @@ class TaskContainer:
                     buf = buf[:limit] + b"\n[... output cut ...]\n" + buf[-limit:]
                     cut = True
 
+    def close(self) -> None:
+        self.stream.close()
+
+
+class TaskContainer:
+    """A started container, its root warden and the agent's shell. ``run`` executes one agent command;
+    ``end_agent`` kills every agent process; ``verify`` runs a verifier; ``close`` removes the container."""
+
+    def __init__(self, container: Any, workdir: str) -> None:
+        self.container = container
+        self.workdir = workdir
+        self.warden: _Shell | None = None
+        self.agent: _Shell | None = None
+        self.closed = False
+        self.removal: threading.Thread | None = None  # the background removal close() started
+
+    # ----- plumbing -----------------------------------------------------------------------------------
+    def exec(self, cmd: list[str], timeout_s: float = 60.0, workdir: str = "/") -> tuple[int, str]:
+        """A one-off root process (not a shell) with the fixed root environment: exit code and output.
+        From ``/`` by default: the agent cannot make it fail by removing a folder."""
+        wrapped = ["timeout", "-s", "KILL", f"{max(timeout_s, 1):g}", *cmd]
+        try:
+            code, out = self.container.exec_run(
+                wrapped, user="0:0", workdir=workdir, environment=ENV, demux=False
+            )
+        except Exception as exc:
+            raise InfrastructureError(f"docker exec in the task container failed: {exc}") from exc
+        return int(code if code is not None else -1), (out or b"").decode("utf-8", "replace")
+
+    def _root(self, command: str, timeout_s: float = 120.0) -> tuple[int, str]:
+        """A command in the warden (root bash): exit code and output."""
+        if self.warden is None:
+            raise InfrastructureError("the task container has no warden (start it first)")
+        try:
+            got = self.warden.send_and_wait(command, timeout_s)
+        except (EOFError, OSError) as exc:
+            raise InfrastructureError(f"the task container's root shell failed: {exc!r}") from exc
+        if got is None:
+            raise InfrastructureError(f"a root command in the task container ran past {timeout_s:g} s")
+        return got[1], got[0]
+
+    def _untar(self, files: dict[str, bytes], folder: str) -> str:
+        """A warden command that writes ``files`` under ``folder`` (tmpfs mounts included, which docker's
+        put_archive does not reach)."""
+        blob = base64.b64encode(tar_bytes(files)).decode()
+        return f"printf %s {blob} | base64 -d | tar --no-same-owner -x -C {shlex.quote(folder)}"
+
+    def start(self) -> None:
+        """The warden, the agent's account and folders, then the agent's shell."""
+        self.warden = _Shell(self.container.id, "0:0", "/", ENV, ["bash", "--noprofile", "--norc"])
+        self._root(WARDEN_PRELUDE, 20.0)
+        uid, wd = AGENT_UID, shlex.quote(self.workdir)
+        code, out = self._root(
+            f"""(set -e
+getent passwd {uid} >/dev/null || echo 'agent:x:{uid}:{uid}:agent:{AGENT_HOME}:/bin/bash' >> /etc/passwd
+getent group {uid} >/dev/null || echo 'agent:x:{uid}:' >> /etc/group
+mkdir -p {AGENT_HOME} /solution {wd}
+chown -R {uid}:{uid} {AGENT_HOME} /solution {wd}
+chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifier) 2>&1""",
+            60.0,
+        )
+        if code != 0:
+            raise InfrastructureError(f"could not set up the agent's account ({code}): {out[-500:]}")
+        self.start_shell()
+
+    def prepare(self, files: dict[str, bytes], setup: str, timeout_s: float = 120.0) -> None:
+        """Writes a task's ``files`` (paths relative to the working folder) and runs its ``setup`` (bash, as
+        root, in a subshell in the working folder), then gives the working folder to the agent; one round
+        trip of the warden."""
+        parts = []
+        if files:
+            parts.append(self._untar(files, self.workdir))
+        if setup.strip():
+            parts.append(f"(cd {shlex.quote(self.workdir)} && set -e\n{setup}\n)")
+        if not parts:
+            return
+        parts.append(f"chown -R {AGENT_UID}:{AGENT_UID} {shlex.quote(self.workdir)}")
+        code, out = self._root(" && ".join(parts) + " 2>&1", timeout_s)
+        if code != 0:
+            raise InfrastructureError(f"the task's files or setup failed ({code}): {out[-500:]}")
+
+    def read_file(self, path: str) -> str | None:
+        code, out = self.exec(["cat", path], timeout_s=10)
+        return out if code == 0 else None
+
+    # ----- the agent's shell ---------------------------------------------------------------------------
+    def start_shell(self) -> None:
+        """A fresh agent shell; when the container has no process slot left (a fork bomb), the warden first
+        kills every agent process."""
+        if self.agent is not None:
+            self.agent.close()
+            self.agent = None
+        argv = [
+            "sh",
+            "-c",  # the agent's processes go first when the container runs out of memory, not the warden
+            "echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec setsid -w bash --noprofile --norc",
+        ]
+        user = f"{AGENT_UID}:{AGENT_UID}"
+        try:
+            self.agent = _Shell(self.container.id, user, self.workdir, AGENT_ENV, argv)
+        except InfrastructureError:
+            if self.warden is None or self.kill_agent() != 0:
+                raise
+            self.agent = _Shell(self.container.id, user, self.workdir, AGENT_ENV, argv)
+
+    @property
+    def shell_pid(self) -> int:
+        return self.agent.pid if self.agent is not None else 0
+
     def _kill_session(self, include_shell: bool) -> None:
         pid = self.shell_pid
         keep = "" if include_shell else f" | grep -vx {pid}"
@@ -263,12 +405,13 @@ class TaskContainer:
             self.exec(["bash", "-c", f"pgrep -s {pid}{keep} | xargs -r kill -9"], timeout_s=10)
 
     def run(self, command: str, timeout_s: float) -> CommandResult:
-        """One command in the episode's shell, killed at ``timeout_s``."""
-        if self.shell is None:
+        """One command in the agent's shell, killed at ``timeout_s``."""
+        if self.agent is None:
             self.start_shell()
+        assert self.agent is not None
         t0 = time.monotonic()
         try:
-            got = self._send_and_wait(command, timeout_s)
+            got = self.agent.send_and_wait(command, timeout_s)
         except EOFError:
             self.start_shell()
             return CommandResult("", None, time.monotonic() - t0, restarted=True)
@@ -279,14 +422,51 @@ class TaskContainer:
         self._kill_session(include_shell=False)
         restarted = False
         try:
-            late = self._send_and_wait("true", 3.0)
+            late = self.agent.send_and_wait("true", 3.0)
         except EOFError:
             late = None
-        if late is None:  # the shell itself is busy (a builtin loop): replace it
+        if late is None:  # the shell itself is busy (a builtin loop) or cannot fork: replace it
             self._kill_session(include_shell=True)
             self.start_shell()
             restarted = True
         return CommandResult("", None, time.monotonic() - t0, timed_out=True, restarted=restarted)
+
+    # ----- the end of the episode -----------------------------------------------------------------------
+    def kill_agent(self) -> int:
+        """SIGKILLs every process of the agent's uid (bash builtins in the warden: no fork needed) until
+        none is left; returns how many are left (0, unless some could not be killed)."""
+        if self.agent is not None:
+            self.agent.close()
+            self.agent = None
+        if self.warden is None:
+            raise InfrastructureError("the task container has no warden")
+        try:
+            got = self.warden.send_and_wait(
+                f"__tg_reap {AGENT_UID}; __tg_pids {AGENT_UID}; printf '%s\\n' ${{#__tg[@]}}", 30.0, raw=True
+            )
+        except (EOFError, OSError) as exc:
+            raise InfrastructureError(f"the task container's root shell failed: {exc!r}") from exc
+        if got is None:
+            raise InfrastructureError("killing the agent's processes ran past 30 s")
+        return int(got[0].strip().splitlines()[-1])
+
+    def verify(self, tests: dict[str, bytes], timeout_s: float) -> tuple[int, str]:
+        """Runs ``bash /tests/test.sh`` as root after the episode: every agent process killed first (none
+        left, or the verifier does not run: exit code -2), ``/tests`` (``tests``) and ``/logs/verifier`` made
+        afresh by root, the fixed root environment, started from ``/`` and moving to the working folder."""
+        left = self.kill_agent()
+        if left:
+            return -2, f"[{left} agent processes could not be killed: the verifier did not run]"
+        code, out = self._root(
+            "(set -e; umask 022; [ ! -L /tests ] && [ ! -L /logs ]\n"
+            "find /tests -mindepth 1 -delete; rm -rf /logs/verifier; mkdir -m 755 /logs/verifier\n"
+            f"{self._untar(tests, '/tests')}\nchown -R 0:0 /tests /logs; chmod -R go-w /tests) 2>&1",
+            60.0,
+        )
+        if code != 0:
+            raise InfrastructureError(f"could not write the verifier's files ({code}): {out[-500:]}")
+        script = 'cd -- "$1" 2>/dev/null || cd /; exec /bin/bash /tests/test.sh'
+        return self.exec(["/bin/bash", "-c", script, "verify", self.workdir], timeout_s=timeout_s)
 
     def close(self, wait: bool = False) -> None:
         """Removes the container: in the background (an episode's end: a few hundred ms off the critical
@@ -294,8 +474,9 @@ class TaskContainer:
         if self.closed:
             return
         self.closed = True
-        if self.shell is not None:
-            self.shell.close()
+        for shell in (self.agent, self.warden):
+            if shell is not None:
+                shell.close()
         if wait:
             _remove(self.container)
         else:
@@ -351,6 +532,7 @@ class ContainerPool:
     """Started containers of one image, kept ``spares`` ahead so that a reset does not wait for docker."""
 
     def __init__(self, image: str, resources: Resources, workdir: str, spares: int = 1) -> None:
+        check_workdir(workdir)
         self.image, self.resources, self.workdir, self.spares = image, resources, workdir, spares
         self._ready: list[TaskContainer] = []  # started, each with its shell running
         self._lock = threading.Lock()
@@ -372,7 +554,7 @@ class ContainerPool:
     def _started(self) -> TaskContainer:
         box = TaskContainer(self._start(), self.workdir)
         try:
-            box.start_shell()
+            box.start()
         except InfrastructureError:
             box.close()
             raise

@@ -57,9 +57,23 @@ class TerminalEnv(ToolEnv):
     killed at the time limit.
 
     ## Tools
-    ``shell(command)``: one bash command line in the episode's persistent shell (root, in the task's working
-    folder; ``cd``, variables and functions persist), killed after ``command_timeout_s``.
+    ``shell(command)``: one bash command line in the episode's persistent shell (an unprivileged user,
+    ``agent``, in the task's working folder, which it owns; ``cd``, variables and functions persist), killed
+    after ``command_timeout_s``.
     ``submit(note)``: the task is done; the verifier runs.
+
+    ## Threat model
+    The policy is assumed adversarial: it may try to write the reward itself, leave processes that do so
+    later, replace the verifier's tools, pre-create files the verifier trusts, or exhaust processes, memory or
+    disk. So the agent is an unprivileged user: system folders, ``/tests`` and ``/logs`` are root's (``/tests``
+    and ``/logs`` are tmpfs mounts, apart from the disk). After ``submit`` a root warden (started with the
+    container) kills every process of the agent's uid, with bash builtins only, until none is left; then root
+    makes ``/tests`` and ``/logs/verifier`` afresh and runs ``bash /tests/test.sh`` with a fixed environment
+    (system ``PATH``, ``HOME=/root``). Whatever the agent broke, a verifier that writes no reward scores 0,
+    never an ``env_error``. The built-in tasks run their checks as the agent's uid with a clean environment
+    (no user site, a pytest config of their own) and write the reward as root. Not covered: a Harbor verifier
+    that runs the agent's programs as root gives them root (``TOOLGYM_AGENT_UID`` says whom to drop to), and a
+    check is only as strong as what it looks at.
 
     ## Rewards
     ``correct``: the verifier's reward (``/logs/verifier/reward.txt``, or ``reward`` in ``reward.json``;
@@ -163,7 +177,8 @@ class TerminalEnv(ToolEnv):
 
     def instructions(self) -> str:
         return (
-            "You work in a Linux terminal: bash, as root, in a container without network access (pip installs "
+            "You work in a Linux terminal: bash, as the user agent (not root: system folders are read-only to "
+            "you: pip install --user), in a container without network access (pip installs "
             "only from local folders). Run commands with the shell tool; each call returns the output and the "
             f"exit code, and commands are killed after {self.command_timeout_s:g} s. When the task is done, "
             "call submit: the task's tests then check the container."
@@ -220,20 +235,22 @@ class TerminalEnv(ToolEnv):
         box, task = self._box, self.current
         if box is None:
             raise InfrastructureError("no task container to verify")
-        # the agent cannot plant a reward or a test: both folders are emptied before the tests go in
-        box.exec(
-            ["bash", "-c", "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier"], timeout_s=30
+        # every agent process is killed first; /tests and /logs/verifier (root's tmpfs mounts) are made
+        # afresh; the verifier runs as root with a fixed environment (see container.py, "Who is who")
+        code, out = box.verify(
+            {rel: text.encode() for rel, text in task.tests.items()}, timeout_s=task.verifier_timeout_s
         )
-        box.put_files({f"tests/{rel}": text.encode() for rel, text in task.tests.items()})
-        code, out = box.exec(["bash", "/tests/test.sh"], timeout_s=task.verifier_timeout_s)
         log = box.read_file("/logs/verifier/checks.log") or ""
         self._verifier = _cut(out + log, 2000)
         reward = _read_reward(box)
         if reward is None:
-            # the verifier ran in the agent's container and wrote nothing: it ran out of time (a program the
-            # agent left hangs) or the agent broke what it needs. The episode's own failure, scored 0: were it
-            # an env_error, a policy could dodge a 0 by breaking the verifier. Docker faults raise above.
-            why = "killed at the time limit" if code in (124, 137) else f"exit {code}"
+            # the verifier wrote nothing: it ran out of time (on a program the agent wrote), the agent broke
+            # what it needs (its own files), or an agent process could not be killed (it did not run). The
+            # episode's own failure, scored 0: were it an env_error, a policy could dodge a 0 by breaking the
+            # verifier. Docker faults raise above.
+            why = {124: "killed at the time limit", 137: "killed at the time limit", -2: "not run"}.get(
+                code, f"exit {code}"
+            )
             self._verifier += f"\n[the verifier wrote no reward ({why}): scored 0]"
             reward = 0.0
         return {"correct": reward}

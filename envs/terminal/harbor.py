@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.envs.terminal.container import Resources, tar_bytes
+from toolgym.envs.terminal.container import Resources, check_workdir, tar_bytes
 from toolgym.envs.terminal.image import BASE_IMAGE
 from toolgym.errors import ConfigError
 from toolgym.optional import require
@@ -34,7 +34,8 @@ from toolgym.optional import require
 @dataclass(frozen=True)
 class TerminalTask:
     """One task. ``files`` (paths relative to ``workdir``) are copied in and ``setup`` runs (bash, as root,
-    in ``workdir``) at reset, on top of ``image``; ``tests`` is the verifier's folder (``test.sh`` required);
+    in ``workdir``) at reset, on top of ``image``, and then ``workdir`` is the agent's (an unprivileged
+    user's: a task whose solution needs root elsewhere cannot be solved); ``tests`` is the verifier's folder (``test.sh`` required);
     ``solution`` is the expert's commands, one shell call each."""
 
     name: str
@@ -55,6 +56,7 @@ class TerminalTask:
     def __post_init__(self) -> None:
         if "test.sh" not in self.tests:
             raise ConfigError(f"task {self.name}: tests must hold test.sh (the verifier)")
+        check_workdir(self.workdir)
 
 
 def _toml(path: Path) -> dict[str, Any]:

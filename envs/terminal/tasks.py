@@ -13,18 +13,39 @@ from toolgym.envs.terminal.harbor import TerminalTask
 TEST_SH = """#!/bin/bash
 mkdir -p /logs/verifier
 cd /app
-if bash /tests/checks.sh > /logs/verifier/checks.log 2>&1; then
+# Under toolgym the checks run as the agent's uid (TOOLGYM_AGENT_UID), in a clean environment: the agent's
+# programs they run cannot write the reward, and no PATH, HOME or Python user site of the agent's applies.
+# Root writes the reward from their exit code. Elsewhere (Harbor: the agent was root) they run as root.
+run=()
+if [ -n "${TOOLGYM_AGENT_UID:-}" ]; then
+  run=(setpriv --reuid="$TOOLGYM_AGENT_UID" --regid="$TOOLGYM_AGENT_UID" --clear-groups
+       env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/nonexistent LANG=C.UTF-8 PYTHONNOUSERSITE=1
+       PYTHONDONTWRITEBYTECODE=1)
+fi
+if "${run[@]}" bash /tests/checks.sh > /logs/verifier/checks.log 2>&1; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt
 fi
 """
+# the user site of the agent's pip installs (it is not root): the packaging checks look there on purpose
+USER_SITE = "env -u PYTHONNOUSERSITE PYTHONUSERBASE=/home/agent/.local"
 
 
 def _task(
-    name: str, category: str, instruction: str, checks: str, solution: list[str], **kw: object
+    name: str,
+    category: str,
+    instruction: str,
+    checks: str,
+    solution: list[str],
+    extra_tests: dict[str, str] | None = None,
+    **kw: object,
 ) -> TerminalTask:
-    tests = {"test.sh": TEST_SH, "checks.sh": "set -e\ncd /app\n" + checks.strip() + "\n"}
+    tests = {
+        "test.sh": TEST_SH,
+        "checks.sh": "set -e\ncd /app\n" + checks.strip() + "\n",
+        **(extra_tests or {}),
+    }
     return TerminalTask(
         name=name,
         category=category,
@@ -389,10 +410,10 @@ unzip -l dist/mylib-0.1.0-py3-none-any.whl | grep -q mylib/__init__.py
         "install-package",
         "packaging",
         "Install the package in /app/greet (offline, no build isolation) so that python3 -c 'import greet; "
-        "print(greet.hi())' prints hi from any folder.",
-        'cd /tmp && test "$(python3 -c "import greet; print(greet.hi())")" = hi',
+        "print(greet.hi())' prints hi from any folder (for your user: you are not root).",
+        f'cd / && test "$({USER_SITE} python3 -c "import greet; print(greet.hi())")" = hi',
         [
-            "python3 -m pip install -q --no-build-isolation /app/greet",
+            "python3 -m pip install -q --user --no-build-isolation /app/greet",
             "cd /tmp && python3 -c 'import greet; print(greet.hi())'",
         ],
         files={
@@ -404,14 +425,14 @@ unzip -l dist/mylib-0.1.0-py3-none-any.whl | grep -q mylib/__init__.py
         "console-script",
         "packaging",
         "Give the package in /app/tool a console script: after installing it, the command tool-cli must print "
-        "ok (it calls tool.cli:main). Add the entry point to pyproject.toml and install it (offline, no build "
-        "isolation).",
-        """grep -q tool-cli tool/pyproject.toml
-test "$(cd /tmp && tool-cli)" = ok
+        "ok (it calls tool.cli:main). Add the entry point to pyproject.toml and install it for your user "
+        "(offline, no build isolation).",
+        f"""grep -q tool-cli tool/pyproject.toml
+test "$(cd / && {USER_SITE} /home/agent/.local/bin/tool-cli)" = ok
 """,
         [
             "printf '\\n[project.scripts]\\ntool-cli = \"tool.cli:main\"\\n' >> /app/tool/pyproject.toml",
-            "python3 -m pip install -q --no-build-isolation /app/tool && tool-cli",
+            "python3 -m pip install -q --user --no-build-isolation /app/tool && tool-cli",
         ],
         files={
             "tool/pyproject.toml": PYPROJECT.format(name="tool", version="0.2.0"),
@@ -442,7 +463,10 @@ cd pkg && test "$(python3 -c 'import pkg; print(pkg.__version__)')" = 1.3.0
         "packaging",
         "The tests in /app/calc/tests fail. Fix the bug in /app/calc/calc.py (not the tests) so that "
         "python3 -m pytest passes in /app/calc.",
-        "cd calc && python3 -m pytest -q -p no:cacheprovider tests >/dev/null",
+        # the verifier's own copy of the tests and config (not the agent's tests/, conftest.py or ini files);
+        # -P: no pytest.py of the agent's in the working folder shadows the real one
+        "cd calc && python3 -P -m pytest -q -p no:cacheprovider --noconftest -c /tests/pytest.ini "
+        "--rootdir=/tests /tests/test_calc.py >/dev/null",
         [
             "sed -i 's/return a - b  # add/return a + b  # add/' /app/calc/calc.py",
             "cd /app/calc && python3 -m pytest -q -p no:cacheprovider > /dev/null && echo tests pass",
@@ -452,6 +476,11 @@ cd pkg && test "$(python3 -c 'import pkg; print(pkg.__version__)')" = 1.3.0
             "calc/tests/test_calc.py": "from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
             "def test_mul():\n    assert mul(2, 3) == 6\n",
             "calc/conftest.py": "",
+        },
+        extra_tests={
+            "pytest.ini": "[pytest]\n",
+            "test_calc.py": "import sys\n\nsys.path.insert(0, '/app/calc')\n\nfrom calc import add, mul  # noqa: E402\n\n\n"
+            "def test_add():\n    assert add(2, 3) == 5\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n",
         },
     ),
 ]
