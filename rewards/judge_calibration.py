@@ -11,12 +11,11 @@ shape works with ``toolgym judge-calibrate --data FILE``.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.errors import ConfigError
+from toolgym.jsonl import bad_line, read_jsonl
 from toolgym.rewards.judge import Judge, Verdict
 
 DATA = Path(__file__).with_name("data")
@@ -31,19 +30,13 @@ def load_labelled(path: str | Path = LABELLED) -> list[dict[str, Any]]:
     (48, 26)
     """
     rows = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the labelled set {path}: {exc}") from exc
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not {"question", "answer", "label"} <= set(row) or row["label"] not in (0, 1):
-                raise ValueError("needs question, answer and a label of 0 or 1")
-        except ValueError as exc:
-            raise ConfigError(f"{path}:{n}: {exc}") from exc
+    for n, row in read_jsonl(path, "labelled set"):
+        if (
+            not isinstance(row, dict)
+            or not {"question", "answer", "label"} <= set(row)
+            or row["label"] not in (0, 1)
+        ):
+            raise bad_line(path, n, "needs question, answer and a label of 0 or 1")
         rows.append(row)
     return rows
 

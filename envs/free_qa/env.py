@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, ClassVar
 
 from toolgym.envs.base import Task, ToolEnv
 from toolgym.envs.free_qa.expert import expert_action
 from toolgym.errors import ConfigError
+from toolgym.jsonl import bad_line, read_jsonl
 from toolgym.rewards.qa import token_f1_score
 from toolgym.tools import Tool
 
@@ -32,19 +32,9 @@ def load_questions(path: str | Path) -> list[dict[str, str]]:
     (32, ['id', 'question', 'reference'])
     """
     rows = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read questions file {path}: {exc}") from exc
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise ConfigError(f"{path}:{n}: not JSON ({exc})") from exc
+    for n, row in read_jsonl(path, "questions file"):
         if not isinstance(row, dict) or not {"question", "reference"} <= set(row):
-            raise ConfigError(f"{path}:{n}: a row needs 'question' and 'reference'")
+            raise bad_line(path, n, "a row needs 'question' and 'reference'")
         rows.append(
             {"id": str(row.get("id", f"row{n}")), **{k: str(row[k]) for k in ("question", "reference")}}
         )

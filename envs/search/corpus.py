@@ -23,6 +23,7 @@ import numpy as np
 from toolgym.envs.search.kb import World
 from toolgym.envs.search.retriever import Doc, _doc_from_json, cache_root
 from toolgym.errors import ConfigError
+from toolgym.jsonl import read_jsonl
 from toolgym.optional import require
 
 
@@ -198,14 +199,13 @@ def load_questions(path: str | Path) -> list[QAItem]:
         records = pq.read_table(p).to_pylist()
     else:
         text = p.read_text()
-        stripped = text.lstrip()
-        try:
-            if stripped.startswith("["):
+        if text.lstrip().startswith("["):
+            try:
                 records = json.loads(text)
-            else:
-                records = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{p} is neither a JSON list nor JSONL: {exc}") from exc
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{p} is not a valid JSON list: {exc}") from exc
+        else:
+            records = [row for _, row in read_jsonl(p, "questions file")]
     items = [it for n, r in enumerate(records) if isinstance(r, dict) and (it := _item(r, n)) is not None]
     if not items:
         raise ConfigError(
