@@ -55,8 +55,10 @@ class ScriptedPolicy:
         turns = []
         for env, tl in zip(envs, tool_lists, strict=True):
             assert env is not None
-            text = tool_env(env).expert_action()
-            turns.append(AssistantTurn(text=text, message=parse_turn(text, tl, tool_env(env).action_format)))
+            # a Ray env's proxy (toolgym/ray_envs.py) calls the expert on its worker
+            inner: Any = env.unwrapped if getattr(env, "remote", False) else tool_env(env)
+            text = inner.expert_action()
+            turns.append(AssistantTurn(text=text, message=parse_turn(text, tl, inner.action_format)))
         return turns
 
 

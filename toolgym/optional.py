@@ -56,6 +56,7 @@ MODULES: dict[str, Optional] = {
     "yaml": Optional("pyyaml", "train"),
     "tqdm": Optional("tqdm", "train"),
     "mcp": Optional("mcp", "mcp"),
+    "ray": Optional("ray", "ray"),
     "tomli": Optional("tomli", None),  # Python 3.10 only (3.11's tomllib reads TOML); no extra holds it
 }
 

@@ -78,6 +78,13 @@ class RunConfig:
         default_factory=lambda: {"prompt_format": "text"},
         metadata={"help": "keyword arguments for gym.make (every env)"},
     )
+    env_workers: str = field(
+        default="threads",
+        metadata={
+            "help": "where envs run: threads (the trainer's process) | ray | ray://HOST:PORT | ray:ADDRESS "
+            "(Ray actors across the cluster's nodes; docs/envs.md)"
+        },
+    )
     seed: int = field(
         default=0,
         metadata={"help": "seed of task draws, sampling and branching; training seeds stay below 10**9"},
@@ -193,6 +200,9 @@ class RunConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         check_memory(self.engine_memory)
+        from toolgym.ray_envs import parse_env_workers  # (imports no torch)
+
+        parse_env_workers(self.env_workers)
 
     @classmethod
     def from_dict(cls: type[C], data: dict[str, Any]) -> C:

@@ -70,14 +70,17 @@ def evaluate(
     cfg: RolloutConfig,
     episodes: int,
     save: tuple[Path, int] | None = None,
+    env_backend: str = "threads",
 ) -> dict[str, float]:
     """One greedy rollout per held-out seed; eval/episode_reward, eval/success, …
 
     ``save=(run_dir, step)`` also writes the episodes to ``run_dir/evals/step_N.jsonl`` (``toolgym view``'s
-    format), so that a held-out plateau can be read episode by episode."""
+    format), so that a held-out plateau can be read episode by episode. ``env_backend``: where the envs run
+    (``threads`` or a Ray address: toolgym/ray_envs.py)."""
     roller = TreeRollout(
-        policy, None, RolloutConfig(**{**cfg.__dict__, "budget": 1, "temperature": 0.0}), env_kwargs
-    )
+        policy, None, RolloutConfig(**{**cfg.__dict__, "budget": 1, "temperature": 0.0}), env_kwargs,
+        env_backend=env_backend,
+    )  # fmt: skip
     try:
         forest, stats = roller.run(eval_tasks(env_ids, episodes), seed=EVAL_SEED0)
     finally:

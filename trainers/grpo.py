@@ -140,7 +140,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     )
     if dist.main:
         (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
-    roller = TreeRollout(policy, branch, rollout_cfg, cfg.env_kwargs)
+    roller = TreeRollout(policy, branch, rollout_cfg, cfg.env_kwargs, env_backend=cfg.env_workers)
     addons = AddonState(cfg, dist.world)  # replay buffer, task pool, EPO entropy band
     if cfg.resume:  # the add-ons continue where the checkpoint left them
         addons.load_state_dict(progress.extra)
@@ -154,7 +154,9 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         model.eval()
         with torch.no_grad(), autocast(device, cfg.bf16):
             saved = (out, step) if cfg.save_evals else None
-            return evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved)
+            return evaluate(
+                policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved, cfg.env_workers
+            )
 
     if log is not None and cfg.eval_every and progress.step == 0:  # curves start at the initial policy
         log.log(0, held_out(0))

@@ -96,7 +96,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         progress = checkpoint.load(folder, present, optimizer)
     log = MetricsLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
-    roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs)
+    roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs, env_backend=cfg.env_workers)
     addons = AddonState(cfg)  # replay buffer, task pool, EPO entropy band (addons.py)
     if cfg.resume:  # the add-ons continue where the checkpoint left them
         addons.load_state_dict(progress.extra)
@@ -112,7 +112,9 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         model.eval()
         with torch.no_grad(), autocast(device, cfg.bf16):
             saved = (out, step) if cfg.save_evals else None
-            return evaluate(policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved)
+            return evaluate(
+                policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved, cfg.env_workers
+            )
 
     if cfg.eval_every and progress.step == 0:  # curves start at the initial policy, as GRPO's
         log.log(0, held_out(0))

@@ -65,8 +65,8 @@ from toolgym.agents.episode_loop import (
     turn_room,
 )
 from toolgym.errors import ConfigError
+from toolgym.ray_envs import tree_envs
 from toolgym.trainers.branching import BranchPolicy, NoBranching, apply_forks
-from toolgym.trainers.rollout_envs import TreeEnvs
 from toolgym.trainers.tree import NodeKind, RolloutTree
 
 
@@ -145,7 +145,9 @@ class TreeRollout:
     """Grows rollout trees with `policy` (a `TokenPolicy`: `generate`, `renderer`) in envs made by id.
 
     `continuous`: drive the trees with the engine's continuous batching (default: when the policy has an
-    `engine`, i.e. `EnginePolicy`); otherwise in rounds. `env_workers`: threads for env calls (continuous).
+    `engine`, i.e. `EnginePolicy`); otherwise in rounds. `env_workers`: threads for env calls (continuous;
+    in rounds too when the envs are remote). `env_backend`: where the envs run, `threads` (this process) or
+    `ray`, `ray://HOST:PORT`, `ray:ADDRESS` (Ray actors: toolgym/ray_envs.py).
     """
 
     def __init__(
@@ -157,6 +159,7 @@ class TreeRollout:
         *,
         continuous: bool | None = None,
         env_workers: int = 16,
+        env_backend: str = "threads",
     ) -> None:
         self.policy = policy
         self.renderer = policy.renderer
@@ -172,7 +175,9 @@ class TreeRollout:
         # (continuous mode): about half an eager prefill pass on a GPU host
         self.plan_wait = 0.02
         self.snapshots = not isinstance(self.branch, NoBranching)
-        self.envs = TreeEnvs(self.env_kwargs, self.snapshots)
+        self.envs = tree_envs(self.env_kwargs, self.snapshots, env_backend)
+        # remote envs wait on other nodes: their calls overlap on threads in rounds too
+        self.round_workers = self.env_workers if env_backend != "threads" else 0
 
     # ----- the run -----------------------------------------------------------------------------------------
     def run(self, tasks: list[RolloutTask], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
@@ -188,7 +193,9 @@ class TreeRollout:
             loop = EpisodeLoop(env_workers=self.env_workers, plan_wait=self.plan_wait, stats=stats)
             loop.run(starts, _EngineTurns(self.policy, self.cfg, sampling))
         else:
-            EpisodeLoop(stats=stats).run(starts, _RoundTurns(self.policy, self.cfg, sampling))
+            EpisodeLoop(env_workers=self.round_workers, stats=stats).run(
+                starts, _RoundTurns(self.policy, self.cfg, sampling)
+            )
         return [t for t in forest if t is not None], stats
 
     # ----- one tree (what it does, not when) ---------------------------------------------------------------

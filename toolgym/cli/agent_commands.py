@@ -40,6 +40,12 @@ def register(subparsers: Any) -> None:
         default={},
         help="JSON of keyword arguments for gym.make (default with hf:RUN_DIR: the settings the run evaluated on)",
     )
+    p.add_argument(
+        "--env-workers",
+        default="threads",
+        metavar="WHERE",
+        help="where envs run: threads (this process) | ray | ray://HOST:PORT | ray:ADDRESS (Ray actors)",
+    )
     p.add_argument("--out", default=None, help="output folder (default runs/eval-TIMESTAMP)")
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -137,11 +143,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.set_postfix_str(f"round {n}: {live} episodes generating; success {solved[0]}/{solved[1]}")
 
+    remote: dict[str, Any] = {}
+    if args.env_workers != "threads":  # envs as Ray actors; a thread per live episode waits on its actor
+        from toolgym.ray_envs import RayEnvWorkers
+
+        remote = {"make_env": RayEnvWorkers(args.env_workers).env_factory(), "env_workers": args.concurrency}
     t0 = time.perf_counter()
     try:
         with EpisodeRunner(
-            policy, concurrency=args.concurrency, sampling=sampling, on_episode=on_episode, on_round=on_round
-        ) as runner:
+            policy, concurrency=args.concurrency, sampling=sampling, on_episode=on_episode, on_round=on_round,
+            **remote,
+        ) as runner:  # fmt: skip
             trajs = runner.run(specs)
     finally:
         if bar is not None:

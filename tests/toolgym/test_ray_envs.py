@@ -1,0 +1,337 @@
+"""Envs as Ray actors (toolgym/ray_envs.py) on a 2-node Ray cluster this module starts on this machine: a head
+and a worker node (`ray start --block`, each with its own ports and temp dir, 1 CPU), stopped by the
+fixture's finalizer (the two `ray start` processes and their process groups, by id).
+
+An episode through Ray equals the same episode in-process (Calculator-v0, the test env with forks, and
+Coding-v0 on the docker sandbox when it is up); a worker killed mid-episode is that episode's `env_error`
+and the next episode runs on a new actor; a GRPO step with a tiny CPU model runs with `env_workers: ray:…`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+from tests.trainers.conftest import FAKE_ENV, register_fake_env
+from toolgym.errors import ConfigError
+from toolgym.ray_envs import RaySpec, parse_env_workers
+
+REPO = Path(__file__).resolve().parents[2]
+CALC = "toolgym/Calculator-v0"
+
+
+# ----- no cluster ------------------------------------------------------------------------------------------
+def test_parse_env_workers() -> None:
+    assert parse_env_workers("threads") is None
+    assert parse_env_workers("ray") == RaySpec()
+    assert parse_env_workers("ray://h:10001") == RaySpec(address="ray://h:10001")
+    assert parse_env_workers("ray:10.0.0.5:6379") == RaySpec(address="10.0.0.5:6379")
+    for bad in ("", "ray:", "ray://", "processes", "8"):
+        with pytest.raises(ConfigError, match="env_workers must be"):
+            parse_env_workers(bad)
+
+
+def test_config_and_cli_take_env_workers() -> None:
+    from toolgym.cli import build_parser
+    from toolgym.cli.train import resolve
+    from toolgym.trainers.config import RunConfig
+
+    assert RunConfig().env_workers == "threads"
+    with pytest.raises(ConfigError, match="env_workers must be"):
+        RunConfig(env_workers="rays")
+    _, cfg = resolve(build_parser().parse_args(["train", "--env-workers", "ray://head:10001"]))
+    assert cfg.env_workers == "ray://head:10001"
+    args = build_parser().parse_args(["eval", CALC, "--env-workers", "ray"])
+    assert args.env_workers == "ray"
+
+
+# ----- the cluster -----------------------------------------------------------------------------------------
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stops one `ray start --block` and every process it started (its own process group), by id."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # --block stops its node's processes on SIGTERM
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever outlived it in its group
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """The address (`ray:127.0.0.1:PORT`) of a head and a worker node on this machine, 1 CPU each."""
+    pytest.importorskip("ray")
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("this process is already connected to another Ray cluster")
+    gcs, client, agent_a, agent_b = _free_ports(4)
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # the workers import the test envs (tests/testing_env.py) that this process registers
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    common = ["--block", "--num-cpus", "1", "--object-store-memory", str(80 * 2**20), "--disable-usage-stats"]
+    procs: list[subprocess.Popen[bytes]] = []
+    dirs = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
+    logs = [open(Path(d) / "start.log", "wb") for d in dirs]  # noqa: SIM115 (closed in the finalizer)
+    t0 = time.perf_counter()
+    try:
+        head = ["ray", "start", "--head", "--port", str(gcs), "--node-ip-address", "127.0.0.1",
+                "--ray-client-server-port", str(client), "--include-dashboard", "false",
+                "--dashboard-agent-listen-port", str(agent_a), "--temp-dir", dirs[0], *common]  # fmt: skip
+        procs.append(subprocess.Popen(head, env=env, stdout=logs[0], stderr=subprocess.STDOUT,
+                                      start_new_session=True))  # fmt: skip
+        _wait_for(lambda: _port_open(gcs), 60, "the head node's GCS", logs[0].name)
+        worker = ["ray", "start", "--address", f"127.0.0.1:{gcs}", "--node-ip-address", "127.0.0.1",
+                  "--dashboard-agent-listen-port", str(agent_b), *common]  # fmt: skip
+        procs.append(subprocess.Popen(worker, env=env, stdout=logs[1], stderr=subprocess.STDOUT,
+                                      start_new_session=True))  # fmt: skip
+        ray.init(address=f"127.0.0.1:{gcs}", log_to_driver=False, logging_level="WARNING")
+        _wait_for(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, 60, "two live nodes", logs[1].name)
+        print(f"\n2-node Ray cluster up in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        yield f"ray:127.0.0.1:{gcs}"
+    finally:
+        ray.shutdown()
+        for p in reversed(procs):
+            _stop(p)
+        for f in logs:
+            f.close()
+        subprocess.run(["rm", "-rf", *dirs], check=False)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_for(ok: Any, timeout: float, what: str, log: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not up after {timeout} s; log: {Path(log).read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def workers(cluster: str) -> Any:
+    from toolgym.ray_envs import RayEnvWorkers
+
+    return RayEnvWorkers(cluster)
+
+
+# ----- same episodes ---------------------------------------------------------------------------------------
+def _expert_episode(env: Any, seed: int) -> list[Any]:
+    """Everything a seeded expert episode returns: first obs and info, then each step's five values."""
+    obs, info = env.reset(seed=seed)
+    out: list[Any] = [obs, info]
+    for _ in range(int(env.unwrapped.max_turns)):
+        step = env.step(env.unwrapped.expert_action())
+        out.append(tuple(step))
+        if step[2] or step[3]:
+            break
+    return out
+
+
+def test_actors_spread_over_both_nodes_and_episodes_match(workers: Any) -> None:
+    kwargs = {"prompt_format": "text"}
+    envs = [workers.make(CALC, kwargs) for _ in range(2)]
+    try:
+        assert len({e.node for e in envs}) == 2, "SPREAD puts the two actors on the two nodes"
+        local = gym.make(CALC, **kwargs)
+        for seed, env in zip((3, 4), envs, strict=True):
+            assert _expert_episode(env, seed) == _expert_episode(local, seed)
+        assert envs[0].unwrapped is envs[0] and envs[0].task.task_id  # attributes read on the worker
+    finally:
+        for e in envs:
+            e.close()
+
+
+def test_sandbox_episode_matches(workers: Any) -> None:
+    from toolgym.sandboxes.docker_backend import docker_problem
+    from toolgym.sandboxes.limits import Limits
+
+    problem = docker_problem(Limits().image)
+    if problem is not None:
+        pytest.skip(f"the sandbox-backed episode needs the docker sandbox: {problem}")
+    kwargs = {"prompt_format": "text", "sandbox": "docker"}
+    remote = workers.make("toolgym/Coding-v0", kwargs)
+    local = gym.make("toolgym/Coding-v0", **kwargs)
+    try:
+        got, want = _expert_episode(remote, 1), _expert_episode(local, 1)
+    finally:
+        remote.close()
+        local.close()
+    drop = ("elapsed_s", "duration_s", "exec_s", "time_s")  # wall times differ between any two runs
+    assert _without(got, drop) == _without(want, drop)
+    assert got[-1][2] and got[-1][4]["success"]
+
+
+def _without(value: Any, keys: tuple[str, ...]) -> Any:
+    if isinstance(value, dict):
+        return {k: _without(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_without(v, keys) for v in value)
+    return value
+
+
+def _tree_view(forest: list[Any]) -> list[Any]:
+    """Every node's contents but the snapshots (their `elapsed` clock differs between runs)."""
+
+    def node(n: Any) -> tuple[Any, ...]:
+        info = {k: v for k, v in n.info.items() if k != "snapshot"}
+        return (n.parent, n.kind, n.token_ids, n.step_reward, n.reward, n.state_key, n.branch_reason, info)
+
+    return [[node(n) for n in t.nodes] for t in forest]
+
+
+@pytest.mark.parametrize("env_id", [FAKE_ENV, CALC])
+def test_tree_rollout_through_ray_equals_threads(cluster: str, env_id: str) -> None:
+    from tests.trainers.test_rollout import FakePolicy
+    from toolgym.trainers.branching import TurnBoundaryEntropy
+    from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
+
+    register_fake_env()
+    forests = []
+    for backend in ("threads", cluster):
+        # branching: forks restore snapshots that crossed the hop (get_state on a worker, set_state on another)
+        pol = TurnBoundaryEntropy(initial=2, beam_size=2, entropy_weight=10.0, consecutive_penalty=0.0)
+        roller = TreeRollout(
+            FakePolicy(), pol, RolloutConfig(budget=3, entropies=True), {"prompt_format": "text"},
+            env_backend=backend,
+        )  # fmt: skip
+        try:
+            forest, stats = roller.run([RolloutTask(env_id, 0)], seed=0)
+        finally:
+            roller.close()
+        assert stats.env_errors == 0
+        forests.append(forest)
+    assert _tree_view(forests[1]) == _tree_view(forests[0])
+    assert len(forests[0][0].leaves()) == 3
+
+
+# ----- faults ----------------------------------------------------------------------------------------------
+class _Killer:
+    """A message-level policy that plays the expert and kills its env's worker before the turn of episode
+    0 that `kill_at` names: that episode's next step finds no worker."""
+
+    name = "killer"
+
+    def __init__(self, kill_at: int) -> None:
+        self.kill_at, self.turns, self.killed = kill_at, 0, 0
+
+    def act(self, conversations: Any, tools: Any, sampling: Any = None, envs: Any = None) -> list[Any]:
+        from toolgym.agents.policy import AssistantTurn
+        from toolgym.messages import Message
+
+        out = []
+        for env in envs:
+            self.turns += 1
+            if self.turns == self.kill_at:
+                os.kill(env.pid, signal.SIGKILL)  # the actor's process, by id
+                self.killed = env.pid
+            text = env.unwrapped.expert_action() if self.turns != self.kill_at else "7"
+            out.append(AssistantTurn(text=text, message=Message(role="assistant", content=text)))
+        return out
+
+
+def test_killed_worker_is_env_error_and_the_next_episode_gets_a_new_one(workers: Any) -> None:
+    from toolgym.agents.runner import EpisodeRunner, EpisodeSpec
+
+    policy = _Killer(kill_at=2)  # Calculator's expert takes two turns: the kill lands mid-episode
+    specs = [EpisodeSpec(CALC, s, (("prompt_format", "text"),)) for s in (5, 6)]
+    with EpisodeRunner(policy, concurrency=1, make_env=workers.env_factory(), env_workers=1) as runner:  # type: ignore[arg-type]
+        first, second = runner.run(specs)
+        assert first.truncation == "env_error" and first.infra_failure and "lost" in str(first.error)
+        assert not first.success
+        assert second.error is None and second.success, second.error
+        (pooled,) = runner._pool.drain()
+        assert pooled.pid != policy.killed  # the second episode ran on a new actor
+        pooled.close()
+
+
+def test_killed_worker_mid_rollout_is_env_error_for_its_path_only(cluster: str) -> None:
+    """A worker killed between a tree's turns: its path ends as env_error (no training row, not scored), the
+    other paths finish, no leaf is lost or counted twice, and the next rollout replaces the actor."""
+    from tests.trainers.test_rollout import FakePolicy
+    from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
+    from toolgym.trainers.tree import flatten
+
+    register_fake_env()
+
+    class KillOnce(FakePolicy):
+        def __init__(self, roller: Any = None) -> None:
+            super().__init__()
+            self.roller, self.victim = roller, 0
+
+        def generate(self, prompts: list[list[int]], sampling: Any = None) -> Any:
+            if len(self.calls) == 1 and self.roller is not None:  # the second round: turn 1 of every path
+                env = self.roller.envs._wrappers[0]
+                self.victim = env.pid
+                os.kill(env.pid, signal.SIGKILL)
+            return super().generate(prompts, sampling)
+
+    policy = KillOnce()
+    roller = TreeRollout(policy, None, RolloutConfig(budget=3), {}, env_backend=cluster)
+    policy.roller = roller
+    try:
+        forest, stats = roller.run([RolloutTask(FAKE_ENV, 0)], seed=0)
+        tree = forest[0]
+        eps = [tree.nodes[leaf].info["episode"] for leaf in tree.leaves()]
+        assert len(eps) == 3 and stats.env_errors == 1
+        assert sorted(e["truncation"] or "" for e in eps) == ["", "", "env_error"]
+        assert len(flatten(forest)) == 2  # the env_error path gives no training row
+        policy.roller = None
+        again, stats2 = roller.run([RolloutTask(FAKE_ENV, 1)], seed=1)
+        assert stats2.env_errors == 0 and len(again[0].leaves()) == 3
+        assert policy.victim not in {e.pid for e in roller.envs._pool.drain()}
+    finally:
+        roller.close()
+
+
+# ----- a training step -------------------------------------------------------------------------------------
+def test_grpo_step_with_env_workers_on_ray(cluster: str, tmp_path: Path, tokenizer: Any) -> None:
+    pytest.importorskip("torch")
+    from tests.trainers.conftest import tiny_model
+    from toolgym.trainers.grpo import GRPOConfig
+    from toolgym.trainers.grpo import train as train_grpo
+
+    register_fake_env()
+    cfg = GRPOConfig(
+        env_ids=[FAKE_ENV], env_kwargs={}, prompts_per_step=2, budget=2, max_new_tokens=4, max_total_tokens=128,
+        lr=1e-2, device="cpu", tensorboard=False, progress=False, eval_episodes=1, micro_batch_rows=4,
+        steps=1, output_dir=str(tmp_path), env_workers=cluster,
+    )  # fmt: skip
+    metrics = train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)  # type: ignore[arg-type]
+    assert metrics["rollout/episodes"] == 4 and "losses/policy" in metrics and "eval/success" in metrics
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> object:
+    from tests.trainers.conftest import tiny_tokenizer
+
+    return tiny_tokenizer()
