@@ -119,11 +119,25 @@ def _patch(obj: Any, attr: str, name: str) -> None:
     setattr(obj, attr, _timed(name, getattr(obj, attr)))
 
 
+def _patch_everywhere(fn: Callable[..., Any], name: str) -> None:
+    """Times ``fn`` under every name a toolgym.trainers module imported it as: a call looks its module's
+    name up (``from batch import collate``), so patching the defining module alone misses the callers
+    (the step's collate in grpo.py, KL-in-reward's in grpo_credit.py)."""
+    timed = _timed(name, fn)
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("toolgym.trainers"):
+            for attr, value in list(vars(module).items()):
+                if value is fn:
+                    setattr(module, attr, timed)
+
+
 def instrument() -> None:
     """Timers around the phases (module attributes looked up at call time)."""
     import toolgym.agents.engine.engine as eng
     import toolgym.agents.engine.engine_policy as pol
+    import toolgym.trainers.batch as batch
     import toolgym.trainers.grpo as grpo
+    import toolgym.trainers.grpo_credit  # noqa: F401 (its collate, KL-in-reward's, is timed too)
     import toolgym.trainers.rollout as ro
 
     _patch(eng.Engine, "step", "engine.step")
@@ -134,7 +148,7 @@ def instrument() -> None:
     _patch(pol.EnginePolicy, "_plan", "plan")
     _patch(ro.TreeRollout, "run", "rollout")
     _patch(grpo, "credit", "credit")
-    _patch(grpo, "collate", "collate")
+    _patch_everywhere(batch.collate, "collate")
     _patch(torch.optim.AdamW, "step", "update.adamw")
     _patch(torch.Tensor, "backward", "update.backward")
     _patch(torch.nn.utils, "clip_grad_norm_", "update.clip")
