@@ -1,4 +1,4 @@
-"""Throughput and MFU of a full GRPO update, timed on the trainer's own update step (``grpo.optimize``):
+"""Throughput and MFU of a full GRPO update, timed on the trainer's own update step (``grpo_update.optimize``):
 old-policy logprobs + reference logprobs + clipped-loss fwd/bwd + AdamW, eager HF padded micro-batches vs
 the packed path (trainers/packing.py: packed rows, per-row causal attention, chunked logprobs), optionally
 with ``torch.compile``. Random weights in the model shapes; fp32 master weights under bf16 autocast, as
@@ -73,8 +73,8 @@ def measure(
     name: str, variant: str, batch: TrainBatch, micro: int, repeats: int, checkpointing: bool = False,
     profile: Path | None = None, **kw: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    """The trainer's update step (grpo.optimize) on `batch`, as `toolgym train` sets it up."""
-    from toolgym.trainers.grpo import optimize
+    """The trainer's update step (grpo_update.optimize) on `batch`, as `toolgym train` sets it up."""
+    from toolgym.trainers.grpo_update import optimize
     from toolgym.trainers.modeling import Reference, make_optimizer
     from toolgym.trainers.packing import compile_decoder, update_forward, use_packing
 
@@ -261,7 +261,7 @@ def main() -> None:
     save()
     lines = ["# update", "", f"Command: `{res['command']}`",
              f"Machine: {res['gpu']}; torch {torch.__version__}; load average {res['load_avg']:.1f}", "",
-             "The trainer's update step (`grpo.optimize`: old + reference logprob passes, fwd/bwd, 2 AdamW steps).", "",
+             "The trainer's update step (`grpo_update.optimize`: old + reference logprob passes, fwd/bwd, 2 AdamW steps).", "",
              "| model | variant | micro-batch rows | tok/s | MFU (10N) | update s | first call s | peak GB |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in res["rows"]:
