@@ -167,6 +167,13 @@ class RunConfig:
         default_factory=lambda: {},
         metadata={"help": "gym.make keywords for evaluations on top of env_kwargs, e.g. {split: test}"},
     )
+    selfplay: dict[str, Any] = field(
+        default_factory=lambda: {},
+        metadata={
+            "help": "self-play in a multi-agent seat env (empty: off), e.g. {learner_seats: 2, frozen_seats: 1, "
+            "snapshot: initial, others: strong}: trainers/selfplay.py"
+        },
+    )
     save_evals: bool = field(
         default=False,
         metadata={"help": "write each held-out evaluation's episodes to evals/ (`toolgym view` format)"},

@@ -234,3 +234,19 @@ def play_out(
         agent = game.agent_selection
         game.step(POLICIES[seats[agent]](view_of(game, agent), rng))
     raise RuntimeError("a scripted game did not end")
+
+
+def suspects(view: AgentView) -> list[str]:
+    """The living other players from most to least suspected, as the strong player reasons: a village player
+    by its own suspicion (a seer's finds first); a werewolf by the village's reasoning among non-wolves (the
+    player it would push the village toward). Ties break by seat. LSPO fills a latent strategy's named
+    players from this ranking (``toolgym.trainers.lspo.game``)."""
+    if view.role == "werewolf":
+        mask = AgentView(
+            view.me, "villager", view.phase, view.day, view.alive, view.legal, [], [], view.revealed,
+            view.speeches, [], view.votes,
+        )  # fmt: skip
+        score = {p: s for p, s in _suspicion(mask, True).items() if p not in view.wolves}
+    else:
+        score = _suspicion(view, True)
+    return sorted(score, key=lambda p: (-score[p], int(p[1:])))
