@@ -248,7 +248,11 @@ def turn_gae(
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked entries (unbiased std); 0 outside the mask. [B, T] -> [B, T]."""
+    """(x - mean) / std over the masked entries (unbiased std); 0 outside the mask. [B, T] -> [B, T].
+
+    Computed, and returned, in float32 at least: bf16 advantages (a bf16 value head's) would otherwise get
+    a bf16 mean and std, off by whole quantisation steps over a batch of tokens."""
+    x = x.to(torch.promote_types(x.dtype, torch.float32))  # [B, T]
     m = mask.bool()  # [B, T]
     vals = x[m]  # [N]
     if vals.numel() < 2:

@@ -152,6 +152,19 @@ def test_whiten_and_entropy_scaling() -> None:
     assert scaled[0, :3].tolist() == approx([0.8, 1.0, 1.2])
 
 
+def test_masked_whiten_computes_in_float32_for_bf16_advantages():
+    """PPO whitens the advantages of a bf16 value head: the mean and std are float32 ones (a bf16 mean over
+    thousands of tokens near 100 is off by a quantisation step), and so is the result."""
+    torch.manual_seed(0)
+    x = (100 + torch.randn(8, 512)).bfloat16()  # [B, T]
+    m = torch.ones(8, 512)
+    m[:, 400:] = 0
+    out = adv.masked_whiten(x, m)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, adv.masked_whiten(x.float(), m))
+    assert adv.masked_whiten(x.double(), m).dtype == torch.float64  # wider stays wider
+
+
 def test_igpo_with_a_scorer(tree3: RolloutTree, monkeypatch: pytest.MonkeyPatch) -> None:
     """P(gold) is 0.1 after the prompt (2 tokens) and 0.4 after the tool node (5 tokens): turn 0 of rows
     0 and 1 gains 0.3; last turns earn the outcome."""
