@@ -30,6 +30,9 @@ Departures from the papers:
    is added to every estimator's advantage centred on the group and unscaled, not z-scored with the
    outcome (verl normalises the shaped reward, so an all-failed group's KL noise became +-1 advantages).
    It is computed after success replay, so a replayed row is shaped as its siblings.
+9. With `max_staleness` > 0 the rollout runs ahead of the learner on a worker thread, from an actor copy of
+   the weights published after each step (trainers/async_rollout.py: versions, admission, partial rollouts);
+   0 is this loop as it always was.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from toolgym.errors import ConfigError
 from toolgym.trainers import checkpoint
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import NodeAdv
+from toolgym.trainers.async_rollout import AsyncRollout, actor_policy, async_metrics
 from toolgym.trainers.batch import collate
 from toolgym.trainers.config import GRPO_ESTIMATORS, RunConfig, changed_fields, warn_inert
 from toolgym.trainers.curriculum import CurriculumHook
@@ -140,7 +144,14 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     )
     if dist.main:
         (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
-    roller = TreeRollout(policy, branch, rollout_cfg, cfg.env_kwargs, env_backend=cfg.env_workers)
+    gate, rollout_policy = None, policy
+    if cfg.max_staleness:  # asynchronous: the worker samples from an actor copy of the weights
+        if dist.world > 1:
+            raise ConfigError("max_staleness > 0 under torchrun is not supported yet: run on one process")
+        gate, rollout_policy = actor_policy(cfg, policy, device, progress.step)
+    roller = TreeRollout(
+        rollout_policy, branch, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_workers
+    )
     addons = AddonState(cfg, dist.world)  # replay buffer, task pool, EPO entropy band
     if cfg.resume:  # the add-ons continue where the checkpoint left them
         addons.load_state_dict(progress.extra)
@@ -168,6 +179,15 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             norm=cfg.igpo_norm, gamma=cfg.igpo_gamma,
         )  # fmt: skip
 
+    pipe = None
+    if gate is not None:  # batch s: tasks at the data position step s starts at, the synchronous seed
+        start, pos0 = progress.step, progress.data_pos
+        pipe = AsyncRollout(
+            roller, gate, first=start + 1, last=cfg.steps, max_staleness=cfg.max_staleness,
+            draw=lambda s: next_tasks(cfg.env_ids, cfg.seed, pos0 + (s - start - 1) * cfg.prompts_per_step, per_rank),
+            seed=lambda s: cfg.seed * 100_003 + s, context=lambda: autocast(device, cfg.bf16),
+        ).start()  # fmt: skip
+
     for step in range(progress.step + 1, cfg.steps + 1):
         t_step = time.perf_counter()
         # 1. rollout: one tree per task, drawn at the data position; refill draws again until the batch
@@ -175,7 +195,12 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         forest: list[RolloutTree] = []
         rounds = 0
         metrics = {}
-        while True:
+        if pipe is not None:  # asynchronous: the worker grew this step's batch (at most max_staleness old)
+            got = pipe.take(step)
+            forest, progress.data_pos = got.forest, progress.data_pos + cfg.prompts_per_step
+            metrics = episode_metrics(forest, got.stats) | async_metrics(got, step)
+            metrics["time/rollout_wait_s"] = time.perf_counter() - t_step
+        while pipe is None:
             tasks = addons.tasks(
                 lambda: next_tasks(cfg.env_ids, cfg.seed, progress.data_pos + dist.rank * per_rank, per_rank),
                 per_rank, step,
@@ -228,6 +253,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         metrics |= optimize(
             cfg, step, batch, model, trainer, optimizer, ref=ref, dist=dist, addons=addons, fwd=fwd
         )
+        if pipe is not None:
+            pipe.publish(step)  # the worker's next generate call or engine step samples from version `step`
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics = dist.mean_metrics(metrics)  # (rank means; tokens_per_s is then per rank)
         progress.step = step
@@ -247,6 +274,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             bar.set_postfix(
                 reward=f"{metrics['charts/episode_reward']:.3f}", success=f"{metrics['charts/success']:.2f}"
             )
+    if pipe is not None:
+        pipe.close()
     roller.close()
     if bar is not None:
         bar.close()

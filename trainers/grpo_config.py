@@ -151,6 +151,21 @@ class GRPOConfig(LossOptionsConfig):
             "help": "DAPO overlong shaping: the reward penalty at max_total_tokens (was overlong_penalty)"
         },
     )
+    is_min: float = field(
+        default=0.0,
+        metadata={
+            "help": "lower bound of the importance weight (truncate: clamp; mask: zero below, with is_max the "
+            "two-sided IcePop mask; 0: none)"
+        },
+    )
+    # --- asynchronous rollouts (trainers/async_rollout.py)
+    max_staleness: int = field(
+        default=0,
+        metadata={
+            "help": "asynchronous rollouts: a worker grows the next batches while the learner updates, each "
+            "token at most this many policy versions old when trained (0: the synchronous loop)"
+        },
+    )
     # --- update path (trainers/packing.py)
     packing: Packing = field(
         default="auto",
@@ -205,6 +220,7 @@ class GRPOConfig(LossOptionsConfig):
             raise ConfigError(f"overlong_buffer ({self.overlong_buffer}) must be < max_total_tokens")
         if self.logprob_chunk < 1:
             raise ConfigError(f"logprob_chunk must be >= 1, got {self.logprob_chunk}")
+        self._check_async()
         if self.curriculum:
             from toolgym.trainers.curriculum import parse
 
@@ -277,7 +293,30 @@ class GRPOConfig(LossOptionsConfig):
             )
         if self.branching == "none" and "initial_samples" in changed:
             out.append("initial_samples: inert without branching")
+        if self.max_staleness and self.is_mode == "none":
+            out.append(
+                "max_staleness > 0 with is_mode=none: stale tokens are trained with no off-policy correction"
+            )
         return out + self.seed_inert(changed)
+
+    def _check_async(self) -> None:
+        if self.is_max <= 0 or self.is_min < 0 or (self.is_min and self.is_min >= self.is_max):
+            raise ConfigError(f"need 0 <= is_min < is_max (is_min 0: none), got {self.is_min}, {self.is_max}")
+        if self.max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
+        if not self.max_staleness:
+            return
+        # these draw a step's tasks from results of earlier steps, which the worker drawing ahead has not seen
+        ahead = [n for n, on in (("refill", self.refill), ("task_pool", self.task_pool), ("curriculum",
+                 self.curriculum)) if on]  # fmt: skip
+        if self.engine == "vllm":
+            raise ConfigError("max_staleness > 0 runs on engine fast or hf (vLLM servers: not yet)")
+        if ahead:
+            raise ConfigError(
+                f"max_staleness > 0 does not support {', '.join(ahead)} yet: they pick a step's tasks from the "
+                "results of the steps before it, which the rollout worker, drawing ahead of the learner, has "
+                "not seen; set max_staleness 0 or turn them off"
+            )
 
     def _acc_filter_on(self) -> bool:
         return self.acc_filter_low > 0.0 or self.acc_filter_high < 1.0
@@ -288,7 +327,7 @@ class GRPOConfig(LossOptionsConfig):
         return LossConfig(
             eps_low=self.eps_low, eps_high=self.eps_high, ratio_level=self.ratio_level,
             dual_clip=self.dual_clip or None, aepo_clip=self.aepo_clip, is_mode=self.is_mode,
-            is_max=self.is_max, kl_coef=0.0 if self.kl_in_reward else self.kl_coef,
+            is_max=self.is_max, is_min=self.is_min or None, kl_coef=0.0 if self.kl_in_reward else self.kl_coef,
             kl_estimator=self.kl_estimator,
             objective=self.objective, cispo_max=self.cispo_max, delta=self.delta or None,
             top_entropy_quantile=self.top_entropy_quantile, entropy_coef=self.entropy_coef,

@@ -218,7 +218,18 @@ def _run_sum(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 def is_weights(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     """Truncated/masked importance weights old/rollout (no grad), in log space (departure 6).
-    [B, T] -> [B, T] (sequence modes: one weight per row, broadcast)."""
+    [B, T] -> [B, T] (sequence modes: one weight per row, broadcast).
+
+    `old` is the trainer's recomputed (proximal) logprob, `rollout` the behaviour one the engine sampled with
+    (with asynchronous rollouts possibly several versions older: decoupled PPO). Modes: `*_truncate` clamps
+    rho to [is_min, is_max] (TIS); `*_mask` keeps rho inside [is_min, is_max] and zeroes it outside (masked
+    IS); `token_mask` with both bounds is IcePop's two-sided token mask (the paper's band is [0.5, 5]).
+
+    >>> cfg = LossConfig(is_mode="token_mask", is_min=0.5, is_max=2.0)
+    >>> lp = torch.log(torch.tensor([[0.4, 1.0, 3.0]]))
+    >>> is_weights(lp, torch.zeros(1, 3), torch.ones(1, 3), cfg).tolist()
+    [[0.0, 1.0, 0.0]]
+    """
     d = ((old - rollout) * mask).detach()  # [B, T]
     log_rho = d.sum(1, keepdim=True).expand_as(d) if cfg.is_mode.startswith("sequence") else d  # [B, T]
     log_hi = math.log(cfg.is_max)
@@ -302,8 +313,10 @@ def policy_loss(
             dual = (adv < 0) & (pg > cap)  # [B, T]
             pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)  # [B, T]
     w = torch.ones_like(m)  # [B, T]
+    log_rho = torch.zeros_like(m)  # [B, T] token log(old / rollout), for the spread of the IS ratio
     if batch.rollout_logprobs is not None and cfg.is_mode != "none":
         w = is_weights(old, batch.rollout_logprobs, m, cfg)  # [B, T]
+        log_rho = ((old - batch.rollout_logprobs) * m).detach()
     keep = torch.ones_like(m)  # [B, T]
     if cfg.top_entropy_quantile < 1.0:
         if batch.entropy is None:
@@ -335,6 +348,8 @@ def policy_loss(
             "is_min": _masked_extreme(w, on, torch.amin),
             "is_mean": _mmean(w, m),
             "is_max": _masked_extreme(w, on, torch.amax),
+            "is_masked_fraction": _mmean((w == 0).to(m.dtype), m),  # tokens the IS mask drops
+            "is_ratio_spread": _masked_std(log_rho, m),  # std of the token log IS ratio (staleness drift)
             "masked_frac": Stat(1 - m.mean()),
             "logp_pos_adv": _mmean(logp.detach(), m * (adv > 0)),
         }
@@ -438,6 +453,13 @@ def overlong_shaping(length: int, max_len: int, buffer: int, factor: float = 1.0
         return -factor if length > max_len else 0.0
     expected = max_len - buffer
     return max(min(-(length - expected) / buffer * factor, 0.0), -factor)
+
+
+def _masked_std(x: torch.Tensor, m: torch.Tensor) -> Stat:
+    """The masked standard deviation of x, as a `Stat` (0 where the mask is empty)."""
+    n = m.sum().clamp(min=1)
+    mean = (x * m).sum() / n
+    return Stat((((x - mean) ** 2 * m).sum() / n).sqrt())
 
 
 def _mmean(x: torch.Tensor, m: torch.Tensor) -> Stat:

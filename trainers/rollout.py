@@ -41,16 +41,24 @@ Departures from the papers / official code:
    env rewards it got (ARPO/TRL drop the overflowing tool result the same way).
 4. Rounds are per tree (ARPO's code waits for the whole batch at each turn): a tree's next round starts
    when its own turns and env steps are done, whatever the other trees are doing.
+
+Asynchronous rollouts (`gate`, trainers/async_rollout.py): the policy samples from weights the learner
+publishes while trees grow. Rounds mode holds the gate's lock for each `generate` call and tags the turn with
+the version it held; continuous mode picks up a newly published version at the safe point before each engine
+step (`on_step`) and tags every token with the version of the step that sampled it, so a turn in flight
+continues under the new weights (a partial rollout) and its earlier tokens keep their version and logprobs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 from collections.abc import Generator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -160,6 +168,7 @@ class TreeRollout:
         continuous: bool | None = None,
         env_workers: int = 16,
         env_backend: str = "threads",
+        gate: WeightGate | None = None,
     ) -> None:
         self.policy = policy
         self.renderer = policy.renderer
@@ -171,6 +180,7 @@ class TreeRollout:
             raise ConfigError("continuous rollouts need a policy with an engine (EnginePolicy)")
         self.continuous = has_engine if continuous is None else continuous
         self.env_workers = max(1, env_workers)
+        self.gate = gate  # asynchronous rollouts: published weights and their versions (None: synchronous)
         # seconds an idle engine waits for env calls in flight before planning the turns that are ready
         # (continuous mode): about half an eager prefill pass on a GPU host
         self.plan_wait = 0.02
@@ -191,10 +201,13 @@ class TreeRollout:
         ]
         if self.continuous:
             loop = EpisodeLoop(env_workers=self.env_workers, plan_wait=self.plan_wait, stats=stats)
-            loop.run(starts, _EngineTurns(self.policy, self.cfg, sampling))
+            turns = _EngineTurns(self.policy, self.cfg, sampling, self.gate)
+            if self.gate is not None:
+                loop.on_step = turns.safe_point  # new weights between engine steps, never during one
+            loop.run(starts, turns)
         else:
             EpisodeLoop(env_workers=self.round_workers, stats=stats).run(
-                starts, _RoundTurns(self.policy, self.cfg, sampling)
+                starts, _RoundTurns(self.policy, self.cfg, sampling, self.gate)
             )
         return [t for t in forest if t is not None], stats
 
@@ -292,6 +305,9 @@ class TreeRollout:
         gens = yield Generate([tree.prefix_ids(r.parent) for r in reqs], lefts)
         out: list[tuple[_Req, int]] = []
         for r, g in zip(reqs, gens, strict=True):
+            versions = None
+            if isinstance(g, Versioned):
+                g, versions = g.generation, g.versions
             parent = tree.nodes[r.parent]
             turn = (
                 parent.turn if parent.kind == "model" else (0 if parent.kind == "prompt" else parent.turn + 1)
@@ -304,7 +320,7 @@ class TreeRollout:
                 )
             nid = tree.add(
                 r.parent, "model", g.token_ids, turn=turn, logprobs=list(g.logprobs),
-                entropies=list(g.entropies) if g.entropies is not None else None,
+                entropies=list(g.entropies) if g.entropies is not None else None, versions=versions,
                 state_key=key, branch_reason=r.reason, info=info,
             )  # fmt: skip
             stats.generated_tokens += len(g.token_ids)
@@ -395,27 +411,65 @@ class TreeRollout:
         self.envs.close()
 
 
+class WeightGate(Protocol):
+    """Published weights for asynchronous rollouts (trainers/async_rollout.py `ActorWeights`)."""
+
+    def hold(self) -> AbstractContextManager[int]:
+        """Holds the weights still (no publish meanwhile); yields their version."""
+        ...
+
+    def sync(self, policy: Any) -> int:
+        """At a safe point: loads a newer published version into `policy`'s engine; its version now."""
+        ...
+
+
+@dataclass
+class Versioned:
+    """A generation and the policy version of each of its tokens (asynchronous rollouts)."""
+
+    generation: Any
+    versions: list[int]
+
+
 class _RoundTurns:
     """Rounds: each token allowance's prompts in one `policy.generate` call, seeded from the run's sampling
-    generator (one draw a call)."""
+    generator (one draw a call). With a gate the call holds the weights still and its turns carry their
+    version."""
 
-    def __init__(self, policy: Any, cfg: RolloutConfig, sampling: np.random.Generator) -> None:
-        self.policy, self.cfg, self.sampling = policy, cfg, sampling
+    def __init__(
+        self, policy: Any, cfg: RolloutConfig, sampling: np.random.Generator, gate: WeightGate | None = None
+    ) -> None:
+        self.policy, self.cfg, self.sampling, self.gate = policy, cfg, sampling, gate
 
     def generate(self, requests: list[Any], left: int | None) -> list[Any]:
         sp = _sampling(self.cfg, left or self.cfg.max_new_tokens, int(self.sampling.integers(2**31)))
-        return list(self.policy.generate(requests, sp))
+        if self.gate is None:
+            return list(self.policy.generate(requests, sp))
+        with self.gate.hold() as version:
+            gens = list(self.policy.generate(requests, sp))
+        return [Versioned(g, [version] * len(g.token_ids)) for g in gens]
 
 
 class _EngineTurns:
     """Continuous: every waiting prompt planned against the policy's held caches (continued, forked or new),
     then submitted; an ended turn's sequence stays held (indexed) for the forks and turns that continue it."""
 
-    def __init__(self, policy: Any, cfg: RolloutConfig, sampling: np.random.Generator) -> None:
+    def __init__(
+        self, policy: Any, cfg: RolloutConfig, sampling: np.random.Generator, gate: WeightGate | None = None
+    ) -> None:
         from toolgym.agents.engine.engine_policy import mode_of
 
-        self.policy, self.engine = policy, policy.engine
-        policy.refresh()  # new weights after an optimizer step: held caches are dropped
+        self.policy, self.engine, self.gate = policy, policy.engine, gate
+        # with a gate: each submitted turn's sequence and the (position in its output, version) where each
+        # version it was sampled under starts; a turn restarted at a version change (`safe_point`) carries
+        # the tokens, logprobs and entropies it had sampled before
+        self.marks: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
+        self.carried: dict[int, tuple[list[int], list[float], list[float]]] = {}
+        self.version = -1
+        if gate is None:
+            policy.refresh()  # new weights after an optimizer step: held caches are dropped
+        else:
+            self.version = gate.sync(policy)  # the published version (under the gate's lock)
         self.engine.seed(int(sampling.integers(2**31)))
         self.sp = _sampling(cfg, cfg.max_new_tokens, 0)
         self.mode = mode_of(self.sp, getattr(policy, "top_k", 0))
@@ -430,11 +484,52 @@ class _EngineTurns:
                 )
         for s, left in zip(seqs, lefts, strict=True):
             submit_turn(self.engine, s, self.mode, left or self.sp.max_new_tokens, self.sp.stop)
+            if self.gate is not None:
+                self.marks[s.id] = (s, [(0, self.version)])
         return list(seqs)
+
+    def safe_point(self, steps: int, live: int) -> None:
+        """Before an engine step (`EpisodeLoop.on_step`): newer published weights are loaded now, and every
+        turn in flight goes on under them (a partial rollout): it is taken out of the batch and submitted
+        again with what it sampled so far appended, so its whole context is prefilled again under the new
+        weights (as AReaL's interrupted generation; keeping the old keys/values would make the next tokens
+        a mix of two versions). Its earlier tokens keep their version and logprobs."""
+        assert self.gate is not None
+        version = self.gate.sync(self.policy)
+        if version == self.version:
+            return
+        self.version = version
+        for sid, (seq, marks) in list(self.marks.items()):
+            if seq.state not in ("queued", "active"):
+                continue
+            out, lps, ents = self.carried.pop(sid, ([], [], []))
+            out, lps, ents = out + seq.out, lps + seq.logprobs, ents + seq.entropies
+            left = seq.max_new - len(seq.out)
+            self.engine.cancel(seq)
+            fresh = self.engine.new(seq.ids + seq.out, tag=seq.tag)
+            self.engine.submit(fresh, seq.mode, left, seq.stop)
+            del self.marks[sid]
+            self.marks[fresh.id] = (fresh, [*marks, (len(out), version)])
+            self.carried[fresh.id] = (out, lps, ents)
 
     def result(self, request: Any, seq: Any) -> Any:
         self.policy.index.add(seq)
-        return self.policy.generation(seq)
+        gen = self.policy.generation(seq)
+        if self.gate is None:
+            return gen
+        _, marks = self.marks.pop(seq.id)
+        out, lps, ents = self.carried.pop(seq.id, ([], [], []))
+        if out:
+            gen = dataclasses.replace(
+                gen, token_ids=out + gen.token_ids, logprobs=lps + gen.logprobs,
+                entropies=None if gen.entropies is None else ents + gen.entropies,
+            )  # fmt: skip
+        n = len(gen.token_ids)
+        versions: list[int] = []
+        for i, (_, version) in enumerate(marks):
+            end = marks[i + 1][0] if i + 1 < len(marks) else n
+            versions += [version] * (min(end, n) - len(versions))
+        return Versioned(gen, versions)
 
 
 def _sampling(cfg: RolloutConfig, left: int, seed: int) -> Any:

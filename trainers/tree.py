@@ -51,6 +51,9 @@ class Node:
     turn: int = -1  # model turn index k (env messages carry the turn they answer; -1 for the prompt)
     logprobs: list[float] | None = None  # engine logprobs of `token_ids` (model nodes)
     entropies: list[float] | None = None  # per-token (top-k) entropy from the engine (model nodes)
+    # per-token policy version that sampled each token (asynchronous rollouts, trainers/async_rollout.py);
+    # None in the synchronous loop, where every token of a step comes from the same weights
+    versions: list[int] | None = None
     state_key: str | None = None  # hash/text of the env state this model turn acts from (GiGPO anchor)
     step_reward: float = 0.0  # env reward received for this model turn's action
     reward: float | None = None  # outcome reward of the episode ending at this leaf
@@ -80,6 +83,8 @@ class RolloutTree:
         node = Node(len(self.nodes), parent, kind, list(token_ids), **fields)
         if node.logprobs is not None and len(node.logprobs) != len(node.token_ids):
             raise ValueError(f"node {node.id}: {len(node.logprobs)} logprobs for {len(token_ids)} tokens")
+        if node.versions is not None and len(node.versions) != len(node.token_ids):
+            raise ValueError(f"node {node.id}: {len(node.versions)} versions for {len(token_ids)} tokens")
         self.nodes.append(node)
         self.nodes[parent].children.append(node.id)
         return node.id
@@ -104,6 +109,7 @@ class RolloutTree:
             turn=node.turn,
             logprobs=None if node.logprobs is None else node.logprobs[pos:],
             entropies=None if node.entropies is None else node.entropies[pos:],
+            versions=None if node.versions is None else node.versions[pos:],
             state_key=None,
             step_reward=node.step_reward,
             reward=node.reward,
@@ -116,6 +122,7 @@ class RolloutTree:
         node.token_ids = node.token_ids[:pos]
         node.logprobs = None if node.logprobs is None else node.logprobs[:pos]
         node.entropies = None if node.entropies is None else node.entropies[:pos]
+        node.versions = None if node.versions is None else node.versions[:pos]
         node.step_reward, node.reward, node.children, node.info = 0.0, None, [tail.id], {}
         self.nodes.append(tail)
         return node_id
@@ -176,6 +183,7 @@ class Row:
     turn_ids: list[int]  # [T] turn index of each token (-1 on the prompt)
     logprobs: list[float]  # [T] engine logprobs (0.0 where unknown or not a model token)
     entropies: list[float]  # [T] engine top-k entropies (0.0 where unknown)
+    versions: list[int] = field(default_factory=list)  # [T] policy version per token (-1 unknown/not model)
 
 
 def env_error(tree: RolloutTree, leaf: int) -> bool:
@@ -234,6 +242,7 @@ def flatten(
         turns: list[int] = []
         lps: list[float] = []
         ents: list[float] = []
+        vers: list[int] = []
         for nid in path:
             n = tree.nodes[nid]
             k = len(n.token_ids)
@@ -246,7 +255,8 @@ def flatten(
             turns += [n.turn] * k
             lps += list(n.logprobs) if n.logprobs is not None else [0.0] * k
             ents += list(n.entropies) if n.entropies is not None else [0.0] * k
-        rows.append(Row(ti, leaf, tuple(path), ids, mask, nids, turns, lps, ents))
+            vers += list(n.versions) if n.versions is not None else [-1] * k
+        rows.append(Row(ti, leaf, tuple(path), ids, mask, nids, turns, lps, ents, vers))
     return rows
 
 

@@ -1,0 +1,241 @@
+"""Asynchronous rollouts: a worker thread grows rollout trees while the learner updates (`max_staleness` > 0).
+
+Versions. The policy version v is the number of learner steps whose update the weights hold: the initial
+policy is version 0 (or the resumed step), learner step s trains with version s - 1 and publishes version s.
+Every generated token carries the version that sampled it (`Node.versions`). A group (tree) consumed at step
+s has staleness (s - 1) - min over its tokens of v; the synchronous loop always has 0.
+
+Admission (AReaL's `max_head_offpolicyness`, at batch granularity). The worker grows batch b (the trees of
+learner step b) only once version >= b - 1 - max_staleness is published, so every token of batch b was
+sampled by a version at least that new and its staleness at step b is at most `max_staleness`: nothing is
+thrown away for being stale (the learner checks the bound anyway, and raises when it is broken: a bug).
+At most max_staleness + 1 batches are generated or queued ahead of the learner.
+
+Weights. The worker samples from an actor copy of the learner's weights (`ActorWeights`), which the learner
+overwrites at `publish` under a lock; the rollout reads the copy only under that lock:
+- rounds (HF policy): each `generate` call holds the lock, so a turn is sampled by one version;
+- continuous (our engine over the actor): the engine re-packs the actor's weights at the safe point before
+  an engine step (`EpisodeLoop.on_step`), under the lock, never during a step.
+A turn in flight when a version is loaded goes on under it (a partial rollout): its earlier tokens keep their
+version and behaviour logprobs, the later ones get the new ones. The optimizer only ever writes the
+learner's weights, so no optimizer step can race a decode step.
+
+Off-policy correction is decoupled PPO (AReaL): the trainer recomputes the "old" (proximal) logprobs with
+the weights it updates from, clips the ratio against those, and weights each token by the importance ratio
+proximal / behaviour (the engine's logprob of the token as sampled), truncated or masked (`is_mode`).
+
+Departures from AReaL / verl / prime-rl (docs/trainer.md, "Asynchronous rollouts"):
+1. Admission is per batch of `prompts_per_step` trees (one `TreeRollout.run`), not per sample: a batch's
+   trees grow together, so the slowest tree of a batch still ends its run; the learner, not the GPU, waits.
+2. KV caches of turns in flight are kept across a weight change (AReaL recomputes them; PipelineRL keeps
+   them): the next tokens are sampled with new weights over keys/values of the old ones. The recorded
+   behaviour logprob is the one actually sampled from, so the IS weight stays exact for what was sampled.
+   Held caches of finished turns are dropped at the change (the next turn prefills under the new weights).
+3. The actor is a full copy of the weights (one more copy on the GPU; the engine's packed copy is a third).
+4. One process: the layouts with separate rollout and learner GPUs (weights over NCCL) are not built yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from toolgym.errors import ConfigError
+from toolgym.trainers.rollout import RolloutStats, RolloutTask, TreeRollout
+from toolgym.trainers.tree import RolloutTree
+
+
+class ActorWeights:
+    """The rollout's copy of the learner's weights and its version (`rollout.WeightGate`).
+
+    `publish` copies the learner's parameters and buffers into the actor under the lock; `hold` keeps them
+    still while a generate call reads them; `sync` re-packs an engine's weights from the actor at a safe
+    point when a newer version was published.
+    """
+
+    def __init__(self, learner: Any, actor: Any, version: int = 0) -> None:
+        self.learner, self.actor = learner, actor
+        self.lock = threading.Lock()
+        self.version = version  # the version the actor holds
+        self.loaded = -1  # the version the engine's packed copy holds (continuous mode)
+        self.changed = threading.Condition()  # notified at every publish (the worker's admission waits on it)
+
+    @staticmethod
+    def copy_of(model: Any) -> Any:
+        """An actor: a frozen copy of `model` (same device and dtype) for the rollout to sample from."""
+        actor = copy.deepcopy(model)
+        for m in actor.modules():  # a compiled layer's copy would still call the learner's layer
+            if getattr(m, "_compiled_call_impl", None) is not None:
+                m._compiled_call_impl = None
+        actor.eval()
+        actor.requires_grad_(False)
+        return actor
+
+    def publish(self, version: int) -> None:
+        """The learner's current weights become `version` (call after the step's optimizer steps)."""
+        with self.lock, torch.no_grad():
+            for a, b in zip(self.actor.parameters(), self.learner.parameters(), strict=True):
+                a.copy_(b)
+            for a, b in zip(self.actor.buffers(), self.learner.buffers(), strict=True):
+                a.copy_(b)
+            self.version = version
+        with self.changed:
+            self.changed.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[int]:
+        with self.lock:
+            yield self.version
+
+    def sync(self, policy: Any) -> int:
+        with self.lock:
+            if self.loaded != self.version:
+                policy.refresh(force=True)  # re-pack from the actor; held caches are dropped
+                self.loaded = self.version
+            return self.loaded
+
+    def wait_for(self, version: int, stop: threading.Event) -> bool:
+        """Blocks until the actor holds at least `version` (True) or `stop` is set (False)."""
+        with self.changed:
+            while self.version < version and not stop.is_set():
+                self.changed.wait(timeout=0.5)
+        return not stop.is_set()
+
+
+@dataclass
+class Batch:
+    """One learner step's rollout trees, grown by the worker."""
+
+    step: int
+    forest: list[RolloutTree]
+    stats: RolloutStats
+    tasks: list[RolloutTask]
+    published: int  # the version published when its growth was admitted
+    wait_s: float  # seconds the worker waited for admission before growing it
+
+
+class AsyncRollout:
+    """The worker thread: grows batch `first`, `first` + 1, …, `last` with `roller`, each admitted when the
+    bound allows, and queues them for the learner (`take`). `draw(step)` gives a batch's tasks, `seed(step)`
+    its sampling seed; `context()` the worker's torch mode (no_grad and autocast are per thread)."""
+
+    def __init__(
+        self, roller: TreeRollout, gate: ActorWeights, *, first: int, last: int, max_staleness: int,
+        draw: Callable[[int], list[RolloutTask]], seed: Callable[[int], int],
+        context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:  # fmt: skip
+        if max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.roller, self.gate = roller, gate
+        self.first, self.last, self.max_staleness = first, last, max_staleness
+        self.draw, self.seed, self.context = draw, seed, context
+        self.ready: queue.Queue[Batch | BaseException] = queue.Queue()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._work, name="async-rollout", daemon=True)
+        self.taken: list[int] = []
+
+    def start(self) -> AsyncRollout:
+        self.thread.start()
+        return self
+
+    def _work(self) -> None:
+        try:
+            with torch.no_grad(), self.context():
+                for step in range(self.first, self.last + 1):
+                    t0 = time.perf_counter()
+                    if not self.gate.wait_for(step - 1 - self.max_staleness, self.stop):
+                        return
+                    waited = time.perf_counter() - t0
+                    published = self.gate.version
+                    tasks = self.draw(step)
+                    forest, stats = self.roller.run(tasks, seed=self.seed(step))
+                    self.ready.put(Batch(step, forest, stats, tasks, published, waited))
+        except BaseException as exc:  # the learner re-raises it at its next take
+            self.ready.put(exc)
+
+    def take(self, step: int) -> Batch:
+        """The batch of learner step `step` (blocks until the worker has grown it); checks its staleness."""
+        while True:
+            try:
+                got = self.ready.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise RuntimeError("the asynchronous rollout worker ended without a batch") from None
+        if isinstance(got, BaseException):
+            raise RuntimeError(f"the asynchronous rollout worker failed: {got!r}") from got
+        if got.step != step:
+            raise RuntimeError(f"rollout batch {got.step} arrived for learner step {step}")
+        self.taken.append(step)
+        worst = staleness(got.forest, step)[1]
+        if worst > self.max_staleness:
+            raise RuntimeError(
+                f"step {step}: a group is {worst} versions old (max_staleness {self.max_staleness})"
+            )
+        return got
+
+    def publish(self, version: int) -> None:
+        self.gate.publish(version)
+
+    def close(self) -> None:
+        """Stops the worker after its current run (its batch, if any, is discarded)."""
+        self.stop.set()
+        with self.gate.changed:
+            self.gate.changed.notify_all()
+        self.thread.join()
+
+
+def token_versions(forest: list[RolloutTree]) -> list[list[int]]:
+    """Every tree's sampled-token versions (model nodes with versions), one list per tree."""
+    return [[v for n in t.nodes if n.trainable and n.versions for v in n.versions] for t in forest]
+
+
+def staleness(forest: list[RolloutTree], step: int) -> tuple[float, int]:
+    """(mean over sampled tokens, max over groups) of the staleness at learner step `step`: (step - 1) minus
+    the version that sampled a token; a group's is that of its oldest token. (0, 0) without versions.
+
+    >>> from toolgym.trainers.tree import RolloutTree
+    >>> t = RolloutTree("q", [1]); _ = t.add(0, "model", [2, 3], turn=0, versions=[3, 4])
+    >>> staleness([t], 6)
+    (1.5, 2)
+    """
+    per_tree = token_versions(forest)
+    tokens = [step - 1 - v for vs in per_tree for v in vs]
+    if not tokens:
+        return 0.0, 0
+    return sum(tokens) / len(tokens), max(step - 1 - min(vs) for vs in per_tree if vs)
+
+
+def async_metrics(batch: Batch, step: int) -> dict[str, float]:
+    """The `rollout/` metrics of an asynchronous batch (docs/trainer.md)."""
+    mean, worst = staleness(batch.forest, step)
+    versions = {v for vs in token_versions(batch.forest) for v in vs}
+    return {
+        "rollout/staleness_mean": mean,
+        "rollout/staleness_max": float(worst),
+        "rollout/versions_per_batch": float(len(versions)),  # > 1: weights changed while the batch grew
+        "time/admission_wait_s": batch.wait_s,  # the worker waited for the bound to admit this batch
+    }
+
+
+def actor_policy(cfg: Any, policy: Any, device: torch.device, version: int) -> tuple[ActorWeights, Any]:
+    """The gate and the rollout policy of an asynchronous run: an actor copy of `policy`'s model (the
+    learner's) behind the same kind of policy (`cfg.engine`: our engine over the actor, or `HFPolicy`)."""
+    from toolgym.agents.engine.select import choose_engine
+    from toolgym.agents.hf import HFPolicy
+
+    actor = ActorWeights.copy_of(policy.model)
+    hf = HFPolicy(actor, policy.tokenizer, batch_size=256, reuse_kv=device.type == "cpu")
+    rollout = choose_engine(
+        hf, cfg.engine, rows=cfg.prompts_per_step * cfg.budget, capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8,
+        quiet=True, memory=cfg.engine_memory,
+    )  # fmt: skip
+    return ActorWeights(policy.model, actor, version), rollout
