@@ -45,9 +45,13 @@ def running(cmd: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen[Any]]
         stop(proc)
 
 
-def run(cmd: Sequence[str], timeout: float, **popen: Any) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(cmd, capture_output=True, text=True, timeout=…)`` whose timeout (or any error) ends
-    the whole process group, not just its leader."""
-    with running(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen) as proc:
-        out, err = proc.communicate(timeout=timeout)
+def run(
+    cmd: Sequence[str], timeout: float, input: str | None = None, **popen: Any
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=…, input=…)`` whose timeout (or any
+    error) ends the whole process group, not just its leader (a grandchild holding the pipes open would
+    otherwise keep ``communicate`` waiting, and outlive the test)."""
+    stdin = subprocess.PIPE if input is not None else None
+    with running(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen) as proc:
+        out, err = proc.communicate(input=input, timeout=timeout)
         return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)

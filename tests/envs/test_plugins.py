@@ -2,9 +2,10 @@
 path, read by importlib.metadata in a fresh interpreter)."""
 
 import os
-import subprocess
 import sys
 import textwrap
+
+from tests import processes
 
 
 def _plugin(tmp_path, name, entry, module_src):
@@ -17,9 +18,7 @@ def _plugin(tmp_path, name, entry, module_src):
 
 def _run(tmp_path, code):
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    return subprocess.run(
-        [sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
+    return processes.run([sys.executable, "-W", "always", "-c", code], env=env, timeout=120)
 
 
 def test_plugin_envs_register_and_list_with_origin(tmp_path):

@@ -1,9 +1,10 @@
 """The three ways to make a toolgym env, each in a fresh interpreter (Gymnasium 1.x has no plugin loading)."""
 
-import subprocess
 import sys
 
 import pytest
+
+from tests import processes
 
 SNIPPETS = {
     "import": "import gymnasium as gym, toolgym\nenv = gym.make('toolgym/Calculator-v0')",
@@ -15,13 +16,13 @@ SNIPPETS = {
 @pytest.mark.parametrize("how", sorted(SNIPPETS))
 def test_make_in_fresh_process(how):
     code = SNIPPETS[how] + "\nobs, info = env.reset(seed=0)\nprint(info['task_id'])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = processes.run([sys.executable, "-c", code], timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("calc-")
 
 
 def test_import_stays_cheap():
     code = "import sys, toolgym\nheavy = [m for m in ('torch', 'docker', 'playwright', 'transformers') if m in sys.modules]\nprint(heavy)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = processes.run([sys.executable, "-c", code], timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 import toolgym  # noqa: F401
+from tests import processes
 from tests.processes import start, stop
 from toolgym.envs.search.sources import world
 
@@ -119,7 +120,7 @@ def test_dead_server_is_an_env_error_not_a_wrong_answer():
 def test_search_index_writes_a_synthetic_corpus_the_env_and_server_read(tmp_path):
     env = {"TOOLGYM_CACHE": str(tmp_path / "cache")}
     out = tmp_path / "kb"
-    done = subprocess.run(
+    done = processes.run(
         [
             sys.executable,
             "-m",
@@ -132,8 +133,6 @@ def test_search_index_writes_a_synthetic_corpus_the_env_and_server_read(tmp_path
             "--out",
             str(out),
         ],
-        capture_output=True,
-        text=True,
         env={**os.environ, **env},
         timeout=300,
     )

@@ -15,6 +15,7 @@ import gymnasium as gym
 import pytest
 
 import toolgym  # noqa: F401
+from tests import processes
 from toolgym.envs.web import ENVS, miniwob_tasks
 from toolgym.envs.web.env import parse_command, render
 from toolgym.envs.web.page import Snapshot
@@ -348,6 +349,6 @@ for e in envs: e.close()
 import threading
 print(chromium(), sum(t.name == 'toolgym-browser' for t in threading.enumerate()))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = processes.run([sys.executable, "-c", code], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "0", "0"]

@@ -5,7 +5,6 @@ gem-llm==0.1.0``), so most of this file runs only where it is installed; the las
 
 import os
 import random
-import subprocess
 import sys
 
 import gymnasium as gym
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 import toolgym  # noqa: F401
+from tests import processes
 from toolgym.envs import ENVS
 from toolgym.envs.gem import GAMES, env_id, gem_id
 
@@ -102,9 +102,7 @@ def test_without_gem_a_reset_says_what_to_install():
         "env = gym.make('toolgym/GEM-Sudoku-easy-v0')\n"
         "try:\n    env.reset(seed=0)\nexcept toolgym.DependencyNotInstalled as exc:\n    print(exc)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ)
-    )
+    out = processes.run([sys.executable, "-c", code], timeout=300, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert "gem-llm is not installed" in out.stdout and "toolgym[gem]" in out.stdout
     assert "pip install --no-deps gem-llm==0.1.0" in out.stdout  # the recipe that downgrades nothing

@@ -3,7 +3,6 @@ script runs them over all), rewards that are reasoning-gym's own ``score_answer`
 an ``import toolgym`` that neither imports nor needs reasoning-gym."""
 
 import os
-import subprocess
 import sys
 
 import gymnasium as gym
@@ -12,6 +11,7 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 import toolgym  # noqa: F401
+from tests import processes
 from toolgym.envs import ENVS
 from toolgym.envs.checks import check
 from toolgym.envs.reasoning_gym import env_id, read_catalog, working_tasks
@@ -109,9 +109,7 @@ def test_bad_input_is_a_config_error():
 
 
 def _python(code):
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ)
-    )
+    return processes.run([sys.executable, "-c", code], timeout=300, env=dict(os.environ))
 
 
 def test_import_toolgym_does_not_import_reasoning_gym():

@@ -6,11 +6,11 @@ the shared site-packages is never touched (other tests running meanwhile would s
 removing the folder uninstalls it."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests import processes
 from toolgym.cli import main
 from toolgym.errors import ConfigError
 from toolgym.scaffold import FILES, names, scaffold
@@ -22,7 +22,7 @@ ENV_ID = "letter_count/LetterCount-v0"
 def _run(args, cwd, site, timeout=300):
     path = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return processes.run(args, cwd=cwd, env=env, timeout=timeout)
 
 
 def test_scaffold_installs_and_its_tests_pass(tmp_path):
@@ -35,7 +35,7 @@ def test_scaffold_installs_and_its_tests_pass(tmp_path):
     assert f"## Card: `{ENV_ID}`" in readme and "[tool count_letter]" in readme and "{{" not in readme
     pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     pip += ["--no-deps", "--no-build-isolation", "--no-index", "--target", str(site), str(pkg)]
-    out = subprocess.run(pip, capture_output=True, text=True, timeout=300)
+    out = processes.run(pip, timeout=300)
     assert out.returncode == 0, out.stderr
     assert (site / "letter_count-0.1.0.dist-info" / "entry_points.txt").is_file()
 
@@ -78,8 +78,8 @@ def test_scaffold_is_lint_clean(tmp_path):
     pkg = scaffold(NAME, tmp_path / "pkg")
     rules = ["--isolated", "--line-length", "110"]
     check = [sys.executable, "-m", "ruff", "check", *rules, "--select", "E,F,W,I,B,UP,SIM", str(pkg)]
-    out = subprocess.run(check, cwd=pkg, capture_output=True, text=True, timeout=120)
+    out = processes.run(check, cwd=pkg, timeout=120)
     assert out.returncode == 0, out.stdout
     fmt = [sys.executable, "-m", "ruff", "format", "--check", *rules, str(pkg)]
-    out = subprocess.run(fmt, cwd=pkg, capture_output=True, text=True, timeout=120)
+    out = processes.run(fmt, cwd=pkg, timeout=120)
     assert out.returncode == 0, out.stdout

@@ -3,13 +3,13 @@ Chromium (Playwright): it renders offline, shows branch points, tool calls and a
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import processes
 from toolgym.errors import ConfigError
 from toolgym.trainers.saved_rollouts import save_step
 from toolgym.trainers.tree import RolloutTree, flatten
@@ -120,10 +120,8 @@ def test_saved_trees_and_step_choice(run_dir: Path) -> None:
 
 def test_the_cli_writes_the_page(run_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "view.html"
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-m", "toolgym", "view", str(run_dir), "--steps", "2", "-o", str(out)],
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr

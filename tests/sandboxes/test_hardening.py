@@ -563,9 +563,9 @@ def test_no_host_path_in_the_box_mounts(docker_sb: Sandbox) -> None:
 @pytest.mark.bound(120)
 def test_discarded_boxes_are_removed_before_the_program_exits(docker_sb: Sandbox) -> None:
     """Boxes destroyed in the background are waited for at exit: no container outlives its program."""
-    import subprocess
     import sys
 
+    from tests import processes
     from toolgym.sandboxes.docker_backend import client
 
     code = (
@@ -573,7 +573,7 @@ def test_discarded_boxes_are_removed_before_the_program_exits(docker_sb: Sandbox
         "print(sb._prefix, flush=True)\nfor box in list(sb.pool._idle):\n    box.broken = 'test'\n"
         "sb.run('print(1)', timeout=10)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    out = processes.run([sys.executable, "-c", code], timeout=100)
     prefix = out.stdout.split()[0]
     assert not client().containers.list(all=True, filters={"name": prefix}), out.stderr[-2000:]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import processes
 from toolgym.errors import InfrastructureError
 from toolgym.sandboxes import Sandbox, get_sandbox
 
@@ -29,9 +30,7 @@ def test_class5_a_venv_under_tmp_runs_boxes(tmp_path_factory: pytest.TempPathFac
             "s = sb.session(); s.run('x = 1'); print(s.fork().run('print(x + 1)').stdout.strip()); s.close()\n"
             "sb.close()"
         )
-        out = subprocess.run(
-            [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
-        )
+        out = processes.run([str(venv / "bin" / "python"), "-c", code], timeout=120, cwd="/")
         assert out.returncode == 0 and out.stdout.split() == ["42", "2"], out.stderr[-2000:]
     finally:
         subprocess.run(["rm", "-rf", str(venv)], check=False)

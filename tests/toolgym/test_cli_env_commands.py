@@ -1,6 +1,6 @@
-import subprocess
 import sys
 
+from tests import processes
 from toolgym.cli import main
 
 
@@ -22,11 +22,9 @@ def test_check_unknown_id(capsys):
 
 def test_play_in_terminal():
     script = ":expert\n" + "no idea\n" + ":quit\n"
-    out = subprocess.run(
+    out = processes.run(
         [sys.executable, "-m", "toolgym", "play", "toolgym/Calculator-v0", "--seed", "3"],
         input=script,
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
@@ -43,11 +41,9 @@ def test_play_solves_episode():
     first = env.unwrapped.expert_action()
     env.step(first)
     second = env.unwrapped.expert_action()
-    out = subprocess.run(
+    out = processes.run(
         [sys.executable, "-m", "toolgym", "play", "toolgym/Calculator-v0", "--seed", "3"],
         input=f"{first}\n{second}\n",
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     assert "Episode over: solved" in out.stdout
