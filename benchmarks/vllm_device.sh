@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The GPU machine's side of staging vLLM (benchmarks/vllm_stage.py makes the parts; docs/vllm.md).
+#
+#   bash benchmarks/vllm_device.sh take      # copy the .vllm*/ part folders of this transfer to $PARTS
+#   bash benchmarks/vllm_device.sh install   # join the wheels, check their sha256, pip install --no-index --no-deps --target $SITE
+#   bash benchmarks/vllm_device.sh check     # import vllm and its compiled extensions against this machine's torch
+#   bash benchmarks/vllm_device.sh env       # print the export line for later commands
+#
+# Steps may be chained: `take install check`. Each transfer carries one part folder (.vllmA/, .vllmB/, …, each
+# at most 60 MiB); `take` after every transfer keeps them outside the work tree, which the next transfer
+# replaces. PARTS and SITE default to /root/vllm-parts and /root/vllm-site.
+set -euo pipefail
+PARTS=${PARTS:-/root/vllm-parts}
+SITE=${SITE:-/root/vllm-site}
+WHEELS=${WHEELS:-/root/vllm-wheels}
+PY=${PY:-python3}
+
+take() {
+  mkdir -p "$PARTS"
+  shopt -s nullglob
+  local n=0
+  for d in .vllm*/; do
+    cp -f "$d"* "$PARTS"/ && n=$((n + 1))
+    echo "took $d ($(du -sh "$d" | cut -f1))"
+  done
+  [ "$n" -gt 0 ] || echo "no .vllm*/ folder in this transfer"
+  ls "$PARTS" | wc -l | xargs echo "files in $PARTS:"
+}
+
+install() {
+  mkdir -p "$WHEELS" "$SITE"
+  "$PY" - "$PARTS" "$WHEELS" <<'EOF'
+import hashlib, json, sys
+from pathlib import Path
+parts, wheels = Path(sys.argv[1]), Path(sys.argv[2])
+manifest = json.loads((parts / "MANIFEST.json").read_text())
+missing = []
+for name, info in manifest["wheels"].items():
+    whole = parts / name
+    pieces = sorted(parts.glob(name + ".part*"))
+    if whole.is_file():
+        data = whole.read_bytes()
+    elif pieces:
+        data = b"".join(p.read_bytes() for p in pieces)
+    else:
+        missing.append(name)
+        continue
+    if len(data) != info["bytes"] or hashlib.sha256(data).hexdigest() != info["sha256"]:
+        missing.append(f"{name} (incomplete: {len(data)} of {info['bytes']} bytes)")
+        continue
+    (wheels / name).write_bytes(data)
+if missing:
+    sys.exit(f"{len(missing)} wheels missing or incomplete (parts still to come?): " + ", ".join(missing[:8]))
+print(f"{len(manifest['wheels'])} wheels joined and checked")
+EOF
+  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+  echo "installed into $SITE"
+}
+
+check() {
+  PYTHONPATH="$SITE:${PYTHONPATH:-}" "$PY" - <<'EOF'
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+import vllm
+print("vllm", vllm.__version__, vllm.__file__)
+# the compiled extensions (0.26 names its main one _C_stable_libtorch; each links libcudart.so.13 and torch's
+# libraries); cumem_allocator is what sleep mode runs on
+for ext in ("vllm._C_stable_libtorch", "vllm._moe_C_stable_libtorch", "vllm.cumem_allocator"):
+    importlib.import_module(ext)
+    print("loads", ext)
+for mod in ("vllm.vllm_flash_attn", "vllm.entrypoints.llm", "vllm.entrypoints.openai.api_server", "flashinfer", "xgrammar"):
+    try:
+        importlib.import_module(mod)
+        print("ok  ", mod)
+    except Exception as exc:  # reported, not fatal: the smoke run says whether it matters
+        print("FAIL", mod, type(exc).__name__, str(exc)[:300])
+EOF
+}
+
+env_line() { echo "export PYTHONPATH=$SITE:\$PWD"; }
+
+[ $# -gt 0 ] || { sed -n 2,12p "$0"; exit 2; }
+for step in "$@"; do
+  case "$step" in
+    take) take ;;
+    install) install ;;
+    check) check ;;
+    env) env_line ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
