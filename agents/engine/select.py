@@ -1,18 +1,21 @@
-"""Which rollout engine a trainer uses: ``engine: auto | fast | hf`` (``RunConfig.engine``).
+"""Which rollout engine a trainer uses: ``engine: auto | fast | hf | vllm`` (``RunConfig.engine``).
 
 ``auto`` takes our engine on CUDA for the architectures it supports and the HF path otherwise (CPU, or
 another architecture), and says which and why on stderr; ``fast`` insists on our engine (it also runs,
-slowly, on CPU; an unsupported architecture is a ``ConfigError``); ``hf`` keeps ``HFPolicy``.
+slowly, on CPU; an unsupported architecture is a ``ConfigError``); ``hf`` keeps ``HFPolicy``; ``vllm`` samples
+with vLLM (agents/vllm_policy.py, docs/vllm.md): in this process (``memory`` of the GPU, asleep during the update)
+or on ``servers`` (OpenAI-compatible URLs; a comma-separated entry counts as several).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from toolgym.errors import ConfigError
 
-ENGINES = ("auto", "fast", "hf")
+ENGINES = ("auto", "fast", "hf", "vllm")
 
 
 def check_memory(memory: float) -> None:
@@ -36,15 +39,26 @@ def slots_for(
 
 
 def choose_engine(
-    policy: Any, engine: str, *, rows: int, capacity: int, quiet: bool = False, memory: float = 1 / 3
-) -> Any:
-    """``policy`` (an ``HFPolicy``) or an ``EnginePolicy`` over the same live model and tokenizer; its KV cache
-    takes at most ``memory`` of the GPU memory free when it is made."""
+    policy: Any, engine: str, *, rows: int, capacity: int, quiet: bool = False, memory: float = 1 / 3,
+    servers: Sequence[str] = (), weight_sync: str = "auto", sync_folder: str = "", seed: int = 0,
+) -> Any:  # fmt: skip
+    """``policy`` (an ``HFPolicy``), an ``EnginePolicy`` or a ``VLLMPolicy`` over the same live model and
+    tokenizer; a KV cache takes at most ``memory`` of the GPU memory free when it is made."""
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
     check_memory(memory)
+    urls = [u.strip() for entry in servers for u in entry.split(",") if u.strip()]
+    if urls and engine != "vllm":
+        raise ConfigError("rollout servers need engine=vllm")
     if engine == "hf":
         return policy
+    if engine == "vllm":
+        from toolgym.agents.vllm_policy import make_vllm_policy
+
+        return make_vllm_policy(
+            policy, capacity=capacity, memory=memory, servers=urls, weight_sync=weight_sync,
+            sync_folder=sync_folder or None, seed=seed, quiet=quiet,
+        )  # fmt: skip
     from toolgym.agents.engine.weights import shape_of, unsupported
 
     model = policy.model

