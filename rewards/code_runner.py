@@ -11,10 +11,14 @@ the host holds the other end of. The test code's own stdin, stdout and stderr ar
 The candidate's functions, classes and objects are proxies (:mod:`toolgym.rewards.code_proxy`): a call
 sends its arguments as plain data, the host runs it in the candidate's sandbox session, and the result comes
 back as exact built-in types or as another proxy, so every comparison the tests make runs here. Names the
-tests use without defining resolve, in order: the test's own globals (prelude included), builtins, the
-standard library's modules (``math`` is the real one even if the candidate defined a class named ``math``),
-then the candidate's top-level functions and classes, and the modules it imported under its own names
-(``np``: this process imports numpy itself). ``import solution`` gives the candidate's module.
+tests use without defining resolve, in order: the test's own globals (prelude included), builtins, then
+the candidate's top-level functions and classes and the modules it imported under its own names (``np``:
+this process imports numpy itself), as in MBPP's harness (the candidate's code, then the asserts, in one
+namespace: a candidate's ``def heapq`` is the ``heapq`` the asserts call), then the standard library's
+modules. One exception keeps the tests' modules theirs: a name the tests use only as a module (``math.``
+something, never called or passed on its own) is the standard module even when the candidate defined a
+class of that name (a ``class math`` whose ``isclose`` says True fools nothing). ``import solution`` gives
+the candidate's module.
 """
 
 from __future__ import annotations
@@ -92,6 +96,20 @@ def main() -> None:
             raise proxy.NotPlainData(f"the tests do not import {name!r} for the candidate")
         return importlib.import_module(name)
 
+    def module_only(sources: list[str]) -> set[str]:
+        """Names the test code uses only as the base of an attribute (``math.isclose``): modules to it."""
+        bases, other = set(), set()
+        for src in sources:
+            try:
+                tree = ast.parse(src or "")
+            except (SyntaxError, ValueError):
+                continue
+            attr_bases = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+            for n in ast.walk(tree):
+                if isinstance(n, ast.Name):
+                    (bases if id(n) in attr_bases else other).add(n.id)
+        return bases - other
+
     link = proxy.Link(wire, send, recv, {}, module)
     names: dict[str, Any] = {}
     try:  # the candidate's names, as it reported them (its answer: garbage means it defines nothing)
@@ -115,12 +133,26 @@ def main() -> None:
             link.named.add(object.__getattribute__(value, "_rid"))  # the tests build it: its operators count
         return value
 
+    test_sources = [job.get("prelude") or "", job.get("source") or ""]
+    test_sources += list(job["cases"]) if job.get("kind") == "asserts" else []
+    as_modules = module_only(test_sources)
+
+    def candidate_first(key: str) -> bool:
+        """The candidate's top-level name wins over a standard module of that name (MBPP's one namespace),
+        unless the tests use the name only as a module."""
+        return key in names and key not in as_modules
+
     class Globals(dict):  # type: ignore[type-arg]
-        """The test's globals: a name it never bound resolves to the standard library, then the candidate."""
+        """The test's globals: a name it never bound resolves to the candidate, then the standard library
+        (a name the tests use only as a module: the standard library first)."""
 
         def __missing__(self, key: str) -> Any:
             if key in builtins.__dict__:
                 raise KeyError(key)  # the builtin is found next: a candidate's `abs` never shadows it
+            if candidate_first(key):
+                value = candidate_name(key)
+                self[key] = value
+                return value
             if key in stdlib:
                 import importlib
 
@@ -145,8 +177,11 @@ def main() -> None:
             return link.request("get", None, key)
 
     solution = Solution("solution")
-    # a star import never rebinds a builtin or a standard module in the tests (a candidate's `abs` or `math`)
-    solution.__all__ = sorted(n for n in names if n not in builtins.__dict__ and n not in stdlib)  # type: ignore[attr-defined]
+    # a star import never rebinds a builtin, nor a standard module the tests use as one (a candidate's `abs`,
+    # its `class math`); a candidate's `def heapq` the tests call it does bring
+    solution.__all__ = sorted(  # type: ignore[attr-defined]
+        n for n in names if n not in builtins.__dict__ and (n not in stdlib or candidate_first(n))
+    )
     sys.modules["solution"] = solution
 
     ns = Globals({"__name__": "__test__", "__builtins__": builtins})
