@@ -128,8 +128,10 @@ class LocalBackend:
     def submit(self, rid: str, ids: list[int], body: dict[str, Any]) -> None:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        params = VSamplingParams(**{k: v for k, v in body.items() if k != "return_top"})
+        # FINAL_ONLY: a step returns the requests that ended, not every running request's output so far
+        params = VSamplingParams(**body, output_kind=RequestOutputKind.FINAL_ONLY)
         self.engine.add_request(rid, TokensPrompt(prompt_token_ids=list(ids)), params)
         self.live.add(rid)
 
@@ -436,8 +438,9 @@ class LocalSync:
         weights = list(named_weights(model))
 
         def load(worker: Any) -> None:  # runs on vLLM's worker (in this process)
-            inner = getattr(worker, "worker", worker)
-            inner.model_runner.model.load_weights(weights)
+            runner = getattr(worker, "worker", worker).model_runner
+            model = runner.get_model() if hasattr(runner, "get_model") else runner.model  # (unwrapped)
+            model.load_weights(weights)
 
         self.llm.collective_rpc(load)
 

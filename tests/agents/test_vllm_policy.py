@@ -222,6 +222,8 @@ class FakeLLM:
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     """``vllm.SamplingParams`` and ``vllm.inputs.TokensPrompt`` as plain records (vLLM is not installed here)."""
     mod, inputs = types.ModuleType("vllm"), types.ModuleType("vllm.inputs")
+    params = types.ModuleType("vllm.sampling_params")
+    params.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY="final")  # type: ignore[attr-defined]
 
     class SP:
         def __init__(self, **kw: Any) -> None:
@@ -231,6 +233,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     inputs.TokensPrompt = dict  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", mod)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", params)
 
 
 def test_colocated_plumbing_with_a_stand_in_llm(
@@ -256,6 +259,7 @@ def test_colocated_plumbing_with_a_stand_in_llm(
             assert node.token_ids == [5, 6, 7, end] and node.logprobs == [-0.5] * 4
     for _, _, kw in llm.requests:
         assert kw["stop_token_ids"] == sorted(policy.renderer.stop_ids) and kw["ignore_eos"] is True
+        assert kw["output_kind"] == "final"
         assert (kw["temperature"], kw["top_p"], kw["logprobs"], kw["repetition_penalty"]) == (
             1.0,
             0.9,
