@@ -177,9 +177,9 @@ class TerminalEnv(ToolEnv):
 
     def instructions(self) -> str:
         return (
-            "You work in a Linux terminal: bash, as the user agent (not root: system folders are read-only to "
-            "you: pip install --user), in a container without network access (pip installs "
-            "only from local folders). Run commands with the shell tool; each call returns the output and the "
+            "You work in a Linux terminal: bash, as the user agent, not root (system folders are read-only to "
+            "you; install Python packages with pip install --user), in a container without network access "
+            "(pip installs only from local folders). Run commands with the shell tool; each call returns the output and the "
             f"exit code, and commands are killed after {self.command_timeout_s:g} s. When the task is done, "
             "call submit: the task's tests then check the container."
         )

@@ -229,3 +229,17 @@ def test_a_system_working_folder_is_refused():
             check_workdir(workdir)
     check_workdir("/app")
     check_workdir("/var/www")
+
+
+def test_a_full_tmp_does_not_stop_the_verifier(probe):
+    """The agent fills what it can fill without touching the host's disk (the size-capped /tmp): the
+    verifier's folders are root's own tmpfs mounts, so the reward is still written."""
+    outputs, reward, info = play(
+        probe,
+        [
+            "echo done > /app/done.txt",
+            "dd if=/dev/zero of=/tmp/fill bs=1M count=400 2>&1 | tail -1; df -h /tmp",
+        ],
+    )
+    assert "No space left" in outputs[1] or "100%" in outputs[1], outputs[1]
+    assert reward == 1.0, info["verifier_output"]
