@@ -98,7 +98,8 @@ def main() -> None:
 
     def module_only(sources: list[str]) -> set[str]:
         """Names the test code uses only as the base of an attribute (``math.isclose``): modules to it."""
-        bases, other = set(), set()
+        bases: set[str] = set()
+        other: set[str] = set()
         for src in sources:
             try:
                 tree = ast.parse(src or "")
