@@ -171,13 +171,18 @@ def _finish(reason: Any) -> FinishReason:
 
 # ----- external servers: OpenAI-compatible /v1/completions with token ids -----------------------------------
 class ServerBackend:
-    """Requests to OpenAI-compatible servers (``vllm serve``, ``toolgym serve``), ``workers`` at a time.
+    """Requests to OpenAI-compatible servers (``vllm serve``, ``toolgym serve``), ``workers`` in flight at most.
 
     A request goes to the server whose prefix cache holds the longest earlier sequence it extends (sticky
-    sessions: an episode's turns and a tree's forks stay on one server), else to the least loaded one."""
+    sessions: an episode's turns and a tree's forks stay on one server), else to the least loaded one. Sequences
+    are matched by a rolling hash of their ids at every earlier sequence's length (one pass over the prompt). A
+    server that cannot be reached or answers 5xx is skipped for that request (the next one is tried: the
+    request loses its cached prefix, not the rollout)."""
+
+    MAX_ROUTES = 200_000  # forget the routing table past this many sequences (an evaluation that never syncs)
 
     def __init__(
-        self, urls: Sequence[str], *, model: str | None = None, workers: int = 64, timeout: float = 600.0
+        self, urls: Sequence[str], *, model: str | None = None, workers: int = 256, timeout: float = 600.0
     ) -> None:
         import httpx
 
@@ -190,30 +195,39 @@ class ServerBackend:
         self.futures: dict[Future[Completed], str] = {}
         self.by_rid: dict[str, Future[Completed]] = {}
         self.load = [0] * len(self.urls)
-        self.routes: dict[tuple[int, ...], int] = {}  # an earlier prompt (or prompt + reply) -> its server
+        self.routes: dict[
+            tuple[int, int], int
+        ] = {}  # (length, hash) of an earlier prompt or prompt + reply -> server
         self.lengths: set[int] = set()
         self.lock = threading.Lock()
         self.requests = 0
+        self.failovers = 0
         self.sent: list[tuple[int, list[int]]] = []  # (server, prompt) of each request since the last reset
 
     def server_for(self, ids: Sequence[int]) -> int:
         """The server of the longest earlier sequence that ``ids`` extends, else the least loaded one."""
-        for n in sorted((n for n in self.lengths if n <= len(ids)), reverse=True):
-            hit = self.routes.get(tuple(ids[:n]))
+        at = prefix_hashes(ids, self.lengths)
+        for n in sorted(at, reverse=True):
+            hit = self.routes.get((n, at[n]))
             if hit is not None:
                 return hit
         return min(range(len(self.urls)), key=lambda i: self.load[i])
 
     def remember(self, ids: Sequence[int], server: int) -> None:
-        self.routes[tuple(ids)] = server
-        self.lengths.add(len(ids))
+        if len(self.routes) > self.MAX_ROUTES:
+            self.routes.clear()
+            self.lengths.clear()
+        n = len(ids)
+        self.routes[(n, prefix_hashes(ids, {n})[n])] = server
+        self.lengths.add(n)
 
     def submit(self, rid: str, ids: list[int], body: dict[str, Any]) -> None:
         with self.lock:
             server = self.server_for(ids)
             self.remember(ids, server)
             self.load[server] += 1
-            self.sent.append((server, list(ids)))
+            if len(self.sent) < 100_000:
+                self.sent.append((server, list(ids)))
         payload = dict(body, prompt=list(ids), return_token_ids=True, return_tokens_as_token_ids=True)
         if self.model:
             payload["model"] = self.model
@@ -225,23 +239,33 @@ class ServerBackend:
     def _post(self, server: int, ids: list[int], payload: dict[str, Any]) -> Completed:
         import httpx
 
-        url = f"{self.urls[server]}/v1/completions"
-        try:
+        errors = []
+        for k in range(len(self.urls)):
+            at = (server + k) % len(self.urls)
+            url = f"{self.urls[at]}/v1/completions"
             try:
                 resp = self.client.post(url, json=payload)
             except httpx.TransportError as exc:
-                raise InfrastructureError(f"rollout server {self.urls[server]} unreachable: {exc}") from exc
-            if resp.status_code != 200:
+                errors.append(f"{self.urls[at]} unreachable: {exc}")
+                self.failovers += 1
+                continue
+            finally:
+                if k == 0:
+                    with self.lock:
+                        self.load[server] -= 1
+            if resp.status_code >= 500:
+                errors.append(f"{url} answered {resp.status_code}: {resp.text[:300]}")
+                self.failovers += 1
+                continue
+            if resp.status_code != 200:  # the request itself is wrong: another server would refuse it too
                 raise InfrastructureError(
                     f"rollout server {url} answered {resp.status_code}: {resp.text[:300]}"
                 )
             done = completed_from_choice(resp.json()["choices"][0])
             with self.lock:
-                self.remember([*ids, *done.token_ids], server)
+                self.remember([*ids, *done.token_ids], at)
             return done
-        finally:
-            with self.lock:
-                self.load[server] -= 1
+        raise InfrastructureError("no rollout server answered: " + "; ".join(errors))
 
     def poll(self) -> list[tuple[str, Completed]]:
         if not self.futures:
@@ -280,6 +304,21 @@ class ServerBackend:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+
+
+def prefix_hashes(ids: Sequence[int], lengths: set[int]) -> dict[int, int]:
+    """A rolling hash of ``ids[:n]`` for each ``n`` in ``lengths`` that ``ids`` reaches (one pass over ``ids``).
+
+    >>> a = prefix_hashes([1, 2, 3], {2, 3, 9}); a[2] == prefix_hashes([1, 2], {2})[2], sorted(a)
+    (True, [2, 3])
+    """
+    out, h, mod = {}, 0, (1 << 61) - 1
+    top = max((n for n in lengths if n <= len(ids)), default=0)
+    for i in range(top):
+        h = (h * 1_000_003 + ids[i] + 1) % mod
+        if i + 1 in lengths:
+            out[i + 1] = h
+    return out
 
 
 def completed_from_choice(choice: dict[str, Any]) -> Completed:
@@ -739,7 +778,7 @@ def _config_folder(model: Any, tokenizer: Any) -> Path:
 
 def make_vllm_policy(
     policy: Any, *, capacity: int, memory: float, servers: Sequence[str] = (), weight_sync: str = "auto",
-    sync_folder: str | None = None, seed: int = 0, quiet: bool = False,
+    sync_folder: str | None = None, seed: int = 0, quiet: bool = False, rows: int = 256,
 ) -> VLLMPolicy:  # fmt: skip
     """``policy`` (an ``HFPolicy`` over the trainer's live model) as a ``VLLMPolicy``: colocated when ``servers`` is
     empty, else on those servers with ``weight_sync`` nccl | disk | none (auto: nccl)."""
@@ -748,11 +787,13 @@ def make_vllm_policy(
     model, tok, r = policy.model, policy.tokenizer, policy.renderer
     common = {"capacity": capacity, "chat_template": r.chat_template, "tool_role": r.tool_role}
     if not servers:
-        llm = colocated_llm(model, tok, capacity=capacity, memory=memory, seed=seed)
+        llm = colocated_llm(
+            model, tok, capacity=capacity, memory=memory, seed=seed, max_num_seqs=max(256, rows)
+        )
         out = VLLMPolicy(model, tok, LocalBackend(llm), sync=LocalSync(llm), llm=llm, **common)
         where = f"colocated vLLM ({memory:.2f} of the GPU, sleep mode on)"
     else:
-        backend = ServerBackend(servers)
+        backend = ServerBackend(servers, workers=max(256, 2 * rows))  # every turn of a step in flight at once
         mode = "nccl" if weight_sync == "auto" else weight_sync
         sync: WeightSync
         if mode == "nccl":

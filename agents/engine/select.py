@@ -57,7 +57,7 @@ def choose_engine(
 
         return make_vllm_policy(
             policy, capacity=capacity, memory=memory, servers=urls, weight_sync=weight_sync,
-            sync_folder=sync_folder or None, seed=seed, quiet=quiet,
+            sync_folder=sync_folder or None, seed=seed, quiet=quiet, rows=rows,
         )  # fmt: skip
     from toolgym.agents.engine.weights import shape_of, unsupported
 

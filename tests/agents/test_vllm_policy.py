@@ -107,6 +107,21 @@ def test_server_routing_follows_the_longest_prefix() -> None:
     backend.close()
 
 
+def test_a_dead_server_is_skipped(servers: Any, chatml_tokenizer: Any) -> None:
+    import socket
+
+    model, started = servers
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    backend = ServerBackend([dead, started[0].url])
+    policy = VLLMPolicy(model, chatml_tokenizer, backend, capacity=256)
+    prompt = policy.renderer.prompt_ids([{"role": "user", "content": "2+2?"}], None)
+    gens = policy.generate([prompt, [*prompt, 5]], SamplingParams(temperature=0.0, max_new_tokens=3))
+    assert all(g.token_ids for g in gens) and backend.failovers >= 1
+    policy.close()
+
+
 def test_choice_parsing_and_entropy_estimate() -> None:
     c = completed_from_choice(
         {"finish_reason": "length", "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.25],
