@@ -767,6 +767,10 @@ def _config_folder(model: Any, tokenizer: Any) -> Path:
     import hashlib
     import tempfile
 
+    if not getattr(
+        model.config, "architectures", None
+    ):  # (a model made in memory: vLLM picks its class by this)
+        model.config.architectures = [type(model).__name__]
     config = model.config.to_dict()
     key = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
     folder = Path(tempfile.gettempdir()) / f"toolgym-vllm-{key}"
