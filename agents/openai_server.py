@@ -115,8 +115,10 @@ class PolicyServer(AppServer):
         model_name: str | None = None,
         max_batch: int = 64,
         batch_window_s: float = 0.005,
+        threads: int = 0,
     ) -> None:
         self.policy = policy
+        self.threads = threads  # torch's CPU threads when serving forever on a CPU (0: cpu_threads())
         self.model_name = model_name or getattr(policy, "name", "toolgym")
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
@@ -138,8 +140,25 @@ class PolicyServer(AppServer):
         return self
 
     def serve_forever(self) -> None:
+        self.use_cpu_threads()
         self._worker.start()
         super().serve_forever()
+
+    def use_cpu_threads(self) -> int | None:
+        """A policy whose model runs on the CPU gets ``cpu_threads(self.threads)`` torch threads (the number set,
+        or None when the model is elsewhere or there is none)."""
+        model = getattr(self.policy, "model", None)
+        try:
+            device = next(model.parameters()).device.type if model is not None else None
+        except (AttributeError, StopIteration, TypeError):
+            device = None
+        if device != "cpu":
+            return None
+        import torch
+
+        n = cpu_threads(self.threads)
+        torch.set_num_threads(n)
+        return n
 
     def close(self) -> None:
         super().close()
@@ -220,7 +239,9 @@ class PolicyServer(AppServer):
         return [{"role": "system", "content": text}, *conv], tools
 
     def _answer(self, jobs: list[_Job], sampling: SamplingParams) -> list[_Reply]:
-        prepared = [self._conversation(j.conversation, j.tools) if j.prompt is None else ([], None) for j in jobs]
+        prepared = [
+            self._conversation(j.conversation, j.tools) if j.prompt is None else ([], None) for j in jobs
+        ]
         if self._renderer is None:  # a policy without tokens (an OpenAI proxy, a custom one)
             turns = self.policy.act([c for c, _ in prepared], [t for _, t in prepared], sampling=sampling)
             return [_Reply(t, int(t.usage.get("prompt_tokens", 0))) for t in turns]

@@ -117,5 +117,14 @@ def test_bad_requests_are_400(served: Any, body: dict[str, Any], needle: str) ->
 
 
 def test_cpu_threads_default() -> None:
+    import torch
+
     assert cpu_threads(3) == 3
     assert 1 <= cpu_threads() <= 4
+    before = torch.get_num_threads()
+    server = PolicyServer(chatml_policy(), port=0, threads=2)
+    try:
+        assert server.use_cpu_threads() == 2 and torch.get_num_threads() == 2  # (what serve_forever sets)
+    finally:
+        torch.set_num_threads(before)
+        server.close()
