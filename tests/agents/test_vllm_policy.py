@@ -307,28 +307,43 @@ def test_colocated_weights_pushed_once_per_change_and_sleep_wake_order(
 
 # ----- the GPU: vLLM in the trainer's process ----------------------------------------------------------------
 @pytest.mark.skipif(not GPU, reason="needs CUDA and vllm")
-def test_gpu_colocated_matches_the_trainer_and_takes_new_weights() -> None:
+def test_gpu_colocated_matches_the_trainer_and_takes_new_weights(chatml_tokenizer: Any) -> None:
+    """vLLM in this process on a small random Llama (head dim 64): its sampling logprobs are the trainer's (bf16
+    both), it sleeps and wakes, and a change of the trainer's weights reaches it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from toolgym.agents.vllm_policy import make_vllm_policy
 
-    hf = HFPolicy("smollm2-135m", device="cuda", dtype="float32")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(chatml_tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+    )  # fmt: skip
+    hf = HFPolicy(LlamaForCausalLM(config).to("cuda").eval(), chatml_tokenizer)
     policy = make_vllm_policy(hf, capacity=2048, memory=0.3)
     prompt = policy.renderer.prompt_ids([{"role": "user", "content": "What is 12*7?"}], None)
-    sp = SamplingParams(temperature=1.0, max_new_tokens=32, seed=1)
-    gens = policy.generate([prompt] * 8, sp)
-    ids = [prompt + g.token_ids for g in gens]
+    gens = policy.generate([prompt] * 8, SamplingParams(temperature=1.0, max_new_tokens=32, seed=1))
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        for g, row in zip(gens, ids, strict=True):
-            logits = hf.model(torch.tensor([row], device="cuda")).logits[0, len(prompt) - 1 : -1].float()
+        for g in gens:
+            ids = torch.tensor([prompt + g.token_ids], device="cuda")
+            logits = hf.model(ids).logits[0, len(prompt) - 1 : -1].float()
             lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids, device="cuda")[:, None])[
                 :, 0
             ]
             assert (lp.cpu() - torch.tensor(g.logprobs)).abs().mean() < 0.05  # bf16 engine vs bf16 trainer
-    before = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=8))[0]
-    with torch.no_grad():
-        hf.model.lm_head.weight.mul_(-1.0)  # (tied: the embedding too) a visible change
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    before = policy.generate([prompt], greedy)[0]
     policy.sleep()
-    after = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=8))[0]
+    assert policy.asleep
+    with torch.no_grad():
+        hf.model.lm_head.weight.mul_(
+            -1.0
+        )  # (tied: the embedding too) a visible change, made while vLLM sleeps
+    after = policy.generate([prompt], greedy)[0]
     assert after.token_ids != before.token_ids  # the new weights were pushed on wake-up
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        first = hf.model(torch.tensor([prompt], device="cuda")).logits[0, -1].float().argmax().item()
+    assert after.token_ids[0] == first
     assert policy.sync_s > 0
 
 
