@@ -1,0 +1,395 @@
+"""Asynchronous rollouts (`max_staleness`, trainers/async_rollout.py) against the synchronous loop, same run.
+
+Two parts, each run in a child process per configuration (so GPU memory and threads start clean), merged
+into benchmarks/results/async.{json,md}:
+
+- ``speed`` -> ``async_speedup_1gpu``: samples/s (episodes trained per second of learner steps, the first
+  ``--warmup`` steps left out: engine start, CUDA graphs, compilation) of ``max_staleness`` k vs 0, on
+  Search-v0 multi-turn episodes whose searches go over HTTP to a local Search-R1-style retriever
+  (``toolgym serve-retriever`` on the synthetic corpus, BM25 over ``--passages`` passages). Why this env:
+  the GPU machine has no docker (Coding-v0's sandbox) and no network (Web-v0); Search-v0's retriever is a
+  real service doing real work per call, in its own process, as in Search-R1 training. BM25 is fast
+  (ms a query), so most of the gain here comes from overlapping the update with generation; slower tools
+  (dense retrievers, sandboxes) leave more to overlap.
+- ``learning`` -> ``async_learning``: trainers/configs/learning_rl_alone.yaml (Calculator, held-out test
+  templates), synchronous vs ``max_staleness`` 2, each stopped after ``--minutes`` of wall time; held-out
+  success against wall minutes (stamped when each metrics.jsonl record appears).
+
+``async_speedup_2gpu`` (rollout GPU + learner GPU, weights over NCCL) is not built yet: written as null.
+
+    python benchmarks/async.py --quick                  # CPU smoke test: tiny random model, both parts
+    python benchmarks/async.py --part speed             # GPU, ~6 min on one H100 with SmolLM2-135M
+    python benchmarks/async.py --part learning --mode sync  --minutes 4     # GPU, ~5 min
+    python benchmarks/async.py --part learning --mode async --minutes 4     # GPU, ~5 min
+    python benchmarks/async.py --report                 # rewrite async.md from async.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+LEARNING_YAML = ROOT / "trainers" / "configs" / "learning_rl_alone.yaml"
+
+
+# ----- one training run (in the child process) -------------------------------------------------------------------
+def _tiny(model_name: str) -> tuple[Any, Any]:
+    """A 2-layer random Llama with the real tokenizer of `model_name` (--quick: checks the script on CPU)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from toolgym.agents.hf import load_model
+
+    _, tok = load_model(model_name, device="cpu", dtype="float32")
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg), tok
+
+
+def child(spec: dict[str, Any]) -> None:
+    from toolgym.trainers.grpo import GRPOConfig, train
+
+    model = tok = None
+    if spec.get("tiny"):
+        model, tok = _tiny(spec["config"].get("model", "smollm2-135m"))
+    train(GRPOConfig.from_dict(spec["config"]), model, tok)
+
+
+def run_child(config: dict[str, Any], tiny: bool, minutes: float | None = None) -> list[dict[str, Any]]:
+    """Trains `config` in a child process; returns its metrics records, each stamped with `wall_min` (minutes
+    since the child started when the record appeared). With `minutes`, the child is stopped at that time."""
+    out = Path(config["output_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "metrics.jsonl"
+    if log.exists():
+        log.unlink()
+    spec = json.dumps({"config": config, "tiny": tiny})
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--child", spec], cwd=ROOT)
+    stamps: list[float] = []
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+            n = len(log.read_text().splitlines()) if log.exists() else 0
+            stamps += [(time.perf_counter() - t0) / 60] * (n - len(stamps))
+            if minutes is not None and time.perf_counter() - t0 > minutes * 60:
+                proc.terminate()
+                proc.wait(timeout=60)
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    records = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+    stamps += [(time.perf_counter() - t0) / 60] * (len(records) - len(stamps))
+    if minutes is None and proc.returncode != 0:
+        raise RuntimeError(f"training {out} failed with exit code {proc.returncode}")
+    for r, s in zip(records, stamps, strict=True):
+        r["wall_min"] = s
+    return records
+
+
+# ----- the retriever ------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_retriever(passages: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolgym",
+        "serve-retriever",
+        "--synthetic",
+        str(passages),
+        "--port",
+        str(port),
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(1200):  # the index builds first (~1 min for 100k passages on a loaded host)
+        if proc.poll() is not None:
+            raise RuntimeError(f"the retriever exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url + "/retrieve"
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the retriever did not come up in 10 minutes")
+
+
+# ----- parts ------------------------------------------------------------------------------------------------------
+def speed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    passages = 2000 if args.quick else args.passages
+    server, url = start_retriever(passages)
+    try:
+        base: dict[str, Any] = dict(
+            env_ids=["toolgym/Search-v0"],
+            env_kwargs=dict(
+                retriever_url=url, num_passages=passages, max_turns=4, action_format="tags", prompt_format="text",
+                hops=2,
+            ),
+            model=args.model, steps=args.steps, prompts_per_step=args.prompts, budget=args.budget,
+            max_new_tokens=args.max_new_tokens, max_total_tokens=2048, lr=1e-6, micro_batch_rows=16,
+            eval_episodes=4, tensorboard=False, progress=False, is_mode="token_mask", is_min=0.2, is_max=5.0,
+        )  # fmt: skip
+        if args.quick:
+            base.update(
+                steps=4,
+                prompts_per_step=2,
+                budget=2,
+                max_new_tokens=16,
+                max_total_tokens=1024,
+                device="cpu",
+                threads=1,
+            )
+        runs = {}
+        for k in (0, args.staleness):
+            cfg = dict(base, max_staleness=k, output_dir=str(work / f"speed_k{k}"))
+            recs = run_child(cfg, tiny=args.quick)
+            use = [r for r in recs if r["step"] > args.warmup and "rollout/episodes" in r]
+            seconds = sum(r["time/step_s"] for r in use)
+            episodes = sum(r["rollout/episodes"] for r in use)
+            runs[f"k{k}"] = {
+                "max_staleness": k,
+                "steps_timed": len(use),
+                "episodes": episodes,
+                "seconds": seconds,
+                "samples_per_s": episodes / max(seconds, 1e-9),
+                "step_s": seconds / max(len(use), 1),
+                "generate_s": _mean(use, "rollout/generate_s"),
+                "env_s": _mean(use, "rollout/env_s"),
+                "staleness_mean": _mean(use, "rollout/staleness_mean"),
+                "staleness_max": max((r.get("rollout/staleness_max", 0.0) for r in use), default=0.0),
+                "rollout_wait_s": _mean(use, "time/rollout_wait_s"),
+                "is_masked_fraction": _mean(use, "losses/is_masked_fraction"),
+                "turns": _mean(use, "charts/turns"),
+                "tool_calls": _mean(use, "charts/tool_calls"),
+            }
+        sync, fast = runs["k0"], runs[f"k{args.staleness}"]
+        return {
+            "async_speedup_1gpu": fast["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
+            "speed_runs": runs,
+            "speed_setup": {k: v for k, v in base.items() if k != "env_kwargs"}
+            | {
+                "env_kwargs": {k: v for k, v in base["env_kwargs"].items() if k != "retriever_url"},
+                "warmup": args.warmup,
+            },
+        }
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from toolgym.trainers.config import load_yaml
+
+    cfg = load_yaml(LEARNING_YAML)
+    cfg.pop("algorithm", None)
+    cfg.update(progress=False, tensorboard=False, save_every=0, seed=args.seed)
+    if args.quick:
+        cfg.update(steps=6, prompts_per_step=2, budget=4, max_new_tokens=16, max_total_tokens=512, eval_every=3,
+                   eval_episodes=4, device="cpu", threads=1)  # fmt: skip
+    modes = ["sync", "async"] if args.mode == "both" else [args.mode]
+    out: dict[str, Any] = {}
+    for mode in modes:
+        k = 0 if mode == "sync" else args.learning_staleness
+        run = dict(cfg, max_staleness=k, output_dir=str(work / f"learning_{mode}"))
+        recs = run_child(run, tiny=args.quick, minutes=None if args.quick else args.minutes)
+        curve = [(r["wall_min"], r["step"], r["eval/success"]) for r in recs if "eval/success" in r]
+        out[mode] = {
+            "max_staleness": k,
+            "minutes": [c[0] for c in curve],
+            "steps": [c[1] for c in curve],
+            "success": [c[2] for c in curve],
+            "steps_done": max((r["step"] for r in recs), default=0),
+            "wall_minutes": args.minutes if not args.quick else (recs[-1]["wall_min"] if recs else 0.0),
+            "seed": args.seed,
+        }
+    return {"async_learning": out}
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    vals = [r[key] for r in rows if key in r]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def learning_summary(runs: dict[str, Any]) -> dict[str, Any]:
+    """Minutes each run took to first reach the synchronous run's best held-out success (minus 0.05: about a
+    seed's spread at 64 episodes), and each run's best."""
+    if "sync" not in runs or "async" not in runs:
+        return {}
+    target = max(runs["sync"]["success"], default=0.0) - 0.05
+
+    def first(run: dict[str, Any]) -> float | None:
+        return next((m for m, s in zip(run["minutes"], run["success"], strict=True) if s >= target), None)
+
+    return {
+        "target_success": target,
+        "minutes_to_target": {m: first(runs[m]) for m in ("sync", "async")},
+        "best_success": {m: max(runs[m]["success"], default=0.0) for m in ("sync", "async")},
+    }
+
+
+# ----- results ------------------------------------------------------------------------------------------------------
+def device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    except ImportError:
+        pass
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def write_md(data: dict[str, Any], path: Path) -> None:
+    lines = [
+        "# Asynchronous rollouts vs the synchronous loop (benchmarks/async.py)",
+        "",
+        f"Device: {data.get('device', '?')}. Commands: `{'`, `'.join(data.get('commands', []))}`.",
+        "",
+        "## Throughput on one GPU (`async_speedup_1gpu`)",
+        "",
+    ]
+    sp = data.get("speed_runs")
+    if sp:
+        lines += [
+            "Search-v0 (2-hop questions, <= 4 turns, searches over HTTP to a local BM25 retriever), samples/s =",
+            "episodes trained per second of learner steps after the warm-up steps.",
+            "",
+            "| max_staleness | samples/s | step s | generate s | env s | learner wait s | staleness mean / max | IS masked |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in sp.values():
+            lines.append(
+                f"| {r['max_staleness']} | {r['samples_per_s']:.2f} | {r['step_s']:.2f} | {r['generate_s']:.2f} | "
+                f"{r['env_s']:.2f} | {r['rollout_wait_s']:.2f} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | "
+                f"{r['is_masked_fraction']:.4f} |"
+            )
+        lines += ["", f"**async_speedup_1gpu = {data['async_speedup_1gpu']:.2f}x** (goal >= 1.5x).", ""]
+    lines += [
+        "## Two GPUs (`async_speedup_2gpu`)",
+        "",
+        "Not measured: the layout with rollout GPUs and learner GPUs (weights pushed over NCCL) is not built yet",
+        "(trainers/async_rollout.py departure 4); `async_speedup_2gpu` is null.",
+        "",
+        "## Learning (`async_learning`)",
+        "",
+    ]
+    ln = data.get("async_learning") or {}
+    for mode in ("sync", "async"):
+        if mode in ln:
+            r = ln[mode]
+            pts = ", ".join(f"{m:.1f} min: {s:.2f}" for m, s in zip(r["minutes"], r["success"], strict=True))
+            lines.append(f"- {mode} (max_staleness {r['max_staleness']}, {r['steps_done']} steps): {pts}")
+    summ = data.get("async_learning_summary") or {}
+    if summ:
+        lines += [
+            "",
+            f"Minutes to reach {summ['target_success']:.2f} held-out success (the synchronous best - 0.05): "
+            f"sync {summ['minutes_to_target']['sync']}, async {summ['minutes_to_target']['async']}; best "
+            f"sync {summ['best_success']['sync']:.2f}, async {summ['best_success']['async']:.2f}.",
+        ]
+    if ln:
+        lines += ["", "![held-out success vs wall minutes](async_learning.png)"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    ln = data.get("async_learning") or {}
+    if not ln:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, r in ln.items():
+        ax.plot(r["minutes"], r["success"], marker="o", label=f"{mode} (max_staleness {r['max_staleness']})")
+    ax.set_xlabel("wall minutes")
+    ax.set_ylabel("held-out success")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--part", choices=["speed", "learning", "all"], default="all")
+    p.add_argument("--mode", choices=["sync", "async", "both"], default="both", help="learning: which run(s)")
+    p.add_argument("--quick", action="store_true", help="CPU smoke test with a tiny random model")
+    p.add_argument("--report", action="store_true", help="only rewrite the .md (and plot) from the .json")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--staleness", type=int, default=2, help="speed: max_staleness of the asynchronous run")
+    p.add_argument("--learning-staleness", type=int, default=2)
+    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--warmup", type=int, default=2, help="speed: first steps left out of the timing")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--budget", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--passages", type=int, default=100_000)
+    p.add_argument("--minutes", type=float, default=4.0, help="learning: wall minutes per run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=RESULTS / "async")
+    p.add_argument("--work", type=Path, default=None, help="run folders (default: a temporary folder)")
+    args = p.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return 0
+    json_path, md_path = args.out.with_suffix(".json"), args.out.with_suffix(".md")
+    if args.quick and args.out == RESULTS / "async":  # a smoke test never overwrites the GPU results
+        json_path, md_path = (
+            Path(tempfile.gettempdir()) / "async_quick.json",
+            Path(tempfile.gettempdir()) / "async_quick.md",
+        )
+    data: dict[str, Any] = json.loads(json_path.read_text()) if json_path.exists() else {}
+    if not args.report:
+        work = args.work or Path(tempfile.mkdtemp(prefix="async_bench_"))
+        data.setdefault("commands", [])
+        cmd = "python benchmarks/async.py " + " ".join(sys.argv[1:])
+        if cmd not in data["commands"]:
+            data["commands"].append(cmd)
+        data["device"] = device_name()
+        data["async_speedup_2gpu"] = None
+        data["async_speedup_2gpu_note"] = (
+            "not built yet: rollout GPU + learner GPU layout (weights over NCCL)"
+        )
+        if args.part in ("speed", "all"):
+            data |= speed(args, work)
+        if args.part in ("learning", "all"):
+            got = learning(args, work)["async_learning"]
+            data["async_learning"] = (data.get("async_learning") or {}) | got
+            data["async_learning_summary"] = learning_summary(data["async_learning"])
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    plot(data, md_path.with_name(md_path.stem + "_learning.png"))
+    write_md(data, md_path)
+    print(md_path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
