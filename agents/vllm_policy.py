@@ -595,6 +595,14 @@ def _get_all(backend: ServerBackend, path: str) -> list[Any]:
     return out
 
 
+def _free_cached_memory() -> None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _own_address() -> str:
     import socket
 
@@ -667,6 +675,7 @@ class VLLMPolicy(RenderedTokenPolicy):
             return
         t0 = time.perf_counter()
         if self.llm is not None and self.asleep:
+            _free_cached_memory()  # what the update freed goes back to the GPU before vLLM maps its memory again
             self.llm.wake_up(tags=["weights"])
         if version != self._pushed or force or self.asleep:
             self.sync.push(self.model)
