@@ -49,6 +49,15 @@ def tokens_to_reach(points: list[tuple[float, float]], target: float) -> tuple[f
     return (points[-1][0] if points else 0.0), False
 
 
+def success_at(points: list[tuple[float, float]], tokens: float) -> float:
+    """Held-out success of the last evaluation at or before ``tokens`` generated tokens.
+
+    >>> success_at([(0.0, 0.0), (100.0, 0.2), (250.0, 0.4)], 200.0)
+    0.2
+    """
+    return max(((t, s) for t, s in points if t <= tokens), default=(0.0, 0.0))[1]
+
+
 def gain(curriculum: list[str], hardest: list[str], target: float | None = None) -> dict[str, Any]:
     curves = {r: curve(r) for r in curriculum + hardest}
     if target is None:
@@ -63,8 +72,18 @@ def gain(curriculum: list[str], hardest: list[str], target: float | None = None)
         arm: sum(reach[r][0] for r in runs) / len(runs)
         for arm, runs in (("curriculum", curriculum), ("hardest", hardest))
     }
+    budget = min((curves[r][-1][0] for r in curves if curves[r]), default=0.0)
+    at_budget = {
+        arm: sum(success_at(curves[r], budget) for r in runs) / len(runs)
+        for arm, runs in (("curriculum", curriculum), ("hardest", hardest))
+    }
     return {
         "curriculum_gain": round(mean["hardest"] / max(mean["curriculum"], 1.0), 3),
+        # a hardest-from-start run that never reached the target counted only its whole budget: the gain is
+        # then at least this much, not exactly
+        "curriculum_gain_is_lower_bound": any(not reach[r][1] for r in hardest),
+        "equal_tokens": budget,
+        "success_at_equal_tokens": {arm: round(v, 4) for arm, v in at_budget.items()},
         "target_success": round(target, 4),
         "tokens_to_target": {r: reach[r][0] for r in curves},
         "never_reached": [r for r in curves if not reach[r][1]],
