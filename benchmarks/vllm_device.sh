@@ -7,7 +7,7 @@
 #   bash benchmarks/vllm_device.sh env       # print the export line for later commands
 #
 # Steps may be chained: `take install check`. Each transfer carries one part folder (.vllmA/, .vllmB/, …, each
-# at most 60 MiB); `take` after every transfer keeps them outside the work tree, which the next transfer
+# at most 48 MiB); `take` after every transfer keeps them outside the work tree, which the next transfer
 # replaces. PARTS and SITE default to /root/vllm-parts and /root/vllm-site.
 set -euo pipefail
 PARTS=${PARTS:-/root/vllm-parts}
@@ -74,6 +74,20 @@ for mod in ("vllm.vllm_flash_attn", "vllm.entrypoints.llm", "vllm.entrypoints.op
         print("ok  ", mod)
     except Exception as exc:  # reported, not fatal: the smoke run says whether it matters
         print("FAIL", mod, type(exc).__name__, str(exc)[:300])
+# vLLM's requirements against what this machine has (the machine's own versions were not checked when staging)
+from importlib import metadata
+from packaging.requirements import Requirement
+for line in metadata.requires("vllm") or []:
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    try:
+        have = metadata.version(req.name)
+    except metadata.PackageNotFoundError:
+        print("missing ", req)
+        continue
+    if req.specifier and not req.specifier.contains(have, prereleases=True):
+        print("version ", req, "but", have, "is installed")
 EOF
 }
 

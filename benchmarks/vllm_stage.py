@@ -6,14 +6,15 @@ CUDA libraries, which the GPU machine has): each level's requirements are fetche
 for Python 3.12 on Linux x86_64, extras followed), and a package already on the GPU machine (``--present``: a
 ``pip list`` / ``pip freeze`` of it, or the default guess ``benchmarks/vllm_gpu_present.txt``; ``*`` patterns
 allowed) or skipped on purpose (``--skip``) is not fetched. ``split`` cuts the wheels into parts of at most
-``--part-mb`` MiB in folders ``.vllmA/``, ``.vllmB/``, … (gitignored), with a manifest (sha256 of every wheel)
+``--part-mb`` MiB (48: a transfer carries 64 MiB with the repository's ~12 MiB) in folders ``.vllmA/``,
+``.vllmB/``, … (gitignored), with a manifest (sha256 of every wheel)
 in each. On the GPU machine ``benchmarks/vllm_device.sh`` copies each part out of the work tree as it arrives,
 joins the wheels, checks them against the manifest, installs them with ``pip --no-index --no-deps --target`` and
 checks that ``import vllm`` and its compiled extensions (``vllm._C_stable_libtorch``, built against
 CUDA 13's ``libcudart.so.13``; ``vllm.cumem_allocator`` for sleep mode) load against the machine's torch.
 
     python benchmarks/vllm_stage.py download --dest /tmp/vllm-wheels [--present pip-list.txt]
-    python benchmarks/vllm_stage.py split --src /tmp/vllm-wheels --part-mb 60      # -> .vllmA/ .vllmB/ …
+    python benchmarks/vllm_stage.py split --src /tmp/vllm-wheels                   # -> .vllmA/ .vllmB/ …
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ DEFAULT_PRESENT = Path(__file__).with_name("vllm_gpu_present.txt")
 DEFAULT_SKIP = ("torchaudio", "torchcodec", "pynvvideocodec")
 # --profile minimal (the default) also leaves out what dense text models (Llama, Qwen2) never import, each
 # imported lazily by vLLM where it is used: MLA prefill kernels (tokenspeed-*), video decoding (opencv),
-# TileLang kernels and their solver (tilelang, z3-solver), CUTLASS DSL's CUDA 12 libraries (the machine runs CUDA 13)
+# TileLang kernels and their solver (tilelang, z3-solver), CUTLASS DSL's CUDA 12 libraries (the machine runs CUDA 13),
+# the CUDA compiler as wheels (humming kernels' JIT: the image has nvcc itself)
 MINIMAL_SKIP = (
     "tokenspeed-mla", "tokenspeed-triton", "opencv-python-headless", "tilelang", "z3-solver",
-    "nvidia-cutlass-dsl-libs-cu12",
+    "nvidia-cutlass-dsl-libs-cu12", "nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-cccl",
 )  # fmt: skip
 # where the newest release of a dependency breaks a pin of vLLM 0.26.0's (pip's resolver backs off the same
 # way): xgrammar 0.2.8 and nvidia-cudnn-frontend >= 1.29 need apache-tvm-ffi >= 0.1.11 (vLLM pins 0.1.10);
@@ -247,10 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument(
         "--profile", choices=("minimal", "full"), default="minimal", help="minimal: see MINIMAL_SKIP"
     )
-    s = sub.add_parser("split", help="cut the wheels into .vllmA/, .vllmB/, … of at most --part-mb MiB")
+    s = sub.add_parser("split", help="cut the wheels into .vllmA/, .vllmB/, … of at most --part-mb MiB each")
     s.add_argument("--src", type=Path, default=Path("/tmp/vllm-wheels"))
     s.add_argument("--out", type=Path, default=ROOT)
-    s.add_argument("--part-mb", type=int, default=60)
+    s.add_argument("--part-mb", type=int, default=48, help="the repo (~12 MiB) travels too: 64 MiB in all")
     args = ap.parse_args(argv)
     if args.cmd == "download":
         skip = [n for n in args.skip.split(",") if n] + (
@@ -261,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(int(v["bytes"]) for v in got.values())  # type: ignore[call-overload]
         for name, v in sorted(got.items(), key=lambda kv: -int(kv[1]["bytes"])):  # type: ignore[call-overload]
             print(f"{int(v['bytes']) / 2**20:9.1f} MiB  {name}=={v['version']}")  # type: ignore[call-overload]
-        parts = -(-total // ((60 << 20) - 64 * 1024))
-        print(f"{len(got)} wheels, {total / 2**20:.1f} MiB: {parts} parts of <= 60 MiB")
+        parts = -(-total // ((48 << 20) - 64 * 1024))
+        print(f"{len(got)} wheels, {total / 2**20:.1f} MiB: {parts} parts of <= 48 MiB")
         (args.dest / "STAGED.json").write_text(json.dumps(got, indent=1))
     else:
         folders = split(args.src, args.out, args.part_mb)
