@@ -485,12 +485,15 @@ class LocalSync:
 
 
 def named_weights(model: Any) -> Any:
-    """``(HF checkpoint name, tensor)`` for every parameter (a tied output head is its embedding)."""
+    """``(HF checkpoint name, tensor)`` for every parameter (a tied output head is its embedding); a sharded
+    parameter (FSDP2's DTensor) is gathered whole (a collective: every rank iterates)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if base is not model:
         raise ConfigError("engine=vllm cannot load LoRA adapters into vLLM: use lora_r = 0 (or merge first)")
     for name, p in model.named_parameters():
-        yield name, p.detach()
+        t = p.detach()
+        full = getattr(t, "full_tensor", None)
+        yield name, full() if callable(full) else t
 
 
 class NcclSync:
