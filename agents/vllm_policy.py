@@ -474,7 +474,7 @@ class LocalSync:
         self.llm = llm
 
     def push(self, model: Any) -> None:
-        weights = list(named_weights(model))
+        weights = named_weights(model)  # streamed: one gathered tensor at a time, never a second whole model
 
         def load(worker: Any) -> None:  # runs on vLLM's worker (in this process)
             runner = getattr(worker, "worker", worker).model_runner
