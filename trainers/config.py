@@ -111,6 +111,18 @@ class RunConfig:
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "recompute activations in the backward pass (saves memory)"}
     )
+    parallel: Literal["ddp", "fsdp2"] = field(
+        default="ddp",
+        metadata=choices(
+            "the update's layout under torchrun (fsdp2: weights, gradients and AdamW sharded over ranks, "
+            "full weights gathered into the rollout's copy once per step; trainers/fsdp.py)",
+            ("ddp", "fsdp2"),
+        ),
+    )
+    fsdp_offload: bool = field(
+        default=False,
+        metadata={"help": "parallel=fsdp2: keep the sharded fp32 weights, gradients and AdamW state in CPU memory"},
+    )
     # --- rollout
     steps: int = field(default=20, metadata={"help": "training steps (one rollout batch each)"})
     prompts_per_step: int = field(default=4, metadata={"help": "tasks (trees) per step"})

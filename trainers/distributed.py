@@ -1,12 +1,17 @@
 """Data parallel training under torchrun: each rank rolls out its share of the step's tasks, gradients
-are averaged by DDP, rank 0 logs, evaluates and saves. Without torchrun everything is a no-op (world 1).
+are averaged over ranks, rank 0 logs, evaluates and saves. Without torchrun everything is a no-op (world 1).
 
-Departures from the issue's plan:
-1. DDP, not FSDP2: every rank holds the whole model (fine up to ~1B parameters on one GPU each) and
-   generates with it locally, so ranks never wait on each other inside generation (FSDP2 would
-   all-gather weights on every decode step, with ranks taking different numbers of steps).
-2. The loss is multiplied by the world size before backward: DDP averages gradients over ranks, while
-   the global token-mean denominator (all-reduced) already counts every rank's tokens.
+Two layouts (``parallel``):
+- ``ddp`` (default): every rank holds the whole fp32 model + AdamW (~16 bytes a parameter: fine up to
+  ~1-2B parameters per GPU) and generates with it directly; DDP all-reduces gradients once per optimizer step.
+- ``fsdp2``: weights, gradients and AdamW state are sharded (``fully_shard``, trainers/fsdp.py); the rollout
+  runs on a full bf16 copy of the weights on each rank, gathered once per step after the optimizer steps
+  (the "hybrid engine": ranks never wait on each other inside generation). ``hybrid`` sets it up,
+  ``after_update`` gathers; checkpoints are then DCP (trainers/checkpoint.py), resumable on another
+  number of ranks. It also runs in one process (a one-rank group): bf16 compute and CPU offload on one GPU.
+
+The loss is multiplied by the world size before backward: DDP and FSDP average gradients over ranks, while
+the global token-mean denominator (all-reduced) already counts every rank's tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,10 +30,35 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    fsdp: Any = field(default=None, repr=False)  # fsdp.Sharded under parallel=fsdp2 (after `hybrid`)
 
     @property
     def main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded (fsdp2): every rank then takes part in saving a checkpoint."""
+        return self.fsdp is not None
+
+    def hybrid(self, policy: Any, cfg: Any, device: torch.device) -> tuple[Any, Any]:
+        """(rollout policy, model to train). Under ``ddp`` both read the same live model; under ``fsdp2`` the
+        model is sharded in place and the policy runs on a full copy of its weights (``after_update``
+        refreshes it). Call it before the optimizer and the KL reference are made."""
+        model = policy.model
+        if getattr(cfg, "parallel", "ddp") != "fsdp2":
+            return policy, model
+        from toolgym.trainers.fsdp import Sharded
+        from toolgym.trainers.modeling import hf_policy
+
+        self.fsdp = Sharded(cfg, device, self.world, quiet=not self.main)
+        rollout = self.fsdp.take(model, keep_reference=cfg.kl_coef > 0)
+        return hf_policy(rollout.model, policy.tokenizer, device), model
+
+    def after_update(self) -> None:
+        """Gathers the updated weights into the rollout's copy (fsdp2; every rank calls it once per step)."""
+        if self.fsdp is not None:
+            self.fsdp.sync()
 
     @classmethod
     def from_env(cls, device_name: str) -> Dist:
@@ -53,7 +83,11 @@ class Dist:
         return name
 
     def wrap(self, model: Any, device: torch.device) -> Any:
-        """The model to run training forwards through (DDP when world > 1)."""
+        """The model to run training forwards through (DDP when world > 1; under fsdp2 the sharded model
+        itself, and the rollout's copy is refreshed: a checkpoint may have been loaded since `hybrid`)."""
+        if self.fsdp is not None:
+            self.fsdp.sync()
+            return model
         if self.world <= 1:
             return model
         from torch.nn.parallel import DistributedDataParallel
@@ -63,8 +97,9 @@ class Dist:
 
     @contextlib.contextmanager
     def no_sync(self, wrapped: Any, sync: bool) -> Iterator[None]:
-        """Skip the gradient all-reduce on every micro-batch but the last of a step."""
-        if self.world > 1 and not sync:
+        """Skip the gradient all-reduce on every micro-batch but the last of a step (DDP; FSDP2
+        reduce-scatters every micro-batch so that no rank holds a whole unsharded gradient)."""
+        if self.world > 1 and not sync and self.fsdp is None:
             with wrapped.no_sync():
                 yield
         else:
@@ -101,6 +136,8 @@ class Dist:
             dist.barrier()
 
     def close(self) -> None:
+        if self.fsdp is not None:
+            self.fsdp.close()  # the one-rank group it made, if any
         if self.world > 1:
             import torch.distributed as dist
 

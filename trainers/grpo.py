@@ -105,7 +105,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     device = pick_device(dist.device_name(cfg.device), cfg.threads)
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device, model, tokenizer)
-    model = policy.model
+    policy, model = dist.hybrid(policy, cfg, device)  # fsdp2: the model is sharded, the rollout gets a full copy
     policy = choose_engine(  # our decode engine (agents/engine) over the same live weights, or HFPolicy
         policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget,
         capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main, memory=cfg.engine_memory,
@@ -253,11 +253,13 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         metrics |= optimize(
             cfg, step, batch, model, trainer, optimizer, ref=ref, dist=dist, addons=addons, fwd=fwd
         )
+        dist.after_update()  # fsdp2: the new weights gathered into the rollout's copy (every rank)
         if pipe is not None:
             pipe.publish(step)  # the worker's next generate call or engine step samples from version `step`
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics = dist.mean_metrics(metrics)  # (rank means; tokens_per_s is then per rank)
         progress.step = step
+        checkpoint.save_shards(dist, cfg, step, out / "checkpoint", modules, optimizer, progress)  # fsdp2: DCP
         if not dist.main:
             continue  # rank 0 evaluates, logs and saves
 

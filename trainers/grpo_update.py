@@ -13,9 +13,10 @@ from toolgym.trainers.advantages import entropy_scaled
 from toolgym.trainers.batch import HostMasks, TrainBatch, forward, micro_batches, to_device
 from toolgym.trainers.config import RunConfig
 from toolgym.trainers.distributed import Dist
+from toolgym.trainers.fsdp import lockstep
 from toolgym.trainers.grpo_config import GRPOConfig
 from toolgym.trainers.loss import PolicyBatch, StatLog, denominator, policy_loss
-from toolgym.trainers.modeling import Reference, autocast, trainable_parameters
+from toolgym.trainers.modeling import Reference, autocast, clip_gradients, trainable_parameters
 from toolgym.trainers.packing import Forward
 
 
@@ -57,7 +58,7 @@ def optimize(
             # before the first optimizer step the policy is the sampling one: its own logprobs are the old
             # ones, exactly (the eval pass differs by rounding, ~1e-7, which would fire LLDS's gate)
             fresh = old is None or (epoch == 0 and mb_index == 0)
-            chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len)
+            chunks = lockstep(micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len), model)
             denom = dist.sum(sum(denominator(mask_cpu[i], loss_cfg) for i in chunks))  # all ranks
             # EPO's mean is over the minibatch's rows that train, on all ranks
             epo_rows = sum(epo_live[r] for r in mb_rows.tolist()) if cfg.epo else 0
@@ -97,9 +98,7 @@ def optimize(
                     (loss * dist.world).backward()
                 trained_tokens += sum(row_len[r] for r in rows)
                 stats.add(st, w)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                trainable_parameters(model), cfg.grad_clip or float("inf")
-            )
+            grad_norm = clip_gradients(trainable_parameters(model), cfg.grad_clip)  # (FSDP2: a plain tensor)
             optimizer.step()
             updates += 1
             metrics["losses/grad_norm"] = stats.read(grad_norm=grad_norm)["grad_norm"]  # the step's one sync
@@ -121,7 +120,7 @@ def _old_logprobs(
     was_training = model.training
     model.eval()
     with torch.no_grad(), autocast(device, cfg.bf16):
-        for idx in micro_batches(B, cfg.micro_batch_rows, lengths=lengths):
+        for idx in lockstep(micro_batches(B, cfg.micro_batch_rows, lengths=lengths), model):
             t = max(lengths[i] for i in idx.tolist()) if lengths else None
             host = HostMasks(*(m[idx, :t] for m in masks)) if masks is not None else None
             idx = to_device(idx, device)

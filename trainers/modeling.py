@@ -30,7 +30,7 @@ def build_policy(cfg: RunConfig, device: torch.device, model: Any = None, tokeni
 
     `model`/`tokenizer` may be passed already loaded (tests build a tiny one); otherwise `cfg.model`.
     """
-    from toolgym.agents.hf import HFPolicy, load_model
+    from toolgym.agents.hf import load_model
 
     if model is None:
         model, tokenizer = load_model(cfg.model, device=str(device), dtype="float32")
@@ -45,6 +45,13 @@ def build_policy(cfg: RunConfig, device: torch.device, model: Any = None, tokeni
         model.gradient_checkpointing_enable()
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
+    return hf_policy(model, tokenizer, device)
+
+
+def hf_policy(model: Any, tokenizer: Any, device: torch.device) -> Any:
+    """The rollout's ``HFPolicy`` over ``model`` (the live model, or fsdp2's full-weight copy)."""
+    from toolgym.agents.hf import HFPolicy
+
     # on CPU a turn continues from the KV cache of the turns before it instead of prefilling the whole
     # conversation again (rollouts and evaluations run between weight updates, which drop the kept caches)
     return HFPolicy(model, tokenizer, batch_size=256, reuse_kv=device.type == "cpu")
@@ -60,9 +67,19 @@ def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextMana
 class Reference:
     """Logprobs of the initial policy for the KL term: the base model with adapters off (LoRA), or a frozen copy."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, frozen: Any = None) -> None:
+        """``frozen``: the initial policy already copied (fsdp2 shards it before the model, which FSDP then
+        cannot copy: trainers/fsdp.py)."""
         self.lora = hasattr(model, "disable_adapter")
-        self.frozen = None if self.lora else copy.deepcopy(model).eval().requires_grad_(False)
+        if frozen is None and not self.lora:
+            from toolgym.trainers.fsdp import initial_copy, is_sharded
+
+            frozen = (
+                initial_copy(model)
+                if is_sharded(model)
+                else copy.deepcopy(model).eval().requires_grad_(False)
+            )
+        self.frozen = frozen
         self.model = model
 
     @contextlib.contextmanager
@@ -90,6 +107,15 @@ def value_head(model: Any) -> torch.nn.Module:
 
 def trainable_parameters(*modules: Any) -> list[torch.nn.Parameter]:
     return [p for m in modules if m is not None for p in m.parameters() if p.requires_grad]
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clips the gradients' total norm to ``max_norm`` (0: no clipping); returns the norm before clipping, a
+    plain tensor also when the parameters are sharded (FSDP2's DTensors give a DTensor norm)."""
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm or float("inf"))
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def make_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.Optimizer:

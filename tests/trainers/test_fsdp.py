@@ -1,0 +1,115 @@
+"""FSDP2 (`parallel: fsdp2`, trainers/fsdp.py) on CPU with gloo: one GRPO step on 2 ranks equals DDP's; the
+rollout's copy holds the stepped weights on every rank; the DCP checkpoint of 2 ranks loads on 1 and on 2
+with the same weights and AdamW state, and a 2-rank run resumes from it; CPU offload runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.processes import run
+from tests.trainers.test_distributed import free_port
+
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+
+
+def torchrun(*args: str, ranks: int = 2) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
+           str(free_port()), str(WORKER), *args]  # fmt: skip
+    proc = run(cmd, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def last_losses(out: Path) -> dict[str, float]:
+    rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    return {k: v for k, v in rec.items() if k.startswith("losses/")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: Any) -> Path:
+    """One GRPO step under DDP and under FSDP2 (2 ranks each), and the FSDP2 checkpoint loaded on 2 ranks."""
+    root = tmp_path_factory.mktemp("fsdp")
+    torchrun("train", str(root / "ddp"), "ddp")
+    torchrun("train", str(root / "fsdp"), "fsdp2")
+    torchrun("load", str(root), str(root / "fsdp" / "checkpoint"))
+    return root
+
+
+@pytest.mark.slow
+def test_fsdp2_step_equals_ddp(runs: Path) -> None:
+    ddp, fsdp = last_losses(runs / "ddp"), last_losses(runs / "fsdp")
+    assert ddp.keys() == fsdp.keys()
+    for k in ddp:
+        assert fsdp[k] == pytest.approx(ddp[k], rel=1e-5, abs=1e-6), k
+    stepped = torch.load(runs / "ddp" / "checkpoint" / "model.pt", weights_only=True)
+    copies = [torch.load(runs / "fsdp" / f"copy{r}.pt", weights_only=True) for r in (0, 1)]
+    for name, w in stepped.items():
+        # the rollout reads the stepped weights, whole, on both ranks (Adam's first step moved every one)
+        assert torch.equal(copies[0][name], copies[1][name]), name
+        torch.testing.assert_close(copies[0][name], w, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_dcp_checkpoint_of_two_ranks_loads_on_one_and_two(runs: Path) -> None:
+    sys.argv = ["fsdp_worker.py", "load", str(runs), str(runs / "fsdp" / "checkpoint")]
+    from tests.trainers import fsdp_worker
+
+    fsdp_worker.load(str(runs), str(runs / "fsdp" / "checkpoint"))  # this process: a group of one
+    one, two = (torch.load(runs / f"loaded{n}.pt", weights_only=False) for n in (1, 2))
+    copy = torch.load(runs / "fsdp" / "copy0.pt", weights_only=True)
+    assert one["weights"].keys() == copy.keys()
+    for name, w in one["weights"].items():
+        assert torch.equal(w, two["weights"][name]) and torch.equal(w, copy[name]), name
+    assert one["optimizer"].keys() == copy.keys()  # AdamW state per parameter name
+    for name, st in one["optimizer"].items():
+        assert set(st) == {"step", "exp_avg", "exp_avg_sq"}
+        for k, t in st.items():
+            assert torch.equal(t, two["optimizer"][name][k]), (name, k)
+        assert float(st["step"]) == 1.0 and st["exp_avg_sq"].abs().sum() > 0, name
+
+
+@pytest.mark.slow
+def test_dcp_checkpoint_loads_without_a_process_group(runs: Path) -> None:
+    """A plain single-process model (parallel=ddp, world 1) reads the sharded checkpoint too."""
+    from tests.trainers.conftest import tiny_model, tiny_tokenizer
+    from toolgym.trainers import checkpoint
+    from toolgym.trainers.modeling import make_optimizer
+
+    model = tiny_model(len(tiny_tokenizer()), seed=7)  # type: ignore[arg-type]
+    opt = make_optimizer(model, 1e-2, 0.0)  # type: ignore[arg-type]
+    progress = checkpoint.load(runs / "fsdp" / "checkpoint", {"model": model}, opt)
+    assert progress.step == 1
+    copy = torch.load(runs / "fsdp" / "copy0.pt", weights_only=True)
+    for name, p in model.named_parameters():  # type: ignore[attr-defined]
+        assert torch.equal(p.detach(), copy[name]), name
+    assert all(float(opt.state[p]["step"]) == 1.0 for p in model.parameters())  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_the_sharded_checkpoint(runs: Path) -> None:
+    out = runs / "fsdp"
+    torchrun("train", str(out), "fsdp2", "steps=2", "resume")
+    steps = [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 2
+    copy = torch.load(out / "copy0.pt", weights_only=True)
+    assert any(not torch.equal(copy[k], v) for k, v in torch.load(runs / "loaded1.pt")["weights"].items())
+
+
+@pytest.mark.slow
+def test_cpu_offload_and_kl_reference_run(runs: Path, tmp_path: Path) -> None:
+    torchrun("train", str(tmp_path), "fsdp2", "offload", "kl")
+    losses = last_losses(tmp_path)
+    assert (
+        losses["losses/grad_norm"] > 0 and losses["losses/kl_ref"] == 0.0
+    )  # the first step: policy = reference
+    assert (tmp_path / "checkpoint" / "reference.pt").is_file()  # the sharded reference is in dcp/ too
+    # the KL term has no gradient at the reference: the step equals the one without offload and reference
+    copy = torch.load(tmp_path / "copy0.pt", weights_only=True)
+    for name, w in torch.load(runs / "loaded1.pt")["weights"].items():
+        torch.testing.assert_close(copy[name], w, rtol=0, atol=1e-6)
