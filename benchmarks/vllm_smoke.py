@@ -70,6 +70,9 @@ def main() -> None:
     ap.add_argument("--model", default="tiny", choices=("tiny", "smollm2-135m"))
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument(
+        "--compile", default="auto", choices=("auto", "on", "off"), help="the update's torch.compile"
+    )
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "vllm_smoke.json"))
     args = ap.parse_args()
 
@@ -90,7 +93,7 @@ def main() -> None:
     cfg = GRPOConfig(
         env_ids=["toolgym/Calculator-v0"], env_kwargs={"prompt_format": "text"}, steps=args.steps,
         prompts_per_step=4, budget=4, max_new_tokens=32, max_total_tokens=1024, lr=1e-5, device="cuda",
-        engine="vllm", engine_memory=0.3, eval_episodes=4, tensorboard=False, progress=False,
+        engine="vllm", engine_memory=0.3, eval_episodes=4, tensorboard=False, progress=False, compile=args.compile,
         output_dir=str(Path(args.out).with_suffix("")) + "_run",
     )  # fmt: skip
     t0 = time.perf_counter()
