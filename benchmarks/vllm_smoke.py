@@ -94,7 +94,7 @@ def main() -> None:
         env_ids=["toolgym/Calculator-v0"], env_kwargs={"prompt_format": "text"}, steps=args.steps,
         prompts_per_step=4, budget=4, max_new_tokens=32, max_total_tokens=1024, lr=1e-5, device="cuda",
         engine="vllm", engine_memory=0.3, eval_episodes=4, tensorboard=False, progress=False, compile=args.compile,
-        output_dir=str(Path(args.out).with_suffix("")) + "_run",
+        output_dir="/tmp/vllm_smoke_run",  # (its checkpoint stays on the machine: $OUT gets the JSON only)
     )  # fmt: skip
     t0 = time.perf_counter()
     metrics = train(cfg, model, tok)  # (makes the VLLMPolicy: made[0])
