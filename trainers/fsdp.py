@@ -154,7 +154,7 @@ class RolloutCopy:
                 "RolloutCopy needs the model before fully_shard (FSDP modules cannot be copied)"
             )
         self.model = copy.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False)
-        if getattr(self.model, "is_gradient_checkpointing", False):
+        if hasattr(self.model, "gradient_checkpointing_disable"):
             self.model.gradient_checkpointing_disable()  # it only generates
         self.dtype = dtype
         self.syncs = 0

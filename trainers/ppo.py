@@ -19,7 +19,8 @@ Departures from the papers:
    is not implemented (its formula is unverified; docs/trainer.md).
 4. Old logprobs are the trainer's (recomputed); engine/trainer mismatch is corrected by TIS (see grpo.py).
 5. Rollouts are independent samples (no branching): trees of depth one.
-6. Single process only (torchrun data parallel is in the GRPO loop).
+6. Single process only (torchrun data parallel is in the GRPO loop); `parallel: fsdp2` shards the policy
+   trunk and the value head over a group of one (bf16 compute, CPU offload; trainers/fsdp.py).
 9. The add-ons (addons.py) run here as in GRPO: success replay + task selection (a
    replayed row's values come from the current critic), EPO's entropy terms, and `critic="hiper"`:
    HiPER's HAE with one value head (hiper.hae_gae; docs/trainer.md "Add-ons").
@@ -41,6 +42,7 @@ from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards, turn_gae
 from toolgym.trainers.batch import TrainBatch, collate, final_values, forward, micro_batches
 from toolgym.trainers.config import warn_inert
+from toolgym.trainers.distributed import Dist
 from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
 from toolgym.trainers.hiper import hae_gae, row_plans
 from toolgym.trainers.loss import PolicyBatch, StatLog, denominator, kl_penalty, policy_loss, value_loss
@@ -49,6 +51,7 @@ from toolgym.trainers.modeling import (
     Reference,
     autocast,
     build_policy,
+    clip_gradients,
     pick_device,
     trainable_parameters,
     value_head,
@@ -74,8 +77,11 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     device = pick_device(cfg.device, cfg.threads)
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device, model, tokenizer)
-    model = policy.model
+    dist = Dist()  # one process; parallel=fsdp2 shards over a group of one (offload, bf16 compute)
+    policy, model = dist.hybrid(policy, cfg, device)
     head = value_head(model).to(device)
+    if dist.fsdp is not None:
+        head = dist.fsdp.shard_extra(head)  # the value model = the sharded trunk + this head
     optimizer = torch.optim.AdamW(
         [
             {"params": trainable_parameters(model), "lr": cfg.lr},
@@ -94,6 +100,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         folder = out / "checkpoint"
         present = {k: m for k, m in modules.items() if k != "reference" or (folder / f"{k}.pt").is_file()}
         progress = checkpoint.load(folder, present, optimizer)
+        dist.after_update()  # fsdp2: the rollout's copy gets the loaded weights
     log = MetricsLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
     roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs, env_backend=cfg.env_workers)
@@ -224,12 +231,12 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
                     (pl + cfg.vf_coef * vl).backward()
                     trained_tokens += sum(row_len[r] for r in idx_rows)
                     loss_stats.add(st | vst, sum(row_mask[r] for r in idx_rows))
-                params = trainable_parameters(model, head)
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
+                grad_norm = clip_gradients(trainable_parameters(model, head), cfg.grad_clip)
                 optimizer.step()
                 metrics["losses/grad_norm"] = loss_stats.read(grad_norm=grad_norm)[
                     "grad_norm"
                 ]  # the one sync
+        dist.after_update()  # fsdp2: the rollout's copy gets the new weights
         metrics |= {f"losses/{k}": v for k, v in loss_stats.means().items()} if loss_stats.weight else {}
         addons.end_step(metrics)
         metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
@@ -252,6 +259,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         bar.close()
     log.plot()
     log.close()
+    dist.close()
     return metrics
 
 

@@ -1,6 +1,6 @@
 """Run by test_fsdp.py under torchrun (gloo processes on CPU).
 
-``train OUT PARALLEL [offload] [kl]``: one GRPO step (checkpoint saved), each rank's rollout copy after the
+``train OUT PARALLEL [offload] [kl] [gc] [steps=N] [resume]``: one GRPO step (checkpoint saved), each rank's rollout copy after the
 step's weight sync written to OUT/copy{rank}.pt. ``load OUT CKPT``: a fresh sharded model and AdamW load CKPT;
 rank 0 writes the full weights and optimizer state to OUT/loaded{world}.pt.
 """
@@ -45,6 +45,8 @@ def train(out: str, parallel: str, extra: list[str]) -> None:
 
     Dist.after_update = after_update  # type: ignore[method-assign]
     kw: dict[str, Any] = {"fsdp_offload": "offload" in extra}
+    if "gc" in extra:
+        kw["gradient_checkpointing"] = True
     if "kl" in extra:
         kw["kl_coef"] = 0.05
     steps = [a for a in extra if a.startswith("steps=")]

@@ -1,6 +1,7 @@
 """FSDP2 (`parallel: fsdp2`, trainers/fsdp.py) on CPU with gloo: one GRPO step on 2 ranks equals DDP's; the
 rollout's copy holds the stepped weights on every rank; the DCP checkpoint of 2 ranks loads on 1 and on 2
-with the same weights and AdamW state, and a 2-rank run resumes from it; CPU offload runs."""
+with the same weights and AdamW state, and a 2-rank run resumes from it; CPU offload with activation
+checkpointing and a sharded KL reference takes the same step; PPO's sharded value model equals plain PPO's."""
 
 from __future__ import annotations
 
@@ -102,14 +103,42 @@ def test_two_ranks_resume_the_sharded_checkpoint(runs: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cpu_offload_and_kl_reference_run(runs: Path, tmp_path: Path) -> None:
-    torchrun("train", str(tmp_path), "fsdp2", "offload", "kl")
+def test_cpu_offload_checkpointing_and_kl_reference_run(runs: Path, tmp_path: Path) -> None:
+    torchrun("train", str(tmp_path), "fsdp2", "offload", "kl", "gc")
     losses = last_losses(tmp_path)
     assert (
         losses["losses/grad_norm"] > 0 and losses["losses/kl_ref"] == 0.0
     )  # the first step: policy = reference
     assert (tmp_path / "checkpoint" / "reference.pt").is_file()  # the sharded reference is in dcp/ too
-    # the KL term has no gradient at the reference: the step equals the one without offload and reference
+    # the KL term has no gradient at the reference: the step equals the one without offload, reference and
+    # activation checkpointing
     copy = torch.load(tmp_path / "copy0.pt", weights_only=True)
     for name, w in torch.load(runs / "loaded1.pt")["weights"].items():
         torch.testing.assert_close(copy[name], w, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ppo_value_model_sharded_in_one_process(tmp_path: Path, tokenizer: Any) -> None:
+    """PPO under parallel=fsdp2 (a group of one: trunk and value head sharded, rollout on the copy) takes the
+    same step as plain PPO, and resumes from its DCP checkpoint."""
+    from tests.trainers.conftest import register_fake_env, tiny_model
+    from tests.trainers.test_train import SMALL
+    from toolgym.trainers.ppo import PPOConfig
+    from toolgym.trainers.ppo import train as train_ppo
+
+    register_fake_env()
+    runs = {}
+    for parallel in ("ddp", "fsdp2"):
+        out = tmp_path / parallel
+        train_ppo(
+            PPOConfig(output_dir=str(out), **SMALL, steps=1, parallel=parallel),
+            tiny_model(len(tokenizer)),
+            tokenizer,
+        )
+        runs[parallel] = last_losses(out)
+    for k, v in runs["ddp"].items():
+        assert runs["fsdp2"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    assert (tmp_path / "fsdp2" / "checkpoint" / "dcp").is_dir()
+    cfg = PPOConfig(output_dir=str(tmp_path / "fsdp2"), **SMALL, steps=2, parallel="fsdp2", resume=True)
+    train_ppo(cfg, tiny_model(len(tokenizer), seed=5), tokenizer)
+    assert json.loads((tmp_path / "fsdp2" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
