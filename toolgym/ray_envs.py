@@ -355,3 +355,129 @@ def tree_envs(env_kwargs: dict[str, Any], snapshots: bool, env_workers: str) -> 
     if spec is None:
         return TreeEnvs(env_kwargs, snapshots)
     return RayTreeEnvs(env_kwargs, snapshots, RayEnvWorkers(spec))
+
+
+class LocalCluster:
+    """A Ray cluster of ``nodes`` nodes on this machine (``ray start --block``: a head and workers, each with
+    its own ports, temp dir and ``num_cpus``), for tests and benchmarks; ``stop`` (or leaving the ``with``)
+    ends each ``ray start`` and its process group, by id. ``address`` is the ``env_workers`` value
+    (``ray:127.0.0.1:PORT``); ``start_s`` how long the start took until every node was alive.
+
+    ``env``: extra environment variables for the nodes (their workers inherit them, e.g. ``PYTHONPATH``
+    for env classes that only the driver's path holds). ``start`` connects this process to the cluster (it
+    waits for the nodes through it); ``stop`` disconnects it."""
+
+    def __init__(self, nodes: int = 2, num_cpus: int = 1, env: dict[str, str] | None = None) -> None:
+        self.nodes, self.num_cpus, self.extra_env = nodes, num_cpus, dict(env or {})
+        self.procs: list[Any] = []
+        self.dirs: list[str] = []
+        self.logs: list[Any] = []
+        self.address = ""
+        self.start_s = 0.0
+
+    def start(self) -> LocalCluster:
+        import subprocess
+        import tempfile
+        import time
+
+        t0 = time.perf_counter()
+        gcs, client, *agents = _free_ports(2 + self.nodes)
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **self.extra_env}
+        common = ["--block", "--num-cpus", str(self.num_cpus), "--disable-usage-stats",
+                  "--object-store-memory", str(80 * 2**20), "--node-ip-address", "127.0.0.1"]  # fmt: skip
+        try:
+            for i in range(self.nodes):
+                # short paths: Ray's unix sockets live under the temp dir (a socket path holds <= 107 bytes)
+                self.dirs.append(tempfile.mkdtemp(prefix=f"rn{i}", dir="/tmp"))
+                log = open(os.path.join(self.dirs[-1], "start.log"), "wb")  # noqa: SIM115 (closed in stop)
+                self.logs.append(log)
+                where = (["--head", "--port", str(gcs), "--ray-client-server-port", str(client),
+                          "--include-dashboard", "false", "--temp-dir", self.dirs[-1]]
+                         if i == 0 else ["--address", f"127.0.0.1:{gcs}"])  # fmt: skip
+                cmd = ["ray", "start", *where, "--dashboard-agent-listen-port", str(agents[i]), *common]
+                self.procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                   start_new_session=True))  # fmt: skip
+                if i == 0:
+                    self._wait(lambda: _port_open(gcs), 90, "the head node's GCS")
+            self.address = f"ray:127.0.0.1:{gcs}"
+            ray = connect(RaySpec(address=f"127.0.0.1:{gcs}"))  # this process is the cluster's driver
+            self._wait(
+                lambda: sum(n["Alive"] for n in ray.nodes()) == self.nodes, 90, f"{self.nodes} live nodes"
+            )
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def _wait(self, ok: Callable[[], bool], timeout: float, what: str) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not ok():
+            for p, log in zip(self.procs, self.logs, strict=False):
+                if p.poll() is not None:
+                    raise InfrastructureError(f"ray start exited ({p.returncode}): {_tail(log.name)}")
+            if time.monotonic() > deadline:
+                raise InfrastructureError(f"{what}: not up after {timeout} s: {_tail(self.logs[-1].name)}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        import shutil
+        import signal
+        import subprocess
+
+        if self.address:
+            from ray import shutdown
+
+            shutdown()  # the driver's connection first: its workers are the nodes' children
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)  # --block stops its node's processes on SIGTERM
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=10)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)  # whatever outlived it in its group
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+        self.procs = []
+        for f in self.logs:
+            f.close()
+        self.logs = []
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        self.dirs = []
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-2000:]
+    except OSError:
+        return ""

@@ -1,6 +1,7 @@
 """Envs as Ray actors (toolgym/ray_envs.py) on a 2-node Ray cluster this module starts on this machine: a head
 and a worker node (`ray start --block`, each with its own ports and temp dir, 1 CPU), stopped by the
-fixture's finalizer (the two `ray start` processes and their process groups, by id).
+fixture's finalizer (`toolgym.ray_envs.LocalCluster`: the two `ray start` processes and their process
+groups, by id).
 
 An episode through Ray equals the same episode in-process (Calculator-v0, the test env with forks, and
 Coding-v0 on the docker sandbox when it is up); a worker killed mid-episode is that episode's `env_error`
@@ -9,14 +10,9 @@ and the next episode runs on a new actor; a GRPO step with a tiny CPU model runs
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,83 +54,21 @@ def test_config_and_cli_take_env_workers() -> None:
 
 
 # ----- the cluster -----------------------------------------------------------------------------------------
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stops one `ray start --block` and every process it started (its own process group), by id."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)  # --block stops its node's processes on SIGTERM
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # whatever outlived it in its group
-    proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """The address (`ray:127.0.0.1:PORT`) of a head and a worker node on this machine, 1 CPU each."""
     pytest.importorskip("ray")
     import ray
 
+    from toolgym.ray_envs import LocalCluster
+
     if ray.is_initialized():
         pytest.skip("this process is already connected to another Ray cluster")
-    gcs, client, agent_a, agent_b = _free_ports(4)
-    env = {
-        **os.environ,
-        "RAY_USAGE_STATS_ENABLED": "0",
-        # the workers import the test envs (tests/testing_env.py) that this process registers
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    }
-    common = ["--block", "--num-cpus", "1", "--object-store-memory", str(80 * 2**20), "--disable-usage-stats"]
-    procs: list[subprocess.Popen[bytes]] = []
-    dirs = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
-    logs = [open(Path(d) / "start.log", "wb") for d in dirs]  # noqa: SIM115 (closed in the finalizer)
-    t0 = time.perf_counter()
-    try:
-        head = ["ray", "start", "--head", "--port", str(gcs), "--node-ip-address", "127.0.0.1",
-                "--ray-client-server-port", str(client), "--include-dashboard", "false",
-                "--dashboard-agent-listen-port", str(agent_a), "--temp-dir", dirs[0], *common]  # fmt: skip
-        procs.append(subprocess.Popen(head, env=env, stdout=logs[0], stderr=subprocess.STDOUT,
-                                      start_new_session=True))  # fmt: skip
-        _wait_for(lambda: _port_open(gcs), 60, "the head node's GCS", logs[0].name)
-        worker = ["ray", "start", "--address", f"127.0.0.1:{gcs}", "--node-ip-address", "127.0.0.1",
-                  "--dashboard-agent-listen-port", str(agent_b), *common]  # fmt: skip
-        procs.append(subprocess.Popen(worker, env=env, stdout=logs[1], stderr=subprocess.STDOUT,
-                                      start_new_session=True))  # fmt: skip
-        ray.init(address=f"127.0.0.1:{gcs}", log_to_driver=False, logging_level="WARNING")
-        _wait_for(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, 60, "two live nodes", logs[1].name)
-        print(f"\n2-node Ray cluster up in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        yield f"ray:127.0.0.1:{gcs}"
-    finally:
-        ray.shutdown()
-        for p in reversed(procs):
-            _stop(p)
-        for f in logs:
-            f.close()
-        subprocess.run(["rm", "-rf", *dirs], check=False)
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _wait_for(ok: Any, timeout: float, what: str, log: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not up after {timeout} s; log: {Path(log).read_text()[-2000:]}")
-        time.sleep(0.2)
+    # the workers import the test envs (tests/testing_env.py) that this process registers
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    with LocalCluster(nodes=2, num_cpus=1, env={"PYTHONPATH": path}) as local:
+        print(f"\n2-node Ray cluster up in {local.start_s:.1f} s", file=sys.stderr)
+        yield local.address
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +112,8 @@ def test_sandbox_episode_matches(workers: Any) -> None:
     problem = docker_problem(Limits().image)
     if problem is not None:
         pytest.skip(f"the sandbox-backed episode needs the docker sandbox: {problem}")
-    kwargs = {"prompt_format": "text", "sandbox": "docker"}
+    # a sandbox pool per worker process: one box for the interpreter, one for grading
+    kwargs = {"prompt_format": "text", "sandbox": "docker", "sandbox_options": {"pool_size": 2}}
     remote = workers.make("toolgym/Coding-v0", kwargs)
     local = gym.make("toolgym/Coding-v0", **kwargs)
     try:
