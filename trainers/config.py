@@ -25,7 +25,8 @@ from toolgym.errors import ConfigError
 C = TypeVar("C", bound="RunConfig")
 
 # the accepted values of the categorical options, here (no torch) so configs and the CLI can list them
-Engine = Literal["auto", "fast", "hf"]
+Engine = Literal["auto", "fast", "hf", "vllm"]
+WeightSync = Literal["auto", "nccl", "disk", "none"]
 RatioLevel = Literal["token", "sequence", "turn"]
 KlEstimator = Literal["k1", "k2", "k3", "k3+"]
 Agg = Literal["token_mean", "seq_mean", "seq_mean_token_sum", "constant"]
@@ -144,6 +145,21 @@ class RunConfig:
             "help": "most of the free GPU memory the fast engine's KV cache takes (lower when runs share a GPU)"
         },
     )
+    rollout_servers: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "engine=vllm: OpenAI-compatible servers to roll out on (URL,...); none: vLLM in-process"
+        },
+    )
+    weight_sync: WeightSync = field(
+        default="auto",
+        metadata=choices(
+            "engine=vllm with rollout_servers: how new weights reach them (auto: nccl)", get_args(WeightSync)
+        ),
+    )
+    weight_sync_folder: str = field(
+        default="", metadata={"help": "weight_sync=disk: a folder the trainer writes and every server reads"}
+    )
     # --- optimization
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
@@ -219,6 +235,8 @@ class RunConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         check_memory(self.engine_memory)
+        if self.rollout_servers and self.engine != "vllm":
+            raise ConfigError("rollout_servers needs engine=vllm")
         from toolgym.ray_envs import parse_env_workers  # (imports no torch)
 
         parse_env_workers(self.env_workers)

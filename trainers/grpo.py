@@ -109,6 +109,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     policy = choose_engine(  # our decode engine (agents/engine) over the same live weights, or HFPolicy
         policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget,
         capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main, memory=cfg.engine_memory,
+        servers=cfg.rollout_servers, weight_sync=cfg.weight_sync, sync_folder=cfg.weight_sync_folder, seed=cfg.seed,
     )  # fmt: skip
     branch = cfg.branch_policy(vocab_size(model))
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)  # fused AdamW on CUDA
@@ -249,7 +250,8 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             metrics[f"rollout/dropped_{name}"] = float(n)
         metrics["rollout/kept_rows"] = float(sum(keep))
 
-        # 4. optimize (see `optimize`)
+        # 4. optimize (see `optimize`); a colocated vLLM sleeps meanwhile (its GPU memory is the update's)
+        getattr(policy, "sleep", lambda: None)()
         metrics |= optimize(
             cfg, step, batch, model, trainer, optimizer, ref=ref, dist=dist, addons=addons, fwd=fwd
         )

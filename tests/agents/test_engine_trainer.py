@@ -85,4 +85,4 @@ def test_auto_keeps_hf_on_cpu_and_fast_refuses_other_architectures(
     with pytest.raises(ConfigError, match="engine=hf"):
         choose_engine(gpt2, "fast", rows=8, capacity=256)
     with pytest.raises(ConfigError, match="engine must be"):
-        choose_engine(hf, "vllm", rows=8, capacity=256)
+        choose_engine(hf, "tgi", rows=8, capacity=256)

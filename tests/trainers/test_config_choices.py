@@ -15,7 +15,7 @@ BAD = [
     (GRPOConfig, "is_mode", "x", "token_truncate"),
     (GRPOConfig, "shared", "foo", "repeat, once"),
     (GRPOConfig, "branching", "bogus", "turn_entropy"),
-    (GRPOConfig, "engine", "vllm", "auto, fast, hf"),
+    (GRPOConfig, "engine", "tgi", "auto, fast, hf, vllm"),
     (PPOConfig, "critic", "x", "token, turn"),
     (PPOConfig, "ratio_level", "x", "token, sequence, turn"),
 ]

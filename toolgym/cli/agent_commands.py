@@ -57,6 +57,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model-name", default=None, help="the name /v1/models reports")
     p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument(
+        "--threads", type=int, default=0,
+        help="torch CPU threads on a CPU (0: half the cores, at most 4; torch's default of every core is slow)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 
@@ -206,9 +210,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "the scripted agent needs the env itself, so it cannot be served: use hf:… or openai:…"
         )
     server = PolicyServer(
-        policy, host=args.host, port=args.port, model_name=args.model_name, max_batch=args.max_batch
+        policy, host=args.host, port=args.port, model_name=args.model_name, max_batch=args.max_batch,
+        threads=args.threads,
+    )  # fmt: skip
+    print(
+        f"serving {policy.name} at {server.url} (POST /chat/completions, /completions); Ctrl-C stops",
+        flush=True,
     )
-    print(f"serving {policy.name} at {server.url} (POST /chat/completions); Ctrl-C stops", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
     return 0
