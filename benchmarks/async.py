@@ -148,9 +148,10 @@ def speed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 retriever_url=url, num_passages=passages, max_turns=4, action_format="tags", prompt_format="text",
                 hops=2,
             ),
-            model=args.model, steps=args.steps, prompts_per_step=args.prompts, budget=args.budget,
+            model=args.model or "smollm2-135m", steps=args.steps, prompts_per_step=args.prompts, budget=args.budget,
             max_new_tokens=args.max_new_tokens, max_total_tokens=2048, lr=1e-6, micro_batch_rows=16,
             eval_episodes=4, tensorboard=False, progress=False, is_mode="token_mask", is_min=0.2, is_max=5.0,
+            filter_zero_variance=False,  # every step runs the full update (a 135M model often scores all 0)
         )  # fmt: skip
         if args.quick:
             base.update(
@@ -206,6 +207,8 @@ def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     cfg = load_yaml(LEARNING_YAML)
     cfg.pop("algorithm", None)
     cfg.update(progress=False, tensorboard=False, save_every=0, seed=args.seed)
+    if args.model:
+        cfg["model"] = args.model
     if args.quick:
         cfg.update(steps=6, prompts_per_step=2, budget=4, max_new_tokens=16, max_total_tokens=512, eval_every=3,
                    eval_episodes=4, device="cpu", threads=1)  # fmt: skip
@@ -342,7 +345,9 @@ def main() -> int:
     p.add_argument("--mode", choices=["sync", "async", "both"], default="both", help="learning: which run(s)")
     p.add_argument("--quick", action="store_true", help="CPU smoke test with a tiny random model")
     p.add_argument("--report", action="store_true", help="only rewrite the .md (and plot) from the .json")
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument(
+        "--model", default=None, help="a model name or folder (default: smollm2-135m; learning: the YAML's)"
+    )
     p.add_argument("--staleness", type=int, default=2, help="speed: max_staleness of the asynchronous run")
     p.add_argument("--learning-staleness", type=int, default=2)
     p.add_argument("--steps", type=int, default=14)

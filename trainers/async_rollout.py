@@ -33,6 +33,9 @@ Departures from AReaL / verl / prime-rl (docs/trainer.md, "Asynchronous rollouts
    Held caches of finished turns are dropped at the change (the next turn prefills under the new weights).
 3. The actor is a full copy of the weights (one more copy on the GPU; the engine's packed copy is a third).
 4. One process: the layouts with separate rollout and learner GPUs (weights over NCCL) are not built yet.
+5. CUDA graphs: the worker's engine captures every decode bucket before the worker starts (a capture while
+   the learner's kernels run from the other thread fails), and the learner's own engine, which only runs the
+   evaluations, decodes without graphs.
 """
 
 from __future__ import annotations
@@ -238,4 +241,30 @@ def actor_policy(cfg: Any, policy: Any, device: torch.device, version: int) -> t
         hf, cfg.engine, rows=cfg.prompts_per_step * cfg.budget, capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8,
         quiet=True, memory=cfg.engine_memory,
     )  # fmt: skip
+    precapture(rollout, cfg)
+    learner_engine = getattr(policy, "engine", None)
+    if learner_engine is not None:  # evaluations would capture graphs while the worker decodes
+        learner_engine.runner.cuda_graphs = False
     return ActorWeights(policy.model, actor, version), rollout
+
+
+def precapture(policy: Any, cfg: Any) -> int:
+    """Captures the CUDA graph of every decode bucket of `policy`'s engine for the training sampling mode, now,
+    before the worker starts: a capture later, while the learner's kernels run on the default stream from the
+    other thread, would fail (work on the legacy stream during a capture). Returns the graphs captured."""
+    engine = getattr(policy, "engine", None)
+    runner = getattr(engine, "runner", None)
+    if runner is None or not runner.cuda_graphs:
+        return 0
+    from toolgym.agents.engine.engine_policy import mode_of
+    from toolgym.trainers.rollout import _sampling
+
+    mode = mode_of(_sampling(cfg.rollout_config(), cfg.max_new_tokens, 0), getattr(policy, "top_k", 0))
+    n = 0
+    with torch.no_grad():
+        for b in runner.buckets:
+            if (b, mode) not in runner._graphs:
+                runner._graphs[(b, mode)] = runner._capture(b, mode)
+                n += 1
+    runner.sync()
+    return n
