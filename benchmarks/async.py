@@ -22,6 +22,7 @@ into benchmarks/results/async.{json,md}:
     python benchmarks/async.py --part learning --mode sync  --minutes 4     # GPU, ~5 min
     python benchmarks/async.py --part learning --mode async --minutes 4     # GPU, ~5 min
     python benchmarks/async.py --report                 # rewrite async.md from async.json
+    python benchmarks/async.py --merge A.json B.json    # merge the device calls' results into async.json/.md
 """
 
 from __future__ import annotations
@@ -346,6 +347,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="CPU smoke test with a tiny random model")
     p.add_argument("--report", action="store_true", help="only rewrite the .md (and plot) from the .json")
     p.add_argument(
+        "--merge", type=Path, nargs="+", help="merge these result .json files (device calls) into --out"
+    )
+    p.add_argument(
         "--model", default=None, help="a model name or folder (default: smollm2-135m; learning: the YAML's)"
     )
     p.add_argument("--staleness", type=int, default=2, help="speed: max_staleness of the asynchronous run")
@@ -355,7 +359,7 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--budget", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--passages", type=int, default=100_000)
+    p.add_argument("--passages", type=int, default=50_000)
     p.add_argument("--minutes", type=float, default=4.0, help="learning: wall minutes per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS / "async")
@@ -371,7 +375,16 @@ def main() -> int:
             Path(tempfile.gettempdir()) / "async_quick.md",
         )
     data: dict[str, Any] = json.loads(json_path.read_text()) if json_path.exists() else {}
-    if not args.report:
+    for extra in args.merge or []:  # results of separate device calls: runs and commands accumulate
+        got = json.loads(extra.read_text())
+        commands = data.get("commands", []) + [
+            c for c in got.get("commands", []) if c not in data.get("commands", [])
+        ]
+        learning_runs = (data.get("async_learning") or {}) | (got.get("async_learning") or {})
+        data |= got
+        data["commands"], data["async_learning"] = commands, learning_runs
+        data["async_learning_summary"] = learning_summary(learning_runs)
+    if not args.report and not args.merge:
         work = args.work or Path(tempfile.mkdtemp(prefix="async_bench_"))
         data.setdefault("commands", [])
         cmd = "python benchmarks/async.py " + " ".join(sys.argv[1:])
