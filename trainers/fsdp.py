@@ -145,6 +145,16 @@ def full_tensors(model: Any, dtype: torch.dtype | None = None) -> Iterator[tuple
         yield name, full_tensor(p, dtype)
 
 
+def copy_weights(model: Any, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Any:
+    """A frozen deep copy of ``model`` whose parameters are made straight in ``dtype`` on ``device`` (no
+    full-precision copy in between: for a 7B model that transient would be 28 GB)."""
+    memo: dict[int, Any] = {
+        id(p): torch.nn.Parameter(p.detach().to(device=device, dtype=dtype, copy=True), requires_grad=False)
+        for p in model.parameters()
+    }
+    return copy.deepcopy(model, memo).requires_grad_(False)
+
+
 class RolloutCopy:
     """The rollout's full-weight copy of a model that is about to be sharded (module docstring)."""
 
@@ -153,7 +163,7 @@ class RolloutCopy:
             raise ConfigError(
                 "RolloutCopy needs the model before fully_shard (FSDP modules cannot be copied)"
             )
-        self.model = copy.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False)
+        self.model = copy_weights(model, dtype=dtype).eval()
         if hasattr(self.model, "gradient_checkpointing_disable"):
             self.model.gradient_checkpointing_disable()  # it only generates
         self.dtype = dtype
@@ -247,7 +257,7 @@ class Sharded:
         cuda = self.device.type == "cuda"
         self.copy = RolloutCopy(model, torch.bfloat16 if cuda and self.bf16 else torch.float32)
         if keep_reference:  # the initial policy, sharded like the model but never stepped
-            ref = copy.deepcopy(model).eval().requires_grad_(False)
+            ref = copy_weights(model, device=torch.device("cpu")).eval()  # fully_shard moves its shards
             self.reference = shard(ref, self.device, bf16=self.bf16, offload=self.offload)
         self.model = shard(model, self.device, bf16=self.bf16, offload=self.offload)
         if self.reference is not None:

@@ -2,7 +2,8 @@
 
 ``train OUT PARALLEL [offload] [kl] [gc] [steps=N] [resume]``: one GRPO step (checkpoint saved), each rank's rollout copy after the
 step's weight sync written to OUT/copy{rank}.pt. ``load OUT CKPT``: a fresh sharded model and AdamW load CKPT;
-rank 0 writes the full weights and optimizer state to OUT/loaded{world}.pt.
+rank 0 writes the full weights and optimizer state to OUT/loaded{world}.pt. ``lockstep OUT -``: ranks with
+unequal micro-batch counts run in lockstep (OUT/lockstep{rank}.pt: each rank's micro-batches).
 """
 
 from __future__ import annotations
@@ -84,6 +85,29 @@ def load(out: str, ckpt: str) -> None:
     dist.destroy_process_group()
 
 
+def lockstep_run(out: str) -> None:
+    """Rank 0 holds 5 rows in 3 micro-batches, rank 1 holds 2 rows in 1: both run 2 (forward + backward each)."""
+    import torch
+    import torch.distributed as dist
+
+    from tests.trainers.conftest import tiny_model
+    from toolgym.trainers.batch import micro_batches
+    from toolgym.trainers.fsdp import lockstep, shard
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = tiny_model(300)
+    shard(model, torch.device("cpu"), bf16=False, offload=False)
+    n = 5 if rank == 0 else 2
+    chunks = lockstep(micro_batches(n, 2), model)
+    for idx in chunks:
+        ids = torch.randint(0, 300, (len(idx), 4), generator=torch.Generator().manual_seed(rank))
+        model(input_ids=ids).logits.sum().backward()  # every forward and backward is a collective
+    torch.save([c.tolist() for c in chunks], f"{out}/lockstep{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def full_state(model: Any, optimizer: Any) -> dict[str, Any]:
     """AdamW's state keyed by parameter name, full tensors (a collective when sharded)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -100,6 +124,8 @@ def main() -> None:
     mode, out, arg, *extra = sys.argv[1:]
     if mode == "train":
         train(out, arg, extra)
+    elif mode == "lockstep":
+        lockstep_run(out)
     else:
         load(out, arg)
 
