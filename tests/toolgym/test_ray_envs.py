@@ -169,6 +169,16 @@ def test_tree_rollout_through_ray_equals_threads(cluster: str, env_id: str) -> N
     assert len(forests[0][0].leaves()) == 3
 
 
+def test_toolgym_eval_runs_envs_on_ray(cluster: str, tmp_path: Path) -> None:
+    from toolgym.cli import main
+
+    argv = ["eval", CALC, "--agent", "scripted", "--episodes", "2", "--env-workers", cluster,
+            "--env-kwargs", '{"prompt_format": "text"}', "--out", str(tmp_path), "--no-report", "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and all('"success": true' in ln for ln in lines)
+
+
 # ----- faults ----------------------------------------------------------------------------------------------
 class _Killer:
     """A message-level policy that plays the expert and kills its env's worker before the turn of episode
