@@ -186,7 +186,7 @@ def _load_dcp(folder: Path, modules: dict[str, Any], optimizer: torch.optim.Opti
     )
 
     box = _container(modules)
-    state = {"model": get_model_state_dict(box), "optimizer": get_optimizer_state_dict(box, optimizer)}
-    dcp.load(state, checkpoint_id=str(folder / "dcp"))
-    set_model_state_dict(box, state["model"])
-    set_optimizer_state_dict(box, optimizer, state["optimizer"])
+    weights, adam = get_model_state_dict(box), get_optimizer_state_dict(box, optimizer)
+    dcp.load({"model": weights, "optimizer": adam}, checkpoint_id=str(folder / "dcp"))  # fills both in place
+    set_model_state_dict(box, weights)
+    set_optimizer_state_dict(box, optimizer, adam)

@@ -85,7 +85,7 @@ def join_single_rank(device: torch.device) -> bool:
     return True
 
 
-def layer_classes(model: Any) -> tuple[type, ...]:
+def layer_classes(model: Any) -> tuple[type[torch.nn.Module], ...]:
     """The model's decoder-layer classes (HF lists them in ``_no_split_modules``)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = set(getattr(base, "_no_split_modules", None) or ())
@@ -113,9 +113,9 @@ def shard(model: Any, device: torch.device, *, bf16: bool, offload: bool, layers
     off = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
     if layers:
         kinds = layer_classes(model)
-        for m in list(model.modules()):
-            if isinstance(m, kinds):
-                fully_shard(m, mesh=mesh, mp_policy=mp, offload_policy=off)
+        layer_modules: list[torch.nn.Module] = [m for m in model.modules() if isinstance(m, kinds)]
+        for m in layer_modules:
+            fully_shard(m, mesh=mesh, mp_policy=mp, offload_policy=off)
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=off)
     return model
 
