@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.testing_env import VowelCountEnv
-from tests.trainers.conftest import FAKE_ENV, register_fake_env, tiny_model
+from tests.trainers.conftest import register_fake_env, tiny_model
 from tests.trainers.test_train import SMALL, assert_namespaced, records, snapshot
 from toolgym.agents.hf import HFPolicy
 from toolgym.errors import ConfigError
@@ -102,7 +102,13 @@ def test_async_resume_continues(tmp_path: Path, tokenizer: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [dict(refill=True), dict(task_pool=4), dict(curriculum={"knobs": {"digits": [1, 2]}}), dict(max_staleness=-1)]
+    "bad",
+    [
+        dict(refill=True),
+        dict(task_pool=4),
+        dict(curriculum={"knobs": {"digits": [1, 2]}}),
+        dict(max_staleness=-1),
+    ],
 )
 def test_unsupported_combinations_are_config_errors(bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
@@ -156,7 +162,9 @@ def _fake_learner(
 
 
 @pytest.mark.parametrize("max_staleness", [1, 3])
-def test_worker_loses_no_sample_and_tags_each_token_with_its_version(tokenizer: Any, max_staleness: int) -> None:
+def test_worker_loses_no_sample_and_tags_each_token_with_its_version(
+    tokenizer: Any, max_staleness: int
+) -> None:
     steps = 6
     got, versions, pipe = _fake_learner(tokenizer, max_staleness=max_staleness, steps=steps, continuous=False)
     assert pipe.taken == list(range(1, steps + 1))  # each batch trained once, in order
@@ -165,7 +173,7 @@ def test_worker_loses_no_sample_and_tags_each_token_with_its_version(tokenizer: 
     seen_old = False
     for b in got:
         assert len(b.forest) == 2 and all(len(t.leaves()) == 3 for t in b.forest)  # every sample came back
-        mean, worst = staleness(b.forest, b.step)
+        _, worst = staleness(b.forest, b.step)
         assert 0 <= worst <= max_staleness
         seen_old |= worst > 0
         for tree in b.forest:
