@@ -102,3 +102,5 @@ def test_two_tiny_iterations(tmp_path: Path) -> None:
     assert all(summaries[1]["space"][r] >= n for r, n in summaries[0]["space"].items())
     assert json.loads((tmp_path / "summary.json").read_text())["iterations"][1]["iteration"] == 2
     assert np.isfinite(summaries[1]["dpo"]["last"]["dpo/loss"])
+    again = run(cfg, model, tok)  # finished iterations are read back (resume), not run again
+    assert [s["pairs"] for s in again] == [s["pairs"] for s in summaries]

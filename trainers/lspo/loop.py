@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -265,8 +266,9 @@ def solve(space: LatentSpace, iterations: int, n_players: int, seed: int) -> Reg
 
 
 def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[str, Any]]:
-    """``cfg.iterations`` LSPO iterations; each writes ``out/iter_N/`` (space.json, summary.json, model/) and
-    the list of summaries is returned."""
+    """``cfg.iterations`` LSPO iterations; each writes ``out/iter_N/`` (space.json, space.pkl, summary.json,
+    model/) and the list of summaries is returned. Iterations already finished in ``out`` are read back, not
+    run again, so ``--iterations 1``, then 2, then 3 continue one run (each command under the time limit)."""
     from toolgym.trainers.dpo import DPOConfig
     from toolgym.trainers.dpo import train as train_dpo
 
@@ -278,6 +280,15 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
     current: Any = model if model is not None else cfg.model
     summaries = []
     for it in range(1, cfg.iterations + 1):
+        done = out / f"iter_{it}"
+        if (done / "summary.json").is_file() and (
+            done / "space.pkl"
+        ).is_file():  # resume: a finished iteration
+            space = pickle.loads((done / "space.pkl").read_bytes())
+            summaries.append(json.loads((done / "summary.json").read_text()))
+            if (done / "model" / "config.json").is_file():
+                current = str(done / "model")
+            continue
         t0 = time.perf_counter()
         folder = out / f"iter_{it}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -317,6 +328,7 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
             "latent_game_win": latent, "collect_s": t_collect, "cfr_s": t_cfr,
         }  # fmt: skip
         (folder / "space.json").write_text(json.dumps(space.to_dict(), indent=1))
+        (folder / "space.pkl").write_bytes(pickle.dumps(space))  # (our own file: read back only on resume)
         if pairs:
             dcfg = DPOConfig(
                 model=current if isinstance(current, str) else cfg.model, device=cfg.device, beta=cfg.beta, lr=cfg.lr,
