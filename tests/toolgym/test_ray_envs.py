@@ -259,20 +259,43 @@ def test_killed_worker_mid_rollout_is_env_error_for_its_path_only(cluster: str) 
 
 
 # ----- a training step -------------------------------------------------------------------------------------
-def test_grpo_step_with_env_workers_on_ray(cluster: str, tmp_path: Path, tokenizer: Any) -> None:
+def test_grpo_step_with_env_workers_on_ray_and_a_worker_killed_mid_step(
+    cluster: str, tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One GRPO step (tiny CPU model) with envs on Ray, one env worker killed inside the step's rollout (as
+    its first env step is sent): the step finishes and trains, the killed episode is counted once, as a
+    truncated (env_error) episode, and no other is lost."""
     pytest.importorskip("torch")
     from tests.trainers.conftest import tiny_model
+    from toolgym.ray_envs import RayTreeEnvs
     from toolgym.trainers.grpo import GRPOConfig
     from toolgym.trainers.grpo import train as train_grpo
 
     register_fake_env()
+    killed: list[int] = []
+    stepper = RayTreeEnvs.stepper
+
+    def kill_first(self: Any, env: Any, text: str) -> Any:
+        step = stepper(self, env, text)
+
+        def call() -> Any:
+            if not killed:  # the first env step of the run: its worker dies as the step goes out
+                killed.append(env.pid)
+                os.kill(env.pid, signal.SIGKILL)
+            return step()
+
+        return call
+
+    monkeypatch.setattr(RayTreeEnvs, "stepper", kill_first)
     cfg = GRPOConfig(
         env_ids=[FAKE_ENV], env_kwargs={}, prompts_per_step=2, budget=2, max_new_tokens=4, max_total_tokens=128,
         lr=1e-2, device="cpu", tensorboard=False, progress=False, eval_episodes=1, micro_batch_rows=4,
         steps=1, output_dir=str(tmp_path), env_workers=cluster,
     )  # fmt: skip
     metrics = train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)  # type: ignore[arg-type]
-    assert metrics["rollout/episodes"] == 4 and "losses/policy" in metrics and "eval/success" in metrics
+    assert len(killed) == 1
+    assert metrics["rollout/episodes"] == 4 and metrics["charts/truncated_fraction"] >= 0.25
+    assert "losses/policy" in metrics and "eval/success" in metrics
 
 
 @pytest.fixture(scope="module")
