@@ -186,8 +186,11 @@ class TreeRollout:
         self.plan_wait = 0.02
         self.snapshots = not isinstance(self.branch, NoBranching)
         self.envs = tree_envs(self.env_kwargs, self.snapshots, env_backend)
-        # remote envs wait on other nodes: their calls overlap on threads in rounds too
-        self.round_workers = self.env_workers if env_backend != "threads" else 0
+        # remote envs wait on other nodes: their calls overlap on threads, in rounds too, and on more threads
+        # (one waiting on an actor costs little)
+        remote = env_backend != "threads"
+        self.env_workers = max(self.env_workers, 64) if remote else self.env_workers
+        self.round_workers = self.env_workers if remote else 0
 
     # ----- the run -----------------------------------------------------------------------------------------
     def run(self, tasks: list[RolloutTask], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
