@@ -373,6 +373,7 @@ class LocalCluster:
         self.dirs: list[str] = []
         self.logs: list[Any] = []
         self.address = ""
+        self.client_address = ""
         self.start_s = 0.0
 
     def start(self) -> LocalCluster:
@@ -382,6 +383,7 @@ class LocalCluster:
 
         t0 = time.perf_counter()
         gcs, client, *agents = _free_ports(2 + self.nodes)
+        self.client_address = f"ray://127.0.0.1:{client}"  # the head's Ray Client server
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **self.extra_env}
         common = ["--block", "--num-cpus", str(self.num_cpus), "--disable-usage-stats",
                   "--object-store-memory", str(80 * 2**20), "--node-ip-address", "127.0.0.1"]  # fmt: skip

@@ -55,8 +55,8 @@ def test_config_and_cli_take_env_workers() -> None:
 
 # ----- the cluster -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """The address (`ray:127.0.0.1:PORT`) of a head and a worker node on this machine, 1 CPU each."""
+def local() -> Iterator[Any]:
+    """A head and a worker node on this machine, 1 CPU each (a `LocalCluster`, this process its driver)."""
     pytest.importorskip("ray")
     import ray
 
@@ -68,7 +68,13 @@ def cluster() -> Iterator[str]:
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     with LocalCluster(nodes=2, num_cpus=1, env={"PYTHONPATH": path}) as local:
         print(f"\n2-node Ray cluster up in {local.start_s:.1f} s", file=sys.stderr)
-        yield local.address
+        yield local
+
+
+@pytest.fixture(scope="module")
+def cluster(local: Any) -> str:
+    """The cluster's `env_workers` value, `ray:127.0.0.1:PORT`."""
+    return str(local.address)
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +183,17 @@ def test_toolgym_eval_runs_envs_on_ray(cluster: str, tmp_path: Path) -> None:
     assert main(argv) == 0
     lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 2 and all('"success": true' in ln for ln in lines)
+
+
+def test_toolgym_eval_through_ray_client(local: Any, tmp_path: Path) -> None:
+    """`--env-workers ray://HOST:PORT` from another process: Ray Client, through the head's client server."""
+    import subprocess
+
+    argv = ["toolgym", "eval", CALC, "--agent", "scripted", "--episodes", "2", "--env-workers", local.client_address,
+            "--env-kwargs", '{"prompt_format": "text"}', "--out", str(tmp_path), "--no-report", "--quiet"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "100.0%" in done.stdout
 
 
 # ----- faults ----------------------------------------------------------------------------------------------
