@@ -32,11 +32,18 @@ def curves(records: list[dict[str, Any]]) -> dict[str, Any]:
     for r in records:
         by_step[int(r["step"])] = {**by_step.get(int(r["step"]), {}), **r}
     tokens, evals, entropy, epo, train_success = 0.0, [], [], [], []
+    calls, train_calls, eval_calls = 0.0, [(0, 0.0, 0.0)], []
     for step in sorted(by_step):
         r = by_step[step]
         tokens += float(r.get("rollout/generated_tokens", 0.0))
+        # tool calls the rollouts spent (mean per episode x episodes), cumulative against tokens
+        calls += float(r.get("charts/tool_calls", 0.0)) * float(r.get("rollout/episodes", 0.0))
+        if step > 0:
+            train_calls.append((step, tokens, calls))
         if "eval/success" in r:
             evals.append((step, tokens, float(r["eval/success"])))
+            if "eval/tool_calls" in r:
+                eval_calls.append((step, tokens, float(r["eval/tool_calls"])))
         h = first(r, ENTROPY_KEYS)
         if h is not None and step > 0:
             entropy.append((step, h))
@@ -50,6 +57,8 @@ def curves(records: list[dict[str, Any]]) -> dict[str, Any]:
         "entropy": entropy,
         "epo_trajectory_entropy": epo,
         "train_success": train_success,
+        "train_tool_calls": train_calls,
+        "eval_tool_calls": eval_calls,
         "generated_tokens": tokens,
         "steps": max(by_step, default=0),
     }
@@ -128,3 +137,58 @@ def t_quantile_975(df: float) -> float:
         g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
         g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
         return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+def collapse_events(records: list[dict[str, Any]], window: int = 20, factor: float = 10.0) -> dict[str, Any]:
+    """The collapse events the stability papers report, read off one run's metrics.
+
+    - a gradient-norm spike: a step whose `losses/grad_norm` exceeds `factor` x the median of the run's
+      previous `window` steps (at least 5 of them);
+    - entropy collapse: the first step whose `losses/entropy` falls below 0.2 x its median over the first
+      5 steps;
+    - success collapse: the first step where the 5-step mean of `charts/success` falls below half of its
+      running maximum, once that maximum reached 0.2.
+
+    >>> recs = [{"step": i, "losses/grad_norm": 1.0, "losses/entropy": 2.0, "charts/success": 0.5}
+    ...         for i in range(1, 11)]
+    >>> recs[7]["losses/grad_norm"] = 50.0
+    >>> recs[8]["losses/entropy"] = 0.1
+    >>> ev = collapse_events(recs)
+    >>> ev["grad_spikes"], ev["entropy_collapse_step"], ev["success_collapse_step"]
+    ([8], 9, None)
+    """
+    by_step: dict[int, dict[str, Any]] = {}
+    for r in records:
+        by_step[int(r["step"])] = {**by_step.get(int(r["step"]), {}), **r}
+    steps = [s for s in sorted(by_step) if s > 0]
+    grads = [(s, float(by_step[s]["losses/grad_norm"])) for s in steps if "losses/grad_norm" in by_step[s]]
+    spikes = []
+    for i, (s, g) in enumerate(grads):
+        prev = sorted(x for _, x in grads[max(0, i - window) : i])
+        if len(prev) >= 5 and g > factor * _median(prev):
+            spikes.append(s)
+    ents = [(s, h) for s in steps if (h := first(by_step[s], ENTROPY_KEYS)) is not None]
+    entropy_step = None
+    if len(ents) > 5:
+        base = _median(sorted(h for _, h in ents[:5]))
+        entropy_step = next((s for s, h in ents[5:] if h < 0.2 * base), None)
+    succ = [(s, float(by_step[s]["charts/success"])) for s in steps if "charts/success" in by_step[s]]
+    success_step, best = None, 0.0
+    for i in range(4, len(succ)):
+        m = sum(x for _, x in succ[i - 4 : i + 1]) / 5
+        best = max(best, m)
+        if best >= 0.2 and m < best / 2:
+            success_step = succ[i][0]
+            break
+    return {
+        "steps": len(steps),
+        "grad_spikes": spikes,
+        "grad_norm_max": max((g for _, g in grads), default=None),
+        "entropy_collapse_step": entropy_step,
+        "success_collapse_step": success_step,
+    }
+
+
+def _median(xs: list[float]) -> float:
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2

