@@ -29,6 +29,11 @@ def prompts_of(server: PolicyServer, req: CompletionRequest) -> list[list[int]]:
         prompts = [list(p) for p in req.prompt]  # type: ignore[arg-type]
     else:
         prompts = [list(req.prompt)]  # type: ignore[arg-type]
+    if len(prompts) * req.n > server.max_choices:
+        raise ConfigError(
+            f"{len(prompts)} prompts x n={req.n} choices is more than this server takes in one request "
+            f"({server.max_choices}): split the batch"
+        )
     vocab = _vocab(server)
     for p in prompts:
         if not p:
@@ -36,6 +41,9 @@ def prompts_of(server: PolicyServer, req: CompletionRequest) -> list[list[int]]:
         bad = [t for t in p if not 0 <= t < vocab]
         if bad:
             raise ConfigError(f"prompt token ids out of the vocabulary (size {vocab}): {bad[:5]}")
+        problem = server.context_problem(len(p), req.max_tokens)
+        if problem is not None:
+            raise ConfigError(problem)
     return prompts
 
 

@@ -101,7 +101,7 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)  # torch's seed range (else a 500)
     n: int = Field(default=1, ge=1, le=64)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -175,7 +175,7 @@ class CompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False  # (the end-of-turn token always ends a turn here)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)  # torch's seed range (else a 500)
     n: int = Field(default=1, ge=1, le=64)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     return_tokens_as_token_ids: bool | None = None

@@ -116,8 +116,13 @@ class PolicyServer(AppServer):
         max_batch: int = 64,
         batch_window_s: float = 0.005,
         threads: int = 0,
+        max_choices: int = 4096,
     ) -> None:
         self.policy = policy
+        self.max_choices = (
+            max_choices  # sequences one request may ask for (prompts x n): more is answered 400
+        )
+        self.context = context_of(policy)  # the model's positions (prompt + reply), None when unknown
         self.threads = threads  # torch's CPU threads when serving forever on a CPU (0: cpu_threads())
         self.model_name = model_name or getattr(policy, "name", "toolgym")
         self.max_batch = max_batch
@@ -216,15 +221,14 @@ class PolicyServer(AppServer):
                 by_sampling.setdefault(j.sampling, []).append(j)
             for sampling, jobs in by_sampling.items():
                 try:
-                    replies = self._answer(jobs, sampling)
+                    replies: list[_Reply | Exception] = list(self._answer(jobs, sampling))
                 except Exception as exc:  # answered as a 500 to each waiting request
-                    for j in jobs:
-                        j.future.set_exception(exc)
-                        if j.sink is not None:
-                            j.sink.push(j.choice, None)
-                    continue
+                    replies = [exc] * len(jobs)
                 for j, reply in zip(jobs, replies, strict=True):
-                    j.future.set_result(reply)
+                    if isinstance(reply, Exception):
+                        j.future.set_exception(reply)
+                    else:
+                        j.future.set_result(reply)
                     if j.sink is not None:
                         j.sink.push(j.choice, None)
 
@@ -238,7 +242,9 @@ class PolicyServer(AppServer):
             return [dict(conv[0], content=f"{conv[0]['content']}\n\n{text}"), *conv[1:]], tools
         return [{"role": "system", "content": text}, *conv], tools
 
-    def _answer(self, jobs: list[_Job], sampling: SamplingParams) -> list[_Reply]:
+    def _answer(self, jobs: list[_Job], sampling: SamplingParams) -> list[_Reply | Exception]:
+        """Each job's reply; a job the model cannot take (a prompt + reply past its context: a ConfigError,
+        answered 400) is left out of the generation and gets its error, so it never fails the jobs beside it."""
         prepared = [
             self._conversation(j.conversation, j.tools) if j.prompt is None else ([], None) for j in jobs
         ]
@@ -246,10 +252,25 @@ class PolicyServer(AppServer):
             turns = self.policy.act([c for c, _ in prepared], [t for _, t in prepared], sampling=sampling)
             return [_Reply(t, int(t.usage.get("prompt_tokens", 0))) for t in turns]
         policy: Any = self.policy
-        prompts = [
+        every = [
             j.prompt if j.prompt is not None else self._renderer.prompt_ids(c, t)
             for j, (c, t) in zip(jobs, prepared, strict=True)
         ]
+        out: list[_Reply | Exception] = [ConfigError("(not answered)")] * len(jobs)
+        keep = []
+        for i, prompt in enumerate(every):
+            problem = self.context_problem(len(prompt), sampling.max_new_tokens)
+            if problem is None:
+                keep.append(i)
+            else:
+                out[i] = ConfigError(problem)
+        if not keep:
+            return out
+        jobs, prepared, prompts = (
+            [jobs[i] for i in keep],
+            [prepared[i] for i in keep],
+            [every[i] for i in keep],
+        )
         if any(j.sink is not None for j in jobs):
 
             def on_token(row: int, token_id: int, logprob: float) -> None:
@@ -266,7 +287,21 @@ class PolicyServer(AppServer):
             if j.top_k and gen.token_ids:
                 reply.top = self._top_logprobs(prompt, gen.token_ids, j.top_k, sampling)
             replies.append(reply)
-        return replies
+        for i, reply in zip(keep, replies, strict=True):
+            out[i] = reply
+        return out
+
+    def context_problem(self, prompt_tokens: int, max_tokens: int) -> str | None:
+        """Why a prompt of ``prompt_tokens`` with room for ``max_tokens`` more does not fit the model (vLLM's
+        400), or None. Past its positions a model extrapolates into garbage or fails (a 10^12-token reply
+        would allocate its KV cache)."""
+        if self.context is None or prompt_tokens + max_tokens <= self.context:
+            return None
+        return (
+            f"this model's maximum context length is {self.context} tokens, but {prompt_tokens + max_tokens} "
+            f"were requested ({prompt_tokens} in the prompt, {max_tokens} for the completion): "
+            "shorten the prompt or lower max_tokens"
+        )
 
     def _top_logprobs(
         self, prompt: list[int], reply: list[int], k: int, sampling: SamplingParams
@@ -336,6 +371,13 @@ class PolicyServer(AppServer):
                 ]
             entries.append({"token": token_text(raw), "logprob": lp, "bytes": list(raw), "top_logprobs": top})
         return entries
+
+
+def context_of(policy: Policy) -> int | None:
+    """The positions of a token policy's model (``config.max_position_embeddings``), or None."""
+    config = getattr(getattr(policy, "model", None), "config", None)
+    size = getattr(config, "max_position_embeddings", None)
+    return int(size) if isinstance(size, int) and size > 0 else None
 
 
 def cpu_threads(requested: int = 0) -> int:

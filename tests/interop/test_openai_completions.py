@@ -128,3 +128,50 @@ def test_cpu_threads_default() -> None:
     finally:
         torch.set_num_threads(before)
         server.close()
+
+
+# ----- review: requests past the model's limits are the caller's mistake (400), and never fail a neighbour ----
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"prompt": [5] * 5000, "max_tokens": 2}, "context"),  # the tiny model has 4096 positions
+        ({"prompt": [5, 6], "max_tokens": 10**12}, "context"),  # (allocated a 10^12-position KV cache: 500)
+        ({"prompt": [5, 6], "max_tokens": 2, "seed": 2**80}, "seed"),  # (torch's seed overflowed: 500)
+        ({"prompt": [[5, 6]] * 300, "n": 64, "max_tokens": 1}, "choices"),  # 19,200 sequences in one request
+    ],
+)
+def test_requests_past_the_limits_are_400(served: Any, body: dict[str, Any], needle: str) -> None:
+    _, client = served
+    resp = client.post("/completions", json=body)
+    assert resp.status_code == 400, resp.text
+    assert needle in resp.json()["error"]["message"]
+
+
+def test_a_request_over_the_context_does_not_fail_the_batch_it_joins() -> None:
+    import threading
+
+    server = PolicyServer(chatml_policy(), port=0, batch_window_s=0.5).start()  # the two share one batch
+    try:
+        client = httpx.Client(base_url=server.url, timeout=120)
+        long_chat = [{"role": "user", "content": "7 " * 5000}]  # rendered in the batcher: > 4096 tokens
+        got: dict[str, Any] = {}
+
+        def good() -> None:
+            got["good"] = client.post(
+                "/completions", json={"prompt": prompt_ids(), "max_tokens": 2, "seed": 1}
+            )
+
+        def bad() -> None:
+            body = {"messages": long_chat, "max_tokens": 2, "seed": 1}
+            got["bad"] = client.post("/chat/completions", json=body)
+
+        threads = [threading.Thread(target=good), threading.Thread(target=bad)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert got["good"].status_code == 200, got["good"].text
+        assert got["bad"].status_code == 400 and "context" in got["bad"].json()["error"]["message"]
+        assert client.get("/health").status_code == 200
+    finally:
+        server.close()
