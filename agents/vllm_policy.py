@@ -203,6 +203,7 @@ class ServerBackend:
         self.requests = 0
         self.failovers = 0
         self.sent: list[tuple[int, list[int]]] = []  # (server, prompt) of each request since the last reset
+        self.vocab: int | None = None  # the model's vocabulary (set by VLLMEngine): sampled ids are checked
 
     def server_for(self, ids: Sequence[int]) -> int:
         """The server of the longest earlier sequence that ``ids`` extends, else the least loaded one."""
@@ -261,7 +262,12 @@ class ServerBackend:
                 raise InfrastructureError(
                     f"rollout server {url} answered {resp.status_code}: {resp.text[:300]}"
                 )
-            done = completed_from_choice(resp.json()["choices"][0])
+            try:  # a broken answer is that server's fault: the next one is tried, as for a 5xx
+                done = completed_from_answer(resp, int(payload.get("max_tokens") or 0), self.vocab)
+            except InfrastructureError as exc:
+                errors.append(f"{url} answered 200 with a broken body: {exc}")
+                self.failovers += 1
+                continue
             with self.lock:
                 self.remember([*ids, *done.token_ids], at)
             return done
@@ -321,6 +327,31 @@ def prefix_hashes(ids: Sequence[int], lengths: set[int]) -> dict[int, int]:
     return out
 
 
+def completed_from_answer(resp: Any, max_tokens: int, vocab: int | None) -> Completed:
+    """The first choice of a completions answer, checked: JSON with a ``choices`` list, ids in the vocabulary, at
+    most ``max_tokens`` of them (0: unchecked), one finite logprob <= 0 per id. Anything else is an
+    InfrastructureError: a turn whose ids and logprobs do not line up would be trained on silently."""
+    try:
+        data = json.loads(resp.content)
+        choice = data["choices"][0]
+        if not isinstance(choice, dict):
+            raise TypeError(f"a choice is a {type(choice).__name__}")
+        done = completed_from_choice(choice)
+    except InfrastructureError:
+        raise
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise InfrastructureError(f"{type(exc).__name__}: {exc}; body {resp.text[:200]!r}") from None
+    top = vocab if vocab else float("inf")
+    bad = [t for t in done.token_ids if not 0 <= t < top]
+    if bad:
+        raise InfrastructureError(f"sampled ids outside the vocabulary ({vocab}): {bad[:5]}")
+    if max_tokens and len(done.token_ids) > max_tokens:
+        raise InfrastructureError(f"{len(done.token_ids)} tokens for max_tokens {max_tokens}")
+    if not all(math.isfinite(v) and v <= 1e-3 for v in done.logprobs):  # (a little slack for rounding)
+        raise InfrastructureError(f"logprobs that are not log-probabilities: {done.logprobs[:8]}")
+    return done
+
+
 def completed_from_choice(choice: dict[str, Any]) -> Completed:
     """A ``Completed`` from a completions choice: ids from ``token_ids`` (vLLM's ``return_token_ids``) or the
     ``token_id:N`` tokens of ``return_tokens_as_token_ids``, logprobs from ``logprobs.token_logprobs``.
@@ -338,13 +369,15 @@ def completed_from_choice(choice: dict[str, Any]) -> Completed:
             raise InfrastructureError("the server returned neither token_ids nor token_id:N tokens")
         ids = [int(t.split(":", 1)[1]) for t in tokens]
     lps = lp.get("token_logprobs")
-    if lps is None or len(lps) != len(ids):
+    if not isinstance(ids, list) or not isinstance(lps, list) or len(lps) != len(ids):
         raise InfrastructureError(f"the server returned {len(lps or [])} logprobs for {len(ids)} tokens")
     top = None
     if lp.get("top_logprobs"):
         top = [sorted((float(v) for v in (d or {}).values()), reverse=True) for d in lp["top_logprobs"]]
     lps_f = [float(v) if v is not None else 0.0 for v in lps]
-    return Completed([int(i) for i in ids], lps_f, _finish(choice.get("finish_reason")), top)
+    if not all(type(i) is int for i in ids):  # (int("7") or int(7.9) would pass a wrong id on)
+        raise InfrastructureError(f"token ids that are not integers: {ids[:5]}")
+    return Completed(list(ids), lps_f, _finish(choice.get("finish_reason")), top)
 
 
 # ----- the engine surface the tree rollout drives -------------------------------------------------------------
@@ -383,6 +416,8 @@ class VLLMEngine:
         self.cache = _Cache(capacity)
         self.stop_ids = tuple(sorted(stop_ids))
         self.vocab = vocab
+        if isinstance(backend, ServerBackend):
+            backend.vocab = vocab  # (its answers' ids are checked against it)
         self.seeded = seeded
         self.live: dict[str, VSeq] = {}
         self.idle: dict[int, VSeq] = {}  # (our engine's held caches; vLLM's prefix cache holds them here)

@@ -388,3 +388,88 @@ def test_config_and_choice_of_engine() -> None:
     assert GRPOConfig(engine="vllm", rollout_servers=["http://a:1,http://b:1"]).engine == "vllm"
     with pytest.raises(ConfigError, match="need engine=vllm"):
         choose_engine(object(), "fast", rows=1, capacity=64, servers=["http://a:1"])
+
+
+# ----- review: a server's broken answer is that server's fault (the next one is tried), never a wrong turn ----
+class _Garbage:
+    """A stand-in rollout server answering 200 with a broken body (one of BROKEN, by the request's path)."""
+
+    @staticmethod
+    def start(body: bytes) -> Any:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        return httpd
+
+
+def _choice(**kw: Any) -> bytes:
+    import json
+
+    choice = {"index": 0, "text": "", "finish_reason": "stop", "token_ids": [5, 6],
+              "logprobs": {"tokens": ["token_id:5", "token_id:6"], "token_logprobs": [-0.5, -0.25]}}  # fmt: skip
+    choice.update(kw)
+    return json.dumps({"choices": [choice]}).encode()
+
+
+BROKEN = {
+    "not json": b"<html>oops",
+    "half json": _choice()[:40],
+    "no choices": b'{"choices": []}',
+    "choices not a list": b'{"choices": 3}',
+    "a choice not an object": b'{"choices": ["x"]}',
+    "ids not ints": _choice(token_ids=["a", "b"]),
+    "a negative id": _choice(token_ids=[5, -6]),
+    "an id past the vocabulary": _choice(token_ids=[5, 10**6]),
+    "more tokens than asked": _choice(token_ids=[5] * 9, logprobs={"token_logprobs": [-0.1] * 9}),
+    "fewer logprobs": _choice(logprobs={"token_logprobs": [-0.5]}),
+    "a logprob not a number": _choice(logprobs={"token_logprobs": [-0.5, "x"]}),
+    "a positive logprob": _choice(logprobs={"token_logprobs": [-0.5, 3.0]}),
+    "a NaN logprob": b'{"choices": [{"token_ids": [5, 6], "finish_reason": "stop", '
+    b'"logprobs": {"token_logprobs": [-0.5, NaN]}}]}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_broken_answer_fails_over_to_the_next_server(
+    servers: Any, chatml_tokenizer: Any, name: str
+) -> None:
+    model, started = servers
+    bad = _Garbage.start(BROKEN[name])
+    backend = ServerBackend([f"http://127.0.0.1:{bad.server_address[1]}", started[0].url])
+    policy = VLLMPolicy(model, chatml_tokenizer, backend, capacity=256)
+    try:
+        prompt = policy.renderer.prompt_ids([{"role": "user", "content": "2+2?"}], None)
+        sp = SamplingParams(temperature=0.0, max_new_tokens=3)
+        (got,) = policy.generate([prompt], sp)
+        (want,) = HFPolicy(model, chatml_tokenizer).generate([prompt], sp)
+        assert got.token_ids == want.token_ids and backend.failovers == 1  # the real server's answer
+    finally:
+        policy.close()
+        bad.shutdown()
+
+
+def test_broken_answers_from_every_server_are_an_infrastructure_error(chatml_tokenizer: Any) -> None:
+    from toolgym.errors import InfrastructureError
+
+    bad = _Garbage.start(BROKEN["half json"])
+    backend = ServerBackend([f"http://127.0.0.1:{bad.server_address[1]}"])
+    try:
+        with pytest.raises(InfrastructureError, match="no rollout server answered"):
+            backend.submit("r", [1, 2], {"max_tokens": 3})
+            backend.poll()
+    finally:
+        backend.close()
+        bad.shutdown()
