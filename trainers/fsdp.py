@@ -32,7 +32,8 @@ Departures: the packed update (trainers/packing.py) reads the LM head's weight o
 where FSDP has not gathered it, so under fsdp2 the padded update runs (``packing: off``, and with it no
 compiled layers and no shared prefixes). LoRA is not sharded (its adapters are small: use DDP). KL-in-reward
 shaping and IGPO's scorer run forwards outside the lockstep loops: with several ranks they are a
-ConfigError under fsdp2.
+ConfigError under fsdp2, and so are asynchronous rollouts (``max_staleness > 0``: their actor copies the
+learner's live weights, which are shards here).
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ def check(cfg: Any, world: int) -> None:
     if world > 1 and getattr(cfg, "kl_in_reward", False) and cfg.kl_coef > 0:
         raise ConfigError(
             "kl_in_reward under parallel=fsdp2 with several ranks is not supported: use kl_coef as a loss term"
+        )
+    if getattr(cfg, "max_staleness", 0) > 0:
+        raise ConfigError(
+            "max_staleness > 0 (asynchronous rollouts) copies the learner's live weights: use parallel=ddp"
         )
     if world > 1 and getattr(cfg, "estimator", None) == "igpo":
         raise ConfigError(
