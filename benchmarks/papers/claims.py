@@ -74,9 +74,9 @@ PYTHON_MATH = {
     "difficulty": 2, "action_format": "hermes", "max_turns": 5, "sandbox": "process",
     "sandbox_options": {"pool_size": 24},
 }  # fmt: skip
-# MiniWoB tasks of 1.8-3 expert turns on average (4 at most) whose text observation is enough (envs/web/expert.py SOLVERS): forms,
-# tabs, lists, checkboxes, dates. One-click tasks (click-button, click-link) would be solved from the start,
-# long calendars (choose-date: 9 turns on average, 14 at most) almost never.
+# MiniWoB tasks whose scripted solvers (envs/web/expert.py) take 1.8-3 turns on average, 4 at most (5 seeds
+# each), read from the text observation: forms, tabs, lists, checkboxes, dates. One-click tasks (click-button,
+# click-link) would be solved from the start, long calendars (choose-date: 8.8 turns, 14 at most) almost never.
 WEB_TASKS = [
     "login-user", "click-checkboxes", "click-tab-2", "choose-list", "click-option", "enter-date",
     "click-collapsible", "choose-date-easy", "click-button-sequence", "enter-text-2",
@@ -94,14 +94,14 @@ RL_BASE: dict[str, Any] = {
 }  # fmt: skip
 
 # 2048 expert episodes x 2 epochs: held-out 0.27 on 4 x H200 (512 x 1 gave 0.03; 1024 x 4 at lr 1e-4 and
-# 4096 x 1 gave 0.25): benchmarks/results/papers_warmstart.md. 120 RL steps: ~4-5 calls (PLAN.md)
+# 4096 x 1 gave 0.25): benchmarks/results/papers_warmstart.md. RL steps: what one machine lifetime holds (PLAN.md)
 HOUSEHOLD_SFT = {"episodes": 2048, "epochs": 2, "batch_size": 16, "lr": 5.0e-5, "max_new_tokens": 32,
                  "max_total_tokens": 3072}  # fmt: skip
-HOUSEHOLD_RL = {**RL_BASE, "max_new_tokens": 32, "max_total_tokens": 3072, "steps": 120}
+HOUSEHOLD_RL = {**RL_BASE, "max_new_tokens": 32, "max_total_tokens": 3072, "steps": 60}
 SEARCH_SFT = {"episodes": 512, "epochs": 1, "batch_size": 16, "lr": 5.0e-5, "max_new_tokens": 64,
               "max_total_tokens": 2048}  # fmt: skip
 # ARPO's rollout budget per question (M = 16, N = 8 global samples) for every arm, so GRPO sees as many paths
-SEARCH_RL = {**RL_BASE, "budget": 16, "max_new_tokens": 64, "max_total_tokens": 2048, "steps": 80}
+SEARCH_RL = {**RL_BASE, "budget": 16, "max_new_tokens": 64, "max_total_tokens": 2048, "steps": 50}
 
 CLAIMS: dict[str, Claim] = {
     c.name: c
@@ -167,7 +167,7 @@ CLAIMS: dict[str, Claim] = {
                 "lr": 2.0e-5,
                 "max_new_tokens": 48,
                 "max_total_tokens": 1024,
-                "steps": 100,
+                "steps": 60,
             },
             arms=(
                 Arm("grpo"),
@@ -272,7 +272,7 @@ CLAIMS: dict[str, Claim] = {
                 "max_new_tokens": 32,
                 "max_total_tokens": 2048,
             },
-            rl={**RL_BASE, "max_new_tokens": 32, "max_total_tokens": 2048, "steps": 100},
+            rl={**RL_BASE, "max_new_tokens": 32, "max_total_tokens": 2048, "steps": 60},
             arms=(
                 Arm("grpo"),
                 Arm("selection", {"task_pool": 64}),
@@ -314,7 +314,7 @@ CLAIMS: dict[str, Claim] = {
                 "max_total_tokens": 2048,
             },
             # SimpleTIR's recipe: clip 0.2/0.2, temperature 1, at most 5 turns
-            rl={**RL_BASE, "max_new_tokens": 320, "max_total_tokens": 2048, "steps": 100, "eps_high": 0.2},
+            rl={**RL_BASE, "max_new_tokens": 320, "max_total_tokens": 2048, "steps": 60, "eps_high": 0.2},
             arms=(
                 Arm("grpo"),
                 Arm("void_filter", {"filter_void": True}),  # SimpleTIR: a void turn drops the trajectory
@@ -333,7 +333,7 @@ CLAIMS: dict[str, Claim] = {
                 "our PythonMath-v0 generator (exact arithmetic, primes, linear systems, series) instead of "
                 "DAPO-Math-17k / AIME; the process sandbox (bubblewrap) instead of SimpleTIR's",
                 "no acc_filter 0.1-0.9 (SimpleTIR's recipe has it; ours keeps only the zero-variance filter)",
-                "8 problems x 8 rollouts, lr 1e-5, 100 steps: collapse in the papers comes after hundreds of "
+                "8 problems x 8 rollouts, lr 1e-5, 60 steps: collapse in the papers comes after hundreds of "
                 "steps at 7B; a 135M model may not collapse within our budget (then the arms tie)",
                 "collapse events are counted from metrics.jsonl: a gradient-norm spike is a step whose "
                 "`losses/grad_norm` exceeds 10x the median of the run's previous (up to 20) steps; entropy "
