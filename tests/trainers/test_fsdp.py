@@ -155,3 +155,24 @@ def test_ranks_with_unequal_micro_batches_run_in_lockstep(tmp_path: Path) -> Non
     torchrun("lockstep", str(tmp_path), "-")  # would hang (the test's timeout) without lockstep
     r0, r1 = (torch.load(tmp_path / f"lockstep{r}.pt") for r in (0, 1))
     assert r0 == [[0, 1, 2], [3, 4]] and r1 == [[0], [1]]  # the most chunks every rank can make: 2
+
+
+@pytest.mark.slow
+def test_our_engine_rolls_out_on_the_gathered_copy(tmp_path: Path, tokenizer: Any) -> None:
+    """engine=fast under fsdp2 (one process): the engine packs from the rollout copy, re-packed after each
+    step's gather; two steps equal the same two steps without sharding."""
+    from tests.trainers.conftest import register_fake_env, tiny_model
+    from tests.trainers.test_train import SMALL
+    from toolgym.trainers.grpo import GRPOConfig
+    from toolgym.trainers.grpo import train as train_grpo
+
+    register_fake_env()
+    got = {}
+    for parallel in ("ddp", "fsdp2"):
+        out = tmp_path / parallel
+        cfg = GRPOConfig(output_dir=str(out), **SMALL, steps=2, engine="fast", parallel=parallel)
+        train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)
+        got[parallel] = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    for k, v in got["ddp"].items():  # step 2 sampled from the weights step 1 made
+        if k.startswith(("charts/", "losses/", "eval/")):
+            assert got["fsdp2"][k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
