@@ -32,7 +32,8 @@ Departures from AReaL / verl / prime-rl (docs/trainer.md, "Asynchronous rollouts
    behaviour logprob is the one actually sampled from, so the IS weight stays exact for what was sampled.
    Held caches of finished turns are dropped at the change (the next turn prefills under the new weights).
 3. The actor is a full copy of the weights (one more copy on the GPU; the engine's packed copy is a third).
-4. One process: the layouts with separate rollout and learner GPUs (weights over NCCL) are not built yet.
+4. This is the thread layout (one process); separate rollout and learner GPUs, weights broadcast over a
+   process group, are trainers/async_split.py (`rollout_ranks`), with this worker on each rollout rank.
 5. CUDA graphs: the worker's engine captures every decode bucket before the worker starts (a capture while
    the learner's kernels run from the other thread fails), and the learner's own engine, which only runs the
    evaluations, decodes without graphs.
@@ -45,7 +46,7 @@ import copy
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,17 +129,20 @@ class Batch:
 class AsyncRollout:
     """The worker thread: grows batch `first`, `first` + 1, …, `last` with `roller`, each admitted when the
     bound allows, and queues them for the learner (`take`). `draw(step)` gives a batch's tasks, `seed(step)`
-    its sampling seed; `context()` the worker's torch mode (no_grad and autocast are per thread)."""
+    its sampling seed; `context()` the worker's torch mode (no_grad and autocast are per thread). `steps`: the
+    batches to grow, when not all of `first`..`last` (a rollout rank of the split layout grows its share)."""
 
     def __init__(
         self, roller: TreeRollout, gate: ActorWeights, *, first: int, last: int, max_staleness: int,
         draw: Callable[[int], list[RolloutTask]], seed: Callable[[int], int],
         context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        steps: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         if max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
         self.roller, self.gate = roller, gate
         self.first, self.last, self.max_staleness = first, last, max_staleness
+        self.steps = list(range(first, last + 1)) if steps is None else list(steps)
         self.draw, self.seed, self.context = draw, seed, context
         self.ready: queue.Queue[Batch | BaseException] = queue.Queue()
         self.stop = threading.Event()
@@ -152,7 +156,7 @@ class AsyncRollout:
     def _work(self) -> None:
         try:
             with torch.no_grad(), self.context():
-                for step in range(self.first, self.last + 1):
+                for step in self.steps:
                     t0 = time.perf_counter()
                     if not self.gate.wait_for(step - 1 - self.max_staleness, self.stop):
                         return
@@ -164,8 +168,8 @@ class AsyncRollout:
         except BaseException as exc:  # the learner re-raises it at its next take
             self.ready.put(exc)
 
-    def take(self, step: int) -> Batch:
-        """The batch of learner step `step` (blocks until the worker has grown it); checks its staleness."""
+    def next(self) -> Batch:
+        """The next batch the worker has grown (blocks); raises what the worker raised."""
         while True:
             try:
                 got = self.ready.get(timeout=1.0)
@@ -175,18 +179,20 @@ class AsyncRollout:
                     raise RuntimeError("the asynchronous rollout worker ended without a batch") from None
         if isinstance(got, BaseException):
             raise RuntimeError(f"the asynchronous rollout worker failed: {got!r}") from got
-        if got.step != step:
-            raise RuntimeError(f"rollout batch {got.step} arrived for learner step {step}")
-        self.taken.append(step)
-        worst = staleness(got.forest, step)[1]
-        if worst > self.max_staleness:
-            raise RuntimeError(
-                f"step {step}: a group is {worst} versions old (max_staleness {self.max_staleness})"
-            )
         return got
 
-    def publish(self, version: int) -> None:
+    def take(self, step: int) -> Batch:
+        """The batch of learner step `step` (blocks until the worker has grown it); checks its staleness."""
+        got = self.next()
+        checked(got, step, self.max_staleness)
+        self.taken.append(step)
+        return got
+
+    def publish(self, version: int) -> dict[str, float]:
+        """The learner's weights become `version` for the worker; the `time/` metrics of the hand-over."""
+        t0 = time.perf_counter()
         self.gate.publish(version)
+        return {"time/weight_publish_s": time.perf_counter() - t0}
 
     def close(self) -> None:
         """Stops the worker after its current run (its batch, if any, is discarded)."""
@@ -194,6 +200,16 @@ class AsyncRollout:
         with self.gate.changed:
             self.gate.changed.notify_all()
         self.thread.join()
+
+
+def checked(batch: Batch, step: int, max_staleness: int) -> Batch:
+    """`batch` if it is step `step`'s and within the bound; else a RuntimeError (a bug: admission bounds it)."""
+    if batch.step != step:
+        raise RuntimeError(f"rollout batch {batch.step} arrived for learner step {step}")
+    worst = staleness(batch.forest, step)[1]
+    if worst > max_staleness:
+        raise RuntimeError(f"step {step}: a group is {worst} versions old (max_staleness {max_staleness})")
+    return batch
 
 
 def token_versions(forest: list[RolloutTree]) -> list[list[int]]:
@@ -232,20 +248,28 @@ def async_metrics(batch: Batch, step: int) -> dict[str, float]:
 def actor_policy(cfg: Any, policy: Any, device: torch.device, version: int) -> tuple[ActorWeights, Any]:
     """The gate and the rollout policy of an asynchronous run: an actor copy of `policy`'s model (the
     learner's) behind the same kind of policy (`cfg.engine`: our engine over the actor, or `HFPolicy`)."""
-    from toolgym.agents.engine.select import choose_engine
     from toolgym.agents.hf import HFPolicy
 
     actor = ActorWeights.copy_of(policy.model)
-    hf = HFPolicy(actor, policy.tokenizer, batch_size=256, reuse_kv=device.type == "cpu")
-    rollout = choose_engine(
-        hf, cfg.engine, rows=cfg.prompts_per_step * cfg.budget, capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8,
-        quiet=True, memory=cfg.engine_memory,
-    )  # fmt: skip
-    precapture(rollout, cfg)
+    rollout = rollout_engine(
+        cfg, HFPolicy(actor, policy.tokenizer, batch_size=256, reuse_kv=device.type == "cpu")
+    )
     learner_engine = getattr(policy, "engine", None)
     if learner_engine is not None:  # evaluations would capture graphs while the worker decodes
         learner_engine.runner.cuda_graphs = False
     return ActorWeights(policy.model, actor, version), rollout
+
+
+def rollout_engine(cfg: Any, hf: Any, quiet: bool = True) -> Any:
+    """The rollout's policy over `hf`'s model (the actor): `cfg.engine` sized for a whole batch, graphs captured."""
+    from toolgym.agents.engine.select import choose_engine
+
+    rollout = choose_engine(
+        hf, cfg.engine, rows=cfg.prompts_per_step * cfg.budget, capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8,
+        quiet=quiet, memory=cfg.engine_memory,
+    )  # fmt: skip
+    precapture(rollout, cfg)
+    return rollout
 
 
 def precapture(policy: Any, cfg: Any) -> int:

@@ -32,7 +32,8 @@ Departures from the papers:
    It is computed after success replay, so a replayed row is shaped as its siblings.
 9. With `max_staleness` > 0 the rollout runs ahead of the learner on a worker thread, from an actor copy of
    the weights published after each step (trainers/async_rollout.py: versions, admission, partial rollouts);
-   0 is this loop as it always was.
+   0 is this loop as it always was. With `rollout_ranks` > 0 (torchrun) the last ranks grow the batches and
+   receive the weights over a process group (trainers/async_split.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from toolgym.trainers import checkpoint
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import NodeAdv
 from toolgym.trainers.async_rollout import AsyncRollout, actor_policy, async_metrics
+from toolgym.trainers.async_split import Layout, LearnerPipe, serve
 from toolgym.trainers.batch import collate
 from toolgym.trainers.config import GRPO_ESTIMATORS, RunConfig, changed_fields, warn_inert
 from toolgym.trainers.curriculum import CurriculumHook
@@ -96,6 +98,12 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     cfg.validate()
     rollout_cfg = cfg.rollout_config()
     dist = Dist.from_env(cfg.device)  # torchrun: one rank per GPU (or CPU process); else world 1
+    layout = None
+    if cfg.rollout_ranks:  # split layout: rollout ranks serve batches and return; learners train on theirs
+        layout = Layout.join(dist, cfg)
+        if layout.rollout:
+            return serve(cfg, layout, model, tokenizer)
+        dist = layout.learner_dist()
     if cfg.prompts_per_step % dist.world:
         raise ConfigError(
             f"prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {dist.world} ranks"
@@ -146,7 +154,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     if dist.main:
         (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
     gate, rollout_policy = None, policy
-    if cfg.max_staleness:  # asynchronous: the worker samples from an actor copy of the weights
+    if cfg.max_staleness and layout is None:  # asynchronous, one process: the worker samples an actor copy
         if dist.world > 1:
             raise ConfigError("max_staleness > 0 under torchrun is not supported yet: run on one process")
         gate, rollout_policy = actor_policy(cfg, policy, device, progress.step)
@@ -180,7 +188,12 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             norm=cfg.igpo_norm, gamma=cfg.igpo_gamma,
         )  # fmt: skip
 
-    pipe = None
+    pipe: AsyncRollout | LearnerPipe | None = None
+    if layout is not None:  # the rollout ranks grow the batches (trainers/async_split.py)
+        pipe = LearnerPipe(
+            layout, model, first=progress.step + 1, last=cfg.steps, max_staleness=cfg.max_staleness,
+            pos0=progress.data_pos, dtype=torch.bfloat16 if cfg.bf16 and device.type == "cuda" else None,
+        )  # fmt: skip
     if gate is not None:  # batch s: tasks at the data position step s starts at, the synchronous seed
         start, pos0 = progress.step, progress.data_pos
         pipe = AsyncRollout(
@@ -257,7 +270,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
         )
         dist.after_update()  # fsdp2: the new weights gathered into the rollout's copy (every rank)
         if pipe is not None:
-            pipe.publish(step)  # the worker's next generate call or engine step samples from version `step`
+            metrics |= pipe.publish(step)  # the worker's next generate call or engine step samples from it
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics = dist.mean_metrics(metrics)  # (rank means; tokens_per_s is then per rank)
         progress.step = step

@@ -166,6 +166,14 @@ class GRPOConfig(LossOptionsConfig):
             "token at most this many policy versions old when trained (0: the synchronous loop)"
         },
     )
+    rollout_ranks: int = field(
+        default=0,
+        metadata={
+            "help": "asynchronous rollouts under torchrun: the last this many ranks only generate (their own "
+            "model copy, weights broadcast after every step), the others only train (trainers/async_split.py; "
+            "0: the worker thread in the learner's process)"
+        },
+    )
     # --- update path (trainers/packing.py)
     packing: Packing = field(
         default="auto",
@@ -304,6 +312,8 @@ class GRPOConfig(LossOptionsConfig):
             raise ConfigError(f"need 0 <= is_min < is_max (is_min 0: none), got {self.is_min}, {self.is_max}")
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
+        if self.rollout_ranks < 0 or (self.rollout_ranks and not self.max_staleness):
+            raise ConfigError(f"rollout_ranks ({self.rollout_ranks}) must be 0, or > 0 with max_staleness > 0")
         if not self.max_staleness:
             return
         # these draw a step's tasks from results of earlier steps, which the worker drawing ahead has not seen
