@@ -1,6 +1,6 @@
 """Run by test_fsdp.py under torchrun (gloo processes on CPU).
 
-``train OUT PARALLEL [offload] [kl] [gc] [steps=N] [resume]``: one GRPO step (checkpoint saved), each rank's rollout copy after the
+``train OUT PARALLEL [offload] [kl] [gc] [resume] [FIELD=INT ...]``: one GRPO step (checkpoint saved), each rank's rollout copy after the
 step's weight sync written to OUT/copy{rank}.pt. ``load OUT CKPT``: a fresh sharded model and AdamW load CKPT;
 rank 0 writes the full weights and optimizer state to OUT/loaded{world}.pt. ``lockstep OUT -``: ranks with
 unequal micro-batch counts run in lockstep (OUT/lockstep{rank}.pt: each rank's micro-batches).
@@ -50,9 +50,10 @@ def train(out: str, parallel: str, extra: list[str]) -> None:
         kw["gradient_checkpointing"] = True
     if "kl" in extra:
         kw["kl_coef"] = 0.05
-    steps = [a for a in extra if a.startswith("steps=")]
-    if steps:
-        kw["steps"] = int(steps[0].split("=")[1])
+    for arg in extra:  # steps=2, minibatches=2, ...: integer fields
+        if "=" in arg:
+            key, value = arg.split("=", 1)
+            kw[key] = int(value)
     if "resume" in extra:
         kw["resume"] = True
     train_grpo(config(out, parallel, **kw), model, tok)

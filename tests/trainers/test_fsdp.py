@@ -176,3 +176,14 @@ def test_our_engine_rolls_out_on_the_gathered_copy(tmp_path: Path, tokenizer: An
     for k, v in got["ddp"].items():  # step 2 sampled from the weights step 1 made
         if k.startswith(("charts/", "losses/", "eval/")):
             assert got["fsdp2"][k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
+
+
+@pytest.mark.slow
+def test_several_optimizer_steps_a_batch_equal_ddp(tmp_path: Path) -> None:
+    """epochs 2 x minibatches 2: the old-logprob pass and four optimizer steps, each in lockstep."""
+    for parallel in ("ddp", "fsdp2"):
+        torchrun("train", str(tmp_path / parallel), parallel, "epochs=2", "minibatches=2")
+    ddp, fsdp = last_losses(tmp_path / "ddp"), last_losses(tmp_path / "fsdp2")
+    assert ddp["losses/updates"] == fsdp["losses/updates"] == 4.0
+    for k in ddp:
+        assert fsdp[k] == pytest.approx(ddp[k], rel=1e-4, abs=1e-5), k
