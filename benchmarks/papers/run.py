@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/, when run from anywhere
 from papers.claims import CLAIMS, Claim
-from papers.launch import gpu_count, launch, machine, wait, write_yaml
+from papers.launch import gpu_count, launch, machine, write_yaml
 
 QUIET = {"progress": False, "tensorboard": False}
 CHROMIUMS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
@@ -149,6 +149,22 @@ def gpu_memory_gb(device: str) -> list[float]:
 SFT_GB = 20.0  # a warm start's GPU memory (packed rows of <= 3072 tokens, batch 16): a guess, as the runs'
 
 
+def stop_all(procs: dict[str, subprocess.Popen[bytes]], grace: float = 15.0) -> dict[str, int | None]:
+    """SIGTERM to every process at once, SIGKILL to those alive after `grace` seconds (one by one, a dozen
+    runs would take a dozen graces: past the call's margin). None: stopped by the deadline (resumable)."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    end = time.monotonic() + grace
+    for p in procs.values():
+        try:
+            p.wait(timeout=max(end - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return dict.fromkeys(procs)
+
+
 def gate_of(claim: Claim, folder: Path, a: argparse.Namespace) -> str:
     """Why a folder's RL must not start ("" when it may): no warm start, or one outside the claim's band."""
     path = folder / "sft" / "summary.json"
@@ -247,7 +263,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if not running and not todo_sft and not ready:
             break
         time.sleep(1.0)
-    codes.update(wait({n: p for n, (p, _, _) in running.items()}, time.monotonic()))  # the deadline: stop
+    codes.update(stop_all({n: p for n, (p, _, _) in running.items()}))  # the deadline
     out |= {"gpus": len(capacity), "gpu_gb": [round(c, 1) for c in capacity], "placed": placed}
     out["sft_rc"] = {k[: -len("/sft")]: v for k, v in codes.items() if k.endswith("/sft")}
     out["rl_rc"] = {k: v for k, v in codes.items() if not k.endswith("/sft")}
