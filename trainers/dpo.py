@@ -114,30 +114,62 @@ def text_pair(
 
 
 def load_pairs(path: str | Path, renderer: Any) -> list[PreferencePair]:
-    """Pairs from a JSONL file (see the module docstring); a malformed line is a ConfigError naming it."""
+    """Pairs from a JSONL file (see the module docstring); a malformed line is a ConfigError naming it
+    (``file:line``), never a crash in the chat template nor a pair silently trained on wrong."""
     path = Path(path)
     out: list[PreferencePair] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{path}:{n}: not UTF-8 text ({exc})") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}:{n} is not JSON ({exc})") from exc
-            ok = (
-                isinstance(row, dict)
-                and isinstance(row.get("messages"), list)
-                and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in row["messages"])
-                and isinstance(row.get("chosen"), str)
-                and isinstance(row.get("rejected"), str)
-            )
-            if not ok:
-                raise ConfigError(f"{path}:{n}: expected {{messages: [...], chosen: str, rejected: str}}")
-            out.append(text_pair(renderer, row["messages"], row["chosen"], row["rejected"], row.get("tools")))
+            problem = pair_row_problem(row)
+            if problem:
+                raise ConfigError(f"{path}:{n}: {problem}")
+            try:  # what the checks above let through and the template still refuses
+                pair = text_pair(renderer, row["messages"], row["chosen"], row["rejected"], row.get("tools"))
+            except Exception as exc:
+                raise ConfigError(f"{path}:{n}: the chat template cannot render it: {exc}") from exc
+            out.append(pair)
     if not out:
         raise ConfigError(f"{path} holds no preference pairs")
     return out
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def pair_row_problem(row: Any) -> str | None:
+    """What is wrong with a JSONL row of preference data, or None. A pair whose responses are empty or identical
+    is refused: it teaches nothing (its margin is 0 at every step) and counts as a wrong pair in the accuracy."""
+    shape = "expected {messages: [...], chosen: str, rejected: str}"
+    if not isinstance(row, dict):
+        return shape
+    messages, tools = row.get("messages"), row.get("tools")
+    if not isinstance(messages, list) or not messages:
+        return f"messages must be a non-empty list ({shape})"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            return f"messages[{i}] needs a role, one of {', '.join(ROLES)}"
+        if not isinstance(m.get("content"), str) and not (m["role"] == "assistant" and m.get("tool_calls")):
+            return f"messages[{i}] needs a string content"
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return "tools must be a list of tool objects"
+    chosen, rejected = row.get("chosen"), row.get("rejected")
+    if not isinstance(chosen, str) or not isinstance(rejected, str):
+        return shape
+    if not chosen.strip() or not rejected.strip():
+        return "chosen and rejected must not be empty"
+    if chosen == rejected:
+        return "chosen and rejected are identical"
+    return None
 
 
 # ----- the loss --------------------------------------------------------------------------------------------

@@ -80,3 +80,37 @@ def test_pairs_from_jsonl_and_bad_lines(tmp_path: Path) -> None:
         load_pairs(bad, renderer)
     with pytest.raises(ConfigError, match="beta"):
         DPOConfig(beta=0.0)
+
+
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        ({"messages": [], "chosen": "a", "rejected": "b"}, "messages"),  # (was the template's ValueError)
+        ({"messages": [{"role": "user", "content": 5}], "chosen": "a", "rejected": "b"}, "content"),
+        ({"messages": [{"role": "user"}], "chosen": "a", "rejected": "b"}, "content"),  # (was accepted)
+        ({"messages": [{"role": "wizard", "content": "x"}], "chosen": "a", "rejected": "b"}, "role"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "tools": "calc", "chosen": "a", "rejected": "b"},
+            "tools",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "chosen": " ", "rejected": "b"}, "empty"),
+        ({"messages": [{"role": "user", "content": "x"}], "chosen": "same", "rejected": "same"}, "identical"),
+    ],
+)
+def test_bad_pairs_are_config_errors_naming_the_line(tmp_path: Path, row: dict, needle: str) -> None:
+    from toolgym.agents.rendering import ChatRenderer
+
+    path = tmp_path / "pairs.jsonl"
+    good = {"messages": [{"role": "user", "content": "vote?"}], "chosen": "P3", "rejected": "P4"}
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(row) + "\n")
+    with pytest.raises(ConfigError, match=rf"pairs\.jsonl:3: .*{needle}"):
+        load_pairs(path, ChatRenderer(tiny_tokenizer()))
+
+
+def test_a_line_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    from toolgym.agents.rendering import ChatRenderer
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(b'{"messages": [], "chosen": "\xff"}\n')
+    with pytest.raises(ConfigError, match=r"pairs\.jsonl:1: .*UTF-8"):
+        load_pairs(path, ChatRenderer(tiny_tokenizer()))
