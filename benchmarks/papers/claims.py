@@ -124,7 +124,7 @@ CLAIMS: dict[str, Claim] = {
                 Arm(
                     "ppo",
                     {"algorithm": "ppo", "critic": "turn", "gamma": 0.95, "lam": 0.95, "micro_batch_rows": 2},
-                    gpu_gb=32.0,
+                    gpu_gb=30.0,
                 ),
             ),
             baseline="grpo",
@@ -175,7 +175,7 @@ CLAIMS: dict[str, Claim] = {
                 Arm("appo", APPO),
             ),
             baseline="grpo",
-            gpu_gb=12.0,
+            gpu_gb=10.0,
             report=("tool_calls",),
             level_note="2-3 operations; SFT on 128 two-operation chains (issue 23's calibration: 0.42 held-out "
             "after SFT on the 2-operation level)",
@@ -321,7 +321,7 @@ CLAIMS: dict[str, Claim] = {
                 Arm("llds", {"llds_coef": 0.2}),  # LLDS's lambda; acts with minibatches 2
             ),
             baseline="grpo",
-            gpu_gb=20.0,
+            gpu_gb=18.0,
             needs=("bwrap",),
             report=("collapse",),
             level_note="difficulty 2: numbers too large for mental arithmetic, so the tool must run; the expert "

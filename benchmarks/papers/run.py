@@ -232,7 +232,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             else:
                 queue += jobs_of(group, a.seeds, runs, a.quick)
         ready = []
-        queue.sort(key=lambda j: j.done_steps)
+        queue.sort(key=lambda j: (j.done_steps, -j.gb))  # least advanced first; big ones first (less waste)
         while todo_sft and len(running) < slots and (g := card(SFT_GB)) is not None:
             f = todo_sft.pop(0)
             write_yaml(

@@ -169,3 +169,36 @@ def test_igpo_gold_is_the_first_alias_not_the_lists_repr() -> None:
     assert _gold(SimpleNamespace(task=SimpleNamespace(answer=["5 May 1849", "May 5, 1849"]))) == "5 May 1849"
     assert _gold(SimpleNamespace(task=SimpleNamespace(answer=42))) == "42"
     assert _gold(SimpleNamespace(task=SimpleNamespace(answer=[]))) is None
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        ("gigpo_household", "epo_household"),
+        ("branching_search", "igpo_search"),
+        ("branching_chain", "tir_stability"),
+    ],
+)
+def test_each_plan_group_fits_four_h100s_at_once(
+    group: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PLAN.md's sessions: every run of a group starts at once on 4 x H100 (90% of 79.1 GiB a card) by the
+    claims' memory estimates, none left waiting."""
+    import subprocess
+
+    for name in group:
+        sft = tmp_path / CLAIMS[name].dir / "sft"
+        sft.mkdir(parents=True, exist_ok=True)
+        (sft / "summary.json").write_text(json.dumps({"success_after": 0.3}))
+
+    def fake_launch(cmd: list[str], log: Path, gpu: int | None = None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+
+    monkeypatch.setattr(run, "launch", fake_launch)
+    monkeypatch.setattr(run, "gpu_memory_gb", lambda device: [0.9 * 79.1] * 4)
+    monkeypatch.setattr(run, "missing", lambda needs: [])
+    args = ["run", "--claims", *group, "--seeds", "3", "--runs", str(tmp_path), "--seconds", "8"]
+    monkeypatch.setattr(sys, "argv", ["run.py", *args])
+    run.main()
+    call = json.loads((tmp_path / CLAIMS[group[0]].dir / "summary.json").read_text())["calls"][-1]
+    assert call["not_started"] == []
