@@ -15,10 +15,15 @@ into benchmarks/results/async.{json,md}:
   templates), synchronous vs ``max_staleness`` 2, each stopped after ``--minutes`` of wall time; held-out
   success against wall minutes (stamped when each metrics.jsonl record appears).
 
-``async_speedup_2gpu`` (rollout GPU + learner GPU, weights over NCCL) is not built yet: written as null.
+- ``speed2`` -> ``async_speedup_2gpu``: the same Search-v0 run, samples/s of the split layout on two GPUs
+  (``rollout_ranks: 1``: GPU 1 generates, GPU 0 learns, weights broadcast over NCCL after every step;
+  trainers/async_split.py; launched with torchrun as users launch it) vs the synchronous loop on one GPU
+  (GPU 0), in the same invocation. ``--quick`` runs it on CPU with 2 gloo processes.
 
-    python benchmarks/async.py --quick                  # CPU smoke test: tiny random model, both parts
+    python benchmarks/async.py --quick                  # CPU smoke test: tiny random model, every part
+    python benchmarks/async.py --quick --part speed2    # CPU: the split layout only (2 gloo processes)
     python benchmarks/async.py --part speed             # GPU, ~6 min on one H100 with SmolLM2-135M
+    python benchmarks/async.py --part speed2            # 2 GPUs (nvidia-h100-x2), ~8 min: sync on GPU 0 vs split
     python benchmarks/async.py --part learning --mode sync  --minutes 4     # GPU, ~5 min
     python benchmarks/async.py --part learning --mode async --minutes 4     # GPU, ~5 min
     python benchmarks/async.py --report                 # rewrite async.md from async.json
@@ -71,9 +76,12 @@ def child(spec: dict[str, Any]) -> None:
     train(GRPOConfig.from_dict(spec["config"]), model, tok)
 
 
-def run_child(config: dict[str, Any], tiny: bool, minutes: float | None = None) -> list[dict[str, Any]]:
-    """Trains `config` in a child process; returns its metrics records, each stamped with `wall_min` (minutes
-    since the child started when the record appeared). With `minutes`, the child is stopped at that time."""
+def run_child(
+    config: dict[str, Any], tiny: bool, minutes: float | None = None, nproc: int = 1, gpus: str | None = None
+) -> list[dict[str, Any]]:
+    """Trains `config` in a child process (`nproc` > 1: torchrun with that many ranks; `gpus`: its
+    CUDA_VISIBLE_DEVICES); returns rank 0's metrics records, each stamped with `wall_min` (minutes since the
+    child started when the record appeared). With `minutes`, the child is stopped at that time."""
     out = Path(config["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     log = out / "metrics.jsonl"
@@ -81,7 +89,16 @@ def run_child(config: dict[str, Any], tiny: bool, minutes: float | None = None) 
         log.unlink()
     spec = json.dumps({"config": config, "tiny": tiny})
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--child", spec], cwd=ROOT)
+    cmd = [sys.executable, __file__, "--child", spec]
+    if nproc > 1:  # as a user launches the split layout (torchrun ends its ranks when it is terminated)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+               str(free_port()), *cmd[1:]]  # fmt: skip
+    env = dict(os.environ)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    if config.get("device") == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     stamps: list[float] = []
     try:
         while proc.poll() is None:
@@ -139,64 +156,98 @@ def start_retriever(passages: int) -> tuple[subprocess.Popen[bytes], str]:
 
 
 # ----- parts ------------------------------------------------------------------------------------------------------
-def speed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def speed_config(args: argparse.Namespace, url: str, passages: int) -> dict[str, Any]:
+    """The Search-v0 run both speed parts time."""
+    base: dict[str, Any] = dict(
+        env_ids=["toolgym/Search-v0"],
+        env_kwargs=dict(
+            retriever_url=url, num_passages=passages, max_turns=4, action_format="tags", prompt_format="text",
+            hops=2,
+        ),
+        model=args.model or "smollm2-135m", steps=args.steps, prompts_per_step=args.prompts, budget=args.budget,
+        max_new_tokens=args.max_new_tokens, max_total_tokens=2048, lr=1e-6, micro_batch_rows=16,
+        eval_episodes=4, tensorboard=False, progress=False, is_mode="token_mask", is_min=0.2, is_max=5.0,
+        filter_zero_variance=False,  # every step runs the full update (a 135M model often scores all 0)
+    )  # fmt: skip
+    if args.quick:
+        base.update(
+            steps=4,
+            prompts_per_step=2,
+            budget=2,
+            max_new_tokens=16,
+            max_total_tokens=1024,
+            device="cpu",
+            threads=1,
+        )
+    return base
+
+
+def timed(recs: list[dict[str, Any]], warmup: int, **extra: Any) -> dict[str, Any]:
+    """A speed run's numbers from its metrics records (the first `warmup` steps left out)."""
+    use = [r for r in recs if r["step"] > warmup and "rollout/episodes" in r]
+    seconds = sum(r["time/step_s"] for r in use)
+    episodes = sum(r["rollout/episodes"] for r in use)
+    return extra | {
+        "steps_timed": len(use),
+        "episodes": episodes,
+        "seconds": seconds,
+        "samples_per_s": episodes / max(seconds, 1e-9),
+        "step_s": seconds / max(len(use), 1),
+        "generate_s": _mean(use, "rollout/generate_s"),
+        "env_s": _mean(use, "rollout/env_s"),
+        "staleness_mean": _mean(use, "rollout/staleness_mean"),
+        "staleness_max": max((r.get("rollout/staleness_max", 0.0) for r in use), default=0.0),
+        "rollout_wait_s": _mean(use, "time/rollout_wait_s"),
+        "weight_publish_s": _mean(use, "time/weight_publish_s"),
+        "is_masked_fraction": _mean(use, "losses/is_masked_fraction"),
+        "turns": _mean(use, "charts/turns"),
+        "tool_calls": _mean(use, "charts/tool_calls"),
+    }
+
+
+def setup_of(base: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in base.items() if k != "env_kwargs"} | {
+        "env_kwargs": {k: v for k, v in base["env_kwargs"].items() if k != "retriever_url"},
+        "warmup": args.warmup,
+    }
+
+
+def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed",)) -> dict[str, Any]:
+    """`speed`: max_staleness k vs 0 on one GPU; `speed2`: the split layout on two GPUs vs the synchronous loop
+    on one (the synchronous run is shared when both parts run)."""
     passages = 2000 if args.quick else args.passages
     server, url = start_retriever(passages)
     try:
-        base: dict[str, Any] = dict(
-            env_ids=["toolgym/Search-v0"],
-            env_kwargs=dict(
-                retriever_url=url, num_passages=passages, max_turns=4, action_format="tags", prompt_format="text",
-                hops=2,
-            ),
-            model=args.model or "smollm2-135m", steps=args.steps, prompts_per_step=args.prompts, budget=args.budget,
-            max_new_tokens=args.max_new_tokens, max_total_tokens=2048, lr=1e-6, micro_batch_rows=16,
-            eval_episodes=4, tensorboard=False, progress=False, is_mode="token_mask", is_min=0.2, is_max=5.0,
-            filter_zero_variance=False,  # every step runs the full update (a 135M model often scores all 0)
-        )  # fmt: skip
-        if args.quick:
-            base.update(
-                steps=4,
-                prompts_per_step=2,
-                budget=2,
-                max_new_tokens=16,
-                max_total_tokens=1024,
-                device="cpu",
-                threads=1,
-            )
-        runs = {}
-        for k in (0, args.staleness):
-            cfg = dict(base, max_staleness=k, output_dir=str(work / f"speed_k{k}"))
-            recs = run_child(cfg, tiny=args.quick)
-            use = [r for r in recs if r["step"] > args.warmup and "rollout/episodes" in r]
-            seconds = sum(r["time/step_s"] for r in use)
-            episodes = sum(r["rollout/episodes"] for r in use)
-            runs[f"k{k}"] = {
-                "max_staleness": k,
-                "steps_timed": len(use),
-                "episodes": episodes,
-                "seconds": seconds,
-                "samples_per_s": episodes / max(seconds, 1e-9),
-                "step_s": seconds / max(len(use), 1),
-                "generate_s": _mean(use, "rollout/generate_s"),
-                "env_s": _mean(use, "rollout/env_s"),
-                "staleness_mean": _mean(use, "rollout/staleness_mean"),
-                "staleness_max": max((r.get("rollout/staleness_max", 0.0) for r in use), default=0.0),
-                "rollout_wait_s": _mean(use, "time/rollout_wait_s"),
-                "is_masked_fraction": _mean(use, "losses/is_masked_fraction"),
-                "turns": _mean(use, "charts/turns"),
-                "tool_calls": _mean(use, "charts/tool_calls"),
+        base = speed_config(args, url, passages)
+        one_gpu = None if args.quick else "0"
+        out: dict[str, Any] = {}
+        cfg = dict(base, max_staleness=0, output_dir=str(work / "speed_k0"))
+        sync = timed(
+            run_child(cfg, tiny=args.quick, gpus=one_gpu), args.warmup, max_staleness=0, layout="sync"
+        )
+        if "speed" in parts:
+            cfg = dict(base, max_staleness=args.staleness, output_dir=str(work / f"speed_k{args.staleness}"))
+            recs = run_child(cfg, tiny=args.quick, gpus=one_gpu)
+            fast = timed(recs, args.warmup, max_staleness=args.staleness, layout="thread")
+            out |= {
+                "async_speedup_1gpu": fast["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
+                "speed_runs": {"k0": sync, f"k{args.staleness}": fast},
+                "speed_setup": setup_of(base, args),
             }
-        sync, fast = runs["k0"], runs[f"k{args.staleness}"]
-        return {
-            "async_speedup_1gpu": fast["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
-            "speed_runs": runs,
-            "speed_setup": {k: v for k, v in base.items() if k != "env_kwargs"}
-            | {
-                "env_kwargs": {k: v for k, v in base["env_kwargs"].items() if k != "retriever_url"},
-                "warmup": args.warmup,
-            },
-        }
+        if "speed2" in parts:
+            cfg = dict(
+                base, max_staleness=args.staleness, rollout_ranks=1, output_dir=str(work / "speed_split")
+            )
+            recs = run_child(cfg, tiny=args.quick, nproc=2, gpus=None if args.quick else "0,1")
+            split = timed(
+                recs, args.warmup, max_staleness=args.staleness, layout="split (1 rollout + 1 learner)"
+            )
+            out |= {
+                "async_speedup_2gpu": split["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
+                "speed2_runs": {"sync_1gpu": sync, "split_2gpu": split},
+                "speed2_setup": setup_of(base, args),
+            }
+        return out
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -255,6 +306,15 @@ def learning_summary(runs: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----- results ------------------------------------------------------------------------------------------------------
+def gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
 def device_name() -> str:
     try:
         import torch
@@ -291,15 +351,26 @@ def write_md(data: dict[str, Any], path: Path) -> None:
                 f"{r['is_masked_fraction']:.4f} |"
             )
         lines += ["", f"**async_speedup_1gpu = {data['async_speedup_1gpu']:.2f}x** (goal >= 1.5x).", ""]
-    lines += [
-        "## Two GPUs (`async_speedup_2gpu`)",
-        "",
-        "Not measured: the layout with rollout GPUs and learner GPUs (weights pushed over NCCL) is not built yet",
-        "(trainers/async_rollout.py departure 4); `async_speedup_2gpu` is null.",
-        "",
-        "## Learning (`async_learning`)",
-        "",
-    ]
+    lines += ["## Two GPUs (`async_speedup_2gpu`)", ""]
+    sp2 = data.get("speed2_runs")
+    if sp2:
+        lines += [
+            "The same Search-v0 run: the synchronous loop on one GPU vs the split layout (`rollout_ranks: 1`, torchrun",
+            "with 2 ranks: GPU 1 generates, GPU 0 learns, weights broadcast after every step), same invocation.",
+            "",
+            "| run | samples/s | step s | generate s | env s | learner wait s | weight push s | staleness mean / max |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in sp2.items():
+            lines.append(
+                f"| {name} | {r['samples_per_s']:.2f} | {r['step_s']:.2f} | {r['generate_s']:.2f} | {r['env_s']:.2f} | "
+                f"{r['rollout_wait_s']:.2f} | {r.get('weight_publish_s', 0.0):.3f} | "
+                f"{r['staleness_mean']:.2f} / {r['staleness_max']:.0f} |"
+            )
+        lines += ["", f"**async_speedup_2gpu = {data['async_speedup_2gpu']:.2f}x** (goal >= 2.5x).", ""]
+    else:
+        lines += ["Not measured yet: `python benchmarks/async.py --part speed2` on two GPUs.", ""]
+    lines += ["## Learning (`async_learning`)", ""]
     ln = data.get("async_learning") or {}
     for mode in ("sync", "async"):
         if mode in ln:
@@ -342,7 +413,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--part", choices=["speed", "learning", "all"], default="all")
+    p.add_argument("--part", choices=["speed", "speed2", "learning", "all"], default="all")
     p.add_argument("--mode", choices=["sync", "async", "both"], default="both", help="learning: which run(s)")
     p.add_argument("--quick", action="store_true", help="CPU smoke test with a tiny random model")
     p.add_argument("--report", action="store_true", help="only rewrite the .md (and plot) from the .json")
@@ -391,12 +462,13 @@ def main() -> int:
         if cmd not in data["commands"]:
             data["commands"].append(cmd)
         data["device"] = device_name()
-        data["async_speedup_2gpu"] = None
-        data["async_speedup_2gpu_note"] = (
-            "not built yet: rollout GPU + learner GPU layout (weights over NCCL)"
-        )
-        if args.part in ("speed", "all"):
-            data |= speed(args, work)
+        parts = {"speed": ("speed",), "speed2": ("speed2",), "all": ("speed", "speed2")}.get(args.part, ())
+        if "speed2" in parts and not args.quick and gpu_count() < 2:
+            if args.part == "speed2":
+                raise SystemExit("--part speed2 needs 2 GPUs (or --quick on CPU)")
+            parts = ("speed",)  # all on one GPU: the two-GPU part is left as it was
+        if parts:
+            data |= speed(args, work, parts)
         if args.part in ("learning", "all"):
             got = learning(args, work)["async_learning"]
             data["async_learning"] = (data.get("async_learning") or {}) | got
