@@ -1,8 +1,8 @@
 """Run by test_async_split.py under torchrun (2 gloo processes on CPU: rank 0 learner, rank 1 rollout).
 
-    async_split_worker.py train OUT        GRPO with rollout_ranks 1; each rank saves its final weights
-    async_split_worker.py worker OUT K     the split pipeline against a fake learner that perturbs the weights and
-                                           keeps every version; the learner writes what it checked to OUT/check.json
+async_split_worker.py train OUT STEPS [resume]   GRPO with rollout_ranks 1; each rank saves its final weights
+async_split_worker.py worker OUT K     the split pipeline against a fake learner that perturbs the weights and
+                                       keeps every version; the learner writes what it checked to OUT/check.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _setup() -> tuple[Any, Any]:
     return torch, tiny_tokenizer()
 
 
-def train(out: str) -> None:
+def train(out: str, steps: int, resume: bool) -> None:
     torch, tok = _setup()
     from tests.trainers.conftest import tiny_model
     from tests.trainers.test_async import SLOW_ENV
@@ -40,10 +40,12 @@ def train(out: str) -> None:
     from toolgym.trainers.grpo import train as train_grpo
 
     rank = int(os.environ["RANK"])
-    model = tiny_model(len(tok), seed=rank)  # the rollout rank's start weights come from the learner
+    # the rollout rank's start weights come from the learner (a resumed one: from its checkpoint)
+    model = tiny_model(len(tok), seed=rank + (10 if resume else 0))
     cfg = GRPOConfig(
-        steps=4, max_staleness=2, rollout_ranks=1, output_dir=out, **dict(SMALL, env_ids=[SLOW_ENV])
-    )
+        steps=steps, max_staleness=2, rollout_ranks=1, output_dir=out, resume=resume,
+        **dict(SMALL, env_ids=[SLOW_ENV]),
+    )  # fmt: skip
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/init{rank}.pt")
     train_grpo(cfg, model, tok)
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/rank{rank}.pt")
@@ -123,7 +125,11 @@ def worker(out: str, max_staleness: int, continuous: bool) -> None:
                 if n.kind != "model":
                     continue
                 vs = n.versions or []
-                if not vs or vs != sorted(vs) or not b.step - 1 - max_staleness <= vs[0] <= vs[-1] <= b.step - 1:
+                if (
+                    not vs
+                    or vs != sorted(vs)
+                    or not b.step - 1 - max_staleness <= vs[0] <= vs[-1] <= b.step - 1
+                ):
                     check["bad_versions"].append([b.step, vs])
                     continue
                 check["switched"] |= vs[0] != vs[-1]
@@ -155,6 +161,6 @@ def sync_cost(layout: Any, learner: Any) -> dict[str, float]:
 
 if __name__ == "__main__":
     if sys.argv[1] == "train":
-        train(sys.argv[2])
+        train(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["resume"])
     else:
         worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "continuous")

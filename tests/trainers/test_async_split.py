@@ -31,7 +31,7 @@ def torchrun(*args: str, timeout: float = 420) -> None:
 
 
 def test_split_grpo_trains_and_the_rollout_rank_ends_with_the_learners_weights(tmp_path: Path) -> None:
-    torchrun("train", str(tmp_path))
+    torchrun("train", str(tmp_path), "4")
     init, r0, r1 = (torch.load(tmp_path / f, weights_only=True) for f in ("init0.pt", "rank0.pt", "rank1.pt"))
     for name in init:
         assert not torch.equal(init[name], r0[name]), name  # the learner trained every parameter
@@ -41,6 +41,16 @@ def test_split_grpo_trains_and_the_rollout_rank_ends_with_the_learners_weights(t
     assert all(0 <= r["rollout/staleness_max"] <= 2 for r in rows)
     assert rows[0]["rollout/staleness_max"] == 0
     assert all(r["rollout/episodes"] == 8 and r["time/weight_publish_s"] >= 0 for r in rows)
+
+
+def test_split_resume_starts_the_rollout_rank_from_the_checkpoint(tmp_path: Path) -> None:
+    torchrun("train", str(tmp_path), "2")
+    torchrun("train", str(tmp_path), "4", "resume")  # both ranks start from other random weights
+    rows = records(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[2]["rollout/staleness_max"] == 0  # step 3's batch was grown from the checkpoint's version
+    r0, r1 = (torch.load(tmp_path / f, weights_only=True) for f in ("rank0.pt", "rank1.pt"))
+    assert all(torch.equal(r0[n], r1[n]) for n in r0)
 
 
 @pytest.mark.parametrize("max_staleness,mode", [(1, "rounds"), (3, "continuous")])
