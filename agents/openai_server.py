@@ -426,7 +426,14 @@ def build_app(server: PolicyServer) -> Any:
     @app.get("/v1/models")
     @app.get("/models")
     async def models() -> dict[str, Any]:
-        model = {"id": server.model_name, "object": "model", "created": 0, "owned_by": "toolgym"}
+        model: dict[str, Any] = {
+            "id": server.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "toolgym",
+        }
+        if server.context is not None:  # (vLLM's field: a rollout client checks its prompts fit)
+            model["max_model_len"] = server.context
         return {"object": "list", "data": [model]}
 
     @app.post("/v1/completions", response_model=None)

@@ -296,6 +296,24 @@ class ServerBackend:
             self.lengths.clear()
             self.sent.clear()
 
+    def check_context(self, capacity: int) -> None:
+        """A ConfigError when a server's ``max_model_len`` (``GET /v1/models``, as vLLM reports it) is below
+        ``capacity`` (the longest prompt + reply the rollout sends): its requests past it would be answered 400
+        mid-run. A server that does not answer or report it is not checked (it is tried per request)."""
+        for url in self.urls:
+            try:
+                resp = self.client.get(f"{url}/v1/models", timeout=10.0)
+                models = resp.json().get("data") or [{}]
+                size = models[0].get("max_model_len")
+            except Exception:  # unreachable or not vLLM's shape: per-request failover handles it
+                continue
+            if isinstance(size, int) and size < capacity:
+                raise ConfigError(
+                    f"rollout server {url} has max_model_len {size}, below the rollout's {capacity} tokens "
+                    "(max_total_tokens + max_new_tokens + 8): start it with --max-model-len "
+                    f"{capacity} or lower max_total_tokens"
+                )
+
     def post_all(self, path: str, body: dict[str, Any] | None = None) -> list[Any]:
         """``POST path`` to every server at once; their JSON answers (a failure raises)."""
 
@@ -845,6 +863,7 @@ def make_vllm_policy(
         where = f"colocated vLLM ({memory:.2f} of the GPU, sleep mode on)"
     else:
         backend = ServerBackend(servers, workers=max(256, 2 * rows))  # every turn of a step in flight at once
+        backend.check_context(capacity)
         mode = "nccl" if weight_sync == "auto" else weight_sync
         sync: WeightSync
         if mode == "nccl":

@@ -473,3 +473,21 @@ def test_broken_answers_from_every_server_are_an_infrastructure_error(chatml_tok
     finally:
         backend.close()
         bad.shutdown()
+
+
+def test_servers_whose_context_is_shorter_than_the_rollouts_are_a_config_error(
+    servers: Any, chatml_tokenizer: Any
+) -> None:
+    """(Was every request past the server's max_model_len answered 400: an InfrastructureError mid-run.)"""
+    from toolgym.agents.vllm_policy import make_vllm_policy
+    from toolgym.errors import ConfigError
+
+    model, started = servers
+    hf = HFPolicy(model, chatml_tokenizer)
+    with pytest.raises(ConfigError, match="max_model_len 4096"):
+        make_vllm_policy(
+            hf, capacity=5000, memory=0.5, servers=[started[0].url], weight_sync="none", quiet=True
+        )
+    make_vllm_policy(
+        hf, capacity=4096, memory=0.5, servers=[started[0].url], weight_sync="none", quiet=True
+    ).close()
