@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -52,6 +53,10 @@ from toolgym.trainers.distributed import Dist
 from toolgym.trainers.rollout import RolloutTask, TreeRollout
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]  # the handshake sends an index
+# A rollout rank waits on these groups while the learner evaluates or saves (the handshake waits for the
+# learner's first evaluation, the final barrier for its last one): far longer than NCCL's 10 and gloo's 30
+# minute defaults. A rank that fails does not leave the others waiting that long: torchrun ends them all.
+GROUP_TIMEOUT = timedelta(hours=4)
 
 
 def weight_tensors(model: Any) -> list[torch.Tensor]:
@@ -174,8 +179,10 @@ class Layout:
         learners = dist.world - cfg.rollout_ranks
         lay = cls(dist.rank, dist.world, cfg.rollout_ranks, device)
         # every rank creates every group, in the same order (new_group is collective over the world)
-        lay.weights = tdist.new_group([0, *range(learners, dist.world)], backend=backend)
-        lay.data = tdist.new_group(list(range(dist.world)), backend="gloo")
+        lay.weights = tdist.new_group(
+            [0, *range(learners, dist.world)], backend=backend, timeout=GROUP_TIMEOUT
+        )
+        lay.data = tdist.new_group(list(range(dist.world)), backend="gloo", timeout=GROUP_TIMEOUT)
         lay.learners_group = tdist.new_group(list(range(learners)), backend=backend) if learners > 1 else None
         return lay
 
