@@ -66,6 +66,8 @@ def check(cfg: Any, world: int) -> None:
         raise ConfigError(
             "kl_in_reward under parallel=fsdp2 with several ranks is not supported: use kl_coef as a loss term"
         )
+    if getattr(cfg, "rollout_ranks", 0) > 0:
+        raise ConfigError("rollout_ranks (the split layout) shards nothing: use parallel=ddp with it")
     if getattr(cfg, "max_staleness", 0) > 0:
         raise ConfigError(
             "max_staleness > 0 (asynchronous rollouts) copies the learner's live weights: use parallel=ddp"
