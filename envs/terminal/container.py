@@ -4,7 +4,9 @@ What is covered: each episode gets its own container, started from the sandbox's
 (``toolgym.sandboxes.docker_backend.container_kwargs``: no network, all capabilities dropped but the few
 root needs to own, signal and drop privileges, no-new-privileges, memory = memory+swap, a pids cap, CPU
 quota, nofile/fsize/core ulimits, a size-capped tmpfs ``/tmp``, no host mounts) with a writable root file
-system (the container's own layer, removed with it at the end of the episode).
+system (the container's own layer, removed with it at the end of the episode) that the agent cannot write:
+every folder it writes is a size-capped tmpfs counted in the container's memory (no disk quota exists for a
+container's layer, and the host's disk is every episode's and the trainer's).
 
 Who is who: the agent's shell runs as an unprivileged user (``agent``, uid ``AGENT_UID``, no capabilities,
 no way to gain any), in its working folder (owned by it) with ``HOME=/home/agent``. System folders, ``/tests``
@@ -141,14 +143,24 @@ class Resources:
     cpus: float = 1.0
     pids: int = 256
     tmp_mb: int = 256
+    disk_mb: int = 512  # the agent's working folder (its home gets half): tmpfs, on top of memory_mb
+
+
+SMALL_TMPFS_MB = 16  # /var/tmp, /run/lock: the image's world-writable folders
+SOLUTION_MB = 64  # /solution (the agent's: Harbor's oracle unpacks its solution there)
 
 
 def _kwargs(image: str, res: Resources, workdir: str) -> dict[str, Any]:
     from toolgym.sandboxes.docker_backend import container_kwargs
     from toolgym.sandboxes.limits import Limits
 
+    # every folder the agent can write is a size-capped tmpfs, never the container's layer on the host's disk
+    # (no per-container quota there: the agent could fill the disk the other episodes and the trainer use);
+    # the tmpfs pages count in the container's memory, so the limit grows by their caps
+    home_mb = max(res.disk_mb // 2, 16)
+    memory = res.memory_mb + res.disk_mb + home_mb + 2 * SMALL_TMPFS_MB + SOLUTION_MB
     lim = Limits(
-        image=image, memory_mb=res.memory_mb, cpus=res.cpus, pids=res.pids, tmp_mb=res.tmp_mb, nofile=1024
+        image=image, memory_mb=memory, cpus=res.cpus, pids=res.pids, tmp_mb=res.tmp_mb, nofile=1024
     ).updated(fsize_mb=512, tmp_inodes=65536)
     kw = container_kwargs(lim, f"toolgym-term-{uuid.uuid4().hex[:10]}")
     kw.update(
@@ -161,12 +173,40 @@ def _kwargs(image: str, res: Resources, workdir: str) -> dict[str, Any]:
         hostname="task",
     )
     # root's, and apart from the disk: the agent cannot write them, nor fill the disk under the reward
+    small = f"rw,nosuid,nodev,size={SMALL_TMPFS_MB}m,nr_inodes=4096"
     kw["tmpfs"] = {
         "/tmp": kw["tmpfs"]["/tmp"],
         "/logs": "rw,nosuid,nodev,size=16m,mode=755",
         "/tests": "rw,nosuid,nodev,size=64m,mode=755",
+        # the agent's (chowned at start; the image's working folder is copied in: ``image_workdir``)
+        workdir: f"rw,exec,nosuid,nodev,size={res.disk_mb}m,nr_inodes=262144,mode=755",
+        AGENT_HOME: f"rw,exec,nosuid,nodev,size={home_mb}m,nr_inodes=131072,mode=755",
+        "/solution": f"rw,exec,nosuid,nodev,size={SOLUTION_MB}m,nr_inodes=16384,mode=755",
+        "/var/tmp": f"{small},mode=1777",
+        "/run/lock": f"{small},mode=1777",
     }
     return kw
+
+
+def image_workdir(image: str, workdir: str) -> bytes | None:
+    """The image's working folder as a tar (docker's ``get_archive`` of a created, never started container:
+    the tmpfs mounted there at run time hides it), or None when the image has none."""
+    from toolgym.sandboxes.docker_backend import client
+
+    try:
+        box = client().containers.create(image, command=["true"], network_mode="none")
+    except Exception as exc:
+        raise InfrastructureError(f"could not create a container from {image}: {exc}") from exc
+    try:
+        chunks, _ = box.get_archive(workdir)
+        return b"".join(chunks)
+    except Exception as exc:
+        if type(exc).__name__ == "NotFound":
+            return None
+        raise InfrastructureError(f"could not read {workdir} of {image}: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            box.remove(force=True)
 
 
 def check_workdir(workdir: str) -> None:
@@ -297,9 +337,10 @@ class TaskContainer:
     """A started container, its root warden and the agent's shell. ``run`` executes one agent command;
     ``end_agent`` kills every agent process; ``verify`` runs a verifier; ``close`` removes the container."""
 
-    def __init__(self, container: Any, workdir: str) -> None:
+    def __init__(self, container: Any, workdir: str, seed: bytes | None = None) -> None:
         self.container = container
         self.workdir = workdir
+        self.seed = seed  # the image's working folder (a tar from ``image_workdir``), copied into its tmpfs
         self.warden: _Shell | None = None
         self.agent: _Shell | None = None
         self.closed = False
@@ -341,6 +382,12 @@ class TaskContainer:
         self.warden = _Shell(self.container.id, "0:0", "/", ENV, ["bash", "--noprofile", "--norc"])
         self._root(WARDEN_PRELUDE, 20.0)
         uid, wd = AGENT_UID, shlex.quote(self.workdir)
+        if self.seed:  # (a tar of the folder itself: extracted in its parent)
+            parent = shlex.quote(self.workdir.rstrip("/").rsplit("/", 1)[0] or "/")
+            blob = base64.b64encode(self.seed).decode()
+            code, out = self._root(f"printf %s {blob} | base64 -d | tar -x -C {parent} 2>&1", 120.0)
+            if code != 0:
+                raise InfrastructureError(f"could not copy the image's {self.workdir} ({code}): {out[-500:]}")
         code, out = self._root(
             f"""(set -e
 getent passwd {uid} >/dev/null || echo 'agent:x:{uid}:{uid}:agent:{AGENT_HOME}:/bin/bash' >> /etc/passwd
@@ -539,6 +586,15 @@ class ContainerPool:
         self._filling = 0
         self._fillers: list[threading.Thread] = []
         self.closed = False
+        self._seed: bytes | None = None
+        self._seeded = False
+
+    def seed(self) -> bytes | None:
+        """The image's working folder, read once per pool (``image_workdir``)."""
+        with self._lock:
+            if not self._seeded:
+                self._seed, self._seeded = image_workdir(self.image, self.workdir), True
+            return self._seed
 
     def _start(self) -> Any:
         from toolgym.sandboxes.docker_backend import client
@@ -552,7 +608,8 @@ class ContainerPool:
         return container
 
     def _started(self) -> TaskContainer:
-        box = TaskContainer(self._start(), self.workdir)
+        seed = self.seed()
+        box = TaskContainer(self._start(), self.workdir, seed)
         try:
             box.start()
         except InfrastructureError:

@@ -243,3 +243,26 @@ def test_a_full_tmp_does_not_stop_the_verifier(probe):
     )
     assert "No space left" in outputs[1] or "100%" in outputs[1], outputs[1]
     assert reward == 1.0, info["verifier_output"]
+
+
+def test_the_agent_cannot_fill_the_hosts_disk(probe):
+    """Every folder the agent can write is a size-capped tmpfs counted in the container's memory: nothing of
+    the container's disk layer (the host's disk: the other episodes' containers and the trainer's checkpoints
+    live there) is writable by it, and with its folders full the solved episode still scores 1."""
+    from toolgym.envs.terminal.container import Resources
+
+    outputs, reward, info = play(
+        probe,
+        [
+            "echo done > /app/done.txt",
+            "find / -xdev \\( -type f -o -type d \\) -writable ! -path '/proc/*' 2>/dev/null | "
+            'while read -r p; do mountpoint -q "$p" || echo "$p"; done | head -5; echo end',
+            "df --output=fstype /app /home/agent /var/tmp /run/lock /solution | sort | uniq -c",
+            "for d in /app /home/agent; do dd if=/dev/zero of=$d/fill bs=1M count=600 status=none 2>/dev/null; done; "
+            "du -smc /app/fill /home/agent/fill | tail -1",
+        ],
+    )
+    assert outputs[1].strip().startswith("end"), outputs[1]  # (was /app, /home/agent, /var/tmp, /run/lock…)
+    assert "5 tmpfs" in outputs[2], outputs[2]
+    assert int(outputs[3].split()[0]) <= Resources().disk_mb * 2, outputs[3]
+    assert reward == 1.0, info["verifier_output"]
