@@ -180,6 +180,7 @@ class ServerBackend:
     request loses its cached prefix, not the rollout)."""
 
     MAX_ROUTES = 200_000  # forget the routing table past this many sequences (an evaluation that never syncs)
+    ROUNDS = 3  # passes over every server before a request is an InfrastructureError (a restart, a spike)
 
     def __init__(
         self, urls: Sequence[str], *, model: str | None = None, workers: int = 256, timeout: float = 600.0
@@ -204,6 +205,7 @@ class ServerBackend:
         self.failovers = 0
         self.sent: list[tuple[int, list[int]]] = []  # (server, prompt) of each request since the last reset
         self.vocab: int | None = None  # the model's vocabulary (set by VLLMEngine): sampled ids are checked
+        self.backoff_s = 2.0  # before the second pass over the servers (doubled for each further one)
 
     def server_for(self, ids: Sequence[int]) -> int:
         """The server of the longest earlier sequence that ``ids`` extends, else the least loaded one."""
@@ -240,8 +242,10 @@ class ServerBackend:
     def _post(self, server: int, ids: list[int], payload: dict[str, Any]) -> Completed:
         import httpx
 
-        errors = []
-        for k in range(len(self.urls)):
+        errors: list[str] = []
+        for k in range(len(self.urls) * self.ROUNDS):
+            if k and k % len(self.urls) == 0:  # every server failed this pass: wait, then try them again
+                time.sleep(self.backoff_s * 2 ** (k // len(self.urls) - 1))
             at = (server + k) % len(self.urls)
             url = f"{self.urls[at]}/v1/completions"
             try:

@@ -466,6 +466,7 @@ def test_broken_answers_from_every_server_are_an_infrastructure_error(chatml_tok
 
     bad = _Garbage.start(BROKEN["half json"])
     backend = ServerBackend([f"http://127.0.0.1:{bad.server_address[1]}"])
+    backend.backoff_s = 0.01
     try:
         with pytest.raises(InfrastructureError, match="no rollout server answered"):
             backend.submit("r", [1, 2], {"max_tokens": 3})
@@ -491,3 +492,36 @@ def test_servers_whose_context_is_shorter_than_the_rollouts_are_a_config_error(
     make_vllm_policy(
         hf, capacity=4096, memory=0.5, servers=[started[0].url], weight_sync="none", quiet=True
     ).close()
+
+
+def test_every_server_failing_for_a_moment_is_retried() -> None:
+    """Every server failing at once (a restart, a load spike) is retried in rounds with a back-off before the
+    request is an InfrastructureError (was: the first round's failure ended the run)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            seen.append(1)
+            body = BROKEN["half json"] if len(seen) <= 2 else _choice()
+            self.send_response(503 if len(seen) == 1 else 200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    backend = ServerBackend([f"http://127.0.0.1:{httpd.server_address[1]}"])
+    backend.backoff_s = 0.01
+    try:
+        backend.submit("r", [1, 2], {"max_tokens": 3})
+        ((rid, done),) = backend.poll()
+        assert rid == "r" and done.token_ids == [5, 6] and len(seen) == 3
+    finally:
+        backend.close()
+        httpd.shutdown()
