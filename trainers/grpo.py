@@ -38,6 +38,7 @@ Departures from the papers:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import warnings
@@ -94,7 +95,11 @@ def vocab_size(model: Any) -> int | None:
 
 def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
     """Runs (or resumes) GRPO as configured; returns the last step's metrics."""
+    with contextlib.ExitStack() as cleanup:  # a run that fails still stops its rollout worker and closes envs
+        return _train(cfg, model, tokenizer, cleanup)
 
+
+def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitStack) -> dict[str, float]:
     cfg.validate()
     rollout_cfg = cfg.rollout_config()
     dist = Dist.from_env(cfg.device)  # torchrun: one rank per GPU (or CPU process); else world 1
@@ -161,6 +166,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
     roller = TreeRollout(
         rollout_policy, branch, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_workers
     )
+    cleanup.callback(roller.close)  # (closing twice is harmless: the end of the run closes it too)
     addons = AddonState(cfg, dist.world)  # replay buffer, task pool, EPO entropy band
     if cfg.resume:  # the add-ons continue where the checkpoint left them
         addons.load_state_dict(progress.extra)
@@ -201,6 +207,7 @@ def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str
             draw=lambda s: next_tasks(cfg.env_ids, cfg.seed, pos0 + (s - start - 1) * cfg.prompts_per_step, per_rank),
             seed=lambda s: cfg.seed * 100_003 + s, context=lambda: autocast(device, cfg.bf16),
         ).start()  # fmt: skip
+        cleanup.callback(pipe.close)  # a failed run stops the worker (registered after the roller's: runs first)
 
     for step in range(progress.step + 1, cfg.steps + 1):
         t_step = time.perf_counter()
