@@ -28,6 +28,7 @@ Departures from the papers:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -65,6 +66,11 @@ __all__ = ["PPOConfig", "train"]
 
 def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
     """Runs (or resumes) PPO as configured; returns the last step's metrics."""
+    with contextlib.ExitStack() as cleanup:  # a run that fails still closes its envs (sandboxes, containers)
+        return _train(cfg, model, tokenizer, cleanup)
+
+
+def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitStack) -> dict[str, float]:
     cfg.validate()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("PPO runs in one process; for torchrun data parallel use `toolgym train grpo`")
@@ -104,6 +110,7 @@ def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     log = MetricsLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
     roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs, env_backend=cfg.env_workers)
+    cleanup.callback(roller.close)  # (closing twice is harmless: the end of the run closes it too)
     addons = AddonState(cfg)  # replay buffer, task pool, EPO entropy band (addons.py)
     if cfg.resume:  # the add-ons continue where the checkpoint left them
         addons.load_state_dict(progress.extra)

@@ -84,3 +84,18 @@ def test_the_worker_raising_is_the_learner_error_and_closes_the_envs(tmp_path: P
         train_grpo(GRPOConfig(**opts), tiny_model(len(tokenizer)), tokenizer)
     assert _no_worker_left()
     assert not OPEN, f"{len(OPEN)} envs left open"
+
+
+def test_ppo_closes_its_envs_when_the_learner_raises(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolgym.trainers import ppo
+
+    def explained_variance(*args: Any) -> float:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ppo, "explained_variance", explained_variance)
+    opts = dict(SMALL, env_ids=["tests/Counted-v0"], steps=2, output_dir=str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        ppo.train(ppo.PPOConfig(**opts), tiny_model(len(tokenizer)), tokenizer)
+    assert not OPEN, f"{len(OPEN)} envs left open"
