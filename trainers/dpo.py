@@ -257,14 +257,13 @@ def train(
         if not cfg.data:
             raise ConfigError("DPO needs pairs: give data (a JSONL of preference pairs)")
         pairs = load_pairs(cfg.data, policy.renderer)
-    kept = [
-        p
-        for p in pairs
-        if len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids)) <= cfg.max_pair_tokens
-    ]
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    limit = min(cfg.max_pair_tokens, positions) if isinstance(positions, int) else cfg.max_pair_tokens
+    kept = [p for p in pairs if len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids)) <= limit]
     if not kept:
         raise ConfigError(
-            f"every one of {len(pairs)} pairs is longer than max_pair_tokens ({cfg.max_pair_tokens})"
+            f"every one of {len(pairs)} pairs is longer than {limit} tokens (max_pair_tokens "
+            f"{cfg.max_pair_tokens}, the model's positions {positions})"
         )
     ref = Reference(model)
     with autocast(device, cfg.bf16):

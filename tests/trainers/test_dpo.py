@@ -114,3 +114,16 @@ def test_a_line_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     path.write_bytes(b'{"messages": [], "chosen": "\xff"}\n')
     with pytest.raises(ConfigError, match=r"pairs\.jsonl:1: .*UTF-8"):
         load_pairs(path, ChatRenderer(tiny_tokenizer()))
+
+
+def test_pairs_past_the_models_positions_are_left_out(tmp_path: Path) -> None:
+    """max_pair_tokens above the model's positions (1024 here) does not let a longer pair through: past them
+    a RoPE model extrapolates into garbage log-probs and a learned-position one fails."""
+    tok = tiny_tokenizer()
+    cfg = DPOConfig(
+        device="cpu", threads=1, steps=1, batch_size=2, micro_batch_rows=2, max_pair_tokens=4096,
+        output_dir=str(tmp_path / "run"), tensorboard=False, progress=False,
+    )  # fmt: skip
+    long = PreferencePair([1] + [30] * 1100, [50, 2], [60, 2])
+    summary = train(cfg, [*_pairs()[:2], long], model=tiny_model(len(tok)), tokenizer=tok)
+    assert summary["pairs"] == 2 and summary["left_out"] == 1
