@@ -191,6 +191,8 @@ class SelfPlayRollout:
     def run(self, tasks: list[RolloutTask], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
         stats = RolloutStats()
         t0 = time.perf_counter()
+        if hasattr(self.policy, "refresh"):  # the engine's held caches predate the last optimizer step
+            self.policy.refresh()
         sampling = np.random.default_rng(seed)
         tables: list[SelfPlayTable] = []
         groups: list[
