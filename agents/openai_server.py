@@ -216,6 +216,9 @@ class PolicyServer(AppServer):
                     self._jobs.put(None)
                     break
                 batch.append(more)
+            # a job whose caller went away (its future cancelled) is not generated; the others are marked
+            # running, so a cancel from now on cannot make set_result raise here (that would end this thread)
+            batch = [j for j in batch if j.future.set_running_or_notify_cancel()]
             by_sampling: dict[SamplingParams, list[_Job]] = {}
             for j in batch:
                 by_sampling.setdefault(j.sampling, []).append(j)

@@ -175,3 +175,21 @@ def test_a_request_over_the_context_does_not_fail_the_batch_it_joins() -> None:
         assert client.get("/health").status_code == 200
     finally:
         server.close()
+
+
+def test_a_cancelled_request_neither_kills_the_batcher_nor_is_generated() -> None:
+    """A request whose caller went away (its future cancelled before the batcher took it) is dropped; the
+    requests batched with it are answered (was: set_result on the cancelled future raised InvalidStateError in
+    the batcher thread, which died, and every later request hung)."""
+    server = PolicyServer(chatml_policy(), port=0, batch_window_s=0.2)
+    sampling = SamplingParams(temperature=0, max_new_tokens=2)
+    gone = server.submit([], None, sampling, prompt=[5, 6])
+    gone.cancel()
+    kept = server.submit([], None, sampling, prompt=[5, 6, 7])
+    server._worker.start()
+    try:
+        assert kept.result(timeout=60).turn.token_ids
+        later = server.submit([], None, sampling, prompt=[5])
+        assert later.result(timeout=60).turn.token_ids and server._worker.is_alive()
+    finally:
+        server.close()
