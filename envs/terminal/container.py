@@ -150,7 +150,7 @@ SMALL_TMPFS_MB = 16  # /var/tmp, /run/lock: the image's world-writable folders
 SOLUTION_MB = 64  # /solution (the agent's: Harbor's oracle unpacks its solution there)
 
 
-def _kwargs(image: str, res: Resources, workdir: str) -> dict[str, Any]:
+def _kwargs(image: str, res: Resources, workdir: str, seed_bytes: int = 0) -> dict[str, Any]:
     from toolgym.sandboxes.docker_backend import container_kwargs
     from toolgym.sandboxes.limits import Limits
 
@@ -158,7 +158,8 @@ def _kwargs(image: str, res: Resources, workdir: str) -> dict[str, Any]:
     # (no per-container quota there: the agent could fill the disk the other episodes and the trainer use);
     # the tmpfs pages count in the container's memory, so the limit grows by their caps
     home_mb = max(res.disk_mb // 2, 16)
-    memory = res.memory_mb + res.disk_mb + home_mb + 2 * SMALL_TMPFS_MB + SOLUTION_MB
+    work_mb = res.disk_mb + (seed_bytes >> 20)  # the image's own files there come on top of the agent's room
+    memory = res.memory_mb + work_mb + home_mb + 2 * SMALL_TMPFS_MB + SOLUTION_MB
     lim = Limits(
         image=image, memory_mb=memory, cpus=res.cpus, pids=res.pids, tmp_mb=res.tmp_mb, nofile=1024
     ).updated(fsize_mb=512, tmp_inodes=65536)
@@ -179,7 +180,7 @@ def _kwargs(image: str, res: Resources, workdir: str) -> dict[str, Any]:
         "/logs": "rw,nosuid,nodev,size=16m,mode=755",
         "/tests": "rw,nosuid,nodev,size=64m,mode=755",
         # the agent's (chowned at start; the image's working folder is copied in: ``image_workdir``)
-        workdir: f"rw,exec,nosuid,nodev,size={res.disk_mb}m,nr_inodes=262144,mode=755",
+        workdir: f"rw,exec,nosuid,nodev,size={work_mb}m,nr_inodes=262144,mode=755",
         AGENT_HOME: f"rw,exec,nosuid,nodev,size={home_mb}m,nr_inodes=131072,mode=755",
         "/solution": f"rw,exec,nosuid,nodev,size={SOLUTION_MB}m,nr_inodes=16384,mode=755",
         "/var/tmp": f"{small},mode=1777",
@@ -599,8 +600,9 @@ class ContainerPool:
     def _start(self) -> Any:
         from toolgym.sandboxes.docker_backend import client
 
+        kwargs = _kwargs(self.image, self.resources, self.workdir, len(self.seed() or b""))
         try:
-            container = client().containers.run(**_kwargs(self.image, self.resources, self.workdir))
+            container = client().containers.run(**kwargs)
         except Exception as exc:
             raise InfrastructureError(f"could not start a task container from {self.image}: {exc}") from exc
         with _LIVE_LOCK:

@@ -266,3 +266,15 @@ def test_the_agent_cannot_fill_the_hosts_disk(probe):
     assert "5 tmpfs" in outputs[2], outputs[2]
     assert int(outputs[3].split()[0]) <= Resources().disk_mb * 2, outputs[3]
     assert reward == 1.0, info["verifier_output"]
+
+
+def test_the_images_own_working_folder_fits_its_tmpfs():
+    """The image's files copied into the working folder's tmpfs come on top of the agent's room (a task image
+    with a big /app would otherwise fail every start: an env_error of every episode)."""
+    from toolgym.envs.terminal.container import Resources, _kwargs
+
+    res = Resources()
+    small, big = _kwargs("img", res, "/app"), _kwargs("img", res, "/app", seed_bytes=700 << 20)
+    assert f"size={res.disk_mb}m" in small["tmpfs"]["/app"]
+    assert f"size={res.disk_mb + 700}m" in big["tmpfs"]["/app"]
+    assert big["mem_limit"] != small["mem_limit"]
