@@ -358,6 +358,8 @@ def completed_from_answer(resp: Any, max_tokens: int, vocab: int | None) -> Comp
         choice = data["choices"][0]
         if not isinstance(choice, dict):
             raise TypeError(f"a choice is a {type(choice).__name__}")
+        if choice.get("finish_reason") not in ("stop", "length"):  # vLLM's "abort": a turn it did not end
+            raise InfrastructureError(f"the turn ended with finish_reason {choice.get('finish_reason')!r}")
         done = completed_from_choice(choice)
     except InfrastructureError:
         raise

@@ -437,6 +437,8 @@ BROKEN = {
     "fewer logprobs": _choice(logprobs={"token_logprobs": [-0.5]}),
     "a logprob not a number": _choice(logprobs={"token_logprobs": [-0.5, "x"]}),
     "a positive logprob": _choice(logprobs={"token_logprobs": [-0.5, 3.0]}),
+    "an aborted turn": _choice(finish_reason="abort"),  # (was read as "stop")
+    "no finish reason": _choice(finish_reason=None),
     "a NaN logprob": b'{"choices": [{"token_ids": [5, 6], "finish_reason": "stop", '
     b'"logprobs": {"token_logprobs": [-0.5, NaN]}}]}',
 }
