@@ -3,7 +3,7 @@ request fails validation here and is answered 400 by the server."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -88,7 +88,35 @@ class _StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
+class _Sampled:
+    """What both request bodies turn into ``SamplingParams`` the same way (OpenAI's defaults where a field is
+    left out); each says how many new tokens it allows."""
+
+    if TYPE_CHECKING:  # the fields, declared by the pydantic models that take this in
+        temperature: float | None
+        top_p: float | None
+        stop: str | list[str] | None
+        seed: int | None
+
+    def max_new_tokens(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        stop = self.stop or ()
+        return tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            max_new_tokens=self.max_new_tokens(),
+            stop=self.stops,
+            seed=self.seed,
+        )
+
+
+class ChatCompletionRequest(_Sampled, BaseModel):
     """The body of ``POST /v1/chat/completions`` (fields the API has that we cannot honour are refused)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -135,19 +163,8 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("tool_choice.function.name must be a string")
         return name
 
-    @property
-    def stops(self) -> tuple[str, ...]:
-        stop = self.stop or ()
-        return tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            max_new_tokens=self.max_completion_tokens or self.max_tokens or 256,
-            stop=self.stops,
-            seed=self.seed,
-        )
+    def max_new_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 256
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         if not self.tools or self.tool_choice == "none":
@@ -158,7 +175,7 @@ class ChatCompletionRequest(BaseModel):
         ]
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(_Sampled, BaseModel):
     """The body of ``POST /v1/completions`` as vLLM's server takes it from RL trainers: the prompt as token ids
     (one list, or a list of lists; a string is tokenized without special tokens), ``logprobs`` (the k likeliest
     tokens at each step beside the sampled one), ``return_token_ids`` and ``return_tokens_as_token_ids``
@@ -200,16 +217,5 @@ class CompletionRequest(BaseModel):
             raise ValueError("a prompt of the batch is empty")
         return self
 
-    @property
-    def stops(self) -> tuple[str, ...]:
-        stop = self.stop or ()
-        return tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            max_new_tokens=self.max_tokens,
-            stop=self.stops,
-            seed=self.seed,
-        )
+    def max_new_tokens(self) -> int:
+        return self.max_tokens
