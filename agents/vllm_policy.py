@@ -767,18 +767,13 @@ class VLLMPolicy(RenderedTokenPolicy):
         self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
     ) -> list[Generation]:
         """One turn per prompt (ids in, ids + logprobs out), all in flight at once."""
-        from toolgym.agents.engine.engine_policy import mode_of
+        from toolgym.agents.engine.engine_policy import mode_of, plan_turns
 
         sp = sampling or self.sampling
-        if any(len(p) == 0 for p in prompts):
-            raise ConfigError("every prompt needs at least one token")
-        if not prompts:
+        seqs = plan_turns(self, prompts, sp)
+        if not seqs:
             return []
-        self.refresh()
-        if sp.seed is not None:
-            self.engine.seed(sp.seed)
         mode = mode_of(sp, self.top_k)
-        seqs = self._plan([list(p) for p in prompts])
         for s in seqs:
             room = self.engine.cache.capacity - 2 - len(s.ids)
             if room < 1:

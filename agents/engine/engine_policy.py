@@ -40,6 +40,20 @@ def mode_of(sp: SamplingParams, top_k: int = 0) -> SampleMode:
     )
 
 
+def plan_turns(policy: Any, prompts: Sequence[list[int]], sp: SamplingParams) -> list[Any]:
+    """The start of ``generate`` for a policy over a sequence engine (``EnginePolicy``, ``VLLMPolicy``): every
+    prompt must have a token; then, when there are any, new weights are picked up, the engine is seeded
+    (``sp.seed``) and one new sequence is planned per prompt (``policy._plan``)."""
+    if any(len(p) == 0 for p in prompts):
+        raise ConfigError("every prompt needs at least one token")
+    if not prompts:
+        return []
+    policy.refresh()
+    if sp.seed is not None:
+        policy.engine.seed(sp.seed)
+    return policy._plan([list(p) for p in prompts])
+
+
 class EnginePolicy(RenderedTokenPolicy):
     """A Llama/Qwen2 HF model served by our ``Engine``; ``model``/``tokenizer`` as for ``HFPolicy``.
 
@@ -111,15 +125,10 @@ class EnginePolicy(RenderedTokenPolicy):
     ) -> list[Generation]:
         """One continuation per prompt (ids in, ids + logprobs out), continuing held caches where they match."""
         sp = sampling or self.sampling
-        if any(len(p) == 0 for p in prompts):
-            raise ConfigError("every prompt needs at least one token")
-        if not prompts:
+        seqs = plan_turns(self, prompts, sp)
+        if not seqs:
             return []
-        self.refresh()
         eng = self.engine
-        if sp.seed is not None:
-            eng.seed(sp.seed)
-        seqs = self._plan([list(p) for p in prompts])
         mode = mode_of(sp, self.top_k)
         for s in seqs:
             eng.submit(s, mode, sp.max_new_tokens, sp.stop)
