@@ -9,7 +9,10 @@ Admission (AReaL's `max_head_offpolicyness`, at batch granularity). The worker g
 learner step b) only once version >= b - 1 - max_staleness is published, so every token of batch b was
 sampled by a version at least that new and its staleness at step b is at most `max_staleness`: nothing is
 thrown away for being stale (the learner checks the bound anyway, and raises when it is broken: a bug).
-At most max_staleness + 1 batches are generated or queued ahead of the learner.
+At most max_staleness + 1 batches are generated or queued ahead of the learner. With `per_tree`
+(`async_admission: tree`, `TreeStream`) the same bound admits each tree of batch b on its own, in one
+episode loop that grows the trees of every admitted batch, so the next batch's trees start while this
+batch's slowest tree finishes.
 
 Weights. The worker samples from an actor copy of the learner's weights (`ActorWeights`), which the learner
 overwrites at `publish` under a lock; the rollout reads the copy only under that lock:
@@ -25,8 +28,9 @@ the weights it updates from, clips the ratio against those, and weights each tok
 proximal / behaviour (the engine's logprob of the token as sampled), truncated or masked (`is_mode`).
 
 Departures from AReaL / verl / prime-rl (docs/trainer.md, "Asynchronous rollouts"):
-1. Admission is per batch of `prompts_per_step` trees (one `TreeRollout.run`), not per sample: a batch's
-   trees grow together, so the slowest tree of a batch still ends its run; the learner, not the GPU, waits.
+1. Admission is per batch of `prompts_per_step` trees (one `TreeRollout.run`) or per tree (`TreeStream`),
+   never per sample (AReaL): a tree is GRPO's group, and a batch keeps its tasks, so a straggler still
+   delays its own batch's training (per tree: not the GPU).
 2. KV caches of turns in flight are kept across a weight change (AReaL recomputes them; PipelineRL keeps
    them): the next tokens are sampled with new weights over keys/values of the old ones. The recorded
    behaviour logprob is the one actually sampled from, so the IS weight stays exact for what was sampled.
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import queue
 import threading
 import time
@@ -50,6 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from toolgym.errors import ConfigError
@@ -124,25 +130,28 @@ class Batch:
     tasks: list[RolloutTask]
     published: int  # the version published when its growth was admitted
     wait_s: float  # seconds the worker waited for admission before growing it
+    early: int = 0  # per-tree admission: its trees started while an earlier batch still grew
 
 
 class AsyncRollout:
     """The worker thread: grows batch `first`, `first` + 1, …, `last` with `roller`, each admitted when the
     bound allows, and queues them for the learner (`take`). `draw(step)` gives a batch's tasks, `seed(step)`
     its sampling seed; `context()` the worker's torch mode (no_grad and autocast are per thread). `steps`: the
-    batches to grow, when not all of `first`..`last` (a rollout rank of the split layout grows its share)."""
+    batches to grow, when not all of `first`..`last` (a rollout rank of the split layout grows its share).
+    `per_tree`: admission per tree (`TreeStream`) instead of one `TreeRollout.run` per batch."""
 
     def __init__(
         self, roller: TreeRollout, gate: ActorWeights, *, first: int, last: int, max_staleness: int,
         draw: Callable[[int], list[RolloutTask]], seed: Callable[[int], int],
         context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
-        steps: Sequence[int] | None = None,
+        steps: Sequence[int] | None = None, per_tree: bool = False,
     ) -> None:  # fmt: skip
         if max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
         self.roller, self.gate = roller, gate
         self.first, self.last, self.max_staleness = first, last, max_staleness
         self.steps = list(range(first, last + 1)) if steps is None else list(steps)
+        self.per_tree = per_tree
         self.draw, self.seed, self.context = draw, seed, context
         self.ready: queue.Queue[Batch | BaseException] = queue.Queue()
         self.stop = threading.Event()
@@ -156,6 +165,9 @@ class AsyncRollout:
     def _work(self) -> None:
         try:
             with torch.no_grad(), self.context():
+                if self.per_tree:
+                    TreeStream(self).run()
+                    return
                 for step in self.steps:
                     t0 = time.perf_counter()
                     if not self.gate.wait_for(step - 1 - self.max_staleness, self.stop):
@@ -202,6 +214,115 @@ class AsyncRollout:
         self.thread.join()
 
 
+@dataclass
+class _Open:
+    """A batch whose trees are growing (per-tree admission)."""
+
+    tasks: list[RolloutTask]
+    forest: list[RolloutTree | None]
+    stats: RolloutStats
+    left: int  # trees not finished
+    published: int = -1
+    wait_s: float = 0.0
+    early: int = 0
+
+
+class TreeStream:
+    """Per-tree admission: one episode loop grows the trees of every batch, each tree started as soon as the
+    bound admits its batch (version >= b - 1 - max_staleness), so batch b + 1's trees fill the engine while
+    batch b's slowest tree finishes, instead of waiting for it. A batch is queued when all its trees are done,
+    in step order. Staleness is bounded as with per-batch admission (a tree's tokens are no older than the
+    version that admitted it); batches keep their tasks, not their sampling seeds (one loop samples them all).
+
+    The loop draws starts from this iterator (`__next__`), which answers StopIteration while nothing is
+    admissible: the loop goes on with the trees it has, asks again at its next engine step or round, and
+    ends when none is left; `run` then waits for the next version and starts the loop again."""
+
+    def __init__(self, pipe: AsyncRollout) -> None:
+        self.pipe, self.roller, self.gate = pipe, pipe.roller, pipe.gate
+        self.todo = list(pipe.steps)  # batches not opened yet
+        self.order = list(pipe.steps)  # batches not queued yet
+        self.starts: list[tuple[int, int, RolloutTask]] = []  # (step, tree index, task) not started yet
+        self.open: dict[int, _Open] = {}
+        self.refused_at: float | None = None
+        self.loop_stats = RolloutStats()
+        self.mark = (0.0, 0.0, 0, 0.0, time.perf_counter())  # loop stats when the last batch was queued
+
+    def __iter__(self) -> TreeStream:
+        return self
+
+    def __next__(self) -> Callable[[], Any]:
+        if self.pipe.stop.is_set():
+            raise StopIteration
+        if not self.starts and self.todo:
+            step = self.todo.pop(0)
+            tasks = self.pipe.draw(step)
+            self.open[step] = _Open(tasks, [None] * len(tasks), RolloutStats(), len(tasks))
+            self.starts = [(step, i, t) for i, t in enumerate(tasks)]
+            self._queue()  # (a batch of no tasks)
+        if not self.starts:
+            raise StopIteration
+        step, ti, task = self.starts[0]
+        if self.gate.version < self.needs(step):
+            if self.refused_at is None:
+                self.refused_at = time.perf_counter()
+            raise StopIteration
+        self.starts.pop(0)
+        b = self.open[step]
+        b.early += any(s < step and o.left for s, o in self.open.items())
+        if ti == 0:  # the batch's admission
+            b.published = self.gate.version
+            b.wait_s = time.perf_counter() - self.refused_at if self.refused_at is not None else 0.0
+            self.refused_at = None
+        rng = np.random.default_rng([self.pipe.seed(step), ti])  # the tree's branching draws
+        return functools.partial(self._episode, step, ti, task, rng)
+
+    def needs(self, step: int) -> int:
+        return step - 1 - self.pipe.max_staleness
+
+    def _episode(self, step: int, ti: int, task: RolloutTask, rng: np.random.Generator) -> Any:
+        b = self.open[step]
+        yield from self.roller._grow(ti, task, rng, b.forest, b.stats)
+        b.left -= 1
+        self._queue()
+
+    def _queue(self) -> None:
+        """Queues the finished batches at the head of the step order."""
+        while self.order and self.order[0] in self.open and self.open[self.order[0]].left == 0:
+            step = self.order.pop(0)
+            b = self.open.pop(step)
+            ls, now = self.loop_stats, time.perf_counter()
+            g, e, c, i, t = self.mark
+            b.stats.generate_s += ls.generate_s - g  # the loop's times since the last batch was queued
+            b.stats.env_s += ls.env_s - e
+            b.stats.generate_calls += ls.generate_calls - c
+            b.stats.idle_s += ls.idle_s - i
+            b.stats.wall_s += now - t
+            self.mark = (ls.generate_s, ls.env_s, ls.generate_calls, ls.idle_s, now)
+            forest = [t for t in b.forest if t is not None]
+            self.pipe.ready.put(Batch(step, forest, b.stats, b.tasks, b.published, b.wait_s, b.early))
+
+    def run(self) -> None:
+        from toolgym.agents.episode_loop import EpisodeLoop
+        from toolgym.trainers.rollout import _EngineTurns, _RoundTurns
+
+        r = self.roller
+        sampling = np.random.default_rng(self.pipe.seed(self.pipe.steps[0]) if self.pipe.steps else 0)
+        while self.order and not self.pipe.stop.is_set():
+            if self.starts or self.todo:
+                step = self.starts[0][0] if self.starts else self.todo[0]
+                if not self.gate.wait_for(self.needs(step), self.pipe.stop):
+                    return
+            if r.continuous:
+                loop = EpisodeLoop(env_workers=r.env_workers, plan_wait=r.plan_wait, stats=self.loop_stats)
+                turns = _EngineTurns(r.policy, r.cfg, sampling, r.gate)
+                loop.on_step = turns.safe_point
+                loop.run(self, turns)
+            else:
+                rounds = _RoundTurns(r.policy, r.cfg, sampling, r.gate)
+                EpisodeLoop(env_workers=r.round_workers, stats=self.loop_stats).run(self, rounds)
+
+
 def checked(batch: Batch, step: int, max_staleness: int) -> Batch:
     """`batch` if it is step `step`'s and within the bound; else a RuntimeError (a bug: admission bounds it)."""
     if batch.step != step:
@@ -242,6 +363,7 @@ def async_metrics(batch: Batch, step: int) -> dict[str, float]:
         "rollout/staleness_max": float(worst),
         "rollout/versions_per_batch": float(len(versions)),  # > 1: weights changed while the batch grew
         "time/admission_wait_s": batch.wait_s,  # the worker waited for the bound to admit this batch
+        "rollout/early_trees": float(batch.early),  # per-tree admission: started before the last batch ended
     }
 
 

@@ -36,6 +36,7 @@ autocast), as on the learner.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import threading
@@ -347,7 +348,7 @@ def handshake(layout: Layout, gate: RemoteWeights) -> Start:
 def serve_batches(
     layout: Layout, roller: TreeRollout, gate: RemoteWeights, start: Start, *, last: int, max_staleness: int,
     draw: Callable[[int], list[RolloutTask]], seed: Callable[[int], int],
-    context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext, per_tree: bool = False,
 ) -> list[int]:  # fmt: skip
     """A rollout rank's run: grows its batches (worker thread), loads every version the learner publishes
     (receiver thread), sends each batch's slices to the learners as it is done (this thread). Returns the
@@ -369,7 +370,7 @@ def serve_batches(
     receiver.start()
     pipe = AsyncRollout(
         roller, gate, first=first, last=last, max_staleness=max_staleness, draw=draw, seed=seed, context=context,
-        steps=mine,
+        steps=mine, per_tree=per_tree,
     ).start()  # fmt: skip
     try:
         for _ in mine:
@@ -382,7 +383,7 @@ def serve_batches(
             per = len(got.forest) // layout.learners
             for i in range(layout.learners):
                 sl = slice(i * per, (i + 1) * per)
-                part = Batch(got.step, got.forest[sl], got.stats, got.tasks[sl], got.published, got.wait_s)
+                part = dataclasses.replace(got, forest=got.forest[sl], tasks=got.tasks[sl])
                 send_object(part, i, layout.data)
         receiver.join()
     finally:
@@ -420,6 +421,7 @@ def serve(cfg: Any, layout: Layout, model: Any = None, tokenizer: Any = None) ->
             layout, roller, gate, start, last=cfg.steps, max_staleness=cfg.max_staleness,
             draw=lambda s: next_tasks(cfg.env_ids, cfg.seed, pos0 + (s - base - 1) * n, n),
             seed=lambda s: cfg.seed * 100_003 + s, context=lambda: autocast(device, cfg.bf16),
+            per_tree=cfg.async_admission == "tree",
         )  # fmt: skip
     finally:
         roller.close()

@@ -206,6 +206,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
             roller, gate, first=start + 1, last=cfg.steps, max_staleness=cfg.max_staleness,
             draw=lambda s: next_tasks(cfg.env_ids, cfg.seed, pos0 + (s - start - 1) * cfg.prompts_per_step, per_rank),
             seed=lambda s: cfg.seed * 100_003 + s, context=lambda: autocast(device, cfg.bf16),
+            per_tree=cfg.async_admission == "tree",
         ).start()  # fmt: skip
         cleanup.callback(pipe.close)  # a failed run stops the worker (registered after the roller's: runs first)
 

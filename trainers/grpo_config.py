@@ -6,7 +6,7 @@ Like config.py it imports no torch, so `toolgym train grpo --help` and config ch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from toolgym.errors import ConfigError
 from toolgym.trainers.config import (
@@ -27,6 +27,8 @@ from toolgym.trainers.config import (
     check_loss_rules,
     choices,
 )
+
+Admission = Literal["batch", "tree"]  # asynchronous rollouts: what the staleness bound admits at once
 
 if TYPE_CHECKING:
     from toolgym.trainers.loss import LossConfig
@@ -166,6 +168,15 @@ class GRPOConfig(LossOptionsConfig):
             "token at most this many policy versions old when trained (0: the synchronous loop)"
         },
     )
+    async_admission: Admission = field(
+        default="batch",
+        metadata=choices(
+            "asynchronous rollouts: start a step's trees together, one run per batch (batch), or each tree as soon "
+            "as the bound admits its batch, trees of several batches sharing the engine (tree: the slowest tree "
+            "no longer holds the next batch back)",
+            get_args(Admission),
+        ),
+    )
     rollout_ranks: int = field(
         default=0,
         metadata={
@@ -301,6 +312,8 @@ class GRPOConfig(LossOptionsConfig):
             )
         if self.branching == "none" and "initial_samples" in changed:
             out.append("initial_samples: inert without branching")
+        if not self.max_staleness and "async_admission" in changed:
+            out.append("async_admission: inert with max_staleness 0 (the synchronous loop)")
         if self.max_staleness and self.is_mode == "none":
             out.append(
                 "max_staleness > 0 with is_mode=none: stale tokens are trained with no off-policy correction"
@@ -313,7 +326,9 @@ class GRPOConfig(LossOptionsConfig):
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
         if self.rollout_ranks < 0 or (self.rollout_ranks and not self.max_staleness):
-            raise ConfigError(f"rollout_ranks ({self.rollout_ranks}) must be 0, or > 0 with max_staleness > 0")
+            raise ConfigError(
+                f"rollout_ranks ({self.rollout_ranks}) must be 0, or > 0 with max_staleness > 0"
+            )
         if not self.max_staleness:
             return
         # these draw a step's tasks from results of earlier steps, which the worker drawing ahead has not seen

@@ -1,8 +1,8 @@
 """Run by test_async_split.py under torchrun (2 gloo processes on CPU: rank 0 learner, rank 1 rollout).
 
 async_split_worker.py train OUT STEPS [resume]   GRPO with rollout_ranks 1; each rank saves its final weights
-async_split_worker.py worker OUT K     the split pipeline against a fake learner that perturbs the weights and
-                                       keeps every version; the learner writes what it checked to OUT/check.json
+async_split_worker.py worker OUT K rounds|continuous [tree]   the split pipeline against a fake learner that
+    perturbs the weights and keeps every version; the learner writes what it checked to OUT/check.json
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def train(out: str, steps: int, resume: bool) -> None:
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/rank{rank}.pt")
 
 
-def worker(out: str, max_staleness: int, continuous: bool) -> None:
+def worker(out: str, max_staleness: int, continuous: bool, per_tree: bool) -> None:
     torch, tok = _setup()
     import torch.distributed as tdist
 
@@ -85,6 +85,7 @@ def worker(out: str, max_staleness: int, continuous: bool) -> None:
             serve_batches(
                 layout, roller, gate, start, last=steps, max_staleness=max_staleness,
                 draw=lambda s: next_tasks([SLOW_ENV], 0, (s - 1) * 2, 2), seed=lambda s: 1000 + s,
+                per_tree=per_tree,
             )  # fmt: skip
         finally:
             roller.close()
@@ -113,6 +114,7 @@ def worker(out: str, max_staleness: int, continuous: bool) -> None:
         "want_seeds": [t.seed for t in next_tasks([SLOW_ENV], 0, 0, 2 * steps)],
         "leaves": [[len(t.leaves()) for t in b.forest] for b in got],
         "worst": [staleness(b.forest, b.step)[1] for b in got],
+        "early": sum(b.early for b in got),
         "bad_versions": [],
         "bad_logprobs": [],
         "switched": False,
@@ -163,4 +165,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "train":
         train(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["resume"])
     else:
-        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "continuous")
+        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "continuous", sys.argv[5:] == ["tree"])

@@ -76,10 +76,14 @@ def test_max_staleness_zero_is_the_synchronous_loop(
         assert torch.equal(p1, p2), n
 
 
-def test_async_training_runs_within_the_bound(tmp_path: Path, tokenizer: Any) -> None:
+@pytest.mark.parametrize("admission", ["batch", "tree"])
+def test_async_training_runs_within_the_bound(tmp_path: Path, tokenizer: Any, admission: str) -> None:
     model = tiny_model(len(tokenizer))
     before = snapshot(model)
-    cfg = GRPOConfig(steps=4, max_staleness=2, output_dir=str(tmp_path), **dict(SMALL, env_ids=[SLOW_ENV]))
+    cfg = GRPOConfig(
+        steps=4, max_staleness=2, async_admission=admission, output_dir=str(tmp_path),
+        **dict(SMALL, env_ids=[SLOW_ENV]),
+    )  # fmt: skip
     metrics = train_grpo(cfg, model, tokenizer)
     assert not [n for n in before if torch.equal(before[n], snapshot(model)[n])]
     rows = records(tmp_path)
@@ -126,7 +130,7 @@ def _turn_logprobs(model: Any, tree: RolloutTree, nid: int) -> list[float]:
 
 
 def _fake_learner(
-    tokenizer: Any, *, max_staleness: int, steps: int, continuous: bool
+    tokenizer: Any, *, max_staleness: int, steps: int, continuous: bool, per_tree: bool = False
 ) -> tuple[list[Any], dict[int, Any], AsyncRollout]:
     learner = tiny_model(len(tokenizer))
     gate = ActorWeights(learner, ActorWeights.copy_of(learner), 0)
@@ -140,7 +144,7 @@ def _fake_learner(
     roller = TreeRollout(policy, cfg=cfg, gate=gate, env_workers=4)
     pipe = AsyncRollout(
         roller, gate, first=1, last=steps, max_staleness=max_staleness,
-        draw=lambda s: next_tasks([SLOW_ENV], 0, (s - 1) * 2, 2), seed=lambda s: 1000 + s,
+        draw=lambda s: next_tasks([SLOW_ENV], 0, (s - 1) * 2, 2), seed=lambda s: 1000 + s, per_tree=per_tree,
     ).start()  # fmt: skip
     versions = {0: ActorWeights.copy_of(learner)}
     got = []
@@ -161,12 +165,14 @@ def _fake_learner(
     return got, versions, pipe
 
 
-@pytest.mark.parametrize("max_staleness", [1, 3])
+@pytest.mark.parametrize("max_staleness,per_tree", [(1, False), (3, False), (2, True)])
 def test_worker_loses_no_sample_and_tags_each_token_with_its_version(
-    tokenizer: Any, max_staleness: int
+    tokenizer: Any, max_staleness: int, per_tree: bool
 ) -> None:
     steps = 6
-    got, versions, pipe = _fake_learner(tokenizer, max_staleness=max_staleness, steps=steps, continuous=False)
+    got, versions, pipe = _fake_learner(
+        tokenizer, max_staleness=max_staleness, steps=steps, continuous=False, per_tree=per_tree
+    )
     assert pipe.taken == list(range(1, steps + 1))  # each batch trained once, in order
     seeds = [t.seed for b in got for t in b.tasks]
     assert seeds == [t.seed for t in next_tasks([SLOW_ENV], 0, 0, 2 * steps)]  # none lost or repeated
@@ -186,14 +192,20 @@ def test_worker_loses_no_sample_and_tags_each_token_with_its_version(
                 want = _turn_logprobs(versions[v], tree, n.id)
                 assert n.logprobs == pytest.approx(want, abs=2e-4), (b.step, v)
     assert seen_old  # the worker did run ahead of the learner
+    if per_tree:  # some batch's trees started while the batch before it still grew
+        assert sum(b.early for b in got) > 0
 
 
-def test_continuous_worker_switches_weights_inside_turns(tokenizer: Any) -> None:
+@pytest.mark.parametrize("per_tree", [False, True])
+def test_continuous_worker_switches_weights_inside_turns(tokenizer: Any, per_tree: bool) -> None:
     """Our engine (on CPU): a turn in flight at a version change goes on under the new weights (versions never
     go back inside a turn), and every token's logprob is that of the version it is tagged with, given the
-    whole context (the turn is prefilled again under the new weights)."""
+    whole context (the turn is prefilled again under the new weights). Per-tree admission: the same, with
+    the trees of several batches in one episode loop."""
     steps = 5
-    got, versions, pipe = _fake_learner(tokenizer, max_staleness=2, steps=steps, continuous=True)
+    got, versions, pipe = _fake_learner(
+        tokenizer, max_staleness=2, steps=steps, continuous=True, per_tree=per_tree
+    )
     assert pipe.taken == list(range(1, steps + 1))
     switched = False
     for b in got:
@@ -209,4 +221,7 @@ def test_continuous_worker_switches_weights_inside_turns(tokenizer: Any) -> None
                 by_version = {v: _turn_logprobs(versions[v], tree, n.id) for v in set(n.versions)}
                 want = [by_version[v][j] for j, v in enumerate(n.versions)]
                 assert n.logprobs == pytest.approx(want, abs=2e-3), (b.step, n.versions)
-    assert switched  # some turn was in flight at a version change
+    # some turn was in flight at a version change (per tree the worker often runs so far ahead that versions
+    # arrive between trees: a matter of timing, so only checked per batch, where it reliably happens)
+    assert switched or per_tree
+    assert (sum(b.early for b in got) > 0) == per_tree  # per tree: batches overlap in the engine

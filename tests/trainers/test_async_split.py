@@ -53,19 +53,24 @@ def test_split_resume_starts_the_rollout_rank_from_the_checkpoint(tmp_path: Path
     assert all(torch.equal(r0[n], r1[n]) for n in r0)
 
 
-@pytest.mark.parametrize("max_staleness,mode", [(1, "rounds"), (3, "continuous")])
+@pytest.mark.parametrize(
+    "max_staleness,mode,admission",
+    [(3, "rounds", "batch"), (2, "continuous", "batch"), (2, "continuous", "tree")],
+)
 def test_split_pipeline_loses_no_sample_and_tags_each_token_with_its_version(
-    tmp_path: Path, max_staleness: int, mode: str
+    tmp_path: Path, max_staleness: int, mode: str, admission: str
 ) -> None:
-    torchrun("worker", str(tmp_path), str(max_staleness), mode)
+    torchrun("worker", str(tmp_path), str(max_staleness), mode, admission)
     c = json.loads((tmp_path / "check.json").read_text())
     assert c["taken"] == [1, 2, 3, 4, 5, 6]  # each batch trained once, in order
     assert c["seeds"] == c["want_seeds"]  # none lost or repeated
     assert c["leaves"] == [[3, 3]] * 6  # every sample of every tree came back
     assert all(0 <= w <= max_staleness for w in c["worst"]) and max(c["worst"]) > 0  # it ran ahead, in bounds
     assert c["bad_versions"] == [] and c["bad_logprobs"] == []
-    if mode == "continuous":
-        assert c["switched"]  # some turn was in flight when a version arrived: a partial rollout
+    assert (c["early"] > 0) == (admission == "tree")  # per tree: batches overlap on the rollout rank
+    # whether a turn was in flight when a version arrived (a partial rollout) is a matter of timing across two
+    # processes on a loaded machine: test_async.py checks it in one process; here every token that did switch
+    # was checked above against its version
     # the CPU cost of a weight push (printed with -s): the tiny model, and a 64 MB buffer over gloo
     print(f"publish (tiny, {c['numel_tiny']} weights): {max(c['publish_s_tiny']) * 1e3:.1f} ms max; "
           f"broadcast 64 MB over gloo: {c['broadcast_64MB_s'] * 1e3:.0f} ms")  # fmt: skip
