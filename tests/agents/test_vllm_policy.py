@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -391,28 +391,31 @@ def test_config_and_choice_of_engine() -> None:
 
 
 # ----- review: a server's broken answer is that server's fault (the next one is tried), never a wrong turn ----
-class _Garbage:
-    """A stand-in rollout server answering 200 with a broken body (one of BROKEN, by the request's path)."""
+def _stand_in(answer: Callable[[], tuple[int, bytes]]) -> Any:
+    """A stand-in rollout server: each POST is answered ``answer()`` (status, JSON body); ``shutdown()`` it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    @staticmethod
-    def start(body: bytes) -> Any:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            status, body = answer()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.end_headers()
-                self.wfile.write(body)
+        def log_message(self, *a: Any) -> None:
+            pass
 
-            def log_message(self, *a: Any) -> None:
-                pass
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        return httpd
+
+def _garbage(body: bytes) -> Any:
+    """A stand-in rollout server answering 200 with a broken body (one of BROKEN)."""
+    return _stand_in(lambda: (200, body))
 
 
 def _choice(**kw: Any) -> bytes:
@@ -449,7 +452,7 @@ def test_a_broken_answer_fails_over_to_the_next_server(
     servers: Any, chatml_tokenizer: Any, name: str
 ) -> None:
     model, started = servers
-    bad = _Garbage.start(BROKEN[name])
+    bad = _garbage(BROKEN[name])
     backend = ServerBackend([f"http://127.0.0.1:{bad.server_address[1]}", started[0].url])
     policy = VLLMPolicy(model, chatml_tokenizer, backend, capacity=256)
     try:
@@ -466,7 +469,7 @@ def test_a_broken_answer_fails_over_to_the_next_server(
 def test_broken_answers_from_every_server_are_an_infrastructure_error(chatml_tokenizer: Any) -> None:
     from toolgym.errors import InfrastructureError
 
-    bad = _Garbage.start(BROKEN["half json"])
+    bad = _garbage(BROKEN["half json"])
     backend = ServerBackend([f"http://127.0.0.1:{bad.server_address[1]}"])
     backend.backoff_s = 0.01
     try:
@@ -499,25 +502,13 @@ def test_servers_whose_context_is_shorter_than_the_rollouts_are_a_config_error(
 def test_every_server_failing_for_a_moment_is_retried() -> None:
     """Every server failing at once (a restart, a load spike) is retried in rounds with a back-off before the
     request is an InfrastructureError (was: the first round's failure ended the run)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     seen = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length", 0)))
-            seen.append(1)
-            body = BROKEN["half json"] if len(seen) <= 2 else _choice()
-            self.send_response(503 if len(seen) == 1 else 200)
-            self.end_headers()
-            self.wfile.write(body)
+    def answer() -> tuple[int, bytes]:
+        seen.append(1)
+        return 503 if len(seen) == 1 else 200, BROKEN["half json"] if len(seen) <= 2 else _choice()
 
-        def log_message(self, *a: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = _stand_in(answer)
     backend = ServerBackend([f"http://127.0.0.1:{httpd.server_address[1]}"])
     backend.backoff_s = 0.01
     try:
