@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+# public HF configs (config.json) of the benchmarks' shapes (the scale ones: benchmarks/scale_fsdp.py); weights
+# are random
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": dict(
         kind="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -37,6 +39,21 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1000000.0,
         rms_norm_eps=1e-6, max_position_embeddings=32768,
     ),
+    "qwen2.5-1.5b": dict(
+        kind="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, max_position_embeddings=32768,
+    ),
+    "qwen2.5-7b": dict(
+        kind="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, max_position_embeddings=32768,
+    ),
+    "llama-3-8b": dict(
+        kind="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False, rope_theta=500000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=8192,
+    ),
     "tiny": dict(  # CPU smoke runs of the benchmark scripts (--smoke): numbers mean nothing
         kind="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0,
@@ -46,16 +63,20 @@ SHAPES: dict[str, dict[str, Any]] = {
 DATASHEET = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12)}  # bytes/s, dense bf16 FLOP/s
 
 
-def build(name: str, device: str, dtype: torch.dtype) -> Any:
+def build_shape(shape: dict[str, Any], device: str | torch.device) -> Any:
+    """A model of ``shape`` (a SHAPES entry) with random weights (seed 0) built on ``device``."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    spec = dict(SHAPES[name])
+    spec = dict(shape)
     kind = spec.pop("kind")
     cfg = LlamaConfig(**spec) if kind == "llama" else Qwen2Config(**spec)
     torch.manual_seed(0)
     with torch.device(device):
-        model = (LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM)(cfg)
-    return model.to(dtype).eval()
+        return (LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM)(cfg)
+
+
+def build(name: str, device: str, dtype: torch.dtype) -> Any:
+    return build_shape(SHAPES[name], device).to(dtype).eval()
 
 
 def sync() -> None:

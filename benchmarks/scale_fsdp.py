@@ -32,49 +32,21 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from generation import SHAPES as PUBLIC
+from generation import build_shape
 
 PEAK = 989e12  # dense bf16 FLOP/s, H100/H200
-# public HF configs (config.json) of the shapes the issue names; weights are random
+# the shapes the issue names (generation.py's table of public HF configs); weights are random
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": dict(
-        kind="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-        num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, max_position_embeddings=32768,
-    ),
-    "qwen2.5-1.5b": dict(
-        kind="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-        num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, max_position_embeddings=32768,
-    ),
-    "qwen2.5-7b": dict(
-        kind="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-        num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, max_position_embeddings=32768,
-    ),
-    "llama-3-8b": dict(
-        kind="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False, rope_theta=500000.0,
-        rms_norm_eps=1e-5, max_position_embeddings=8192,
-    ),
-    "tiny": dict(  # --smoke on CPU: numbers mean nothing
-        kind="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0,
-        rms_norm_eps=1e-5, max_position_embeddings=4096,
-    ),
-}  # fmt: skip
+    **{name: PUBLIC[name] for name in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3-8b")},
+    "tiny": {**PUBLIC["tiny"], "tie_word_embeddings": False},  # --smoke on CPU: numbers mean nothing
+}
 VARIANTS = ("ddp", "fsdp2", "fsdp2_offload")
 
 
 def build(name: str, device: torch.device) -> Any:
     """The shape with random fp32 weights on ``device`` (the trainer's master weights)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    spec = dict(SHAPES[name])
-    kind = spec.pop("kind")
-    cfg = LlamaConfig(**spec) if kind == "llama" else Qwen2Config(**spec)
-    torch.manual_seed(0)
-    with torch.device(device):
-        return (LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM)(cfg).float()
+    return build_shape(SHAPES[name], device).float()
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
