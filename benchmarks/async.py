@@ -24,6 +24,13 @@ into benchmarks/results/async.{json,md}:
     python benchmarks/async.py --quick --part speed2    # CPU: the split layout only (2 gloo processes)
     python benchmarks/async.py --part speed             # GPU, ~6 min on one H100 with SmolLM2-135M
     python benchmarks/async.py --part speed2            # 2 GPUs (nvidia-h100-x2), ~8 min: sync on GPU 0 vs split
+    python benchmarks/async.py --part speed2 --admission tree   # the same with per-tree admission
+
+On the device machines (results come back under $OUT; merge them here afterwards):
+
+    python benchmarks/async.py --part speed2 --out $OUT/async_2gpu --work $OUT/runs2   # kind nvidia-h100-x2
+    python benchmarks/async.py --part speed --admission tree --out $OUT/async_tree      # one GPU
+    python benchmarks/async.py --merge FILES_AT/async_2gpu.json FILES_AT/async_tree.json
     python benchmarks/async.py --part learning --mode sync  --minutes 4     # GPU, ~5 min
     python benchmarks/async.py --part learning --mode async --minutes 4     # GPU, ~5 min
     python benchmarks/async.py --report                 # rewrite async.md from async.json
@@ -227,8 +234,11 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
         )
         if "speed" in parts:
             cfg = dict(base, max_staleness=args.staleness, output_dir=str(work / f"speed_k{args.staleness}"))
+            cfg["async_admission"] = args.admission
             recs = run_child(cfg, tiny=args.quick, gpus=one_gpu)
-            fast = timed(recs, args.warmup, max_staleness=args.staleness, layout="thread")
+            fast = timed(
+                recs, args.warmup, max_staleness=args.staleness, layout=f"thread, per {args.admission}"
+            )
             out |= {
                 "async_speedup_1gpu": fast["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
                 "speed_runs": {"k0": sync, f"k{args.staleness}": fast},
@@ -238,9 +248,10 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
             cfg = dict(
                 base, max_staleness=args.staleness, rollout_ranks=1, output_dir=str(work / "speed_split")
             )
+            cfg["async_admission"] = args.admission
             recs = run_child(cfg, tiny=args.quick, nproc=2, gpus=None if args.quick else "0,1")
             split = timed(
-                recs, args.warmup, max_staleness=args.staleness, layout="split (1 rollout + 1 learner)"
+                recs, args.warmup, max_staleness=args.staleness, layout=f"split 1 + 1, per {args.admission}"
             )
             out |= {
                 "async_speedup_2gpu": split["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
@@ -424,6 +435,12 @@ def main() -> int:
         "--model", default=None, help="a model name or folder (default: smollm2-135m; learning: the YAML's)"
     )
     p.add_argument("--staleness", type=int, default=2, help="speed: max_staleness of the asynchronous run")
+    p.add_argument(
+        "--admission",
+        choices=["batch", "tree"],
+        default="batch",
+        help="speed: async_admission of the async runs",
+    )
     p.add_argument("--learning-staleness", type=int, default=2)
     p.add_argument("--steps", type=int, default=14)
     p.add_argument("--warmup", type=int, default=2, help="speed: first steps left out of the timing")
