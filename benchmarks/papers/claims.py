@@ -92,14 +92,13 @@ RL_BASE: dict[str, Any] = {
     "algorithm": "grpo", "prompts_per_step": 8, "budget": 8, "temperature": 1.0, "lr": 1.0e-5,
     "minibatches": 2, "micro_batch_rows": 8, "eval_every": 10, "eval_episodes": 64, "save_every": 5,
 }  # fmt: skip
+SFT_BASE: dict[str, Any] = {"epochs": 1, "batch_size": 16, "lr": 5.0e-5}  # every warm start's recipe
 
 # 2048 expert episodes x 2 epochs: held-out 0.27 on 4 x H200 (512 x 1 gave 0.03; 1024 x 4 at lr 1e-4 and
 # 4096 x 1 gave 0.25): benchmarks/results/papers_warmstart.md. RL steps: what one machine lifetime holds (PLAN.md)
-HOUSEHOLD_SFT = {"episodes": 2048, "epochs": 2, "batch_size": 16, "lr": 5.0e-5, "max_new_tokens": 32,
-                 "max_total_tokens": 3072}  # fmt: skip
+HOUSEHOLD_SFT = {**SFT_BASE, "episodes": 2048, "epochs": 2, "max_new_tokens": 32, "max_total_tokens": 3072}
 HOUSEHOLD_RL = {**RL_BASE, "max_new_tokens": 32, "max_total_tokens": 3072, "steps": 60}
-SEARCH_SFT = {"episodes": 512, "epochs": 1, "batch_size": 16, "lr": 5.0e-5, "max_new_tokens": 64,
-              "max_total_tokens": 2048}  # fmt: skip
+SEARCH_SFT = {**SFT_BASE, "episodes": 512, "max_new_tokens": 64, "max_total_tokens": 2048}
 # ARPO's rollout budget per question (M = 16, N = 8 global samples) for every arm, so GRPO sees as many paths
 SEARCH_RL = {**RL_BASE, "budget": 16, "max_new_tokens": 64, "max_total_tokens": 2048, "steps": 50}
 
@@ -152,10 +151,8 @@ CLAIMS: dict[str, Claim] = {
             env_kwargs=CHAIN,
             eval_env_kwargs={"split": "test"},
             sft={
+                **SFT_BASE,
                 "episodes": 128,
-                "epochs": 1,
-                "batch_size": 16,
-                "lr": 5.0e-5,
                 "max_new_tokens": 48,
                 "max_total_tokens": 1024,
                 "env_kwargs": {**CHAIN, "num_ops": 2},
@@ -264,14 +261,7 @@ CLAIMS: dict[str, Claim] = {
             env_id="toolgym/Web-v0",
             env_kwargs=WEB,
             eval_env_kwargs={},
-            sft={
-                "episodes": 256,
-                "epochs": 1,
-                "batch_size": 16,
-                "lr": 5.0e-5,
-                "max_new_tokens": 32,
-                "max_total_tokens": 2048,
-            },
+            sft={**SFT_BASE, "episodes": 256, "max_new_tokens": 32, "max_total_tokens": 2048},
             rl={**RL_BASE, "max_new_tokens": 32, "max_total_tokens": 2048, "steps": 60},
             arms=(
                 Arm("grpo"),
@@ -305,14 +295,7 @@ CLAIMS: dict[str, Claim] = {
             env_id="toolgym/PythonMath-v0",
             env_kwargs=PYTHON_MATH,
             eval_env_kwargs={},
-            sft={
-                "episodes": 256,
-                "epochs": 1,
-                "batch_size": 16,
-                "lr": 5.0e-5,
-                "max_new_tokens": 320,
-                "max_total_tokens": 2048,
-            },
+            sft={**SFT_BASE, "episodes": 256, "max_new_tokens": 320, "max_total_tokens": 2048},
             # SimpleTIR's recipe: clip 0.2/0.2, temperature 1, at most 5 turns
             rl={**RL_BASE, "max_new_tokens": 320, "max_total_tokens": 2048, "steps": 60, "eps_high": 0.2},
             arms=(
