@@ -21,7 +21,7 @@ is the mean over all games with a Wilson 95% interval, ``win_rate_NAME_per_seed`
 seed means beside it. PATH is a transformers folder (an SFT or DPO run's ``model/``), a run folder holding
 ``model/``, or a GRPO run folder (``config.json`` + ``checkpoint/model.pt``: its base model with those
 weights). The keys are merged into ``--out``.json and the table of ``--out``.md's "Learned policies"
-section is rewritten; the scripted numbers stay. ``--quick``: 2 seeds x 2 games, 5 players, 4 turns a game, short
+section is rewritten; the scripted numbers stay. ``--quick``: 2 seeds x 1 game, 5 players, 2 turns a game, short
 turns, on CPU (checks the path, measures nothing; default stage: the base SmolLM2). ``--gpu-commands`` prints the pipeline's commands.
 
     python benchmarks/werewolf.py --stage sft=runs/ww_sft/model --seeds 3 --games 200
@@ -244,7 +244,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--device", default="auto")
     parser.add_argument(
-        "--quick", action="store_true", help="2 seeds x 2 games of 4 turns, 5 players, on CPU (path check)"
+        "--quick", action="store_true", help="2 seeds x 1 game of 2 turns, 5 players, on CPU (path check)"
     )
     parser.add_argument(
         "--gpu-commands", action="store_true", help="print the pipeline's GPU commands and exit"
@@ -256,7 +256,7 @@ def main() -> None:
     if args.stage or args.quick:
         stages = [s.split("=", 1) for s in args.stage] or [["base", "smollm2-135m"]]
         if args.quick:
-            args.seeds, args.games, args.players, args.max_new_tokens, args.device = 2, 2, 5, 24, "cpu"
+            args.seeds, args.games, args.players, args.max_new_tokens, args.device = 2, 1, 5, 16, "cpu"
             args.out = args.out if args.stage else "/tmp/werewolf_quick"
         found: dict[str, Any] = {}
         for name, path in stages:
