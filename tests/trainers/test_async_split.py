@@ -23,8 +23,8 @@ from toolgym.trainers.grpo import train as train_grpo
 WORKER = Path(__file__).with_name("async_split_worker.py")
 
 
-def torchrun(*args: str, timeout: float = 420) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+def torchrun(*args: str, timeout: float = 420, nproc: int = 2) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
            str(WORKER), *args]  # fmt: skip
     proc = run(cmd, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -41,6 +41,18 @@ def test_split_grpo_trains_and_the_rollout_rank_ends_with_the_learners_weights(t
     assert all(0 <= r["rollout/staleness_max"] <= 2 for r in rows)
     assert rows[0]["rollout/staleness_max"] == 0
     assert all(r["rollout/episodes"] == 8 and r["time/weight_publish_s"] >= 0 for r in rows)
+
+
+def test_two_learners_and_one_rollout_rank_stay_in_step(tmp_path: Path) -> None:
+    """3 ranks: learners 0 and 1 (DDP over their own group, one tree each a step), rollout rank 2."""
+    torchrun("train", str(tmp_path), "2", timeout=600, nproc=3)
+    r0, r1, r2 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(3))
+    init = torch.load(tmp_path / "init0.pt", weights_only=True)
+    for name in init:
+        assert not torch.equal(init[name], r0[name]), name
+        assert torch.equal(r0[name], r1[name]) and torch.equal(r0[name], r2[name]), name
+    rows = records(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["rollout/episodes"] == 4 for r in rows)  # rank means
 
 
 def test_split_resume_starts_the_rollout_rank_from_the_checkpoint(tmp_path: Path) -> None:
