@@ -44,13 +44,16 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from toolgym.agents.policy import FinishReason, Generation, RenderedTokenPolicy, SamplingParams
 from toolgym.agents.rendering import ChatRenderer, ToolRole
 from toolgym.errors import ConfigError, InfrastructureError
+
+if TYPE_CHECKING:
+    from toolgym.agents.engine.seq import Seq
 
 TOP_FOR_ENTROPY = 20  # vLLM's default max_logprobs
 
@@ -410,28 +413,10 @@ class _Cache:
     capacity: int
 
 
-@dataclass(eq=False)
-class VSeq:
-    """A sequence as the episode loop sees our engine's (``Seq``): its ids, the turn being generated, a tag."""
-
-    id: int
-    ids: list[int]
-    state: str = "new"
-    mode: Any = None
-    max_new: int = 0
-    stop: tuple[str, ...] = ()
-    out: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    entropies: list[float] = field(default_factory=list)
-    finish: str = ""
-    tag: Any = None
-    slot: int | None = None
-    kv: int = 0
-
-
 class VLLMEngine:
     """Our ``Engine``'s sequence API over a vLLM backend (continuous: ``submit`` any time, ``step`` returns the
-    turns that ended). A sequence's ids grow by each turn's reply, as in our engine."""
+    turns that ended). A sequence's ids grow by each turn's reply, as in our engine; its sequences are our
+    engine's ``Seq`` (imported when the first is made: importing this module does not import torch)."""
 
     def __init__(
         self, backend: Backend, *, capacity: int, stop_ids: Sequence[int], vocab: int, seeded: bool = False
@@ -443,18 +428,20 @@ class VLLMEngine:
         if isinstance(backend, ServerBackend):
             backend.vocab = vocab  # (its answers' ids are checked against it)
         self.seeded = seeded
-        self.live: dict[str, VSeq] = {}
-        self.idle: dict[int, VSeq] = {}  # (our engine's held caches; vLLM's prefix cache holds them here)
+        self.live: dict[str, Seq] = {}
+        self.idle: dict[int, Seq] = {}  # (our engine's held caches; vLLM's prefix cache holds them here)
         self._ids = itertools.count()
         self._seed = 0
         self.requests = 0
 
-    def new(self, ids: Sequence[int], tag: Any = None) -> VSeq:
+    def new(self, ids: Sequence[int], tag: Any = None) -> Seq:
         if not ids:
             raise ConfigError("a sequence needs at least one token")
-        return VSeq(next(self._ids), list(ids), tag=tag)
+        from toolgym.agents.engine.seq import Seq
 
-    def extend(self, seq: VSeq, ids: Sequence[int]) -> None:
+        return Seq(next(self._ids), list(ids), tag=tag)
+
+    def extend(self, seq: Seq, ids: Sequence[int]) -> None:
         if seq.state in ("queued", "active"):
             raise ConfigError("cannot extend a sequence while it is generating")
         seq.ids += list(ids)
@@ -462,7 +449,7 @@ class VLLMEngine:
     def seed(self, seed: int) -> None:
         self._seed = int(seed)
 
-    def submit(self, seq: VSeq, mode: Any, max_new: int, stop: Sequence[str] = ()) -> None:
+    def submit(self, seq: Seq, mode: Any, max_new: int, stop: Sequence[str] = ()) -> None:
         entropies = bool(getattr(mode, "entropies", False))
         body = sampling_body(mode, max_new, stop, self.stop_ids, TOP_FOR_ENTROPY if entropies else 0)
         if self.seeded:
@@ -478,7 +465,7 @@ class VLLMEngine:
     def busy(self) -> bool:
         return bool(self.live)
 
-    def step(self) -> list[VSeq]:
+    def step(self) -> list[Seq]:
         ended = []
         for rid, done in self.backend.poll():
             seq = self.live.pop(rid, None)
@@ -493,20 +480,20 @@ class VLLMEngine:
             ended.append(seq)
         return ended
 
-    def run(self) -> list[VSeq]:
-        done: list[VSeq] = []
+    def run(self) -> list[Seq]:
+        done: list[Seq] = []
         while self.busy():
             done += self.step()
         return done
 
-    def cancel(self, seq: VSeq) -> None:
+    def cancel(self, seq: Seq) -> None:
         for rid, s in list(self.live.items()):
             if s is seq:
                 self.backend.cancel(rid)
                 del self.live[rid]
         seq.state = "released"
 
-    def release(self, seq: VSeq) -> None:
+    def release(self, seq: Seq) -> None:
         seq.state = "released"
 
 
@@ -756,10 +743,10 @@ class VLLMPolicy(RenderedTokenPolicy):
         self.asleep = True
 
     # ----- tokens ------------------------------------------------------------------------------------------
-    def _plan(self, prompts: list[list[int]]) -> list[VSeq]:
+    def _plan(self, prompts: list[list[int]]) -> list[Seq]:
         return [self.engine.new(p) for p in prompts]
 
-    def generation(self, seq: VSeq) -> Generation:
+    def generation(self, seq: Seq) -> Generation:
         ents = list(seq.entropies) if getattr(seq.mode, "entropies", False) else None
         return Generation(list(seq.out), list(seq.logprobs), seq.finish, ents)  # type: ignore[arg-type]
 
