@@ -69,6 +69,7 @@ from toolgym.trainers.modeling import Reference, autocast, build_policy, make_op
 from toolgym.trainers.packing import compile_decoder, update_forward, use_compile, use_packing, use_share
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.saved_rollouts import save_step
+from toolgym.trainers.selfplay import SelfPlayRollout
 from toolgym.trainers.tree import RolloutTree, Row
 
 __all__ = [
@@ -118,7 +119,8 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     device = pick_device(dist.device_name(cfg.device), cfg.threads)
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device, model, tokenizer)
-    policy, model = dist.hybrid(policy, cfg, device)  # fsdp2: the model is sharded, the rollout gets a full copy
+    # fsdp2: the model is sharded, the rollout gets a full copy
+    policy, model = dist.hybrid(policy, cfg, device)
     policy = choose_engine(  # our decode engine (agents/engine) over the same live weights, or HFPolicy
         policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget,
         capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main, memory=cfg.engine_memory,
@@ -163,8 +165,14 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         if dist.world > 1:
             raise ConfigError("max_staleness > 0 under torchrun is not supported yet: run on one process")
         gate, rollout_policy = actor_policy(cfg, policy, device, progress.step)
-    roller = TreeRollout(
-        rollout_policy, branch, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_workers
+    if cfg.selfplay and (cfg.max_staleness or layout is not None):
+        raise ConfigError("selfplay with max_staleness > 0 is not supported yet: self-play rolls out in step")
+    roller: TreeRollout | SelfPlayRollout = (
+        SelfPlayRollout(rollout_policy, rollout_cfg, cfg.env_kwargs, cfg.selfplay)  # seats of one game
+        if cfg.selfplay
+        else TreeRollout(
+            rollout_policy, branch, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_workers
+        )
     )
     cleanup.callback(roller.close)  # (closing twice is harmless: the end of the run closes it too)
     addons = AddonState(cfg, dist.world)  # replay buffer, task pool, EPO entropy band
@@ -208,7 +216,8 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
             seed=lambda s: cfg.seed * 100_003 + s, context=lambda: autocast(device, cfg.bf16),
             per_tree=cfg.async_admission == "tree",
         ).start()  # fmt: skip
-        cleanup.callback(pipe.close)  # a failed run stops the worker (registered after the roller's: runs first)
+        # a failed run stops the worker (registered after the roller's: runs first)
+        cleanup.callback(pipe.close)
 
     for step in range(progress.step + 1, cfg.steps + 1):
         t_step = time.perf_counter()
@@ -282,7 +291,9 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics = dist.mean_metrics(metrics)  # (rank means; tokens_per_s is then per rank)
         progress.step = step
-        checkpoint.save_shards(dist, cfg, step, out / "checkpoint", modules, optimizer, progress)  # fsdp2: DCP
+        checkpoint.save_shards(
+            dist, cfg, step, out / "checkpoint", modules, optimizer, progress
+        )  # fsdp2: DCP
         if not dist.main:
             continue  # rank 0 evaluates, logs and saves
 

@@ -155,16 +155,19 @@ class _Counting:
 
 
 def test_grpo_step_through_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The one hook line in grpo.train (TreeRollout -> SelfPlayRollout when cfg.selfplay), patched in here."""
+    """grpo.train rolls out with SelfPlayRollout when cfg.selfplay is set (the seats' policy swapped here)."""
     from tests.trainers.conftest import tiny_model
     from toolgym.trainers import grpo
 
-    def roller(policy: Any, branch: Any, cfg: RolloutConfig, env_kwargs: dict[str, Any], **kw: Any) -> Any:
+    seen: list[Any] = []
+
+    def roller(policy: Any, cfg: RolloutConfig, env_kwargs: dict[str, Any], options: Any) -> Any:
         # the rule policy plays (same tokenizer): games end with wins and losses, so the advantages are not 0
-        return SelfPlayRollout(RulePolicy(), cfg, env_kwargs, cfg_selfplay)
+        seen.append(options)
+        return SelfPlayRollout(RulePolicy(), cfg, env_kwargs, options)
 
     cfg_selfplay = {"learner_seats": 3}
-    monkeypatch.setattr(grpo, "TreeRollout", roller)
+    monkeypatch.setattr(grpo, "SelfPlayRollout", roller)
     tok = tiny_tokenizer()
     model = tiny_model(len(tok))
     model.config.max_position_embeddings = 4096
@@ -178,3 +181,19 @@ def test_grpo_step_through_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert 6.0 <= metrics["rollout/episodes"] <= 18.0  # 2 deals x 3 seats x 3 copies (less: seats out early)
     assert "losses/policy_loss" in metrics or any(k.startswith("losses/") for k in metrics)
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    assert seen == [cfg_selfplay]
+
+
+def test_selfplay_refuses_async(tmp_path: Path) -> None:
+    from tests.trainers.conftest import tiny_model
+    from toolgym.errors import ConfigError
+    from toolgym.trainers import grpo
+
+    tok = tiny_tokenizer()
+    cfg = grpo.GRPOConfig(
+        env_ids=[ENV], env_kwargs=SMALL, steps=1, prompts_per_step=2, budget=3, max_new_tokens=4,
+        max_total_tokens=4000, device="cpu", tensorboard=False, progress=False, eval_every=0,
+        output_dir=str(tmp_path), selfplay={"learner_seats": 3}, max_staleness=1,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="selfplay"):
+        grpo.train(cfg, tiny_model(len(tok)), tok)
