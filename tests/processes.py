@@ -52,6 +52,8 @@ def run(
     error) ends the whole process group, not just its leader (a grandchild holding the pipes open would
     otherwise keep ``communicate`` waiting, and outlive the test)."""
     stdin = subprocess.PIPE if input is not None else None
-    with running(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen) as proc:
+    with running(
+        cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    ) as proc:
         out, err = proc.communicate(input=input, timeout=timeout)
         return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)

@@ -122,7 +122,9 @@ class RunConfig:
     )
     fsdp_offload: bool = field(
         default=False,
-        metadata={"help": "parallel=fsdp2: keep the sharded fp32 weights, gradients and AdamW state in CPU memory"},
+        metadata={
+            "help": "parallel=fsdp2: keep the sharded fp32 weights, gradients and AdamW state on the CPU"
+        },
     )
     # --- rollout
     steps: int = field(default=20, metadata={"help": "training steps (one rollout batch each)"})

@@ -122,7 +122,8 @@ def _gold(env: Any) -> str | None:
         answer = env.task.answer
     except Exception:  # an env without tasks or answers: IGPO falls back to outcome-only rewards
         return None
-    if isinstance(answer, (list, tuple)):  # aliases (Search-v0): the first is the canonical form, not the list's repr
+    # aliases (Search-v0): the first is the canonical form, not the list's repr
+    if isinstance(answer, (list, tuple)):
         answer = answer[0] if answer else None
     return None if answer is None else str(answer)
 

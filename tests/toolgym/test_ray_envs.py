@@ -187,11 +187,11 @@ def test_toolgym_eval_runs_envs_on_ray(cluster: str, tmp_path: Path) -> None:
 
 def test_toolgym_eval_through_ray_client(local: Any, tmp_path: Path) -> None:
     """`--env-workers ray://HOST:PORT` from another process: Ray Client, through the head's client server."""
-    import subprocess
+    from tests.processes import run
 
     argv = ["toolgym", "eval", CALC, "--agent", "scripted", "--episodes", "2", "--env-workers", local.client_address,
             "--env-kwargs", '{"prompt_format": "text"}', "--out", str(tmp_path), "--no-report", "--quiet"]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+    done = run(argv, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "100.0%" in done.stdout
 
