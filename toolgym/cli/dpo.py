@@ -8,52 +8,39 @@ reference is the model as loaded. The run folder's ``model/`` is a plain transfo
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
-
-from toolgym.optional import require
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+    from toolgym.cli.train import add_config_command
+
+    add_config_command(
+        subparsers,
         "dpo",
         help="DPO on preference pairs (a frozen reference, beta, the sigmoid loss)",
         description=__doc__.splitlines()[0] if __doc__ else None,
+        config_class=_config_class,
+        func=cmd_dpo,
     )
-    p.add_argument("--config", help="YAML file of config keys (flags given here override it)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
-    from toolgym.cli.train import add_config_flags, config_fields
 
-    try:
-        from toolgym.trainers.dpo import DPOConfig
 
-        fields = config_fields(DPOConfig)
-    except ImportError:  # a part of the trainer missing: the command still registers and says so when run
-        fields = {}
-    add_config_flags(p, fields)
-    p.set_defaults(func=cmd_dpo)
+def _config_class() -> type:
+    from toolgym.trainers.dpo import DPOConfig
+
+    return DPOConfig
 
 
 def resolve(args: argparse.Namespace) -> Any:
-    from toolgym.errors import ConfigError
-    from toolgym.trainers.config import load_yaml
-    from toolgym.trainers.dpo import DPOConfig
+    from toolgym.cli.train import config_from_args
 
-    data: dict[str, Any] = load_yaml(args.config) if args.config else {}
-    if data.pop("algorithm", "dpo") != "dpo":
-        raise ConfigError("this config is not for DPO (algorithm is not dpo)")
-    data.update(
-        {k: v for k, v in vars(args).items() if k not in ("config", "print_config", "func", "command")}
-    )
-    return DPOConfig.from_dict(data)
+    return config_from_args(args, _config_class(), algorithm="dpo")
 
 
 def cmd_dpo(args: argparse.Namespace) -> int:
-    require("torch", why="toolgym dpo needs torch and transformers")
-    require("transformers", why="toolgym dpo needs torch and transformers")
-    cfg = resolve(args)
-    if args.print_config:
-        print(json.dumps({"algorithm": "dpo", **cfg.to_dict()}, indent=2))
+    from toolgym.cli.train import config_or_print
+
+    cfg = config_or_print(args, "dpo", resolve)
+    if cfg is None:
         return 0
     from toolgym.trainers.dpo import train
 

@@ -8,51 +8,40 @@ flags win. The run folder's ``model/`` is what ``toolgym train --init RUN_DIR`` 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
-
-from toolgym.optional import require
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+    from toolgym.cli.train import add_config_command
+
+    add_config_command(
+        subparsers,
         "sft",
         help="supervised warm start on expert episodes or chat JSONL (then: toolgym train --init RUN_DIR)",
         description=__doc__.splitlines()[0] if __doc__ else None,
+        config_class=_config_class,
+        func=cmd_sft,
     )
-    p.add_argument("--config", help="YAML file of config keys (flags given here override it)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
-    from toolgym.cli.train import add_config_flags, config_fields
 
-    try:
-        from toolgym.trainers.sft import SFTConfig
 
-        fields = config_fields(SFTConfig)
-    except ImportError:  # a part of the trainer missing: the command still registers and says so when run
-        fields = {}
-    add_config_flags(p, fields)
-    p.set_defaults(func=cmd_sft)
+def _config_class() -> type:
+    from toolgym.trainers.sft import SFTConfig
+
+    return SFTConfig
 
 
 def resolve(args: argparse.Namespace) -> Any:
     """The SFTConfig: YAML keys, then flags."""
-    from toolgym.trainers.config import load_yaml
-    from toolgym.trainers.sft import SFTConfig
+    from toolgym.cli.train import config_from_args
 
-    data: dict[str, Any] = load_yaml(args.config) if args.config else {}
-    data.pop("algorithm", None)
-    data.update(
-        {k: v for k, v in vars(args).items() if k not in ("config", "print_config", "func", "command")}
-    )
-    return SFTConfig.from_dict(data)
+    return config_from_args(args, _config_class())
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    require("torch", why="toolgym sft needs torch and transformers")
-    require("transformers", why="toolgym sft needs torch and transformers")
-    cfg = resolve(args)
-    if args.print_config:
-        print(json.dumps({"algorithm": "sft", **cfg.to_dict()}, indent=2))
+    from toolgym.cli.train import config_or_print
+
+    cfg = config_or_print(args, "sft", resolve)
+    if cfg is None:
         return 0
     from toolgym.trainers.sft import train
 

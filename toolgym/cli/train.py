@@ -107,6 +107,53 @@ def add_config_flags(
             p.add_argument(flag, type={"int": int, "float": float}.get(typ, str), choices=choices, **kw)
 
 
+def add_config_command(
+    subparsers: Any, name: str, help: str, description: str | None, config_class: Any, func: Any
+) -> argparse.ArgumentParser:
+    """A trainer's subcommand (``toolgym sft``, ``toolgym dpo``): ``--config``, ``--print-config`` and one flag
+    per field of the config dataclass ``config_class()`` returns (it imports the trainer: a part of it missing
+    leaves the command without flags, and running it says what is missing)."""
+    p = subparsers.add_parser(name, help=help, description=description)
+    p.add_argument("--config", help="YAML file of config keys (flags given here override it)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    try:
+        fields = config_fields(config_class())
+    except ImportError:
+        fields = {}
+    add_config_flags(p, fields)
+    p.set_defaults(func=func)
+    return p
+
+
+def config_from_args(args: argparse.Namespace, cls: Any, algorithm: str | None = None) -> Any:
+    """A trainer command's config: the YAML's keys (``--config``), then the flags. The YAML's ``algorithm``
+    key is dropped; with ``algorithm`` given it must name that one when present."""
+    from toolgym.trainers.config import load_yaml
+
+    data: dict[str, Any] = load_yaml(args.config) if args.config else {}
+    named = data.pop("algorithm", algorithm)
+    if algorithm is not None and named != algorithm:
+        raise ConfigError(f"this config is not for {algorithm.upper()} (algorithm is not {algorithm})")
+    data.update(
+        {k: v for k, v in vars(args).items() if k not in ("config", "print_config", "func", "command")}
+    )
+    return cls.from_dict(data)
+
+
+def config_or_print(args: argparse.Namespace, name: str, resolve: Any) -> Any:
+    """The config of ``toolgym NAME`` (torch and transformers checked first), or None once ``--print-config``
+    has printed it."""
+    from toolgym.optional import require
+
+    require("torch", why=f"toolgym {name} needs torch and transformers")
+    require("transformers", why=f"toolgym {name} needs torch and transformers")
+    cfg = resolve(args)
+    if args.print_config:
+        print(json.dumps({"algorithm": name, **cfg.to_dict()}, indent=2))
+        return None
+    return cfg
+
+
 def _add_renamed_flags(p: argparse.ArgumentParser, cls: Any) -> None:
     """Hidden flags under the old names of renamed fields (`RENAMED`): from_dict maps them, with a warning."""
     fields = config_fields(cls)
