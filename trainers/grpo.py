@@ -209,6 +209,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
             pos0=progress.data_pos, dtype=torch.bfloat16 if cfg.bf16 and device.type == "cuda" else None,
         )  # fmt: skip
     if gate is not None:  # batch s: tasks at the data position step s starts at, the synchronous seed
+        assert isinstance(roller, TreeRollout)  # (self-play is refused with max_staleness above)
         start, pos0 = progress.step, progress.data_pos
         pipe = AsyncRollout(
             roller, gate, first=start + 1, last=cfg.steps, max_staleness=cfg.max_staleness,

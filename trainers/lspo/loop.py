@@ -35,6 +35,7 @@ from toolgym.envs.multiagent.selfplay import SelfPlayTable
 from toolgym.envs.werewolf.agents import strong_policy, view_of
 from toolgym.envs.werewolf.env import WerewolfEnv
 from toolgym.envs.werewolf.expert import move_text
+from toolgym.envs.werewolf.rules import WerewolfGame
 from toolgym.errors import ConfigError
 from toolgym.trainers.lspo.cfr import RegretTable, outcome_sampling
 from toolgym.trainers.lspo.game import LatentWerewolf, info_parts, key_of, play_latent, realise
@@ -174,7 +175,9 @@ def collect(
             if seat is None:
                 live.discard(ti)
                 continue
-            n = candidates if tables[ti].game.phase == "discussion" else 1
+            game = tables[ti].game
+            assert isinstance(game, WerewolfGame)  # the tables deal Werewolf games (rules.new_game())
+            n = candidates if game.phase == "discussion" else 1
             batch.append((tables[ti], seat, n))
         if not batch:
             break
