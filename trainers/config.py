@@ -301,6 +301,20 @@ def check_loss_rules(cfg: Any) -> None:
 
 
 @dataclass
+class DataConfig(RunConfig):
+    """A trainer over a fixed data set (SFT, DPO): ``steps`` 0 lets ``epochs`` passes over the data decide."""
+
+    def validate(self) -> None:
+        steps, self.steps = self.steps, max(1, self.steps)  # 0 is allowed here (RunConfig wants >= 1)
+        try:
+            super().validate()
+        finally:
+            self.steps = steps
+        if self.steps < 0:
+            raise ConfigError(f"steps must be >= 0, got {self.steps}")
+
+
+@dataclass
 class AddonsConfig(RunConfig):
     """Fields of the add-ons: success replay + task selection, EPO, HiPER (addons.py)."""
 

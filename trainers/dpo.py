@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
-from toolgym.trainers.config import RunConfig
+from toolgym.trainers.config import DataConfig
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +50,7 @@ class PreferencePair:
 
 
 @dataclass
-class DPOConfig(RunConfig):
+class DPOConfig(DataConfig):
     data: str = field(
         default="", metadata={"help": "JSONL of {messages, tools, chosen, rejected} preference pairs"}
     )
@@ -74,13 +74,7 @@ class DPOConfig(RunConfig):
     )
 
     def validate(self) -> None:
-        steps, self.steps = self.steps, max(1, self.steps)  # 0 is allowed here (epochs decide)
-        try:
-            super().validate()
-        finally:
-            self.steps = steps
-        if self.steps < 0:
-            raise ConfigError(f"steps must be >= 0, got {self.steps}")
+        super().validate()
         if self.beta <= 0:
             raise ConfigError(f"beta must be > 0, got {self.beta}")
         if not 0.0 <= self.label_smoothing < 0.5:

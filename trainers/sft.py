@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
-from toolgym.trainers.config import RunConfig
+from toolgym.trainers.config import DataConfig
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,7 @@ Conversation = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (messages, t
 
 
 @dataclass
-class SFTConfig(RunConfig):
+class SFTConfig(DataConfig):
     data: str = field(
         default="", metadata={"help": "JSONL of conversations ({messages, tools}); empty: the env experts"}
     )
@@ -61,16 +61,10 @@ class SFTConfig(RunConfig):
     output_dir: str = field(default="runs/sft", metadata={"help": "run folder (model/, metrics, plots)"})
 
     def validate(self) -> None:
-        steps, self.steps = self.steps, max(1, self.steps)  # 0 is allowed here (epochs decide)
-        try:
-            super().validate()
-        finally:
-            self.steps = steps
+        super().validate()
         for name in ("episodes", "batch_size", "pack_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.steps < 0:
-            raise ConfigError(f"steps must be >= 0, got {self.steps}")
         if self.data and not Path(self.data).is_file():
             raise ConfigError(f"no conversation file at {self.data}")
 
