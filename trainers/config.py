@@ -304,6 +304,9 @@ def check_loss_rules(cfg: Any) -> None:
 class DataConfig(RunConfig):
     """A trainer over a fixed data set (SFT, DPO): ``steps`` 0 lets ``epochs`` passes over the data decide."""
 
+    steps: int = field(default=0, metadata={"help": "optimizer steps (0: `epochs` passes over the data)"})
+    epochs: int = field(default=1, metadata={"help": "passes over the data (when steps is 0)"})
+
     def validate(self) -> None:
         steps, self.steps = self.steps, max(1, self.steps)  # 0 is allowed here (RunConfig wants >= 1)
         try:

@@ -60,8 +60,6 @@ class DPOConfig(DataConfig):
     label_smoothing: float = field(
         default=0.0, metadata={"help": "conservative DPO's epsilon (0: the standard sigmoid loss)"}
     )
-    steps: int = field(default=0, metadata={"help": "optimizer steps (0: `epochs` passes over the pairs)"})
-    epochs: int = field(default=1, metadata={"help": "passes over the pairs (when steps is 0)"})
     batch_size: int = field(default=16, metadata={"help": "pairs per optimizer step"})
     micro_batch_rows: int = field(default=4, metadata={"help": "pairs per forward/backward"})
     lr: float = field(default=5e-7, metadata={"help": "AdamW learning rate (peak)"})

@@ -42,8 +42,6 @@ class SFTConfig(DataConfig):
     episodes: int = field(
         default=200, metadata={"help": "scripted-expert episodes per env id (when data is empty)"}
     )
-    steps: int = field(default=0, metadata={"help": "optimizer steps (0: `epochs` passes over the data)"})
-    epochs: int = field(default=1, metadata={"help": "passes over the data (when steps is 0)"})
     batch_size: int = field(default=16, metadata={"help": "conversations per optimizer step"})
     pack_tokens: int = field(
         default=2048, metadata={"help": "row length when packing; longer conversations are cut"}
