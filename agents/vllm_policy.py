@@ -754,13 +754,11 @@ class VLLMPolicy(RenderedTokenPolicy):
         self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
     ) -> list[Generation]:
         """One turn per prompt (ids in, ids + logprobs out), all in flight at once."""
-        from toolgym.agents.engine.engine_policy import mode_of, plan_turns
+        from toolgym.agents.engine.engine_policy import plan_turns
 
-        sp = sampling or self.sampling
-        seqs = plan_turns(self, prompts, sp)
+        sp, mode, seqs = plan_turns(self, prompts, sampling)
         if not seqs:
             return []
-        mode = mode_of(sp, self.top_k)
         for s in seqs:
             room = self.engine.cache.capacity - 2 - len(s.ids)
             if room < 1:

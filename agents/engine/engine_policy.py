@@ -40,18 +40,22 @@ def mode_of(sp: SamplingParams, top_k: int = 0) -> SampleMode:
     )
 
 
-def plan_turns(policy: Any, prompts: Sequence[list[int]], sp: SamplingParams) -> list[Any]:
-    """The start of ``generate`` for a policy over a sequence engine (``EnginePolicy``, ``VLLMPolicy``): every
-    prompt must have a token; then, when there are any, new weights are picked up, the engine is seeded
-    (``sp.seed``) and one new sequence is planned per prompt (``policy._plan``)."""
+def plan_turns(
+    policy: Any, prompts: Sequence[list[int]], sampling: SamplingParams | None
+) -> tuple[SamplingParams, SampleMode, list[Any]]:
+    """The start of ``generate`` for a policy over a sequence engine (``EnginePolicy``, ``VLLMPolicy``): the
+    sampling (``sampling`` or the policy's) and its mode; every prompt must have a token; then, when there are
+    any, new weights are picked up, the engine is seeded (``seed``) and one new sequence is planned per prompt
+    (``policy._plan``; none for no prompts)."""
+    sp = sampling or policy.sampling
     if any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt needs at least one token")
     if not prompts:
-        return []
+        return sp, mode_of(sp, policy.top_k), []
     policy.refresh()
     if sp.seed is not None:
         policy.engine.seed(sp.seed)
-    return policy._plan([list(p) for p in prompts])
+    return sp, mode_of(sp, policy.top_k), policy._plan([list(p) for p in prompts])
 
 
 class EnginePolicy(RenderedTokenPolicy):
@@ -124,12 +128,10 @@ class EnginePolicy(RenderedTokenPolicy):
         self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
     ) -> list[Generation]:
         """One continuation per prompt (ids in, ids + logprobs out), continuing held caches where they match."""
-        sp = sampling or self.sampling
-        seqs = plan_turns(self, prompts, sp)
+        sp, mode, seqs = plan_turns(self, prompts, sampling)
         if not seqs:
             return []
         eng = self.engine
-        mode = mode_of(sp, self.top_k)
         for s in seqs:
             eng.submit(s, mode, sp.max_new_tokens, sp.stop)
         while eng.busy():
