@@ -203,25 +203,28 @@ def test_continuous_worker_switches_weights_inside_turns(tokenizer: Any, per_tre
     whole context (the turn is prefilled again under the new weights). Per-tree admission: the same, with
     the trees of several batches in one episode loop."""
     steps = 5
-    got, versions, pipe = _fake_learner(
-        tokenizer, max_staleness=2, steps=steps, continuous=True, per_tree=per_tree
-    )
-    assert pipe.taken == list(range(1, steps + 1))
     switched = False
-    for b in got:
-        assert staleness(b.forest, b.step)[1] <= 2
-        for tree in b.forest:
-            assert len(tree.leaves()) == 3
-            for n in tree.nodes:
-                if n.kind != "model":
-                    continue
-                assert n.versions is not None and n.versions == sorted(n.versions)
-                assert b.step - 3 <= n.versions[0] <= n.versions[-1] <= b.step - 1
-                switched |= n.versions[0] != n.versions[-1]
-                by_version = {v: _turn_logprobs(versions[v], tree, n.id) for v in set(n.versions)}
-                want = [by_version[v][j] for j, v in enumerate(n.versions)]
-                assert n.logprobs == pytest.approx(want, abs=2e-3), (b.step, n.versions)
+    for _attempt in range(4):  # a version arriving mid-turn is a matter of timing: a few runs to see one
+        got, versions, pipe = _fake_learner(
+            tokenizer, max_staleness=2, steps=steps, continuous=True, per_tree=per_tree
+        )
+        assert pipe.taken == list(range(1, steps + 1))
+        for b in got:
+            assert staleness(b.forest, b.step)[1] <= 2
+            for tree in b.forest:
+                assert len(tree.leaves()) == 3
+                for n in tree.nodes:
+                    if n.kind != "model":
+                        continue
+                    assert n.versions is not None and n.versions == sorted(n.versions)
+                    assert b.step - 3 <= n.versions[0] <= n.versions[-1] <= b.step - 1
+                    switched |= n.versions[0] != n.versions[-1]
+                    by_version = {v: _turn_logprobs(versions[v], tree, n.id) for v in set(n.versions)}
+                    want = [by_version[v][j] for j, v in enumerate(n.versions)]
+                    assert n.logprobs == pytest.approx(want, abs=2e-3), (b.step, n.versions)
+        if switched:
+            break
     # some turn was in flight at a version change (per tree the worker often runs so far ahead that versions
-    # arrive between trees: a matter of timing, so only checked per batch, where it reliably happens)
+    # arrive between trees, so it is not required there)
     assert switched or per_tree
     assert (sum(b.early for b in got) > 0) == per_tree  # per tree: batches overlap in the engine
