@@ -91,12 +91,18 @@ def sampling_body(
     """The request's sampling fields, as both vLLM's ``SamplingParams`` and its completions API name them.
 
     Everything the server might otherwise take from the model's generation config is given: temperature, top-p,
-    top-k, no repetition penalty, no EOS of its own."""
+    top-k, min-p, no repetition penalty, no EOS of its own (vLLM 0.26: ``ModelConfig.get_diff_sampling_param``)."""
+    temperature, top_p = float(max(sp.temperature, 0.0)), float(sp.top_p)
+    if temperature > 2.0 or not 0.0 < top_p <= 1.0:  # vLLM refuses these (a 400, or a ValueError colocated)
+        raise ConfigError(
+            f"vLLM takes temperature in [0, 2] and top_p in (0, 1], got {temperature} and {top_p}"
+        )
     return {
         "max_tokens": int(max_new),
-        "temperature": float(max(sp.temperature, 0.0)),
-        "top_p": float(sp.top_p),
+        "temperature": temperature,
+        "top_p": top_p,
         "top_k": int(getattr(sp, "top_k", 0) or 0),
+        "min_p": 0.0,  # (a server takes min_p from the model's generation config unless it is given)
         "repetition_penalty": 1.0,
         "stop": list(stop),
         "stop_token_ids": sorted(int(i) for i in stop_ids),
@@ -130,12 +136,14 @@ class LocalBackend:
 
     def submit(self, rid: str, ids: list[int], body: dict[str, Any]) -> None:
         from vllm import SamplingParams as VSamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import tokens_input
         from vllm.sampling_params import RequestOutputKind
 
         # FINAL_ONLY: a step returns the requests that ended, not every running request's output so far
         params = VSamplingParams(**body, output_kind=RequestOutputKind.FINAL_ONLY)
-        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=list(ids)), params)
+        # the engine's own input (what LLM.generate renders a TokensPrompt to): vLLM 0.26 still takes a raw
+        # TokensPrompt here but warns that it is deprecated
+        self.engine.add_request(rid, tokens_input(list(ids)), params)
         self.live.add(rid)
 
     def poll(self) -> list[tuple[str, Completed]]:
@@ -154,11 +162,16 @@ class LocalBackend:
             self.live.discard(rid)
 
     def reset(self) -> None:
-        self.llm.reset_prefix_cache()
+        # vLLM answers False (and keeps the cache) while running requests hold blocks: those are then preempted
+        # and recomputed, so no turn reads a cached prefix of the old weights
+        if not self.llm.reset_prefix_cache():
+            self.llm.reset_prefix_cache(reset_running_requests=True)
 
 
 def completed_from_output(out: Any) -> Completed:
     """A ``Completed`` from vLLM's ``CompletionOutput`` (``logprobs``: one ``{id: Logprob}`` per sampled token)."""
+    if out.finish_reason not in ("stop", "length"):  # "abort", "error", "repetition": a turn it did not end
+        raise InfrastructureError(f"vLLM ended a turn with finish_reason {out.finish_reason!r}")
     ids = [int(t) for t in out.token_ids]
     steps = list(out.logprobs or [])
     if len(steps) != len(ids):
@@ -331,6 +344,16 @@ class ServerBackend:
             return resp.json() if resp.content else None
 
         return list(self.pool.map(one, self.urls))
+
+    def reset_prefix_caches(self) -> None:
+        """Drop every server's prefix cache (after new weights; a dev endpoint: ``VLLM_SERVER_DEV_MODE=1``).
+
+        vLLM answers ``{"success": false}`` (and keeps the cache) while running requests hold blocks (another
+        rank's turns): those servers are asked again with their running requests preempted and recomputed."""
+        answers = self.post_all("/reset_prefix_cache")
+        for url, got in zip(self.urls, answers, strict=True):
+            if isinstance(got, dict) and got.get("success") is False:
+                _post(self, url, "/reset_prefix_cache?reset_running_requests=true", {})
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -593,7 +616,7 @@ class NcclSync:
         for f in updates:
             f.result()
         self.backend.post_all("/finish_weight_update")
-        self.backend.post_all("/reset_prefix_cache")
+        self.backend.reset_prefix_caches()
 
 
 class DiskSync:
@@ -614,7 +637,7 @@ class DiskSync:
         model.config.to_json_file(str(self.folder / "config.json"))
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.folder)}}
         self.backend.post_all("/collective_rpc", body)
-        self.backend.post_all("/reset_prefix_cache")
+        self.backend.reset_prefix_caches()
 
 
 class NoSync:

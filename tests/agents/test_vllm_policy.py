@@ -12,7 +12,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -165,87 +165,148 @@ def test_smollm2_server_mode_matches_the_trainer_logprobs() -> None:
 
 
 # ----- colocated: a stand-in for vllm.LLM (a unit test of our plumbing, not of vLLM) ------------------------
+# The stand-ins take what vLLM 0.26.0 takes, by the same names (checked against its source): a call our code
+# makes that 0.26 would refuse fails here too.
+_SAMPLING_NAMES = (  # vllm/sampling_params.py: SamplingParams' public fields
+    "n presence_penalty frequency_penalty repetition_penalty temperature top_p top_k min_p seed stop stop_token_ids "
+    "ignore_eos max_tokens min_tokens logprobs prompt_logprobs logprob_token_ids flat_logprobs detokenize "
+    "skip_special_tokens spaces_between_special_tokens include_stop_str_in_output output_kind skip_clone "
+    "structured_outputs logit_bias allowed_token_ids extra_args bad_words skip_reading_prefix_cache "
+    "thinking_token_budget repetition_detection"
+)
+SAMPLING_FIELDS = frozenset(_SAMPLING_NAMES.split())
+
+
 @dataclass
-class _Logprob:
+class _Logprob:  # vllm/logprobs.py: Logprob
     logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
 @dataclass
-class _Out:
+class _Out:  # vllm/outputs.py: CompletionOutput
+    index: int
+    text: str
     token_ids: list[int]
-    logprobs: list[dict[int, _Logprob]]
-    finish_reason: str
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, _Logprob]] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 @dataclass
-class _Res:
+class _Res:  # vllm/outputs.py: RequestOutput (its first fields)
     request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    prompt_logprobs: Any
     outputs: list[_Out]
-    finished: bool = True
+    finished: bool
+
+
+class _Runner:  # vllm/v1/worker/gpu_model_runner.py: get_model() is the unwrapped model
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    def get_model(self) -> Any:
+        return self._model
 
 
 class FakeLLM:
-    """Answers every request with a fixed reply: ``reply`` ids (cut at ``max_tokens``; the stop id ends it)."""
+    """Answers every request with a fixed reply: ``reply`` ids (cut at ``max_tokens``; the stop id ends it).
+    Its methods have vLLM 0.26's signatures (``LLM`` and the V1 ``LLMEngine``, its ``llm_engine``)."""
 
-    def __init__(self, reply: list[int]) -> None:
-        self.reply = reply
+    def __init__(self, reply: list[int], finish: str | None = None) -> None:
+        self.reply, self.finish = reply, finish
         self.requests: list[tuple[str, list[int], dict[str, Any]]] = []
         self.calls: list[str] = []
         self.loaded: list[list[str]] = []
         self.sleep_mode = True
         self.llm_engine = self
         self.live: list[tuple[str, list[int], dict[str, Any]]] = []
+        self.busy_blocks = False  # (reset_prefix_cache fails while running requests hold blocks)
 
-    def add_request(self, rid: str, prompt: dict[str, Any], params: Any) -> str:
-        self.requests.append((rid, list(prompt["prompt_token_ids"]), params.kw))
+    def add_request(
+        self, request_id: str, prompt: dict[str, Any], params: Any, arrival_time: float | None = None,
+        lora_request: Any = None, tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Any = None, priority: int = 0, prompt_text: str | None = None,
+    ) -> str:  # fmt: skip
+        assert isinstance(request_id, str) and prompt["type"] == "token"  # (an EngineInput: tokens_input)
+        self.requests.append((request_id, list(prompt["prompt_token_ids"]), params.kw))
         self.live.append(self.requests[-1])
-        return rid
+        return request_id
 
     def step(self) -> list[_Res]:
         if not self.live:
             return []
-        rid, _, kw = self.live.pop(0)
+        rid, prompt, kw = self.live.pop(0)
         ids = self.reply[: kw["max_tokens"]]
         stop = set(kw["stop_token_ids"])
         cut = next((i for i, t in enumerate(ids) if t in stop), None)
         ids = ids if cut is None else ids[: cut + 1]
-        lps = [{t: _Logprob(-0.5), 99: _Logprob(-1.5)} for t in ids]
-        finish = "stop" if cut is not None else "length"
-        return [_Res(rid, [_Out(ids, lps, finish)])]
+        lps = [{t: _Logprob(-0.5, 1), 99: _Logprob(-1.5, 2)} for t in ids]
+        finish = self.finish or ("stop" if cut is not None else "length")
+        return [_Res(rid, None, prompt, None, [_Out(0, "", ids, -0.5 * len(ids), lps, finish)], True)]
 
-    def abort_request(self, rids: list[str]) -> None:
+    def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
         self.calls.append("abort")
 
-    def collective_rpc(self, fn: Any) -> list[Any]:
+    def collective_rpc(
+        self, method: Any, timeout: float | None = None, args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:  # fmt: skip
+        # in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): a callable gets the WorkerWrapperBase, whose .worker
+        # is the GPU worker (vllm/v1/serial_utils.py: run_method)
         model = types.SimpleNamespace(load_weights=lambda w: self.loaded.append([n for n, _ in w]))
-        worker = types.SimpleNamespace(
-            worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model))
-        )
-        return [fn(worker)]
+        wrapper = types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=_Runner(model)))
+        return [method(wrapper, *args, **(kwargs or {}))]
 
-    def sleep(self, level: int = 1) -> None:
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
         self.calls.append(f"sleep{level}")
 
     def wake_up(self, tags: list[str] | None = None) -> None:
+        assert tags is None or set(tags) <= {"weights", "kv_cache", "scheduling"}
         self.calls.append("wake:" + ",".join(tags or []))
 
-    def reset_prefix_cache(self) -> None:
-        self.calls.append("reset")
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        self.calls.append("reset" + ("!" if reset_running_requests else ""))
+        return reset_running_requests or not self.busy_blocks
 
 
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``vllm.SamplingParams`` and ``vllm.inputs.TokensPrompt`` as plain records (vLLM is not installed here)."""
+    """``vllm.SamplingParams``, ``vllm.inputs.tokens_input`` and ``RequestOutputKind`` as plain records that take
+    what 0.26 takes (vLLM is not installed here)."""
+    import enum
+
     mod, inputs = types.ModuleType("vllm"), types.ModuleType("vllm.inputs")
     params = types.ModuleType("vllm.sampling_params")
-    params.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY="final")  # type: ignore[attr-defined]
+
+    class RequestOutputKind(enum.Enum):
+        CUMULATIVE = 0
+        DELTA = 1
+        FINAL_ONLY = 2
 
     class SP:
         def __init__(self, **kw: Any) -> None:
+            unknown = set(kw) - SAMPLING_FIELDS
+            if unknown:  # (msgspec.Struct: an unknown keyword is a TypeError)
+                raise TypeError(f"SamplingParams has no field {sorted(unknown)}")
+            if not 0.0 <= kw.get("temperature", 1.0) <= 2.0 or not 0.0 < kw.get("top_p", 1.0) <= 1.0:
+                raise ValueError("temperature must be in [0, 2] and top_p in (0, 1]")
+            if kw.get("max_tokens", 16) < 1 or kw.get("top_k", 0) < -1:
+                raise ValueError("max_tokens must be at least 1 and top_k 0 or more")
             self.kw = kw
 
+    def tokens_input(
+        prompt_token_ids: list[int], *, prompt: str | None = None, cache_salt: str | None = None
+    ) -> dict[str, Any]:
+        return {"type": "token", "prompt_token_ids": prompt_token_ids}
+
+    params.RequestOutputKind = RequestOutputKind  # type: ignore[attr-defined]
     mod.SamplingParams = SP  # type: ignore[attr-defined]
-    inputs.TokensPrompt = dict  # type: ignore[attr-defined]
+    inputs.tokens_input = tokens_input  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", mod)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", params)
@@ -274,7 +335,7 @@ def test_colocated_plumbing_with_a_stand_in_llm(
             assert node.token_ids == [5, 6, 7, end] and node.logprobs == [-0.5] * 4
     for _, _, kw in llm.requests:
         assert kw["stop_token_ids"] == sorted(policy.renderer.stop_ids) and kw["ignore_eos"] is True
-        assert kw["output_kind"] == "final"
+        assert kw["output_kind"].name == "FINAL_ONLY" and kw["min_p"] == 0.0
         assert (kw["temperature"], kw["top_p"], kw["logprobs"], kw["repetition_penalty"]) == (
             1.0,
             0.9,
@@ -303,6 +364,124 @@ def test_colocated_weights_pushed_once_per_change_and_sleep_wake_order(
     assert llm.calls == ["wake:weights", "reset", "wake:kv_cache"]
     assert got[0].token_ids == [5] and got[0].entropies is not None and got[0].entropies[0] > 0
     assert llm.requests[-1][2]["logprobs"] == 20  # entropies: the top-20 logprobs
+
+
+def test_colocated_turns_vllm_did_not_end_and_busy_prefix_caches(
+    fake_vllm: None, chatml_tokenizer: Any, make_tiny_model: Any
+) -> None:
+    """An aborted (or failed) request is an InfrastructureError, never a turn (was: read as "stop"); a prefix
+    cache vLLM would not drop (running requests hold blocks: it answers False) is dropped with them preempted."""
+    from toolgym.errors import InfrastructureError
+
+    model = make_tiny_model(len(chatml_tokenizer))
+    llm = FakeLLM([5, 6], finish="abort")
+    policy = VLLMPolicy(model, chatml_tokenizer, LocalBackend(llm), llm=llm, capacity=64)
+    with pytest.raises(InfrastructureError, match="'abort'"):
+        policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+    llm.calls.clear()
+    llm.busy_blocks = True
+    policy.clear_kv()
+    assert llm.calls == ["reset", "reset!"]
+
+
+def test_sampling_vllm_refuses_is_a_config_error() -> None:
+    from toolgym.agents.vllm_policy import sampling_body
+    from toolgym.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"temperature in \[0, 2\]"):
+        sampling_body(SamplingParams(temperature=2.5), 4, (), (7,), 0)
+    body = sampling_body(SamplingParams(temperature=0.0), 4, (), (7,), 0)
+    assert body["min_p"] == 0.0 and body["top_k"] == 0 and body["stop_token_ids"] == [7]
+
+
+class FakeLLMClass:
+    """``vllm.LLM``'s constructor as 0.26 declares it: its own keywords, the rest go to ``EngineArgs`` (only
+    the names below, each checked in vllm/engine/arg_utils.py; an unknown one is a TypeError there too)."""
+
+    ENGINE_ARGS: ClassVar[dict[str, Any]] = {
+        "load_format": {"auto", "dummy", "safetensors", "pt"},
+        "max_model_len": int, "max_num_seqs": int, "max_num_batched_tokens": int, "enable_prefix_caching": bool,
+        "enable_sleep_mode": bool, "logprobs_mode": {"raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs"},
+        "distributed_executor_backend": {"ray", "mp", "uni", "external_launcher"},
+    }  # fmt: skip
+    made: ClassVar[list[dict[str, Any]]] = []
+
+    def __init__(
+        self, model: str, *, tokenizer: str | None = None, skip_tokenizer_init: bool = False,
+        tensor_parallel_size: int = 1, dtype: str = "auto", seed: int = 0, gpu_memory_utilization: float = 0.92,
+        enforce_eager: bool = False, **kwargs: Any,
+    ) -> None:  # fmt: skip
+        assert dtype in ("auto", "half", "float16", "bfloat16", "float", "float32")
+        for key, value in kwargs.items():
+            want = self.ENGINE_ARGS[key]  # (KeyError: not a name EngineArgs has)
+            assert value in want if isinstance(want, set) else isinstance(value, want), (key, value)
+        self.made.append({"model": model, "tokenizer": tokenizer, "dtype": dtype, **kwargs})
+
+
+def test_colocated_llm_is_built_with_the_arguments_vllm_takes(
+    fake_vllm: None,
+    chatml_tokenizer: Any,
+    make_tiny_model: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+) -> None:
+    from toolgym.agents.vllm_policy import colocated_llm
+
+    for key in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+    ):
+        monkeypatch.setenv(key, "")  # (recorded: what colocated_llm sets is undone after the test)
+        monkeypatch.delenv(key)
+    monkeypatch.setattr(sys.modules["vllm"], "LLM", FakeLLMClass, raising=False)
+    FakeLLMClass.made.clear()
+    model = make_tiny_model(len(chatml_tokenizer))
+    llm = colocated_llm(model, chatml_tokenizer, capacity=512, memory=0.3, folder=tmp_path)
+    (kw,) = FakeLLMClass.made
+    assert kw["load_format"] == "dummy" and kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["enable_sleep_mode"] is True and llm.sleep_mode is True
+    import os
+
+    # the in-process engine (the external_launcher executor asserts it) under a torchrun-like environment
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["RANK"] == "0"
+
+
+def test_server_prefix_caches_vllm_would_not_drop_are_dropped_with_their_requests_preempted() -> None:
+    """``POST /reset_prefix_cache`` answers ``{"success": false}`` while requests hold blocks (vLLM 0.26): those
+    servers are asked again with ``?reset_running_requests=true`` (was: the answer was ignored, the stale
+    cache kept)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    paths: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            paths.append(self.path)
+            body = json.dumps({"success": "reset_running_requests=true" in self.path}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    backend = ServerBackend([f"http://127.0.0.1:{httpd.server_address[1]}"])
+    try:
+        backend.reset_prefix_caches()
+        assert paths == ["/reset_prefix_cache", "/reset_prefix_cache?reset_running_requests=true"]
+    finally:
+        backend.close()
+        httpd.shutdown()
 
 
 # ----- the GPU: vLLM in the trainer's process ----------------------------------------------------------------
