@@ -74,6 +74,31 @@ for mod in ("vllm.vllm_flash_attn", "vllm.entrypoints.llm", "vllm.entrypoints.op
         print("ok  ", mod)
     except Exception as exc:  # reported, not fatal: the smoke run says whether it matters
         print("FAIL", mod, type(exc).__name__, str(exc)[:300])
+# the API agents/vllm_policy.py calls (names checked against the 0.26.0 source): a rename shows here, not mid-run
+import dataclasses, inspect
+def has(what, obj, names):
+    have = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set(dir(obj))
+    have |= set(getattr(obj, "__struct_fields__", ()))
+    missing = [n for n in names.split() if n not in have]
+    print("api ", what, "ok" if not missing else f"MISSING {missing}")
+try:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.worker.gpu_worker import Worker
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+    has("EngineArgs", EngineArgs, "load_format max_model_len max_num_seqs max_num_batched_tokens enable_prefix_caching "
+        "enable_sleep_mode logprobs_mode distributed_executor_backend weight_transfer_config")
+    has("SamplingParams", SamplingParams, "max_tokens temperature top_p top_k min_p repetition_penalty stop "
+        "stop_token_ids ignore_eos logprobs seed output_kind detokenize")
+    has("LLMEngine", LLMEngine, "add_request step abort_request reset_prefix_cache sleep wake_up collective_rpc")
+    has("Worker", Worker, "get_model reload_weights init_weight_transfer_engine start_weight_update update_weights "
+        "finish_weight_update")
+    has("NCCLWeightTransferEngine", NCCLWeightTransferEngine, "trainer_init trainer_send_weights")
+    has("vllm.inputs", importlib.import_module("vllm.inputs"), "tokens_input TokensPrompt")
+    print("api  LLMEngine.add_request", list(inspect.signature(LLMEngine.add_request).parameters)[:4])
+except Exception as exc:
+    print("FAIL api check", type(exc).__name__, str(exc)[:300])
 # vLLM's requirements against what this machine has (the machine's own versions were not checked when staging)
 from importlib import metadata
 from packaging.requirements import Requirement
