@@ -568,8 +568,8 @@ def named_weights(model: Any) -> Any:
 class NcclSync:
     """Servers: vLLM's weight-transfer endpoints (``vllm serve --weight-transfer-config '{"backend": "nccl"}'``
     with ``VLLM_SERVER_DEV_MODE=1``) and an NCCL broadcast from this process (rank 0) to every server worker,
-    in bf16, packed. The group is made once; each push is start / update (beside the broadcast) / finish, then
-    the prefix caches are dropped."""
+    in bf16, packed. The group is made once; each push is pause / start / update (beside the broadcast) /
+    finish, then the prefix caches are dropped and the servers resume."""
 
     def __init__(self, backend: ServerBackend, *, host: str | None = None, port: int = 0) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
@@ -604,6 +604,9 @@ class NcclSync:
             "shapes": [list(t.shape) for _, t in weights],
             "packed": True,
         }
+        # vLLM 0.26 reloads layer by layer, the layers on the meta device until finish_weight_update: nothing may
+        # step meanwhile (a request already sent, or another rank's), so the servers pause, keeping their requests
+        self.backend.post_all("/pause?mode=keep")
         self.backend.post_all("/start_weight_update")
         updates = [
             self.backend.pool.submit(_post, self.backend, url, "/update_weights", {"update_info": info})
@@ -616,13 +619,15 @@ class NcclSync:
         for f in updates:
             f.result()
         self.backend.post_all("/finish_weight_update")
-        self.backend.reset_prefix_caches()
+        self.backend.reset_prefix_caches()  # (the kept requests are preempted: recomputed under the new weights)
+        self.backend.post_all("/resume")
 
 
 class DiskSync:
     """Servers, the fallback: the weights written (bf16 safetensors) into ``folder`` (a path every server can
-    read), then each server reloads them (``POST /collective_rpc {"method": "reload_weights"}``; needs
-    ``VLLM_SERVER_DEV_MODE=1``) and drops its prefix cache. Costs a write and a read of 2 bytes a parameter."""
+    read), then each server pauses, reloads them (``POST /collective_rpc {"method": "reload_weights"}``; needs
+    ``VLLM_SERVER_DEV_MODE=1``), drops its prefix cache and resumes. Costs a write and a read of 2 bytes a
+    parameter."""
 
     def __init__(self, backend: ServerBackend, folder: str | Path) -> None:
         self.backend, self.folder = backend, Path(folder)
@@ -636,8 +641,11 @@ class DiskSync:
         save_file(tensors, str(self.folder / "model.safetensors"))
         model.config.to_json_file(str(self.folder / "config.json"))
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.folder)}}
+        # (a layerwise reload too, as NcclSync's: nothing may step meanwhile)
+        self.backend.post_all("/pause?mode=keep")
         self.backend.post_all("/collective_rpc", body)
         self.backend.reset_prefix_caches()
+        self.backend.post_all("/resume")
 
 
 class NoSync:

@@ -450,21 +450,19 @@ def test_colocated_llm_is_built_with_the_arguments_vllm_takes(
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["RANK"] == "0"
 
 
-def test_server_prefix_caches_vllm_would_not_drop_are_dropped_with_their_requests_preempted() -> None:
-    """``POST /reset_prefix_cache`` answers ``{"success": false}`` while requests hold blocks (vLLM 0.26): those
-    servers are asked again with ``?reset_running_requests=true`` (was: the answer was ignored, the stale
-    cache kept)."""
+def _recording_server(answer: Callable[[str], dict[str, Any]]) -> tuple[Any, list[tuple[str, Any]]]:
+    """A stand-in vLLM server: each POST's (path, JSON body) is recorded and answered ``answer(path)``."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    paths: list[str] = []
+    seen: list[tuple[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length", 0)))
-            paths.append(self.path)
-            body = json.dumps({"success": "reset_running_requests=true" in self.path}).encode()
+            raw = self.rfile.read(int(self.headers.get("content-length", 0)))
+            seen.append((self.path, json.loads(raw) if raw else None))
+            body = json.dumps(answer(self.path)).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.end_headers()
@@ -475,10 +473,42 @@ def test_server_prefix_caches_vllm_would_not_drop_are_dropped_with_their_request
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, seen
+
+
+def test_server_prefix_caches_vllm_would_not_drop_are_dropped_with_their_requests_preempted() -> None:
+    """``POST /reset_prefix_cache`` answers ``{"success": false}`` while requests hold blocks (vLLM 0.26): those
+    servers are asked again with ``?reset_running_requests=true`` (was: the answer was ignored, the stale
+    cache kept)."""
+    httpd, seen = _recording_server(lambda path: {"success": "reset_running_requests=true" in path})
     backend = ServerBackend([f"http://127.0.0.1:{httpd.server_address[1]}"])
     try:
         backend.reset_prefix_caches()
-        assert paths == ["/reset_prefix_cache", "/reset_prefix_cache?reset_running_requests=true"]
+        assert [p for p, _ in seen] == [
+            "/reset_prefix_cache",
+            "/reset_prefix_cache?reset_running_requests=true",
+        ]
+    finally:
+        backend.close()
+        httpd.shutdown()
+
+
+def test_disk_sync_reloads_with_the_servers_paused(
+    chatml_tokenizer: Any, make_tiny_model: Any, tmp_path: Any
+) -> None:
+    """vLLM 0.26 reloads layer by layer (the layers on the meta device meanwhile): the servers are paused
+    (keeping their requests) around the reload, which names the folder the weights were written to."""
+    pytest.importorskip("safetensors")
+    from toolgym.agents.vllm_policy import DiskSync
+
+    httpd, seen = _recording_server(lambda path: {"success": True})
+    backend = ServerBackend([f"http://127.0.0.1:{httpd.server_address[1]}"])
+    try:
+        DiskSync(backend, tmp_path).push(make_tiny_model(len(chatml_tokenizer)))
+        paths = [p for p, _ in seen]
+        assert paths == ["/pause?mode=keep", "/collective_rpc", "/reset_prefix_cache", "/resume"]
+        assert seen[1][1] == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}
+        assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "config.json").is_file()
     finally:
         backend.close()
         httpd.shutdown()
