@@ -770,6 +770,10 @@ class VLLMPolicy(RenderedTokenPolicy):
         """Free vLLM's GPU memory for the update (colocated with ``enable_sleep_mode``; otherwise nothing)."""
         if self.llm is None or self.asleep or not getattr(self.llm, "sleep_mode", False):
             return
+        # vLLM's sleep aborts running requests and, in-process, returns no output for them: with turns in flight
+        # the rollout would wait for them forever, so vLLM stays awake (the update runs with its memory held)
+        if self.engine.busy():
+            return
         self.llm.sleep(level=2)
         self.asleep = True
 

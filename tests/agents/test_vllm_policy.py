@@ -382,6 +382,12 @@ def test_colocated_turns_vllm_did_not_end_and_busy_prefix_caches(
     llm.busy_blocks = True
     policy.clear_kv()
     assert llm.calls == ["reset", "reset!"]
+    # vLLM's sleep aborts running requests without an output for them (in-process): with turns in flight it
+    # does not sleep (was: the rollout waited for those turns forever)
+    seq = policy.engine.new([1, 2, 3])
+    policy.engine.submit(seq, types.SimpleNamespace(temperature=1.0, top_p=1.0), 2)
+    policy.sleep()
+    assert not policy.asleep and "sleep2" not in llm.calls
 
 
 def test_sampling_vllm_refuses_is_a_config_error() -> None:
