@@ -6,7 +6,7 @@ each turn is submitted as soon as its tree is ready and comes back the step it e
 that surface (``new / extend / submit / step / busy / cancel / release / seed``) over one of two backends:
 
 - ``LocalBackend``: an ``vllm.LLM`` in this process (colocated with the trainer): a turn is
-  ``llm_engine.add_request(TokensPrompt(prompt_token_ids=ids))``, ``step()`` is ``llm_engine.step()``.
+  ``llm_engine.add_request(rid, tokens_input(ids), params)``, ``step()`` is ``llm_engine.step()``.
 - ``ServerBackend``: OpenAI-compatible servers (``vllm serve`` or ``toolgym serve``): a turn is one
   ``POST /v1/completions`` with the prompt as a list of token ids, ``logprobs``, ``return_token_ids`` and
   ``return_tokens_as_token_ids``, on a thread pool; ``step()`` returns the requests that came back.
