@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,9 +98,19 @@ def connect(spec: RaySpec) -> Any:
 
     ray = require("ray", why="env workers on Ray (env_workers: ray)")
     with _CONNECT_LOCK:
-        if not ray.is_initialized():
-            # quiet: the workers' stdout would interleave with the trainer's progress bar
-            ray.init(address=spec.address, log_to_driver=False, logging_level="WARNING")
+        # Ray Client (ray://) starts a server process on the head for each client; on a busy head that start
+        # can miss Ray's deadline ("Starting Ray client server failed"): a second start usually makes it
+        tries = 3 if str(spec.address or "").startswith("ray://") else 1
+        for attempt in range(tries):
+            if ray.is_initialized():
+                break
+            try:
+                # quiet: the workers' stdout would interleave with the trainer's progress bar
+                ray.init(address=spec.address, log_to_driver=False, logging_level="WARNING")
+            except ConnectionError:
+                if attempt == tries - 1:
+                    raise
+                time.sleep(2.0 * (attempt + 1))
     return ray
 
 
@@ -379,7 +390,6 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         import subprocess
         import tempfile
-        import time
 
         t0 = time.perf_counter()
         gcs, client, *agents = _free_ports(2 + self.nodes)
@@ -413,7 +423,6 @@ class LocalCluster:
         return self
 
     def _wait(self, ok: Callable[[], bool], timeout: float, what: str) -> None:
-        import time
 
         deadline = time.monotonic() + timeout
         while not ok():

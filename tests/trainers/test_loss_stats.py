@@ -156,7 +156,7 @@ def test_update_loop_reads_the_stats_once_per_optimizer_step(
         k: n for k, n in counter.reads.items() if k[1].startswith("loss.") and k[1] != "loss.denominator"
     }
     assert in_loss == {("tolist", "loss.read_all"): updates}
-    loop = "grpo_update.optimize" if trainer == "grpo" else "ppo.train"
+    loop = "grpo_update.optimize" if trainer == "grpo" else "ppo._train"  # (train wraps _train in cleanup)
     others = {k for k in counter.reads if not k[1].startswith("loss.")}
     assert others == {("tolist", loop)}  # the micro-batch's row indices: a CPU tensor
     assert "losses/grad_norm" in metrics and "losses/clipfrac" in metrics
