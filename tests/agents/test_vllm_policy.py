@@ -459,27 +459,14 @@ def test_colocated_llm_is_built_with_the_arguments_vllm_takes(
 def _recording_server(answer: Callable[[str], dict[str, Any]]) -> tuple[Any, list[tuple[str, Any]]]:
     """A stand-in vLLM server: each POST's (path, JSON body) is recorded and answered ``answer(path)``."""
     import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     seen: list[tuple[str, Any]] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("content-length", 0)))
-            seen.append((self.path, json.loads(raw) if raw else None))
-            body = json.dumps(answer(self.path)).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
+    def reply(path: str, raw: bytes) -> tuple[int, bytes]:
+        seen.append((path, json.loads(raw) if raw else None))
+        return 200, json.dumps(answer(path)).encode()
 
-        def log_message(self, *a: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd, seen
+    return _stand_in(reply), seen
 
 
 def test_server_prefix_caches_vllm_would_not_drop_are_dropped_with_their_requests_preempted() -> None:
@@ -606,15 +593,16 @@ def test_config_and_choice_of_engine() -> None:
 
 
 # ----- review: a server's broken answer is that server's fault (the next one is tried), never a wrong turn ----
-def _stand_in(answer: Callable[[], tuple[int, bytes]]) -> Any:
-    """A stand-in rollout server: each POST is answered ``answer()`` (status, JSON body); ``shutdown()`` it."""
+def _stand_in(answer: Callable[[str, bytes], tuple[int, bytes]]) -> Any:
+    """A stand-in rollout server: each POST is answered ``answer(path, body)`` (status, JSON body);
+    ``shutdown()`` it."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length", 0)))
-            status, body = answer()
+            raw = self.rfile.read(int(self.headers.get("content-length", 0)))
+            status, body = answer(self.path, raw)
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.end_headers()
@@ -630,7 +618,7 @@ def _stand_in(answer: Callable[[], tuple[int, bytes]]) -> Any:
 
 def _garbage(body: bytes) -> Any:
     """A stand-in rollout server answering 200 with a broken body (one of BROKEN)."""
-    return _stand_in(lambda: (200, body))
+    return _stand_in(lambda path, raw: (200, body))
 
 
 def _choice(**kw: Any) -> bytes:
@@ -719,7 +707,7 @@ def test_every_server_failing_for_a_moment_is_retried() -> None:
     request is an InfrastructureError (was: the first round's failure ended the run)."""
     seen = []
 
-    def answer() -> tuple[int, bytes]:
+    def answer(path: str, raw: bytes) -> tuple[int, bytes]:
         seen.append(1)
         return 503 if len(seen) == 1 else 200, BROKEN["half json"] if len(seen) <= 2 else _choice()
 
