@@ -75,7 +75,7 @@ def body(
         "id": f"cmpl-{uuid.uuid4().hex[:24]}",
         "object": "text_completion",
         "created": int(time.time()),
-        "model": req.model or server.model_name,
+        "model": server.model_name,
         "choices": choices,
         "usage": {
             "prompt_tokens": prompt_tokens,

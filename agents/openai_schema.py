@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from toolgym.agents.policy import SamplingParams
 
@@ -183,14 +183,15 @@ class CompletionRequest(_Sampled, BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    prompt: list[int] | list[list[int]] | str
+    # strict: JSON true or 1.0 is not a token id (pydantic's lax mode would read them as 1)
+    prompt: list[StrictInt] | list[list[StrictInt]] | str
     max_tokens: int = Field(default=16, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = None
     repetition_penalty: float | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[StrictInt] | None = Field(default=None, max_length=1024)
     ignore_eos: bool = False  # (the end-of-turn token always ends a turn here)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)  # torch's seed range (else a 500)
     n: int = Field(default=1, ge=1, le=64)

@@ -33,6 +33,15 @@ with an OpenAI-style ``{"error": {"message", "type", "param"}}`` (never FastAPI'
 
 Requests arriving together are answered by one batched generation (a worker thread collects them for
 ``batch_window_s``), so concurrent clients share the model.
+
+Hostile or broken clients: every error is OpenAI's ``{"error": {...}}`` (unknown routes and methods, bodies
+that are not JSON, a body past ``limits.max_body_bytes`` 413, one that does not arrive within
+``limits.body_timeout_s`` 408: ``toolgym.serving.base.Limits``); token ids must be JSON integers (``true`` is
+not a token); ``max_tokens`` is bounded by the model's context, or by ``max_tokens_limit`` when it is unknown.
+A policy turn that failed (an upstream backend's ``finish_reason="error"``) is a 502, never served as the
+model's text. A streamed request whose client disconnects has its choices that have not started cancelled.
+A request after ``close()`` is answered 503. ``model`` in a request is not checked unless ``strict_model``
+(then an unknown name is 404 ``model_not_found``, as vLLM answers); the answer names the model served.
 """
 
 from __future__ import annotations
@@ -52,9 +61,9 @@ from toolgym.agents.openai_schema import ChatCompletionRequest, CompletionReques
 from toolgym.agents.openai_stream import live_events, stream_events, usage_block
 from toolgym.agents.openai_tokens import TOOL_CALL, TokenBytes, stop_at, token_text
 from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.optional import require
-from toolgym.serving.base import AppServer
+from toolgym.serving.base import AppServer, Limits
 
 
 # ----- the batcher -----------------------------------------------------------------------------------------
@@ -117,8 +126,16 @@ class PolicyServer(AppServer):
         batch_window_s: float = 0.005,
         threads: int = 0,
         max_choices: int = 4096,
+        max_tokens_limit: int = 2**20,
+        strict_model: bool = False,
+        limits: Limits | None = None,
     ) -> None:
+        if max_tokens_limit < 1 or max_batch < 1 or max_choices < 1:
+            raise ConfigError("max_tokens_limit, max_batch and max_choices must be >= 1")
         self.policy = policy
+        self.max_tokens_limit = max_tokens_limit  # max_tokens past this is a 400 when the context is unknown
+        self.strict_model = strict_model
+        self.closed = False
         self.max_choices = (
             max_choices  # sequences one request may ask for (prompts x n): more is answered 400
         )
@@ -132,7 +149,7 @@ class PolicyServer(AppServer):
         self._renderer = getattr(policy, "renderer", None) if isinstance(policy, TokenPolicy) else None
         tok = getattr(self._renderer, "tokenizer", None)
         self._token_bytes = TokenBytes(tok) if tok is not None else None
-        super().__init__(None, host, port, lifespan="off")
+        super().__init__(None, host, port, lifespan="off", limits=limits, error_body=_error_body)
         self.app = build_app(self)
 
     @property
@@ -166,6 +183,7 @@ class PolicyServer(AppServer):
         return n
 
     def close(self) -> None:
+        self.closed = True
         super().close()
         self._jobs.put(None)
 
@@ -184,6 +202,9 @@ class PolicyServer(AppServer):
         prompt: list[int] | None = None,
     ) -> Future[_Reply]:
         fut: Future[_Reply] = Future()
+        if self.closed:  # the batcher is gone or going: a job queued now would never be answered
+            fut.set_exception(ServerClosed("the server is shutting down: retry on another server"))
+            return fut
         self._jobs.put(_Job(conversation, tools, sampling, top_k, fut, sink, choice, prompt))
         return fut
 
@@ -201,6 +222,20 @@ class PolicyServer(AppServer):
             return False
 
     def _work(self) -> None:
+        try:
+            self._batches()
+        finally:  # jobs still queued when the batcher stops are answered, never left waiting
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None and job.future.set_running_or_notify_cancel():
+                    job.future.set_exception(ServerClosed("the server shut down before this request ran"))
+                    if job.sink is not None:
+                        job.sink.push(job.choice, None)
+
+    def _batches(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
@@ -253,7 +288,9 @@ class PolicyServer(AppServer):
         ]
         if self._renderer is None:  # a policy without tokens (an OpenAI proxy, a custom one)
             turns = self.policy.act([c for c, _ in prepared], [t for _, t in prepared], sampling=sampling)
-            return [_Reply(t, int(t.usage.get("prompt_tokens", 0))) for t in turns]
+            if len(turns) != len(jobs):
+                raise InfrastructureError(f"the policy returned {len(turns)} turns for {len(jobs)} requests")
+            return [_failed(t) or _Reply(t, int(t.usage.get("prompt_tokens", 0))) for t in turns]
         policy: Any = self.policy
         every = [
             j.prompt if j.prompt is not None else self._renderer.prompt_ids(c, t)
@@ -284,9 +321,20 @@ class PolicyServer(AppServer):
             gens = policy.generate(prompts, sampling, on_token=on_token)
         else:
             gens = policy.generate(prompts, sampling)
-        replies = []
+        if len(gens) != len(prompts):
+            raise InfrastructureError(f"the policy returned {len(gens)} turns for {len(prompts)} prompts")
+        replies: list[_Reply | Exception] = []
         for j, (_, tools), prompt, gen in zip(jobs, prepared, prompts, gens, strict=True):
-            reply = _Reply(policy.to_turn(gen, tools, len(prompt)), len(prompt))
+            turn = policy.to_turn(gen, tools, len(prompt))
+            failed = _failed(turn)
+            if failed is None and len(turn.logprobs) != len(turn.token_ids):
+                failed = InfrastructureError(
+                    f"the policy returned {len(turn.logprobs)} logprobs for {len(turn.token_ids)} tokens"
+                )
+            if failed is not None:
+                replies.append(failed)
+                continue
+            reply = _Reply(turn, len(prompt))
             if j.top_k and gen.token_ids:
                 reply.top = self._top_logprobs(prompt, gen.token_ids, j.top_k, sampling)
             replies.append(reply)
@@ -298,7 +346,14 @@ class PolicyServer(AppServer):
         """Why a prompt of ``prompt_tokens`` with room for ``max_tokens`` more does not fit the model (vLLM's
         400), or None. Past its positions a model extrapolates into garbage or fails (a 10^12-token reply
         would allocate its KV cache)."""
-        if self.context is None or prompt_tokens + max_tokens <= self.context:
+        if self.context is None:
+            if max_tokens <= self.max_tokens_limit:
+                return None
+            return (
+                f"max_tokens {max_tokens} is more than this server gives one completion "
+                f"({self.max_tokens_limit}): lower max_tokens"
+            )
+        if prompt_tokens + max_tokens <= self.context:
             return None
         return (
             f"this model's maximum context length is {self.context} tokens, but {prompt_tokens + max_tokens} "
@@ -325,12 +380,18 @@ class PolicyServer(AppServer):
     # ----- the API -----------------------------------------------------------------------------------------
     async def replies(self, req: ChatCompletionRequest) -> list[_Reply]:
         futures = self.submit_request(req)
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        try:
+            return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        finally:
+            for f in futures:  # one choice failed (or the client left): the others not started are dropped
+                f.cancel()
 
     def submit_request(self, req: ChatCompletionRequest, sink: _Sink | None = None) -> list[Future[_Reply]]:
         """One job per choice (``n``); with a sink, each token is reported as it is sampled."""
         conv = [m.to_plain() for m in req.messages]
         sampling = req.sampling()
+        if self.context is None and (problem := self.context_problem(0, sampling.max_new_tokens)):
+            raise ConfigError(problem)  # (with a context, each prompt is checked against it when rendered)
         top_k = (req.top_logprobs or 0) if req.logprobs else 0
         tools = req.tool_dicts()
         return [self.submit(conv, tools, sampling, top_k, sink, i) for i in range(req.n)]
@@ -376,6 +437,22 @@ class PolicyServer(AppServer):
         return entries
 
 
+class ServerClosed(InfrastructureError):
+    """A request the server cannot take because it is shutting down (a 503: retry elsewhere)."""
+
+
+class UpstreamError(InfrastructureError):
+    """The policy's own backend failed the turn (a 502: the text it carries is an error, not a reply)."""
+
+
+def _failed(turn: AssistantTurn) -> UpstreamError | None:
+    """An UpstreamError for a turn the policy's backend failed (``finish_reason == "error"``: its text is the
+    backend's error, never the model's reply), else None."""
+    if turn.finish_reason != "error":
+        return None
+    return UpstreamError(f"the policy's backend failed: {turn.text or 'no reason given'}")
+
+
 def context_of(policy: Policy) -> int | None:
     """The positions of a token policy's model (``config.max_position_embeddings``), or None."""
     config = getattr(getattr(policy, "model", None), "config", None)
@@ -395,11 +472,29 @@ def cpu_threads(requested: int = 0) -> int:
     return max(1, min(4, cores // 2))
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> Any:
+def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> Any:
     from fastapi.responses import JSONResponse
 
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(status_code=status, content=body)
+
+
+def _error_body(status: int, message: str, code: str) -> dict[str, Any]:
+    """OpenAI's error object, for the guards in front of the app (toolgym.serving.base.GuardBody)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _failure(exc: Exception) -> Any:
+    """The answer to a request whose generation raised: 400 for the request's own fault (a ConfigError), 503
+    while shutting down, 502 for a backend that failed upstream, else 500 (the client may retry)."""
+    if isinstance(exc, ConfigError):
+        return _error(400, str(exc), "invalid_request_error")
+    if isinstance(exc, ServerClosed):
+        return _error(503, str(exc), "server_error", code="server_shutting_down")
+    if isinstance(exc, UpstreamError):
+        return _error(502, str(exc), "server_error", code="upstream_error")
+    return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
 
 
 def build_app(server: PolicyServer) -> Any:
@@ -408,18 +503,40 @@ def build_app(server: PolicyServer) -> Any:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import StreamingResponse
+    from starlette.exceptions import HTTPException
 
     app = FastAPI(title="toolgym serve", description="A toolgym policy behind the OpenAI chat API.")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Any:
+        errors = exc.errors()
+        if errors and errors[0].get("type") == "json_invalid":  # (loc is the byte offset, not a field)
+            err = errors[0]
+            why = (err.get("ctx") or {}).get("error", err.get("msg"))
+            return _error(400, f"the body is not valid JSON: {why}", "invalid_request_error")
         problems = []
-        for err in exc.errors():
+        for err in errors:
             loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             problems.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
-        first = exc.errors()[0] if exc.errors() else {}
+        first = errors[0] if errors else {}
         param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
         return _error(400, "; ".join(problems) or "invalid request", "invalid_request_error", param)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Any:  # unknown routes, wrong methods
+        what = f"{request.method} {request.url.path}"
+        message = f"{what}: {exc.detail}" if exc.status_code != 404 else f"no route {what}"
+        return _error(exc.status_code, message, "invalid_request_error")
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> Any:  # a bug of ours: a JSON 500, never a trace
+        return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+    def wrong_model(name: str | None) -> Any:
+        if not server.strict_model or name in (None, "", server.model_name):
+            return None
+        return _error(404, f"the model {name!r} does not exist; this server serves {server.model_name!r}",
+                      "invalid_request_error", "model", "model_not_found")  # fmt: skip
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -444,38 +561,45 @@ def build_app(server: PolicyServer) -> Any:
     async def completions(req: CompletionRequest) -> Any:
         from toolgym.agents import openai_completions as oc
 
+        if (refused := wrong_model(req.model)) is not None:
+            return refused
+        futures: list[Future[_Reply]] = []
         try:
             prompts = oc.prompts_of(server, req)
             futures = oc.submit(server, req, prompts)
             replies = list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
-        except ConfigError as exc:
-            return _error(400, str(exc), "invalid_request_error")
-        except Exception as exc:  # the policy failed: the client may retry
-            return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
+        except Exception as exc:  # the request's fault (400) or the policy's (5xx: the client may retry)
+            return _failure(exc)
+        finally:
+            for f in futures:  # one choice failed (or the client left): the others not started are dropped
+                f.cancel()
         return oc.body(server, req, prompts, replies)
 
     @app.post("/v1/chat/completions", response_model=None)
     @app.post("/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest) -> Any:
+        if (refused := wrong_model(req.model)) is not None:
+            return refused
         if req.stream and not req.top_logprobs and server.streams_tokens:
             sink = _Sink(asyncio.get_running_loop())
-            futures = server.submit_request(req, sink)
+            try:
+                futures = server.submit_request(req, sink)
+            except Exception as exc:  # refused before the stream starts: a plain error answer
+                return _failure(exc)
             head = {
                 "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
                 "object": "chat.completion.chunk",
                 "created": int(time.time()),
-                "model": req.model or server.model_name,
+                "model": server.model_name,
             }
             events = live_events(server, head, req, sink, futures)
             return StreamingResponse(events, media_type="text/event-stream")
         try:
             replies = await server.replies(req)
-        except ConfigError as exc:
-            return _error(400, str(exc), "invalid_request_error")
-        except Exception as exc:  # the policy failed: the client may retry
-            return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
+        except Exception as exc:  # the request's fault (400) or the policy's (5xx: the client may retry)
+            return _failure(exc)
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        model = req.model or server.model_name
+        model = server.model_name
         usage = usage_block(replies)
         choices = [server.choice(i, r, req) for i, r in enumerate(replies)]
         if not req.stream:

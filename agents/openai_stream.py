@@ -183,7 +183,21 @@ async def live_events(
 ) -> AsyncIterator[str]:
     """SSE chunks sent while the reply is sampled: the role, each token's content (and logprob) as it
     arrives, then per choice its tool calls and finish reason once parsed, usage, [DONE]."""
+    try:
+        async for chunk in _live_chunks(server, head, req, sink, futures):
+            yield chunk
+    finally:  # the client disconnected (or the stream ended): choices not started are not generated
+        for f in futures:
+            f.cancel()
 
+
+async def _live_chunks(
+    server: PolicyServer,
+    head: dict[str, Any],
+    req: ChatCompletionRequest,
+    sink: _Sink,
+    futures: list[Future[_Reply]],
+) -> AsyncIterator[str]:
     def event(choice: dict[str, Any] | None, **extra: Any) -> str:
         body = dict(head, choices=[choice] if choice else [], **extra)
         return f"data: {json.dumps(body)}\n\n"

@@ -1,10 +1,19 @@
-"""A FastAPI app on uvicorn, bound up front (port 0 picks a free port), run in this thread or a background one."""
+"""A FastAPI app on uvicorn, bound up front (port 0 picks a free port), run in this thread or a background one.
+
+Every server gets the same guards against hostile or broken clients (``Limits``): a request body past
+``max_body_bytes`` is answered 413 before it is read whole, a body that does not arrive within
+``body_timeout_s`` (a slow client dribbling bytes) 408, and past ``max_connections`` open connections uvicorn
+answers 503; each in the server's own error shape (``error_body``)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from toolgym.errors import ConfigError
@@ -15,6 +24,88 @@ def require_fastapi() -> None:
     """FastAPI and uvicorn, or a DependencyNotInstalled naming the extra."""
     require("fastapi")
     require("uvicorn")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may ask of a server. ``max_body_bytes``: a request body's size (64 MiB: a batch of long
+    token-id prompts fits); ``body_timeout_s``: from the first byte of a body to its last; ``max_connections``:
+    open connections (uvicorn's ``limit_concurrency``); ``keep_alive_s``: an idle kept-alive connection."""
+
+    max_body_bytes: int = 64 * 2**20
+    body_timeout_s: float = 60.0
+    max_connections: int = 2048
+    keep_alive_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1 or self.body_timeout_s <= 0 or self.max_connections < 1:
+            raise ConfigError(f"server limits must be positive, got {self}")
+
+
+ErrorBody = Callable[[int, str, str], dict[str, Any]]  # (status, message, code) -> the JSON body
+
+
+def plain_error(status: int, message: str, code: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+class GuardBody:
+    """ASGI middleware: reads a request's body before the app sees it, refusing one past
+    ``limits.max_body_bytes`` (413, from its Content-Length before any byte is read, else once the bytes read
+    pass it) and one that takes longer than ``limits.body_timeout_s`` to arrive (408); the app then gets the
+    body whole. (FastAPI reads the whole body before a handler runs anyway, so nothing streams less.)"""
+
+    def __init__(self, app: Any, limits: Limits, error_body: ErrorBody) -> None:
+        self.app, self.limits, self.error_body = app, limits, error_body
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limits.max_body_bytes
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            shown = length.decode(errors="replace")[:40]
+            await self._refuse(send, 413, f"the request body is {shown} bytes; this server takes at most {limit}",
+                               "body_too_large")  # fmt: skip
+            return
+        chunks: list[bytes] = []
+        read = 0
+        deadline = time.monotonic() + self.limits.body_timeout_s
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(0.001, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                await self._refuse(send, 408, f"the request body did not arrive within "
+                                   f"{self.limits.body_timeout_s:g} s", "body_timeout")  # fmt: skip
+                return
+            if message["type"] == "http.disconnect":
+                return  # the client went away before its request was whole: nothing to answer
+            chunks.append(message.get("body", b""))
+            read += len(chunks[-1])
+            if read > limit:
+                await self._refuse(send, 413, f"the request body is over {limit} bytes", "body_too_large")
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        given = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # (a disconnect, which a streamed response listens for)
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Any, status: int, message: str, code: str) -> None:
+        body = json.dumps(self.error_body(status, message, code)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]  # fmt: skip
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 class AppServer:
@@ -29,11 +120,15 @@ class AppServer:
         port: int = 8000,
         *,
         lifespan: Literal["auto", "on", "off"] = "on",
+        limits: Limits | None = None,
+        error_body: ErrorBody = plain_error,
     ) -> None:
         require_fastapi()
         self.app = app
         self.host = host
         self.lifespan = lifespan
+        self.limits = limits or Limits()
+        self.error_body = error_body
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -56,7 +151,15 @@ class AppServer:
     def _uvicorn(self) -> Any:
         import uvicorn
 
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan=self.lifespan)
+        config = uvicorn.Config(
+            GuardBody(self.app, self.limits, self.error_body),
+            log_level="warning",
+            access_log=False,
+            lifespan=self.lifespan,
+            limit_concurrency=self.limits.max_connections,
+            timeout_keep_alive=int(max(1, self.limits.keep_alive_s)),
+            timeout_graceful_shutdown=10,
+        )
         self._server = uvicorn.Server(config)
         return self._server
 

@@ -15,6 +15,15 @@ Sessions run concurrently: each has one worker thread, so envs that are tied to 
 keep it, and a slow step of one session never holds up another. ``max_sessions`` caps the open sessions
 (``CAPACITY_REACHED`` past it); a session without a message for ``idle_timeout_s`` is closed and its env
 released (a step in progress is not idle), and its next message is answered ``SESSION_EXPIRED``.
+
+Faults: an env call that raises is ``EXECUTION_ERROR`` (500: an infrastructure fault, never the model's); one
+that does not answer within ``call_timeout_s`` is ``ENV_TIMEOUT`` (504) and its session is closed (its slot
+is freed; the stuck thread is left to finish); a reset that fails on a session it just opened closes that
+session (no slot leaks until the idle timeout); a non-finite reward is ``EXECUTION_ERROR``, and NaN or an
+infinity elsewhere in an observation is sent as null (strict JSON). Every HTTP error is
+``{"error": {"code", "message"}}``: validation (422 ``VALIDATION_ERROR``), unknown routes (404
+``NOT_FOUND``), bodies past ``limits`` (413 ``BODY_TOO_LARGE``, 408 ``BODY_TIMEOUT``), a bug of ours (500
+``INTERNAL_ERROR``). Concurrent calls on one session run one after another, in arrival order.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 import uuid
 from collections import OrderedDict
@@ -34,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolgym.errors import ConfigError, EpisodeOverError
 from toolgym.optional import require
-from toolgym.serving.base import AppServer
+from toolgym.serving.base import AppServer, Limits
 from toolgym.serving.protocol import (
     ClientMessage,
     EnvState,
@@ -48,8 +58,10 @@ from toolgym.serving.protocol import (
 
 require("fastapi")  # first: a missing package says which extra brings it
 # at module level: FastAPI reads the handlers' annotations (strings here) from these globals
-from fastapi import FastAPI, Query, WebSocket, WebSocketDisconnect  # noqa: E402
+from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect  # noqa: E402
+from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
+from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
 T = TypeVar("T")
 
@@ -81,10 +93,17 @@ class Session:
 class SessionPool:
     """The open sessions: made on demand, run on their own thread, reaped when idle."""
 
-    def __init__(self, make_env: Callable[[], Any], max_sessions: int, idle_timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        make_env: Callable[[], Any],
+        max_sessions: int,
+        idle_timeout_s: float | None,
+        call_timeout_s: float | None = None,
+    ) -> None:
         self.make_env = make_env
         self.max_sessions = max_sessions
         self.idle_timeout_s = idle_timeout_s
+        self.call_timeout_s = call_timeout_s
         self.sessions: dict[str, Session] = {}
         self._reserved = 0  # sessions whose env is being made
         self._expired: OrderedDict[str, str] = OrderedDict()  # recently closed ids -> why (bounded)
@@ -137,12 +156,27 @@ class SessionPool:
         self.check_live(session)
         session.busy += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(session.executor, fn, *args)
+            call = asyncio.get_running_loop().run_in_executor(session.executor, fn, *args)
+            try:
+                return await asyncio.wait_for(call, timeout=self.call_timeout_s)
+            except asyncio.TimeoutError:
+                why = (
+                    f"the env did not answer within {self.call_timeout_s:g} s (call_timeout_s): session "
+                    f"{session.id} is closed; open a new one"
+                )
+                session.busy -= 1  # (so close does not wait for it: the call is stuck)
+                try:
+                    await self.close(session, why, wait=False)
+                finally:
+                    session.busy += 1
+                raise SessionError(ErrorCode.ENV_TIMEOUT, why, 504) from None
         finally:
             session.busy -= 1
             session.last_active = time.monotonic()
 
-    async def close(self, session: Session, why: str | None = None) -> None:
+    async def close(self, session: Session, why: str | None = None, *, wait: bool = True) -> None:
+        """Frees the session's slot at once; its env is closed on its thread after any call in progress
+        (``wait=False``: without waiting for that, for a call that is stuck)."""
         if session.closed:
             return
         session.closed = True
@@ -151,10 +185,13 @@ class SessionPool:
             self._expired[session.id] = why
             while len(self._expired) > 10_000:
                 self._expired.popitem(last=False)
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(Exception):  # closing is best effort: the slot is free either way
-            await loop.run_in_executor(session.executor, session.env.close)
+        closing = asyncio.get_running_loop().run_in_executor(session.executor, session.env.close)
         session.executor.shutdown(wait=False)
+        if wait:
+            with contextlib.suppress(Exception):  # closing is best effort: the slot is free either way
+                await closing
+        else:
+            closing.add_done_callback(lambda f: f.cancelled() or f.exception())  # (never "never retrieved")
 
     async def reap_forever(self) -> None:
         timeout = self.idle_timeout_s
@@ -203,6 +240,9 @@ def _do_step(session: Session, data: StepData) -> dict[str, Any]:
         obs, reward, terminated, truncated, info = session.env.step(data.message)
     except EpisodeOverError as exc:
         raise SessionError(ErrorCode.EPISODE_OVER, str(exc)) from exc
+    if not math.isfinite(float(reward)):  # the env's fault: a NaN would poison every mean it joins
+        session.done = True
+        raise ValueError(f"the env returned a non-finite reward ({reward}); the episode is over")
     session.step_count += 1
     session.done = bool(terminated or truncated)
     session.episode_reward += float(reward)
@@ -260,6 +300,8 @@ class EnvServer(AppServer):
         max_sessions: int = 64,
         idle_timeout_s: float | None = 600.0,
         expert: bool = False,
+        call_timeout_s: float | None = 600.0,
+        limits: Limits | None = None,
     ) -> None:
         import gymnasium as gym
 
@@ -273,6 +315,8 @@ class EnvServer(AppServer):
             raise ConfigError(f"max_sessions must be >= 1, got {max_sessions}")
         if idle_timeout_s is not None and idle_timeout_s <= 0:
             raise ConfigError(f"idle_timeout_s must be > 0 (or None: never), got {idle_timeout_s}")
+        if call_timeout_s is not None and call_timeout_s <= 0:
+            raise ConfigError(f"call_timeout_s must be > 0 (or None: wait), got {call_timeout_s}")
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         probe = gym.make(env_id, **self.env_kwargs)  # a bad kwarg fails here, not in each session
@@ -297,12 +341,19 @@ class EnvServer(AppServer):
         finally:
             probe.close()
         self.expert = expert
-        self.pool = SessionPool(lambda: gym.make(env_id, **self.env_kwargs), max_sessions, idle_timeout_s)
-        super().__init__(build_env_app(self), host, port)
+        self.pool = SessionPool(
+            lambda: gym.make(env_id, **self.env_kwargs), max_sessions, idle_timeout_s, call_timeout_s
+        )
+        super().__init__(build_env_app(self), host, port, limits=limits, error_body=_guard_error)
 
     @property
     def ws_url(self) -> str:
         return self.url.replace("http://", "ws://", 1)
+
+
+def _guard_error(status: int, message: str, code: str) -> dict[str, Any]:
+    """The error body of the guards in front of the app (toolgym.serving.base.GuardBody)."""
+    return {"error": {"code": code.upper(), "message": message}}
 
 
 def _version() -> str:
@@ -330,9 +381,28 @@ def build_env_app(server: EnvServer) -> Any:
         lifespan=lifespan,
     )
 
-    def http_error(exc: SessionError) -> Any:
-        body = {"error": {"code": exc.code.value, "message": str(exc)}}
+    def http_error(exc: SessionError, **extra: Any) -> Any:
+        body = {"error": {"code": exc.code.value, "message": str(exc), **extra}}
         return JSONResponse(status_code=exc.status, content=body)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Any:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+            for e in exc.errors()
+        )
+        err = SessionError(ErrorCode.VALIDATION_ERROR, f"invalid request: {problems}", 422)
+        return http_error(err, errors=jsonable(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Any:  # unknown routes, wrong methods
+        err = SessionError(ErrorCode.NOT_FOUND, f"{request.method} {request.url.path}: {exc.detail}")
+        err.status = exc.status_code
+        return http_error(err)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> Any:  # a bug of ours: a JSON 500, never a trace
+        return http_error(SessionError(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", 500))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -353,8 +423,12 @@ def build_env_app(server: EnvServer) -> Any:
     @app.post("/reset", response_model=None)
     async def http_reset(req: HTTPReset | None = None) -> Any:
         req = req or HTTPReset()
+        opened = None
         try:
-            session = pool.get(req.session_id) if req.session_id else await pool.open()
+            if req.session_id:
+                session = pool.get(req.session_id)
+            else:
+                session = opened = await pool.open()
             data = ResetData(**req.model_dump(exclude={"session_id"}))
             try:
                 out = await pool.run(session, _do_reset, session, data)
@@ -363,6 +437,8 @@ def build_env_app(server: EnvServer) -> Any:
             except Exception as exc:
                 raise SessionError(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}", 500) from exc
         except SessionError as exc:
+            if opened is not None:  # its id was never given out: nobody could close it but the reaper
+                await pool.close(opened)
             return http_error(exc)
         out["observation"]["session_id"] = session.id
         return out
@@ -471,7 +547,10 @@ async def _answer(server: EnvServer, session: Session, raw: str) -> tuple[dict[s
             ErrorCode.VALIDATION_ERROR, f"invalid {kind} message: {problems}", errors=jsonable(exc.errors())
         ), False
     except SessionError as exc:
-        # an expired session is over for good: say so, then end the connection
-        return error_message(exc.code, str(exc)), exc.code is ErrorCode.SESSION_EXPIRED
+        # an expired session (or one closed for a stuck env) is over for good: say so, then end the connection
+        return error_message(exc.code, str(exc)), exc.code in (
+            ErrorCode.SESSION_EXPIRED,
+            ErrorCode.ENV_TIMEOUT,
+        )
     except Exception as exc:  # the env itself failed: an infrastructure fault, reported, never a crash
         return error_message(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}"), False

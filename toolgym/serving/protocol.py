@@ -17,6 +17,7 @@ Pydantic only: ``toolgym/Remote-v0`` imports this on the client side.
 from __future__ import annotations
 
 import json
+import math
 from enum import Enum
 from typing import Any, Literal
 
@@ -38,6 +39,11 @@ class ErrorCode(str, Enum):
     NO_EPISODE = "NO_EPISODE"  # step/state/expert before the first reset
     EPISODE_OVER = "EPISODE_OVER"  # step after the episode ended: reset first
     EXPERT_DISABLED = "EXPERT_DISABLED"  # the server was not started with --expert
+    ENV_TIMEOUT = "ENV_TIMEOUT"  # the env did not answer within the call timeout: the session is closed
+    BODY_TOO_LARGE = "BODY_TOO_LARGE"  # an HTTP body past the server's limit (413)
+    BODY_TIMEOUT = "BODY_TIMEOUT"  # an HTTP body that did not arrive in time (408)
+    NOT_FOUND = "NOT_FOUND"  # no such route, or not with this method
+    INTERNAL_ERROR = "INTERNAL_ERROR"  # a fault of the server itself (a bug): reported, never a trace
 
 
 class ResetData(BaseModel):
@@ -94,8 +100,23 @@ def error_message(code: ErrorCode, message: str, **extra: Any) -> dict[str, Any]
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` with what JSON cannot hold made plain (numpy scalars and arrays, tuples, sets, objects)."""
-    return json.loads(json.dumps(value, default=_plain))
+    """``value`` with what JSON cannot hold made plain (numpy scalars and arrays, tuples, sets, objects; NaN and
+    infinities become None: strict JSON has no token for them, and a client's parser would refuse the message).
+
+    >>> jsonable({"a": (1, float("nan")), "b": {2}, "c": float("-inf")})
+    {'a': [1, None], 'b': [2], 'c': None}
+    """
+    return _finite(json.loads(json.dumps(value, default=_plain)))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
 
 
 def _plain(value: Any) -> Any:

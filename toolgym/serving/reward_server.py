@@ -9,10 +9,15 @@ only the response is scored (a reward must never see the prompt echo); ``labels`
 mapping without HTTP. The body is a pydantic model: a missing ``query``, a non-string query or lists of
 unequal length are answered 422 with the field and the reason. ``GET /health`` lists the parts; ``/docs`` is
 the OpenAPI page. Scoring runs in FastAPI's thread pool, so slow rewards (a sandbox) do not block the loop.
+
+A reward that is NaN or infinite is a fault of the rubric, not a score: it is sent as ``none_value`` with
+``valid`` 0, like None (and strict JSON has no NaN). A rubric that raises is a 500 with the reason; a body
+past ``limits.max_body_bytes`` is 413 and one that does not arrive in time 408 (``{"detail": ...}``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from toolgym.errors import ConfigError
 from toolgym.optional import require
 from toolgym.rewards.rubric import Rubric
-from toolgym.serving.base import AppServer
+from toolgym.serving.base import AppServer, Limits
 
 
 def score_request(
@@ -51,11 +56,20 @@ def score_request(
         columns[gold_key if key == "labels" else key] = value
     columns["prompts"] = prompts
     result = rubric.score(completions, **columns)
-    rewards = [none_value if t is None else float(t) for t in result.total]
-    extra: dict[str, list[float]] = {"valid": [0.0 if t is None else 1.0 for t in result.total]}
+    totals = [_finite(t) for t in result.total]
+    rewards = [none_value if t is None else t for t in totals]
+    extra: dict[str, list[float]] = {"valid": [0.0 if t is None else 1.0 for t in totals]}
     for name, values in result.parts.items():
-        extra[name] = [none_value if v is None else float(v) for v in values]
+        extra[name] = [none_value if v is None else v for v in map(_finite, values)]
     return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra}
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a float, or None for None, NaN and infinities (a reward function's fault: not a score)."""
+    if value is None:
+        return None
+    out = float(value)
+    return out if math.isfinite(out) else None
 
 
 class RewardRequest(BaseModel):
@@ -93,9 +107,14 @@ class RewardResponse(BaseModel):
 def build_reward_app(rubric: Rubric, gold_key: str = "answer", none_value: float = 0.0) -> Any:
     """The FastAPI application serving ``rubric``."""
     require("fastapi", why="serve-reward runs on it")  # first: a missing package names its extra
-    from fastapi import FastAPI, HTTPException
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.responses import JSONResponse
 
     app = FastAPI(title="toolgym serve-reward", description="A toolgym rubric as OpenRLHF's remote reward.")
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> Any:  # a bug of ours: a JSON 500, never a trace
+        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -132,6 +151,10 @@ class RewardServer(AppServer):
         *,
         gold_key: str = "answer",
         none_value: float = 0.0,
+        limits: Limits | None = None,
     ) -> None:
         self.rubric = fn if isinstance(fn, Rubric) else Rubric([fn])
-        super().__init__(build_reward_app(self.rubric, gold_key, none_value), host, port)
+        app = build_reward_app(self.rubric, gold_key, none_value)
+        super().__init__(
+            app, host, port, limits=limits, error_body=lambda status, message, code: {"detail": message}
+        )
