@@ -84,14 +84,24 @@ class RegretTable:
         s = self.sums[key]
         return s / s.sum() if s.sum() > 0 else np.full(len(s), 1.0 / len(s))
 
+    def reached(self, key: Hashable) -> bool:
+        """Whether σ̄(I) was averaged at all: a set seen only as another side's decision (regret matching
+        creates its row) or reached only with own reach 0 has no average, and σ̄ there is uniform by default."""
+        return key in self.sums and bool(self.sums[key].sum() > 0)
+
     def policy(self) -> dict[Hashable, list[float]]:
-        return {k: self.average(k).tolist() for k in self.sums}
+        """σ̄ of every reached information set (the others are uniform: leave them out)."""
+        return {k: self.average(k).tolist() for k in self.sums if self.reached(k)}
 
 
 # ----- vanilla CFR on a tree -------------------------------------------------------------------------------
 def cfr(game: TreeGame, iterations: int) -> RegretTable:
     """Vanilla CFR (simultaneous updates of both players); returns the table (``average`` is σ̄)."""
     table = RegretTable()
+    # σ^t is fixed for the whole of iteration t: an information set reached through several histories (Kuhn:
+    # one per opponent card) must see the same σ^t in each, so the regrets of an iteration are added at its end
+    strategy: dict[Hashable, np.ndarray] = {}
+    delta: dict[Hashable, np.ndarray] = {}
 
     def walk(h: Any, reach: np.ndarray) -> np.ndarray:
         """Expected utilities (player 0, player 1) of h under σ^t; updates regrets on the way back."""
@@ -104,7 +114,10 @@ def cfr(game: TreeGame, iterations: int) -> RegretTable:
                 (p * walk(game.next(h, a), reach * np.array([p, p])) for a, p in outcomes), np.zeros(2)
             )
         i, key, acts = game.player(h), game.info(h), list(game.actions(h))
-        sigma = table.current(key, len(acts))
+        if key not in strategy:
+            strategy[key] = table.current(key, len(acts))
+            delta[key] = np.zeros(len(acts))
+        sigma = strategy[key]
         values = np.zeros((len(acts), 2))
         for j, a in enumerate(acts):
             r = reach.copy()
@@ -112,12 +125,16 @@ def cfr(game: TreeGame, iterations: int) -> RegretTable:
             values[j] = walk(game.next(h, a), r)
         v = sigma @ values
         other = reach[1 - i]  # π_{-i}: chance is folded into both entries of reach
-        table.regrets[key] += other * (values[:, i] - v[i])
+        delta[key] += other * (values[:, i] - v[i])
         table.sums[key] += reach[i] * sigma
         return v
 
     for _ in range(iterations):
+        strategy.clear()
+        delta.clear()
         walk(game.root(), np.ones(2))
+        for key, d in delta.items():
+            table.regrets[key] += d
     return table
 
 
@@ -207,9 +224,12 @@ def outcome_sampling(
                 others *= sigma[a]
             ep.act(a)
         w = ep.utility(side) / own_sample
-        for key, a, sigma, before in trail:
-            tail = own_sigma / (before * sigma[a]) if before * sigma[a] > 0 else 0.0  # π_i^σ(z | h·a)
+        tail = 1.0  # π_i^σ(z | h·a): the product of σ over the traverser's later decisions, built backwards
+        # (not own_sigma / π_i^σ(h·a): that is 0/0 after an action σ gives probability 0, which exploration
+        # samples, and the later decisions' regrets do not depend on how the traverser got there)
+        for key, a, sigma, _ in reversed(trail):
             delta = -w * tail * sigma[a] * np.ones(len(sigma))
             delta[a] = w * tail * (1 - sigma[a])
             table.regrets[key] += delta
+            tail *= sigma[a]
     return table
