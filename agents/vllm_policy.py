@@ -133,6 +133,8 @@ class LocalBackend:
         self.llm = llm
         self.engine = llm.llm_engine
         self.live: set[str] = set()
+        self.finished: list[tuple[str, Completed]] = []  # ended, not yet returned (a poll that raised)
+        self.late_failures: list[RequestFailed] = []  # a second failure of one step waits for the next poll
 
     def submit(self, rid: str, ids: list[int], body: dict[str, Any]) -> None:
         from vllm import SamplingParams as VSamplingParams
@@ -147,14 +149,34 @@ class LocalBackend:
         self.live.add(rid)
 
     def poll(self) -> list[tuple[str, Completed]]:
-        out = []
+        """Requests that ended this engine step; one vLLM did not end well raises ``RequestFailed`` after the
+        others are kept for the next poll (never dropped)."""
+        if self.finished:
+            out, self.finished = self.finished, []
+            return out
+        if self.late_failures:
+            raise self.late_failures.pop(0)
+        out, failed = [], None
         for res in self.engine.step():
             if not res.finished:
                 continue
             rid = str(res.request_id)
             self.live.discard(rid)
-            out.append((rid, completed_from_output(res.outputs[0])))
+            try:
+                out.append((rid, completed_from_output(res.outputs[0])))
+            except InfrastructureError as exc:
+                if failed is None:
+                    failed = RequestFailed(rid, str(exc))
+                else:
+                    self.late_failures.append(RequestFailed(rid, str(exc)))
+        if failed is not None:
+            self.finished += out
+            raise failed
         return out
+
+    def pending(self) -> bool:
+        """Whether any request may still end (in flight, or ended and not yet returned)."""
+        return bool(self.live or self.finished or self.late_failures)
 
     def cancel(self, rid: str) -> None:
         if rid in self.live:
@@ -192,14 +214,26 @@ class ServerBackend:
     A request goes to the server whose prefix cache holds the longest earlier sequence it extends (sticky
     sessions: an episode's turns and a tree's forks stay on one server), else to the least loaded one. Sequences
     are matched by a rolling hash of their ids at every earlier sequence's length (one pass over the prompt). A
-    server that cannot be reached or answers 5xx is skipped for that request (the next one is tried: the
-    request loses its cached prefix, not the rollout)."""
+    server that cannot be reached, times out, answers 5xx, 429 or 408, or answers a broken body (ids or logprobs
+    that do not line up, the wrong prompt echoed back) is skipped for that request (the next one is tried: the
+    request loses its cached prefix, not the rollout), and is then marked down for ``cooldown_s`` (doubled per
+    failure in a row, at most 60 s): new requests and sticky ones go to live servers meanwhile (a hung server
+    would otherwise cost every request routed to it a whole ``timeout``). A request that moved is re-routed to
+    where it ran, so the episode's next turns follow it there. A server that comes back takes requests again
+    after its cooldown."""
 
     MAX_ROUTES = 200_000  # forget the routing table past this many sequences (an evaluation that never syncs)
     ROUNDS = 3  # passes over every server before a request is an InfrastructureError (a restart, a spike)
+    RETRY_STATUS = (408, 429)  # (with 5xx) a busy or restarting server, not a wrong request
 
     def __init__(
-        self, urls: Sequence[str], *, model: str | None = None, workers: int = 256, timeout: float = 600.0
+        self,
+        urls: Sequence[str],
+        *,
+        model: str | None = None,
+        workers: int = 256,
+        timeout: float = 600.0,
+        cooldown_s: float = 5.0,
     ) -> None:
         import httpx
 
@@ -210,6 +244,7 @@ class ServerBackend:
         self.client = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=workers))
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="rollout-server")
         self.futures: dict[Future[Completed], str] = {}
+        self.server_of: dict[Future[Completed], int] = {}  # the server a request was routed to
         self.by_rid: dict[str, Future[Completed]] = {}
         self.load = [0] * len(self.urls)
         self.routes: dict[
@@ -222,15 +257,42 @@ class ServerBackend:
         self.sent: list[tuple[int, list[int]]] = []  # (server, prompt) of each request since the last reset
         self.vocab: int | None = None  # the model's vocabulary (set by VLLMEngine): sampled ids are checked
         self.backoff_s = 2.0  # before the second pass over the servers (doubled for each further one)
+        self.cooldown_s = cooldown_s
+        self.down_until = [0.0] * len(self.urls)  # (monotonic) a server that failed is not chosen until then
+        self.strikes = [0] * len(self.urls)  # failures in a row
+        self.finished: list[tuple[str, Completed]] = []  # ended, not yet returned (a poll that raised)
+
+    def is_down(self, server: int) -> bool:
+        return time.monotonic() < self.down_until[server]
+
+    def mark(self, server: int, ok: bool) -> None:
+        """A request's outcome on ``server``: a failure puts it in cooldown, a success ends that."""
+        with self.lock:
+            if ok:
+                self.strikes[server], self.down_until[server] = 0, 0.0
+                return
+            self.strikes[server] += 1
+            wait = min(60.0, self.cooldown_s * 2 ** (self.strikes[server] - 1))
+            self.down_until[server] = time.monotonic() + wait
 
     def server_for(self, ids: Sequence[int]) -> int:
-        """The server of the longest earlier sequence that ``ids`` extends, else the least loaded one."""
+        """The server of the longest earlier sequence that ``ids`` extends, else the least loaded one (servers in
+        cooldown only when every server is)."""
+        up = [i for i in range(len(self.urls)) if not self.is_down(i)] or list(range(len(self.urls)))
         at = prefix_hashes(ids, self.lengths)
         for n in sorted(at, reverse=True):
             hit = self.routes.get((n, at[n]))
-            if hit is not None:
+            if hit is not None and hit in up:
                 return hit
-        return min(range(len(self.urls)), key=lambda i: self.load[i])
+            if hit is not None:
+                break  # its server is down: the prefix is lost there anyway
+        return min(up, key=lambda i: self.load[i])
+
+    def _order(self, server: int) -> list[int]:
+        """The servers to try for a request routed to ``server``: it first, then the others round robin, those in
+        cooldown last."""
+        ring = [(server + k) % len(self.urls) for k in range(len(self.urls))]
+        return sorted(ring, key=self.is_down)  # (stable: round robin within live and within down)
 
     def remember(self, ids: Sequence[int], server: int) -> None:
         if len(self.routes) > self.MAX_ROUTES:
@@ -239,6 +301,13 @@ class ServerBackend:
         n = len(ids)
         self.routes[(n, prefix_hashes(ids, {n})[n])] = server
         self.lengths.add(n)
+
+    def move(self, ids: Sequence[int], old: int, new: int) -> None:
+        """``ids`` ran on ``new`` instead of ``old``: every earlier sequence it extends that was routed to
+        ``old`` (its tree's prompt, its earlier turns) is routed to ``new``, where that prefix is cached now."""
+        for n, h in prefix_hashes(ids, self.lengths).items():
+            if self.routes.get((n, h)) == old:
+                self.routes[(n, h)] = new
 
     def submit(self, rid: str, ids: list[int], body: dict[str, Any]) -> None:
         with self.lock:
@@ -251,6 +320,7 @@ class ServerBackend:
         if self.model:
             payload["model"] = self.model
         fut = self.pool.submit(self._post, server, ids, payload)
+        self.server_of[fut] = server
         self.futures[fut] = rid
         self.by_rid[rid] = fut
         self.requests += 1
@@ -259,55 +329,89 @@ class ServerBackend:
         import httpx
 
         errors: list[str] = []
-        for k in range(len(self.urls) * self.ROUNDS):
-            if k and k % len(self.urls) == 0:  # every server failed this pass: wait, then try them again
-                time.sleep(self.backoff_s * 2 ** (k // len(self.urls) - 1))
-            at = (server + k) % len(self.urls)
-            url = f"{self.urls[at]}/v1/completions"
-            try:
-                resp = self.client.post(url, json=payload)
-            except httpx.TransportError as exc:
-                errors.append(f"{self.urls[at]} unreachable: {exc}")
-                self.failovers += 1
-                continue
-            finally:
-                if k == 0:
-                    with self.lock:
-                        self.load[server] -= 1
-            if resp.status_code >= 500:
-                errors.append(f"{url} answered {resp.status_code}: {resp.text[:300]}")
-                self.failovers += 1
-                continue
-            if resp.status_code != 200:  # the request itself is wrong: another server would refuse it too
-                raise InfrastructureError(
-                    f"rollout server {url} answered {resp.status_code}: {resp.text[:300]}"
-                )
-            try:  # a broken answer is that server's fault: the next one is tried, as for a 5xx
-                done = completed_from_answer(resp, int(payload.get("max_tokens") or 0), self.vocab)
-            except InfrastructureError as exc:
-                errors.append(f"{url} answered 200 with a broken body: {exc}")
-                self.failovers += 1
-                continue
+        n = len(self.urls)
+        order: list[int] = []
+        try:
+            for k in range(n * self.ROUNDS):
+                if k and k % n == 0:  # every server failed this pass: wait, then try them again
+                    time.sleep(self.backoff_s * 2 ** (k // n - 1))
+                if k % n == 0:
+                    order = self._order(server)
+                at = order[k % n]
+                url = f"{self.urls[at]}/v1/completions"
+                try:
+                    resp = self.client.post(url, json=payload)
+                except httpx.TransportError as exc:  # (a timeout is one)
+                    errors.append(f"{self.urls[at]} unreachable: {type(exc).__name__}: {exc}")
+                    self.failovers += 1
+                    self.mark(at, ok=False)
+                    continue
+                if resp.status_code >= 500 or resp.status_code in self.RETRY_STATUS:
+                    errors.append(f"{url} answered {resp.status_code}: {resp.text[:300]}")
+                    self.failovers += 1
+                    self.mark(at, ok=False)
+                    continue
+                if resp.status_code != 200:  # the request itself is wrong: another server would refuse it too
+                    raise InfrastructureError(
+                        f"rollout server {url} answered {resp.status_code}: {resp.text[:300]}"
+                    )
+                try:  # a broken answer is that server's fault: the next one is tried, as for a 5xx
+                    done = completed_from_answer(resp, int(payload.get("max_tokens") or 0), self.vocab, ids)
+                except InfrastructureError as exc:
+                    errors.append(f"{url} answered 200 with a broken body: {exc}")
+                    self.failovers += 1
+                    self.mark(at, ok=False)
+                    continue
+                self.mark(at, ok=True)
+                with self.lock:
+                    if at != server:  # it moved: its forks and next turns follow it to where it is cached
+                        self.move(ids, server, at)
+                    self.remember([*ids, *done.token_ids], at)
+                return done
+        finally:
             with self.lock:
-                self.remember([*ids, *done.token_ids], at)
-            return done
+                self.load[server] -= 1
         raise InfrastructureError("no rollout server answered: " + "; ".join(errors))
 
     def poll(self) -> list[tuple[str, Completed]]:
+        """Requests that ended. A request that failed raises ``RequestFailed`` (naming it); the others that ended
+        with it are kept for the next poll, never dropped (their callers would wait for them forever)."""
+        if self.finished:
+            out, self.finished = self.finished, []
+            return out
         if not self.futures:
             return []
         ready, _ = wait(list(self.futures), return_when=FIRST_COMPLETED)
-        out = []
+        out, failed = [], None
         for fut in ready:
             rid = self.futures.pop(fut)
             self.by_rid.pop(rid, None)
-            out.append((rid, fut.result()))
+            self.server_of.pop(fut, None)
+            try:
+                out.append((rid, fut.result()))
+            except Exception as exc:
+                if failed is not None:  # one error a poll; the rest wait for the next one
+                    self.futures[fut], self.by_rid[rid] = rid, fut
+                    continue
+                failed = RequestFailed(rid, f"{type(exc).__name__}: {exc}" if not isinstance(
+                    exc, InfrastructureError) else str(exc))  # fmt: skip
+        if failed is not None:
+            self.finished += out
+            raise failed
         return out
+
+    def pending(self) -> bool:
+        """Whether any request may still end (in flight, or ended and not yet returned)."""
+        return bool(self.futures or self.finished)
 
     def cancel(self, rid: str) -> None:
         fut = self.by_rid.pop(rid, None)
         if fut is not None:
-            fut.cancel()  # a request already sent runs to its end; its result is dropped
+            server = self.server_of.pop(fut, None)
+            if fut.cancel() and server is not None:  # never sent: its _post will not count it off
+                with self.lock:
+                    self.load[server] -= 1
+            # (a request already sent runs to its end; its result is dropped)
             self.futures.pop(fut, None)
 
     def reset(self) -> None:
@@ -360,6 +464,14 @@ class ServerBackend:
         self.client.close()
 
 
+class RequestFailed(InfrastructureError):
+    """A request no rollout server answered (``rid`` names it): an infrastructure failure, not the model's."""
+
+    def __init__(self, rid: str, message: str) -> None:
+        super().__init__(message)
+        self.rid = rid
+
+
 def prefix_hashes(ids: Sequence[int], lengths: set[int]) -> dict[int, int]:
     """A rolling hash of ``ids[:n]`` for each ``n`` in ``lengths`` that ``ids`` reaches (one pass over ``ids``).
 
@@ -375,10 +487,13 @@ def prefix_hashes(ids: Sequence[int], lengths: set[int]) -> dict[int, int]:
     return out
 
 
-def completed_from_answer(resp: Any, max_tokens: int, vocab: int | None) -> Completed:
+def completed_from_answer(
+    resp: Any, max_tokens: int, vocab: int | None, prompt: Sequence[int] | None = None
+) -> Completed:
     """The first choice of a completions answer, checked: JSON with a ``choices`` list, ids in the vocabulary, at
-    most ``max_tokens`` of them (0: unchecked), one finite logprob <= 0 per id. Anything else is an
-    InfrastructureError: a turn whose ids and logprobs do not line up would be trained on silently."""
+    most ``max_tokens`` of them (0: unchecked), one finite logprob <= 0 per id, and the prompt it echoes
+    (``prompt_token_ids``, when it does) equal to ``prompt``. Anything else is an InfrastructureError: a turn
+    whose ids and logprobs do not line up, or that continued another prompt, would be trained on silently."""
     try:
         data = json.loads(resp.content)
         choice = data["choices"][0]
@@ -387,6 +502,16 @@ def completed_from_answer(resp: Any, max_tokens: int, vocab: int | None) -> Comp
         if choice.get("finish_reason") not in ("stop", "length"):  # vLLM's "abort": a turn it did not end
             raise InfrastructureError(f"the turn ended with finish_reason {choice.get('finish_reason')!r}")
         done = completed_from_choice(choice)
+        echoed = choice.get("prompt_token_ids")
+        if prompt is not None and echoed is not None and list(echoed) != list(prompt):
+            where = next(
+                (i for i, (a, b) in enumerate(zip(echoed, prompt, strict=False)) if a != b),
+                min(len(echoed), len(prompt)),
+            )
+            raise InfrastructureError(
+                f"the server echoed a prompt of {len(echoed)} ids that differs from the {len(prompt)} sent "
+                f"(first at position {where}): it did not continue this prompt"
+            )
     except InfrastructureError:
         raise
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
@@ -424,7 +549,9 @@ def completed_from_choice(choice: dict[str, Any]) -> Completed:
     top = None
     if lp.get("top_logprobs"):
         top = [sorted((float(v) for v in (d or {}).values()), reverse=True) for d in lp["top_logprobs"]]
-    lps_f = [float(v) if v is not None else 0.0 for v in lps]
+    if any(v is None for v in lps):  # (was read as 0.0: a certainty the server never reported)
+        raise InfrastructureError(f"the server returned a null logprob: {lps[:8]}")
+    lps_f = [float(v) for v in lps]
     if not all(type(i) is int for i in ids):  # (int("7") or int(7.9) would pass a wrong id on)
         raise InfrastructureError(f"token ids that are not integers: {ids[:5]}")
     return Completed(list(ids), lps_f, _finish(choice.get("finish_reason")), top)
@@ -490,7 +617,14 @@ class VLLMEngine:
 
     def step(self) -> list[Seq]:
         ended = []
-        for rid, done in self.backend.poll():
+        try:
+            polled = self.backend.poll()
+        except RequestFailed as exc:  # that turn is gone: its sequence is no longer in flight
+            seq = self.live.pop(exc.rid, None)
+            if seq is not None:
+                seq.state = "released"
+            raise
+        for rid, done in polled:
             seq = self.live.pop(rid, None)
             if seq is None:  # cancelled meanwhile
                 continue
@@ -506,7 +640,13 @@ class VLLMEngine:
     def run(self) -> list[Seq]:
         done: list[Seq] = []
         while self.busy():
-            done += self.step()
+            got = self.step()
+            pending = getattr(self.backend, "pending", None)
+            if not got and pending is not None and not pending():  # nothing in flight can end them
+                lost = list(self.live)
+                self.live.clear()
+                raise InfrastructureError(f"turns {lost[:5]} are waited for but no request is in flight")
+            done += got
         return done
 
     def cancel(self, seq: Seq) -> None:
@@ -801,7 +941,13 @@ class VLLMPolicy(RenderedTokenPolicy):
                     f"a prompt of {len(s.ids)} tokens does not fit max_model_len {self.engine.cache.capacity}"
                 )
             self.engine.submit(s, mode, min(sp.max_new_tokens, room), sp.stop)
-        self.engine.run()
+        try:
+            self.engine.run()
+        except BaseException:  # a failed turn fails this call: its other turns do not stay in flight
+            for s in seqs:
+                if s.state in ("queued", "active"):
+                    self.engine.cancel(s)
+            raise
         return [self.generation(s) for s in seqs]
 
     def clear_kv(self) -> None:
