@@ -92,7 +92,7 @@ def test_two_tiny_iterations(tmp_path: Path) -> None:
     model = tiny_model(len(tok))
     model.config.max_position_embeddings = 4096
     cfg = LSPOConfig(
-        iterations=2, games=3, text_seats=2, candidates=3, n_players=5, k=3, k_public=3, cfr_iterations=300,
+        iterations=2, games=4, text_seats=2, candidates=3, n_players=5, k=3, k_public=3, cfr_iterations=1000,
         dpo_epochs=1, batch_size=8, lr=1e-3, proposer="scripted", device="cpu", out=str(tmp_path),
     )  # fmt: skip
     summaries = run(cfg, model, tok)

@@ -89,6 +89,8 @@ class LSPOConfig:
     dpo_epochs: int = 2
     batch_size: int = 16
     max_new_tokens: int = 96
+    latent_games: int = 200  # abstracted games that compare σ̄ with the uniform latent strategy (summary only)
+    max_turns_per_seat: int = 40  # a text seat that has not ended its game after this many turns abandons it
     proposer: str = "policy"  # policy | scripted (CPU stand-in for the LLM's candidates)
     device: str = "auto"
     seed: int = 0
@@ -97,7 +99,9 @@ class LSPOConfig:
     def validate(self) -> None:
         if self.proposer not in ("policy", "scripted"):
             raise ConfigError(f"proposer must be policy or scripted, got {self.proposer!r}")
-        for name in ("iterations", "games", "text_seats", "candidates", "k", "k_public", "cfr_iterations"):
+        for name in (
+            "iterations", "games", "text_seats", "candidates", "k", "k_public", "cfr_iterations", "max_turns_per_seat",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
         if self.candidates < 2:
@@ -149,14 +153,23 @@ def policy_proposer(policy: Any, max_new_tokens: int) -> Proposer:
 
 
 def collect(
-    rules: WerewolfEnv, propose: Proposer, games: int, text_seats: int, candidates: int, seed: int
+    rules: WerewolfEnv,
+    propose: Proposer,
+    games: int,
+    text_seats: int,
+    candidates: int,
+    seed: int,
+    max_turns_per_seat: int = 40,
 ) -> tuple[list[DiscussionTurn], dict[str, float]]:
-    """Play ``games`` games (module docstring, step 1); the discussion turns and the games' outcomes."""
+    """Play ``games`` games (module docstring, step 1); the discussion turns and the games' outcomes. A seat
+    that keeps making no legal move ends its game after ``max_turns_per_seat`` turns (no side wins)."""
+    from toolgym.trainers.episodes import EVAL_SEED0
+
     rng = np.random.default_rng(seed)
     tables = []
     for g in range(games):
         game = rules.new_game()
-        game.reset(seed=seed * 100_003 + g)
+        game.reset(seed=(seed * 100_003 + g) % EVAL_SEED0)  # training deals stay below the held-out seeds
         seats = sorted(
             rng.choice(game.possible_agents, text_seats, replace=False).tolist(),
             key=game.possible_agents.index,
@@ -165,7 +178,16 @@ def collect(
         def scripted(game: Any, agent: str, r: np.random.Generator) -> Any:
             return rules.opponent_move(game, agent, r)
 
-        tables.append(SelfPlayTable(rules, game, seats, scripted, seed=seed * 100_003 + g + 1))
+        tables.append(
+            SelfPlayTable(
+                rules,
+                game,
+                seats,
+                scripted,
+                seed=seed * 100_003 + g + 1,
+                max_turns_per_seat=max_turns_per_seat,
+            )
+        )
     turns: list[DiscussionTurn] = []
     live = set(range(len(tables)))
     while live:
@@ -226,7 +248,7 @@ def preference_pairs(
             continue
         key = key_of(t.parts, space)
         valid = [c for c in t.candidates if c.speech]
-        if key not in table.sums or not valid:
+        if not table.reached(key) or not valid:  # σ̄ is uniform where CFR never averaged: no preference
             continue
         sigma = table.average(key)
         scored = sorted(
@@ -262,6 +284,20 @@ def token_pairs(pairs: Sequence[TextPair], renderer: Any) -> list[Any]:
 
 
 # ----- the iterations --------------------------------------------------------------------------------------
+COLLECT, BUILD, SOLVE, LATENT, DPO = range(5)  # what a derived seed is for
+
+
+def derived_seed(seed: int, iteration: int, purpose: int) -> int:
+    """A seed for one purpose of one iteration of the run seeded ``seed``, independent of every other (seed,
+    iteration, purpose): ``seed + iteration`` made seed 0's iteration 2 replay seed 1's iteration 1, so runs
+    of different seeds shared their CFR samples and DPO shuffles and their spread was understated.
+
+    >>> derived_seed(0, 2, SOLVE) != derived_seed(1, 1, SOLVE)
+    True
+    """
+    return int(np.random.SeedSequence([seed, iteration, purpose]).generate_state(1)[0])
+
+
 def solve(space: LatentSpace, iterations: int, n_players: int, seed: int) -> RegretTable:
     return outcome_sampling(
         lambda r: LatentWerewolf(space, r, n_players), iterations, np.random.default_rng(seed)
@@ -305,25 +341,27 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
 
         with torch.no_grad():
             turns, stats = collect(
-                rules, propose, cfg.games, cfg.text_seats, cfg.candidates, cfg.seed * 1000 + it
-            )
+                rules, propose, cfg.games, cfg.text_seats, cfg.candidates, derived_seed(cfg.seed, it, COLLECT),
+                cfg.max_turns_per_seat,
+            )  # fmt: skip
         t_collect = time.perf_counter() - t0
         speeches = [(t.role, c.speech) for t in turns for c in t.candidates if c.speech]
         if not speeches:
             raise ConfigError(f"iteration {it}: no candidate was a legal speech; SFT the policy first")
         space = (
-            LatentSpace.build(speeches, cfg.k, cfg.k_public, cfg.seed)
+            LatentSpace.build(speeches, cfg.k, cfg.k_public, derived_seed(cfg.seed, it, BUILD))
             if space is None
-            else space.expand(speeches, cfg.new_k, cfg.seed + it)
+            else space.expand(speeches, cfg.new_k, derived_seed(cfg.seed, it, BUILD))
         )
         t1 = time.perf_counter()
-        table = solve(space, cfg.cfr_iterations, cfg.n_players, cfg.seed + it)
+        table = solve(space, cfg.cfr_iterations, cfg.n_players, derived_seed(cfg.seed, it, SOLVE))
         t_cfr = time.perf_counter() - t1
         sigma = table.policy()
+        latent_seed = derived_seed(cfg.seed, it, LATENT)  # one seed for the three: common deals
         latent = {
-            "uniform": play_latent(space, {}, 200, cfg.seed),
-            "village_cfr": play_latent(space, {0: sigma}, 200, cfg.seed),
-            "werewolves_cfr": play_latent(space, {1: sigma}, 200, cfg.seed),
+            "uniform": play_latent(space, {}, cfg.latent_games, latent_seed),
+            "village_cfr": play_latent(space, {0: sigma}, cfg.latent_games, latent_seed),
+            "werewolves_cfr": play_latent(space, {1: sigma}, cfg.latent_games, latent_seed),
         }
         pairs = preference_pairs(turns, space, table, cfg.min_gap, cfg.reject_invalid)
         summary: dict[str, Any] = {
@@ -336,7 +374,7 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
             dcfg = DPOConfig(
                 model=current if isinstance(current, str) else cfg.model, device=cfg.device, beta=cfg.beta, lr=cfg.lr,
                 epochs=cfg.dpo_epochs, batch_size=cfg.batch_size, micro_batch_rows=4, output_dir=str(folder),
-                tensorboard=False, progress=False, seed=cfg.seed + it,
+                tensorboard=False, progress=False, seed=derived_seed(cfg.seed, it, DPO) % 2**31,
             )  # fmt: skip
             given = (policy.model, policy.tokenizer) if not isinstance(current, str) else (None, None)
             dpo = train_dpo(dcfg, token_pairs(pairs, policy.renderer), *given)
