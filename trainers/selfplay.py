@@ -11,7 +11,10 @@ from that deal (``learner_seats`` of the chosen ``side``, then ``frozen_seats`` 
 ``budget`` copies of that deal (the scripted players' generators and the sampling differ). The seats are:
 - learner: the live policy; every learner seat of every copy is one trajectory (one row);
 - frozen: a snapshot answering with text but never trained: the initial weights (``snapshot: initial``), a
-  toolgym checkpoint folder (``model.pt``) or a transformers folder;
+  toolgym checkpoint folder (``model.pt``) or a transformers folder. ``initial`` is the live weights when the
+  roller is built unless the trainer names the run's starting model (``initial=cfg.model``): a resumed run
+  builds its roller after loading the checkpoint, so without it the "initial" snapshot would silently be the
+  checkpoint's weights (a different opponent after every resume). A folder snapshot is stable either way;
 - scripted: the env's scripted players (``others``: random | basic | strong for Werewolf).
 Groups: one tree per (task, learner seat): its ``budget`` leaves are that seat (same role, same deal) in the
 ``budget`` copies, so GRPO's baseline compares a seat with itself. A leaf's reward is the seat's return: +1
@@ -92,8 +95,9 @@ def choose_seats(game: Any, cfg: SelfPlayConfig, rng: np.random.Generator) -> tu
     return learners, frozen
 
 
-def load_snapshot(policy: Any, snapshot: str) -> Any:
-    """A frozen copy of ``policy`` (its model, renderer and tokenizer) with the snapshot's weights."""
+def load_snapshot(policy: Any, snapshot: str, initial: str | None = None) -> Any:
+    """A frozen copy of ``policy`` (its model, renderer and tokenizer) with the snapshot's weights;
+    ``snapshot == "initial"`` with ``initial`` (a model name or folder) loads that model, not the live weights."""
     import torch
 
     from toolgym.agents.hf import HFPolicy, load_model
@@ -103,7 +107,9 @@ def load_snapshot(policy: Any, snapshot: str) -> Any:
         raise ConfigError("frozen self-play seats need a policy with a model (HFPolicy or EnginePolicy)")
     device = next(model.parameters()).device
     folder = Path(snapshot)
-    if snapshot == "initial":
+    if snapshot == "initial" and initial:
+        frozen, _ = load_model(initial, device=str(device), dtype="float32")
+    elif snapshot == "initial":
         frozen = copy.deepcopy(model)
     elif (folder / "model.pt").is_file():
         frozen = copy.deepcopy(model)
@@ -133,6 +139,19 @@ class _Seat:
     truncated: bool = False
 
 
+def _version(snapshot: str, initial: str | None) -> str:
+    """What the frozen seats play, for the logs: the snapshot's source and, for a file, its size and mtime
+    (a checkpoint folder rewritten by a later save is another opponent)."""
+    if snapshot == "initial":
+        return f"initial:{initial}" if initial else "initial:live-weights-at-start"
+    folder = Path(snapshot)
+    weights = next((folder / n for n in ("model.pt", "model.safetensors") if (folder / n).is_file()), None)
+    if weights is None:
+        return snapshot
+    st = weights.stat()
+    return f"{weights}:{st.st_size}:{int(st.st_mtime)}"
+
+
 def _key(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha1(json.dumps(messages, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -146,13 +165,17 @@ class SelfPlayRollout:
         cfg: RolloutConfig,
         env_kwargs: dict[str, Any] | None,
         options: dict[str, Any] | SelfPlayConfig,
+        initial: str | None = None,
     ) -> None:
         self.policy = policy
         self.renderer = policy.renderer
         self.cfg = cfg
         self.env_kwargs = dict(env_kwargs or {})
         self.options = options if isinstance(options, SelfPlayConfig) else SelfPlayConfig.from_dict(options)
-        self.frozen = load_snapshot(policy, self.options.snapshot) if self.options.frozen_seats else None
+        self.frozen = (
+            load_snapshot(policy, self.options.snapshot, initial) if self.options.frozen_seats else None
+        )
+        self.snapshot_version = _version(self.options.snapshot, initial) if self.frozen is not None else ""
         self._rules: dict[str, Any] = {}
 
     def rules(self, env_id: str) -> Any:
@@ -296,6 +319,8 @@ class SelfPlayRollout:
             common = common[:n]
         tree = RolloutTree(f"{task.env_id}#{task.seed}/{name}", common)
         tree.meta.update(env_id=task.env_id, seed=task.seed, tools=[], answer=None, seat=name)
+        if self.frozen is not None:
+            tree.meta["snapshot"] = self.snapshot_version  # which opponent the frozen seats were
         if idx:
             tree.meta["tools"] = tables[idx[0]].tools
         for ti in idx:

@@ -197,3 +197,31 @@ def test_selfplay_refuses_async(tmp_path: Path) -> None:
     )  # fmt: skip
     with pytest.raises(ConfigError, match="selfplay"):
         grpo.train(cfg, tiny_model(len(tok)), tok)
+
+
+def test_initial_snapshot_is_the_starting_model_after_a_resume(tmp_path: Path) -> None:
+    """A resumed run builds its roller after loading the checkpoint: with ``initial`` (the run's starting
+    model) the "initial" snapshot is that model's weights, not the resumed live weights."""
+    from tests.trainers.conftest import tiny_model
+    from toolgym.agents.hf import HFPolicy
+
+    tok = tiny_tokenizer()
+    start = tiny_model(len(tok))
+    start.save_pretrained(tmp_path / "start")
+    tok.save_pretrained(tmp_path / "start")
+    live = HFPolicy(tiny_model(len(tok), seed=1), tok)  # the checkpoint's weights, after some training
+    first = next(iter(live.model.parameters()))
+    kept = load_snapshot(live, "initial", str(tmp_path / "start"))
+    assert torch.equal(next(iter(kept.model.parameters())), next(iter(start.parameters())))
+    assert not torch.equal(next(iter(kept.model.parameters())), first)
+    assert torch.equal(
+        next(iter(load_snapshot(live, "initial").model.parameters())), first
+    )  # no initial given
+    rule = RulePolicy()
+    rule.model = live.model
+    roller = SelfPlayRollout(
+        rule, RolloutConfig(budget=1, max_new_tokens=4, max_total_tokens=20_000), SMALL,
+        {"learner_seats": 1, "frozen_seats": 1, "max_turns_per_seat": 2}, initial=str(tmp_path / "start"),
+    )  # fmt: skip
+    forest, _ = roller.run([RolloutTask(ENV, 2)], seed=0)
+    assert all(t.meta["snapshot"] == f"initial:{tmp_path / 'start'}" for t in forest)
