@@ -194,13 +194,21 @@ def _fork(env_id: str, seeds: int = 3, cuts: int = 5) -> None:
         copy_env.close()
 
 
-def expert_success_rate(env_id: str, episodes: int = 20, **kwargs: Any) -> float:
+def expert_success_rate(
+    env_id: str, episodes: int = 20, failures: list[str] | None = None, **kwargs: Any
+) -> float:
+    """The scripted expert's success rate over seeds 1000…; each lost episode is described in ``failures``."""
     env = gym.make(env_id, **kwargs)
     wins = 0
     try:
         for seed in range(episodes):
             _, info = _play_expert(env, 1000 + seed)
             wins += bool(info.get("success"))
+            if not info.get("success") and failures is not None:  # what a flake needs to diagnose itself
+                keys = ("task_name", "truncation", "infra_error", "reward_components", "verifier_output")
+                said = {k: info[k] for k in keys if k in info}
+                said["last"] = [str(m.content)[-300:] for m in tool_env(env).transcript[-4:]]
+                failures.append(f"seed {1000 + seed}: {said!r:.2500}")
     finally:
         env.close()
     return wins / episodes
@@ -228,10 +236,13 @@ def check(env_id: str, garbage_actions: int = 200, expert_episodes: int = 20) ->
 
     def expert() -> None:
         report.declared_success = declared
-        report.expert_success = expert_success_rate(env_id, min(expert_episodes, cap or expert_episodes))
+        failures: list[str] = []
+        episodes = min(expert_episodes, cap or expert_episodes)
+        report.expert_success = expert_success_rate(env_id, episodes, failures)
         if not report.expert_success >= report.declared_success:
             raise AssertionError(
-                f"expert success {report.expert_success:.2f} < declared {report.declared_success:.2f}"
+                f"expert success {report.expert_success:.2f} < declared {report.declared_success:.2f}; "
+                + "; ".join(failures)
             )
 
     _run_check(report, "expert", expert)

@@ -124,7 +124,31 @@ __tg_reap() {
   done
   return 1
 }
+__tg_sess() {  # the processes of uid $1 in session $2, but pid $3 (the shell, or none)
+  local i p line f k
+  for ((i = 0; i < 100; i++)); do
+    __tg_pids "$1"
+    k=()
+    for p in "${__tg[@]}"; do
+      { read -r line < "/proc/$p/stat"; } 2>/dev/null || continue
+      line=${line##*) }
+      f=($line)
+      [[ ${f[3]} == "$2" && $p != "$3" ]] && k+=("$p")
+    done
+    ((${#k[@]})) || return 0
+    kill -9 "${k[@]}" 2>/dev/null
+    ((i < 3)) || read -r -t 0.02 -u 7
+  done
+  return 1
+}
 """
+# bash as the shells start it: stderr joins stdout (one pipe: the output keeps its order), and fd 63 keeps the
+# protocol's stdout so that a command that closes or redirects its shell's stdout or stderr (``exec >&-``)
+# gets them back after it (see ``_Shell.send_and_wait``)
+SHELL_ARGV = ["bash", "--noprofile", "--norc", "-c"]
+SHELL_FDS = "exec 63>&1 2>&1"
+BROKEN = 256  # the wrapper's exit code when the shell could not even decode the command (no fork, no fd)
+MAX_COMMAND_BYTES = 4 << 20  # bash reads its input one byte at a time: a longer command is refused
 
 
 @dataclass(frozen=True)
@@ -135,6 +159,7 @@ class CommandResult:
     timed_out: bool = False
     truncated: bool = False
     restarted: bool = False  # the shell was replaced (it exited, or was stuck after a timeout)
+    broken: bool = False  # the shell could not start the command (no process or fd left): replaced
 
 
 @dataclass(frozen=True)
@@ -148,6 +173,8 @@ class Resources:
 
 SMALL_TMPFS_MB = 16  # /var/tmp, /run/lock: the image's world-writable folders
 SOLUTION_MB = 64  # /solution (the agent's: Harbor's oracle unpacks its solution there)
+SHM_MB = 16  # /dev/shm (``container_kwargs``'s shm_size)
+VERIFIER_OUT = "/logs/toolgym-verifier.out"  # the verifier's stdout and stderr (root's folder)
 
 
 def _kwargs(image: str, res: Resources, workdir: str, seed_bytes: int = 0) -> dict[str, Any]:
@@ -159,7 +186,8 @@ def _kwargs(image: str, res: Resources, workdir: str, seed_bytes: int = 0) -> di
     # the tmpfs pages count in the container's memory, so the limit grows by their caps
     home_mb = max(res.disk_mb // 2, 16)
     work_mb = res.disk_mb + (seed_bytes >> 20)  # the image's own files there come on top of the agent's room
-    memory = res.memory_mb + work_mb + home_mb + 2 * SMALL_TMPFS_MB + SOLUTION_MB
+    # every tmpfs the agent can fill is on top of memory_mb: with all of them full, the verifier still has it
+    memory = res.memory_mb + work_mb + home_mb + 2 * SMALL_TMPFS_MB + SOLUTION_MB + res.tmp_mb + SHM_MB
     lim = Limits(
         image=image, memory_mb=memory, cpus=res.cpus, pids=res.pids, tmp_mb=res.tmp_mb, nofile=1024
     ).updated(fsize_mb=512, tmp_inodes=65536)
@@ -222,19 +250,22 @@ def check_workdir(workdir: str) -> None:
 
 class _Stream:
     """A hijacked ``docker exec`` socket without a tty: 8-byte headers (stream id, size) before each piece;
-    stdout and stderr are read alike (commands redirect stderr to stdout anyway)."""
+    stdout and stderr are read alike (the shells send stderr to stdout anyway)."""
 
     def __init__(self, sock: Any) -> None:
         self.sock: socket.socket = getattr(sock, "_sock", sock)
         self.raw = bytearray()
         self.left = 0
 
-    def send(self, data: bytes) -> None:
-        self.sock.settimeout(10)
+    def send(self, data: bytes, timeout_s: float = 10.0) -> None:
+        """Raises OSError (TimeoutError) when the other end does not take ``data`` within ``timeout_s``."""
+        self.sock.settimeout(timeout_s)
         self.sock.sendall(data)
 
     def read(self, timeout: float) -> bytes | None:
-        """Some output; b"" at end of stream; None when nothing came within ``timeout``."""
+        """Some output; b"" at end of stream; None when no output came within ``timeout``. A piece of a
+        header alone (a read can end anywhere in the stream) is not output yet, and not the end either:
+        taking it for the end had a live shell replaced and its command's output lost."""
         self.sock.settimeout(max(timeout, 0.001))
         try:
             data = self.sock.recv(1 << 16)
@@ -257,20 +288,45 @@ class _Stream:
             out += piece
             del self.raw[: len(piece)]
             self.left -= len(piece)
-        return bytes(out)
+        return bytes(out) if out else None
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
 
 
+def _exit_code(buf: bytearray, marker: bytes) -> tuple[int, int] | None:
+    """(where the marker starts, the exit code after it) for the first complete marker line in ``buf``. A
+    marker line with anything but a number after it (the command printed it: a DEBUG trap can read the
+    nonce) is output, not the end."""
+    at = buf.find(marker)
+    while at >= 0:
+        end = buf.find(b"\n", at + len(marker))
+        if end < 0:
+            return None
+        digits = bytes(buf[at + len(marker) : end])
+        if digits.isdigit() and len(digits) < 6:
+            return at, int(digits)
+        at = buf.find(marker, at + 1)
+    return None
+
+
 class _Shell:
     """A ``bash`` in the container over a hijacked ``docker exec`` socket, with the marker protocol."""
 
-    def __init__(self, container_id: str, user: str, workdir: str, env: dict[str, str], argv: list[str]):
+    def __init__(
+        self,
+        container_id: str,
+        user: str,
+        workdir: str,
+        env: dict[str, str],
+        prefix: str = "",
+        launcher: str = "",
+    ) -> None:
         from toolgym.sandboxes.docker_backend import client
 
         api = client().api
+        argv = [*SHELL_ARGV, f"{prefix}{SHELL_FDS}; exec {launcher}bash --noprofile --norc"]
         try:
             exec_id = api.exec_create(
                 container_id,
@@ -286,38 +342,50 @@ class _Shell:
             self.stream = _Stream(api.exec_start(exec_id, socket=True))
         except Exception as exc:
             raise InfrastructureError(f"could not start a shell in the task container: {exc}") from exc
-        first = self.send_and_wait("echo $$", 20.0)
-        if first is None or not first[0].strip().isdigit():
+        try:  # (raw: nothing of the wrapper, which needs base64, is known to work yet)
+            first = self.send_and_wait('printf "%s %s\\n" "$$" "$(command -v base64)"', 20.0, raw=True)
+        except (EOFError, OSError) as exc:  # docker could not start it (no process slot left, …)
+            self.stream.close()
+            raise InfrastructureError(f"the task container's shell did not start: {exc!r}") from exc
+        words = first[0].split() if first is not None else []
+        if len(words) != 2 or not words[0].isdigit() or not words[1].startswith("/"):
             self.stream.close()
             raise InfrastructureError(f"the task container's shell did not start: {first!r:.200}")
-        self.pid = int(first[0].strip())
+        self.pid, self.base64 = int(words[0]), words[1]
 
     def send_and_wait(
         self, command: str, timeout_s: float, limit: int = 1 << 20, raw: bool = False
     ) -> tuple[str, int, bool] | None:
         """Sends one command; (output, exit code, whether output was cut), or None at the time limit.
-        Raises EOFError when the shell's stream ends (it exited). ``raw``: our own line, sent as is (the
-        warden's builtins, which must not fork); otherwise it arrives base64-encoded and runs through eval:
-        no quote or heredoc in it can swallow the marker line, and stdin is /dev/null so it cannot read the
-        protocol either."""
+        Raises EOFError when the shell's stream ends (it exited), OSError when it does not take the command.
+
+        ``raw``: our own line, sent as is (the warden's builtins, which must not fork). Otherwise the command
+        arrives base64-encoded, decoded by the system's base64 (by its path: no function or PATH of the
+        agent's reaches it) and runs through eval with stdin /dev/null (no quote or heredoc in it can swallow
+        the marker line, and it cannot read the protocol); fd 63 (the protocol's stdout) is closed for it
+        and stdout and stderr are set back from it afterwards (a command that closed them does not hide the
+        marker). Exit code ``BROKEN``: the shell could not decode the command (no process or fd left)."""
         nonce = secrets.token_hex(8)
         marker = f"\n__toolgym_done_{nonce} ".encode()
-        done = f"printf '\\n__toolgym_done_{nonce} %d\\n' $?\n"
         if raw:
-            line = f"{command}\n{done}"
+            line = f"{command}\nprintf '\\n__toolgym_done_{nonce} %d\\n' $?\n"
         else:
-            encoded = base64.b64encode(command.encode()).decode()
-            line = f'eval "$(printf %s {encoded} | base64 -d)" </dev/null 2>&1; {done}'
-        self.stream.send(line.encode())
+            encoded = base64.b64encode(command.encode("utf-8", "surrogatepass")).decode()
+            # (the line starts with an assignment: after a syntax error in eval, bash takes a line's first
+            # word for a command, so a line that started with ``if`` was a syntax error that ended the shell)
+            line = (
+                f"__tg_s={BROKEN}; if __tg_c=$(printf %s {encoded} | {self.base64} -d && printf .); then "
+                f'eval "${{__tg_c%.}}" </dev/null 63>&- 2>&1; __tg_s=$?; fi; '
+                f"exec 1>&63 2>&1; printf '\\n__toolgym_done_{nonce} %d\\n' \"$__tg_s\"\n"
+            )
+        data = line.encode()
+        self.stream.send(data, 10.0 + len(data) / 200_000)  # bash reads its input a byte at a time
         buf, cut = bytearray(), False
         deadline = time.monotonic() + timeout_s
         while True:
-            at = buf.find(marker)
-            if at >= 0:
-                end = buf.find(b"\n", at + len(marker))
-                if end >= 0:
-                    code = int(buf[at + len(marker) : end] or b"-1")
-                    return buf[:at].decode("utf-8", "replace"), code, cut
+            found = _exit_code(buf, marker)
+            if found is not None:
+                return buf[: found[0]].decode("utf-8", "replace"), found[1], cut
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -336,7 +404,12 @@ class _Shell:
 
 class TaskContainer:
     """A started container, its root warden and the agent's shell. ``run`` executes one agent command;
-    ``end_agent`` kills every agent process; ``verify`` runs a verifier; ``close`` removes the container."""
+    ``kill_agent`` kills every agent process; ``verify`` runs a verifier; ``close`` removes the container.
+
+    Everything root does after the start goes through the warden's shell (no ``docker exec``): a fault of
+    it raises ``InfrastructureError``, never reads as a missing file or a failed verifier (a ``docker exec``
+    that could not start, or whose exit code was not in yet, had been taken for a verifier that wrote no
+    reward: a solved episode scored 0)."""
 
     def __init__(self, container: Any, workdir: str, seed: bytes | None = None) -> None:
         self.container = container
@@ -348,28 +421,20 @@ class TaskContainer:
         self.removal: threading.Thread | None = None  # the background removal close() started
 
     # ----- plumbing -----------------------------------------------------------------------------------
-    def exec(self, cmd: list[str], timeout_s: float = 60.0, workdir: str = "/") -> tuple[int, str]:
-        """A one-off root process (not a shell) with the fixed root environment: exit code and output.
-        From ``/`` by default: the agent cannot make it fail by removing a folder."""
-        wrapped = ["timeout", "-s", "KILL", f"{max(timeout_s, 1):g}", *cmd]
-        try:
-            code, out = self.container.exec_run(
-                wrapped, user="0:0", workdir=workdir, environment=ENV, demux=False
-            )
-        except Exception as exc:
-            raise InfrastructureError(f"docker exec in the task container failed: {exc}") from exc
-        return int(code if code is not None else -1), (out or b"").decode("utf-8", "replace")
-
-    def _root(self, command: str, timeout_s: float = 120.0) -> tuple[int, str]:
-        """A command in the warden (root bash): exit code and output."""
+    def _root(self, command: str, timeout_s: float = 120.0, raw: bool = False) -> tuple[int, str]:
+        """A command in the warden (root bash, from ``/``): exit code and output."""
         if self.warden is None:
             raise InfrastructureError("the task container has no warden (start it first)")
         try:
-            got = self.warden.send_and_wait(command, timeout_s)
+            got = self.warden.send_and_wait(command, timeout_s, raw=raw)
         except (EOFError, OSError) as exc:
             raise InfrastructureError(f"the task container's root shell failed: {exc!r}") from exc
         if got is None:
             raise InfrastructureError(f"a root command in the task container ran past {timeout_s:g} s")
+        if got[1] == BROKEN:
+            raise InfrastructureError(
+                f"the task container's root shell could not run a command: {got[0]:.300}"
+            )
         return got[1], got[0]
 
     def _untar(self, files: dict[str, bytes], folder: str) -> str:
@@ -380,7 +445,7 @@ class TaskContainer:
 
     def start(self) -> None:
         """The warden, the agent's account and folders, then the agent's shell."""
-        self.warden = _Shell(self.container.id, "0:0", "/", ENV, ["bash", "--noprofile", "--norc"])
+        self.warden = _Shell(self.container.id, "0:0", "/", ENV)
         self._root(WARDEN_PRELUDE, 20.0)
         uid, wd = AGENT_UID, shlex.quote(self.workdir)
         if self.seed:  # (a tar of the folder itself: extracted in its parent)
@@ -418,8 +483,10 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         if code != 0:
             raise InfrastructureError(f"the task's files or setup failed ({code}): {out[-500:]}")
 
-    def read_file(self, path: str) -> str | None:
-        code, out = self.exec(["cat", path], timeout_s=10)
+    def read_file(self, path: str, limit: int = 1 << 16) -> str | None:
+        """The last ``limit`` bytes of a regular file (read by root), or None when there is none."""
+        p = shlex.quote(path)
+        code, out = self._root(f"[ -f {p} ] && [ ! -L {p} ] && tail -c {int(limit)} -- {p}", 30.0)
         return out if code == 0 else None
 
     # ----- the agent's shell ---------------------------------------------------------------------------
@@ -429,31 +496,34 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         if self.agent is not None:
             self.agent.close()
             self.agent = None
-        argv = [
-            "sh",
-            "-c",  # the agent's processes go first when the container runs out of memory, not the warden
-            "echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec setsid -w bash --noprofile --norc",
-        ]
+        # the agent's processes go first when the container runs out of memory, not the warden; setsid: a
+        # session of its own, which a timed-out command's processes are killed by
+        prefix, launcher = "echo 1000 > /proc/self/oom_score_adj 2>/dev/null; ", "setsid -w "
         user = f"{AGENT_UID}:{AGENT_UID}"
         try:
-            self.agent = _Shell(self.container.id, user, self.workdir, AGENT_ENV, argv)
+            self.agent = _Shell(self.container.id, user, self.workdir, AGENT_ENV, prefix, launcher)
         except InfrastructureError:
             if self.warden is None or self.kill_agent() != 0:
                 raise
-            self.agent = _Shell(self.container.id, user, self.workdir, AGENT_ENV, argv)
+            self.agent = _Shell(self.container.id, user, self.workdir, AGENT_ENV, prefix, launcher)
 
     @property
     def shell_pid(self) -> int:
         return self.agent.pid if self.agent is not None else 0
 
     def _kill_session(self, include_shell: bool) -> None:
+        """Kills the processes of the agent shell's session (but the shell, unless ``include_shell``): the
+        warden's builtins, which work with no process slot left."""
         pid = self.shell_pid
-        keep = "" if include_shell else f" | grep -vx {pid}"
-        with contextlib.suppress(InfrastructureError):
-            self.exec(["bash", "-c", f"pgrep -s {pid}{keep} | xargs -r kill -9"], timeout_s=10)
+        if pid:
+            keep = "0" if include_shell else str(pid)
+            self._root(f"__tg_sess {AGENT_UID} {pid} {keep}", 30.0, raw=True)
 
     def run(self, command: str, timeout_s: float) -> CommandResult:
-        """One command in the agent's shell, killed at ``timeout_s``."""
+        """One command in the agent's shell, killed at ``timeout_s``. Whatever the command did to its shell
+        (exit, kill it, stop it, close its output, exhaust its processes or fds), the result is an
+        observation and the next command gets a working shell; only a fault of docker or of the warden
+        raises ``InfrastructureError``."""
         if self.agent is None:
             self.start_shell()
         assert self.agent is not None
@@ -463,20 +533,24 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         except EOFError:
             self.start_shell()
             return CommandResult("", None, time.monotonic() - t0, restarted=True)
-        except OSError as exc:
-            raise InfrastructureError(f"the task container's shell failed: {exc}") from exc
-        if got is not None:
+        except OSError:  # it does not read its input (stopped, or a process of its own took its stdin)
+            got = None
+        if got is not None and got[1] != BROKEN:
             return CommandResult(got[0], got[1], time.monotonic() - t0, truncated=got[2])
-        self._kill_session(include_shell=False)
-        restarted = False
-        try:
-            late = self.agent.send_and_wait("true", 3.0)
-        except EOFError:
-            late = None
-        if late is None:  # the shell itself is busy (a builtin loop) or cannot fork: replace it
+        if got is not None:  # it could not even start the command: a fresh shell
             self._kill_session(include_shell=True)
             self.start_shell()
-            restarted = True
+            return CommandResult(got[0], None, time.monotonic() - t0, restarted=True, broken=True)
+        self._kill_session(include_shell=False)
+        late: tuple[str, int, bool] | None
+        try:
+            late = self.agent.send_and_wait("true", 3.0)
+        except (EOFError, OSError):
+            late = None
+        restarted = late is None or late[1] != 0
+        if restarted:  # the shell itself is busy (a builtin loop), stopped, or cannot fork: replace it
+            self._kill_session(include_shell=True)
+            self.start_shell()
         return CommandResult("", None, time.monotonic() - t0, timed_out=True, restarted=restarted)
 
     # ----- the end of the episode -----------------------------------------------------------------------
@@ -486,35 +560,37 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         if self.agent is not None:
             self.agent.close()
             self.agent = None
-        if self.warden is None:
-            raise InfrastructureError("the task container has no warden")
-        try:
-            got = self.warden.send_and_wait(
-                f"__tg_reap {AGENT_UID}; __tg_pids {AGENT_UID}; printf '%s\\n' ${{#__tg[@]}}", 30.0, raw=True
-            )
-        except (EOFError, OSError) as exc:
-            raise InfrastructureError(f"the task container's root shell failed: {exc!r}") from exc
-        if got is None:
-            raise InfrastructureError("killing the agent's processes ran past 30 s")
-        return int(got[0].strip().splitlines()[-1])
+        _, out = self._root(
+            f"__tg_reap {AGENT_UID}; __tg_pids {AGENT_UID}; printf '%s\\n' ${{#__tg[@]}}", 30.0, raw=True
+        )
+        return int(out.strip().splitlines()[-1])
 
     def verify(self, tests: dict[str, bytes], timeout_s: float) -> tuple[int, str]:
         """Runs ``bash /tests/test.sh`` as root after the episode: every agent process killed first (none
         left, or the verifier does not run: exit code -2), ``/tests`` (``tests``) and ``/logs/verifier`` made
-        afresh by root, the fixed root environment, started from ``/`` and moving to the working folder."""
+        afresh by root, the fixed root environment, started from ``/`` and moving to the working folder.
+        It runs under the warden, its output to a file of root's (a process it leaves holding its output
+        cannot hold the episode), killed with its process group at ``timeout_s``; then every process but
+        root's is killed (what the checks left, as the agent's uid or the next). Its exit code and output."""
         left = self.kill_agent()
         if left:
             return -2, f"[{left} agent processes could not be killed: the verifier did not run]"
         code, out = self._root(
             "(set -e; umask 022; [ ! -L /tests ] && [ ! -L /logs ]\n"
-            "find /tests -mindepth 1 -delete; rm -rf /logs/verifier; mkdir -m 755 /logs/verifier\n"
+            f"find /tests -mindepth 1 -delete; rm -rf /logs/verifier {VERIFIER_OUT}; mkdir -m 755 /logs/verifier\n"
             f"{self._untar(tests, '/tests')}\nchown -R 0:0 /tests /logs; chmod -R go-w /tests) 2>&1",
             60.0,
         )
         if code != 0:
             raise InfrastructureError(f"could not write the verifier's files ({code}): {out[-500:]}")
-        script = 'cd -- "$1" 2>/dev/null || cd /; exec /bin/bash /tests/test.sh'
-        return self.exec(["/bin/bash", "-c", script, "verify", self.workdir], timeout_s=timeout_s)
+        wd = shlex.quote(self.workdir)
+        code, _ = self._root(
+            f"(cd -- {wd} 2>/dev/null || cd /; exec timeout -s KILL {max(timeout_s, 1):g} /bin/bash "
+            f"/tests/test.sh) </dev/null >{VERIFIER_OUT} 2>&1 7<&-",
+            timeout_s + 60.0,
+        )
+        self._root(f"__tg_reap {AGENT_UID}; __tg_reap {AGENT_UID + 1}", 30.0, raw=True)
+        return code, self.read_file(VERIFIER_OUT, 4000) or ""
 
     def close(self, wait: bool = False) -> None:
         """Removes the container: in the background (an episode's end: a few hundred ms off the critical

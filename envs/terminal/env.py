@@ -9,7 +9,12 @@ from typing import Any, ClassVar
 
 from toolgym.envs.base import Task, ToolEnv
 from toolgym.envs.terminal import expert
-from toolgym.envs.terminal.container import CommandResult, ContainerPool, TaskContainer
+from toolgym.envs.terminal.container import (
+    MAX_COMMAND_BYTES,
+    CommandResult,
+    ContainerPool,
+    TaskContainer,
+)
 from toolgym.envs.terminal.harbor import TerminalTask, load_harbor_dir
 from toolgym.envs.terminal.image import BASE_IMAGE, ensure_base
 from toolgym.envs.terminal.tasks import CATEGORIES, TASKS
@@ -158,12 +163,17 @@ class TerminalEnv(ToolEnv):
         """
         if self._box is None:
             raise InfrastructureError("no task container (reset first)")
+        size = len(command.encode("utf-8", "surrogatepass"))
+        if size > MAX_COMMAND_BYTES:  # (bash reads its input a byte at a time)
+            return f"[not run: the command is {size} bytes long; the limit is {MAX_COMMAND_BYTES}]"
         return self._render(self._box.run(command, self.command_timeout_s))
 
     def _render(self, result: CommandResult) -> str:
         text = _cut(result.output, self.max_output_chars)
         if result.timed_out:
             tail = f"[killed: the command ran past the {self.command_timeout_s:g} s limit]"
+        elif result.broken:
+            tail = "[the shell could not start the command: no process or file descriptor left]"
         elif result.exit_code is None:
             tail = "[the shell exited]"
         else:
