@@ -136,6 +136,8 @@ class PolicyServer(AppServer):
         self.max_tokens_limit = max_tokens_limit  # max_tokens past this is a 400 when the context is unknown
         self.strict_model = strict_model
         self.closed = False
+        self._stopped = False  # the batcher thread has ended
+        self._intake = threading.Lock()  # (a job is queued before the batcher stops, or refused)
         self.max_choices = (
             max_choices  # sequences one request may ask for (prompts x n): more is answered 400
         )
@@ -202,10 +204,13 @@ class PolicyServer(AppServer):
         prompt: list[int] | None = None,
     ) -> Future[_Reply]:
         fut: Future[_Reply] = Future()
-        if self.closed:  # the batcher is gone or going: a job queued now would never be answered
-            fut.set_exception(ServerClosed("the server is shutting down: retry on another server"))
-            return fut
-        self._jobs.put(_Job(conversation, tools, sampling, top_k, fut, sink, choice, prompt))
+        with self._intake:
+            if (
+                self.closed or self._stopped
+            ):  # the batcher is gone or going: a job queued now would wait forever
+                fut.set_exception(ServerClosed("the server is shutting down: retry on another server"))
+                return fut
+            self._jobs.put(_Job(conversation, tools, sampling, top_k, fut, sink, choice, prompt))
         return fut
 
     @property
@@ -224,7 +229,9 @@ class PolicyServer(AppServer):
     def _work(self) -> None:
         try:
             self._batches()
-        finally:  # jobs still queued when the batcher stops are answered, never left waiting
+        finally:  # jobs still queued when the batcher stops (closed, or a policy that raised past Exception)
+            with self._intake:  # are answered, and none is queued after: never left waiting
+                self._stopped = True
             while True:
                 try:
                     job = self._jobs.get_nowait()
@@ -262,6 +269,15 @@ class PolicyServer(AppServer):
                     replies: list[_Reply | Exception] = list(self._answer(jobs, sampling))
                 except Exception as exc:  # answered as a 500 to each waiting request
                     replies = [exc] * len(jobs)
+                except BaseException as exc:  # (SystemExit, KeyboardInterrupt) ends the batcher: answer first
+                    for j in batch:
+                        if not j.future.done():
+                            j.future.set_exception(
+                                ServerClosed(f"the policy stopped the server ({type(exc).__name__})")
+                            )
+                            if j.sink is not None:
+                                j.sink.push(j.choice, None)
+                    return  # (no re-raise: in a thread it would only print; _work refuses what follows)
                 for j, reply in zip(jobs, replies, strict=True):
                     if isinstance(reply, Exception):
                         j.future.set_exception(reply)

@@ -16,12 +16,17 @@ Where the envs run (``parse_env_workers``):
 - ``ray:ADDRESS``: ``ray.init(ADDRESS)`` as given, e.g. ``ray:10.0.0.5:6379`` (the GCS address, from a
   node of the cluster) or ``ray:auto``.
 
-Faults: a worker that dies (its process killed, its node lost) or does not answer raises
-``InfrastructureError`` from the call, which the loops already turn into ``truncation == "env_error"`` for
-that episode (never scored as the model's failure); the loops close a broken env and make a new one, which
-is a new actor. An idle pooled proxy whose actor died is given a new actor at its next ``reset`` (nothing of
-an episode is lost there). An exception the env itself raises comes back as that exception (a
-``ConfigError`` stays one, and still ends the run).
+Faults: a worker that dies (its process killed, its node lost) or does not answer within ``call_timeout_s``
+(600 s by default: a hung env must not hang the run) raises ``InfrastructureError`` from the call (the
+actor is killed), which the loops already turn into ``truncation == "env_error"`` for that episode (never
+scored as the model's failure); the loops close a broken env and make a new one, which is a new actor. An
+idle pooled proxy whose actor died is given a new actor at its next ``reset`` (nothing of an episode is
+lost there). An exception the env itself raises comes back as that exception (a ``ConfigError`` stays
+one, and still ends the run); one that cannot be pickled back, and a result that cannot (an observation
+holding a lock), is an ``InfrastructureError`` naming it. ``RayEnvWorkers.lost_workers`` counts the workers
+lost, ``replaced`` the idle ones replaced. The head going away: Ray ends the driver process once it has
+not reached the GCS for ``RAY_gcs_rpc_server_reconnect_timeout_s`` (60 s); calls to live workers go on
+meanwhile (docs/scale.md).
 
 What crosses the hop (pickled by Ray, cloudpickle): the env id with the driver's ``EnvSpec`` (so ids a
 plugin or a test registered in the driver work when their entry point imports on the workers), the
@@ -61,7 +66,7 @@ class RaySpec:
     address: str | None = None
     num_cpus: float | None = None
     resources: dict[str, float] = field(default_factory=dict)
-    call_timeout_s: float | None = None
+    call_timeout_s: float | None = 600.0
     start_timeout_s: float = 120.0
 
 
@@ -112,6 +117,11 @@ def connect(spec: RaySpec) -> Any:
                     raise
                 time.sleep(2.0 * (attempt + 1))
     return ray
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
 def _lost_types(ray: Any) -> tuple[type[BaseException], ...]:
@@ -212,15 +222,22 @@ class RemoteEnv:
             return ray.get(ref, timeout=wait)
         except ray.exceptions.RayTaskError as exc:  # the env raised: that exception, as in-process
             cause = getattr(exc, "cause", None)
-            if isinstance(cause, BaseException):
+            if isinstance(cause, TypeError) and "pickle" in str(cause):  # its result cannot cross the hop
+                raise InfrastructureError(
+                    f"env worker of {self.env_id}: its result cannot be sent back (pickle): {cause}"
+                ) from None
+            if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
                 raise cause from None
-            raise
+            raise InfrastructureError(f"env worker of {self.env_id}: {_first_line(exc)}") from None
         except self._workers.lost as exc:
             self._kill()
+            with self._workers._lock:
+                self._workers.lost_workers += 1
             raise InfrastructureError(
-                f"env worker of {self.env_id} (pid {self.pid}) lost: {type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                f"env worker of {self.env_id} (pid {self.pid}) lost: {type(exc).__name__}: {_first_line(exc)}"
             ) from exc
+        except ray.exceptions.RayError as exc:  # e.g. the env's exception could not be pickled back
+            raise InfrastructureError(f"env worker of {self.env_id}: {_first_line(exc)}") from None
 
     def _kill(self) -> None:
         if self._actor is not None:
@@ -243,7 +260,8 @@ class RemoteEnv:
                 return self._remote("reset", seed, options)  # type: ignore[no-any-return]
             except InfrastructureError:
                 pass  # the actor is gone: a new one below
-        self._workers.replaced += 1
+        with self._workers._lock:
+            self._workers.replaced += 1
         self._start()
         return self._remote("reset", seed, options)  # type: ignore[no-any-return]
 
@@ -297,6 +315,7 @@ class RayEnvWorkers:
         self.lost = _lost_types(self.ray)
         self._actor_class = self.ray.remote(EnvWorker)
         self.replaced = 0  # idle proxies given a new actor at reset
+        self.lost_workers = 0  # workers that died or did not answer (each an env_error of its episode)
         self._turn = -1  # the last node an actor was placed on (round robin)
         self._lock = threading.Lock()
 

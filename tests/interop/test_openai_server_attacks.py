@@ -211,6 +211,17 @@ def test_a_request_after_shutdown_is_refused_never_left_waiting() -> None:
         fut.result(timeout=5)
 
 
+def test_a_policy_that_ends_the_batcher_leaves_no_request_waiting() -> None:
+    class Exits(Echo):
+        def act(self, *a: Any, **kw: Any) -> list[Any]:
+            raise SystemExit(1)  # (a BaseException: the batcher thread ends)
+
+    with PolicyServer(Exits(), port=0) as server:
+        client = httpx.Client(base_url=server.url, timeout=10)  # (was: both waited forever)
+        _error(client.post("/chat/completions", json=CHAT), 503, "stopped the server")
+        _error(client.post("/chat/completions", json=CHAT), 503, "shutting down")
+
+
 def _sampling() -> Any:
     from toolgym.agents.policy import SamplingParams
 

@@ -275,6 +275,101 @@ def test_killed_worker_mid_rollout_is_env_error_for_its_path_only(cluster: str) 
         roller.close()
 
 
+# ----- attacks: envs that misbehave inside their actor ----------------------------------------------------
+HOSTILE = "tests/HostileRay-v0"
+MISBEHAVE = ("ok", "raise", "unpicklable", "unpicklable-exception", "hang", "die", "ok")
+
+
+class _Unpicklable(Exception):
+    def __reduce__(self) -> Any:
+        raise TypeError("this exception does not pickle")
+
+
+class _Hostile(gym.Wrapper):  # type: ignore[type-arg]
+    """The test env (VowelCount) whose step misbehaves when the model's text says so (see MISBEHAVE)."""
+
+    def step(self, action: Any) -> Any:
+        import threading
+        import time
+
+        text = str(action)
+        if text == "raise":
+            raise OSError("the container went away")
+        if text == "unpicklable":
+            obs, *rest = self.env.step("x")
+            return [*obs, {"role": "tool", "content": threading.Lock()}], *rest
+        if text == "unpicklable-exception":
+            raise _Unpicklable("no")
+        if text == "hang":
+            time.sleep(120)
+        if text == "die":
+            os._exit(3)
+        return self.env.step(action)
+
+
+def _make_hostile(**kwargs: Any) -> Any:
+    from tests.testing_env import VowelCountEnv
+
+    return _Hostile(VowelCountEnv(**kwargs))
+
+
+class _Misbehave:
+    """Plays episode k's first turn as MISBEHAVE[k] (the runner runs them one by one), then "ok"."""
+
+    name = "misbehave"
+
+    def __init__(self) -> None:
+        self.episodes = 0
+
+    def act(self, conversations: Any, tools: Any, sampling: Any = None, envs: Any = None) -> list[Any]:
+        from toolgym.agents.policy import AssistantTurn
+        from toolgym.messages import Message
+
+        out = []
+        for conv in conversations:
+            first = not any(m.get("role") == "assistant" for m in conv)
+            text = MISBEHAVE[self.episodes] if first else "ok"
+            self.episodes += first
+            out.append(AssistantTurn(text=text, message=Message(role="assistant", content=text)))
+        return out
+
+
+def test_env_faults_inside_actors_are_env_errors_of_their_episodes_only(cluster: str) -> None:
+    """An env that raises, returns an observation that cannot be pickled, raises an exception that cannot be,
+    hangs past call_timeout_s, or kills its worker: each is that episode's env_error (an infrastructure
+    failure, never scored), counted once; the episodes around them run on healthy (new) actors."""
+    from toolgym.agents.runner import EpisodeRunner, EpisodeSpec
+    from toolgym.ray_envs import RayEnvWorkers
+
+    if HOSTILE not in gym.registry:
+        gym.register(HOSTILE, entry_point=_make_hostile, disable_env_checker=True)
+    workers = RayEnvWorkers(RaySpec(address=parse_env_workers(cluster).address, call_timeout_s=2.0))  # type: ignore[union-attr]
+    specs = [EpisodeSpec(HOSTILE, seed, ()) for seed in range(len(MISBEHAVE))]
+    with EpisodeRunner(_Misbehave(), concurrency=1, make_env=workers.env_factory(), env_workers=1) as runner:  # type: ignore[arg-type]
+        trajs = runner.run(specs)
+        for env in runner._pool.drain():
+            env.close()
+    assert [t.seed for t in trajs] == list(range(len(MISBEHAVE)))  # each episode once, none lost
+    faulty = {k for k, what in enumerate(MISBEHAVE) if what != "ok"}
+    for k, traj in enumerate(trajs):
+        if k in faulty:
+            assert traj.truncation == "env_error" and traj.infra_failure and not traj.success, (k, traj.error)
+        else:
+            assert traj.error is None and traj.truncation != "env_error", (k, traj.error)
+    errors = {MISBEHAVE[k]: str(trajs[k].error) for k in faulty}
+    assert "the container went away" in errors["raise"]
+    assert "cannot be sent back (pickle)" in errors["unpicklable"]
+    assert "InfrastructureError" in errors["unpicklable-exception"]
+    assert "lost" in errors["hang"] and "GetTimeoutError" in errors["hang"]
+    assert "lost" in errors["die"]
+    assert workers.lost_workers == 2  # the hung and the dead worker
+
+
+def test_default_call_timeout_is_finite() -> None:
+    """(Was None: a hung env hung the run forever.)"""
+    assert RaySpec().call_timeout_s is not None and RaySpec().call_timeout_s > 0
+
+
 # ----- a training step -------------------------------------------------------------------------------------
 def test_grpo_step_with_env_workers_on_ray_and_a_worker_killed_mid_step(
     cluster: str, tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
