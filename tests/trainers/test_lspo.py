@@ -104,3 +104,25 @@ def test_two_tiny_iterations(tmp_path: Path) -> None:
     assert np.isfinite(summaries[1]["dpo"]["last"]["dpo/loss"])
     again = run(cfg, model, tok)  # finished iterations are read back (resume), not run again
     assert [s["pairs"] for s in again] == [s["pairs"] for s in summaries]
+
+
+def test_illegal_night_moves_fall_back_to_the_scripted_player() -> None:
+    """A policy that cannot kill or vote yet (a weak model) still reaches the discussions: its illegal night
+    moves and votes are the strong player's; without the fallback its games are abandoned at night."""
+    from toolgym.trainers.lspo.loop import Candidate
+
+    rules = WerewolfEnv(n_players=5, opponents="strong")
+    scripted = scripted_proposer(rules)
+
+    def weak(batch: list, rng: np.random.Generator) -> list:
+        good = scripted(batch, rng)
+        return [
+            c if n > 1 else [Candidate("zzz no move", "")] for (_, _, n), c in zip(batch, good, strict=True)
+        ]
+
+    turns, stats = collect(rules, weak, games=4, text_seats=3, candidates=2, seed=0, max_turns_per_seat=20)
+    assert stats["finished"] == 4 and stats["fallback_moves"] == 1.0 and turns
+    _, without = collect(
+        rules, weak, games=4, text_seats=3, candidates=2, seed=0, max_turns_per_seat=20, fallback=False
+    )
+    assert without["finished"] < 4 and without["discussion_turns"] < stats["discussion_turns"]

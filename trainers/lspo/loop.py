@@ -91,6 +91,7 @@ class LSPOConfig:
     max_new_tokens: int = 96
     latent_games: int = 200  # abstracted games that compare σ̄ with the uniform latent strategy (summary only)
     max_turns_per_seat: int = 40  # a text seat that has not ended its game after this many turns abandons it
+    fallback: bool = True  # an illegal night move or vote of the policy: the strong scripted player's instead
     proposer: str = "policy"  # policy | scripted (CPU stand-in for the LLM's candidates)
     device: str = "auto"
     seed: int = 0
@@ -160,9 +161,13 @@ def collect(
     candidates: int,
     seed: int,
     max_turns_per_seat: int = 40,
+    fallback: bool = True,
 ) -> tuple[list[DiscussionTurn], dict[str, float]]:
     """Play ``games`` games (module docstring, step 1); the discussion turns and the games' outcomes. A seat
-    that keeps making no legal move ends its game after ``max_turns_per_seat`` turns (no side wins)."""
+    that keeps making no legal move ends its game after ``max_turns_per_seat`` turns (no side wins). With
+    ``fallback`` a night move or vote that is no legal move is replaced by the strong scripted player's (the
+    abstracted game plays those moves so too): a policy that cannot yet kill or vote reaches the discussions
+    instead of abandoning its games at night."""
     from toolgym.trainers.episodes import EVAL_SEED0
 
     rng = np.random.default_rng(seed)
@@ -189,6 +194,7 @@ def collect(
             )
         )
     turns: list[DiscussionTurn] = []
+    fallbacks = moves = 0
     live = set(range(len(tables)))
     while live:
         batch = []
@@ -211,7 +217,15 @@ def collect(
                     c.speech = move.text if not isinstance(move, str) and move.kind == "speak" else ""
                 messages = [dict(m) for m in table.messages(seat)]
                 turns.append(DiscussionTurn(messages, table.tools, info_parts(game, seat), cands))  # type: ignore[arg-type]
-            table.act(seat, cands[int(rng.integers(len(cands)))].text)
+                table.act(seat, cands[int(rng.integers(len(cands)))].text)
+                continue
+            text, moves = cands[0].text, moves + 1
+            if fallback and not legal(rules, game, seat, text):  # type: ignore[arg-type]
+                text, fallbacks = (
+                    move_text(strong_policy(view_of(game, seat), rng), rules.action_format),
+                    fallbacks + 1,
+                )  # type: ignore[arg-type]
+            table.act(seat, text)
     done = [t for t in tables if t.game.done]
     stats = {
         "games": float(len(tables)),
@@ -220,8 +234,17 @@ def collect(
         "discussion_turns": float(len(turns)),
         "invalid_candidates": sum(not c.speech for t in turns for c in t.candidates)
         / max(1, sum(len(t.candidates) for t in turns)),
+        "other_moves": float(moves),
+        "fallback_moves": fallbacks
+        / max(1, moves),  # share of night moves and votes the scripted player made
     }
     return turns, stats
+
+
+def legal(rules: WerewolfEnv, game: WerewolfGame, seat: str, text: str) -> bool:
+    """Whether ``text`` is a move the referee accepts from ``seat`` now."""
+    move, _ = rules.read_move(game, text)
+    return not isinstance(move, str) and game.illegal_reason(seat, move) is None
 
 
 # ----- 4. pairs --------------------------------------------------------------------------------------------
@@ -342,7 +365,7 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
         with torch.no_grad():
             turns, stats = collect(
                 rules, propose, cfg.games, cfg.text_seats, cfg.candidates, derived_seed(cfg.seed, it, COLLECT),
-                cfg.max_turns_per_seat,
+                cfg.max_turns_per_seat, cfg.fallback,
             )  # fmt: skip
         t_collect = time.perf_counter() - t0
         speeches = [(t.role, c.speech) for t in turns for c in t.candidates if c.speech]
