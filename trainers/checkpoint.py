@@ -81,6 +81,7 @@ def _swap(tmp: Path, folder: Path) -> None:
 
 def load(folder: Path, modules: dict[str, Any], optimizer: torch.optim.Optimizer) -> Progress:
     """Restores what `save` wrote into the given modules and optimizer; returns the progress."""
+    folder = complete(folder)
     if not (folder / "state.pt").is_file():
         raise ConfigError(
             f"no checkpoint in {folder}: run without resume first (or point output_dir at a run)"
@@ -106,6 +107,23 @@ def load(folder: Path, modules: dict[str, Any], optimizer: torch.optim.Optimizer
     if rng["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     return Progress(step=int(state["step"]), data_pos=int(state["data_pos"]), extra=state.get("extra"))
+
+
+def complete(folder: Path) -> Path:
+    """`folder`, or the previous save when a run stopped between `_swap`'s two renames (the new save is then
+    complete in ``.tmp`` but not known to be, and ``.old`` is the last one that was in place)."""
+    old = folder.with_name(folder.name + ".old")
+    if not folder.exists() and (old / "state.pt").is_file():
+        return old
+    return folder
+
+
+def saved_step(folder: Path) -> int | None:
+    """The step of the checkpoint in `folder` (None when there is none)."""
+    folder = complete(folder)
+    if not (folder / "state.pt").is_file():
+        return None
+    return int(torch.load(folder / "state.pt", map_location="cpu", weights_only=False)["step"])
 
 
 def due(cfg: Any, step: int) -> bool:

@@ -67,6 +67,7 @@ from toolgym.trainers.loss import KL_SHAPING
 from toolgym.trainers.metrics_log import MetricsLog
 from toolgym.trainers.modeling import Reference, autocast, build_policy, make_optimizer, pick_device
 from toolgym.trainers.packing import compile_decoder, update_forward, use_compile, use_packing, use_share
+from toolgym.trainers.preemption import Preemption
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.saved_rollouts import save_step
 from toolgym.trainers.selfplay import SelfPlayRollout
@@ -114,6 +115,8 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         raise ConfigError(
             f"prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {dist.world} ranks"
         )
+    # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
+    stop = cleanup.enter_context(Preemption(cfg.resume, lambda s: checkpoint.due(cfg, s)))
     if dist.main:
         warn_inert(cfg)
     device = pick_device(dist.device_name(cfg.device), cfg.threads)
@@ -221,6 +224,8 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         cleanup.callback(pipe.close)
 
     for step in range(progress.step + 1, cfg.steps + 1):
+        stop.check(dist, progress.step, out / "checkpoint", lambda: checkpoint.save(
+            out / "checkpoint", modules, optimizer, progress, addons.state_dict()))  # fmt: skip
         t_step = time.perf_counter()
         # 1. rollout: one tree per task, drawn at the data position; refill draws again until the batch
         # holds per_rank groups that survive the filters (every rank draws as long as one needs more)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from toolgym.agents.engine.select import choose_engine
 from toolgym.errors import ConfigError
 from toolgym.trainers import checkpoint
 from toolgym.trainers.addons import AddonState
@@ -58,6 +59,7 @@ from toolgym.trainers.modeling import (
     value_head,
 )
 from toolgym.trainers.ppo_config import PPOConfig  # the config (no torch); re-exported here
+from toolgym.trainers.preemption import Preemption
 from toolgym.trainers.rollout import RolloutConfig, TreeRollout
 from toolgym.trainers.tree import flatten, leaf_rewards
 
@@ -75,6 +77,8 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("PPO runs in one process; for torchrun data parallel use `toolgym train grpo`")
     loss_cfg = cfg.loss_config()
+    # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
+    stop = cleanup.enter_context(Preemption(cfg.resume, lambda s: checkpoint.due(cfg, s)))
     warn_inert(cfg)
     rollout_cfg = RolloutConfig(
         budget=cfg.budget, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -85,6 +89,11 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
     policy = build_policy(cfg, device, model, tokenizer)
     dist = Dist()  # one process; parallel=fsdp2 shards over a group of one (offload, bf16 compute)
     policy, model = dist.hybrid(policy, cfg, device)
+    policy = choose_engine(  # `engine` as in GRPO: our decode engine over the same live weights, HF or vLLM
+        policy, cfg.engine, rows=cfg.prompts_per_step * cfg.budget, capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8,
+        memory=cfg.engine_memory, servers=cfg.rollout_servers, weight_sync=cfg.weight_sync,
+        sync_folder=cfg.weight_sync_folder, seed=cfg.seed,
+    )  # fmt: skip
     head = value_head(model).to(device)
     if dist.fsdp is not None:
         head = dist.fsdp.shard_extra(head)  # the value model = the sharded trunk + this head
@@ -133,6 +142,8 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
     if cfg.eval_every and progress.step == 0:  # curves start at the initial policy, as GRPO's
         log.log(0, held_out(0))
     for step in range(progress.step + 1, cfg.steps + 1):
+        stop.check(dist, progress.step, out / "checkpoint", lambda: checkpoint.save(
+            out / "checkpoint", modules, optimizer, progress, addons.state_dict()))  # fmt: skip
         t_step = time.perf_counter()
         # 1. rollout: `budget` independent samples per task
         tasks = addons.tasks(
@@ -188,6 +199,7 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
         mask_cpu, value_mask_cpu = batch.loss_mask.cpu(), value_mask.cpu()  # [B, T] x 2
         row_mask: list[float] = mask_cpu.sum(1).tolist()  # [B]
         row_len: list[int] = batch.attention_mask.sum(1).tolist()  # [B]
+        getattr(policy, "sleep", lambda: None)()  # a colocated vLLM frees its GPU memory for the update
         model.train()
         loss_stats = StatLog()
         g = torch.Generator().manual_seed(cfg.seed * 100_003 + step)

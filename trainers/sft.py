@@ -10,10 +10,16 @@ is the token mean of cross-entropy over a step's masked tokens, and the run writ
 ``RUN_DIR/model`` (a plain transformers folder; LoRA adapters are merged into it) for
 ``toolgym train --init RUN_DIR``. Held-out success (greedy, the trainer's ``evaluate``) is measured before
 and after, on ``eval_env_kwargs`` on top of ``env_kwargs`` (e.g. ``{split: test}``).
+
+``save_every`` writes ``RUN_DIR/checkpoint`` (trainers/checkpoint.py's format: the trainable weights, i.e.
+all of them or only the LoRA adapters, AdamW, and in ``extra`` the LR schedule, the data order and its
+random state, and a fingerprint of the data); ``resume`` continues from it, bit-identical to a run that
+was never stopped. SIGTERM/SIGINT save it at the next step boundary and stop (trainers/preemption.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
 from toolgym.trainers.config import DataConfig
+from toolgym.trainers.preemption import Preemption
 
 if TYPE_CHECKING:
     import torch
@@ -263,10 +270,49 @@ def _schedule(step: int, total: int, warmup: int) -> float:
     return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
+class TrainableWeights:
+    """What an SFT checkpoint keeps of the model (as a module for trainers/checkpoint.py): its trainable
+    tensors, every weight or only the LoRA adapters (the frozen base is loaded from ``model`` again)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        import torch
+
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        if set(saved) != set(params):
+            raise ConfigError(
+                f"the checkpoint holds {len(saved)} trainable tensors, this model {len(params)}: resume with "
+                "the model, lora_r and lora_targets the run started with"
+            )
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(saved[n])
+
+
+def data_fingerprint(seqs: Sequence[tuple[list[int], list[int]]]) -> str:
+    """A hash of the token ids and loss masks: a resumed run must train on the data it started with."""
+    h = hashlib.sha256()
+    for ids, mask in seqs:
+        h.update(json.dumps([ids, mask]).encode())
+    return h.hexdigest()[:16]
+
+
 def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
-    """Runs SFT as configured; returns the summary (success before/after, steps, tokens, seconds)."""
+    """Runs (or resumes) SFT as configured; returns the summary (success before/after, steps, tokens,
+    seconds). A SIGTERM/SIGINT saves the checkpoint and raises `Preempted` (trainers/preemption.py)."""
+    with Preemption(cfg.resume, lambda s: bool(cfg.save_every and s % cfg.save_every == 0)) as stop:
+        return _train(cfg, model, tokenizer, stop)
+
+
+def _train(cfg: SFTConfig, model: Any, tokenizer: Any, stop: Preemption) -> dict[str, Any]:
     import torch
 
+    from toolgym.trainers import checkpoint
     from toolgym.trainers.episodes import evaluate
     from toolgym.trainers.metrics_log import MetricsLog
     from toolgym.trainers.modeling import autocast, build_policy, pick_device, trainable_parameters
@@ -286,7 +332,39 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     seqs = [conversation_tokens(m, t, renderer) for m, t in convs]
     steps = cfg.steps or max(1, math.ceil(cfg.epochs * len(seqs) / cfg.batch_size))
     out = Path(cfg.output_dir)
-    log = MetricsLog(out, cfg.tensorboard)
+    fingerprint = data_fingerprint(seqs)
+    # optimizer, schedule and data order, then the checkpoint's state into them (before anything draws)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _schedule(s, steps, cfg.warmup_steps))
+    rng = random.Random(cfg.seed)
+    order: list[int] = []  # what is left of the current pass over the data, drawn from the end
+    trained_tokens = 0
+    summary: dict[str, Any] = {"conversations": len(seqs), "steps": steps}
+    progress = checkpoint.Progress()
+    folder = out / "checkpoint"
+    if cfg.resume:
+        progress = checkpoint.load(folder, {"model": TrainableWeights(model)}, optimizer)
+        state = progress.extra or {}
+        if state.get("data") != fingerprint:
+            raise ConfigError(
+                f"{folder} was saved while training on other data ({state.get('conversations')} conversations, "
+                f"now {len(seqs)}): resume with the data, env_kwargs, episodes and seed the run started with"
+            )
+        sched.load_state_dict(state["schedule"])
+        rng.setstate(state["rng"])
+        order, trained_tokens = list(state["order"]), int(state["trained_tokens"])
+        if state.get("success_before") is not None:
+            summary["success_before"] = state["success_before"]
+
+    def save() -> None:
+        extra = {
+            "schedule": sched.state_dict(), "rng": rng.getstate(), "order": list(order),
+            "trained_tokens": trained_tokens, "success_before": summary.get("success_before"),
+            "data": fingerprint, "conversations": len(seqs),
+        }  # fmt: skip
+        checkpoint.save(folder, {"model": TrainableWeights(model)}, optimizer, progress, extra)
+
+    log = MetricsLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "sft", **cfg.to_dict()}, indent=2))
     eval_kwargs = {**cfg.env_kwargs, **cfg.eval_env_kwargs}
     rollout = RolloutConfig(
@@ -298,19 +376,14 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         with torch.no_grad(), autocast(device, cfg.bf16):
             return evaluate(policy, cfg.env_ids, eval_kwargs, rollout, cfg.eval_episodes)
 
-    summary: dict[str, Any] = {"conversations": len(seqs), "steps": steps}
-    if cfg.eval_before:
+    if cfg.eval_before and not cfg.resume:  # (a resumed run has its step-0 evaluation in its log)
         before = held_out()
         log.log(0, before)
         summary["success_before"] = before["eval/success"]
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _schedule(s, steps, cfg.warmup_steps))
-    rng = random.Random(cfg.seed)
-    order: list[int] = []
-    bar = _bar(cfg, steps)
-    trained_tokens = 0
+    bar = _bar(cfg, steps, progress.step)
     metrics: dict[str, float] = {}
-    for step in range(1, steps + 1):
+    for step in range(progress.step + 1, steps + 1):
+        stop.check(None, progress.step, folder, save)  # a signal came: checkpoint, then `Preempted`
         t_step = time.perf_counter()
         picked: list[tuple[list[int], list[int]]] = []
         while len(picked) < min(cfg.batch_size, len(seqs)):
@@ -352,6 +425,9 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == steps:
             metrics |= held_out()
         log.log(step, metrics)
+        progress.step, progress.data_pos = step, progress.data_pos + len(picked)
+        if cfg.save_every and step % cfg.save_every == 0:
+            save()
         if bar is not None:
             bar.update(1)
             bar.set_postfix(
@@ -417,9 +493,9 @@ def plot_loss(records: Iterable[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _bar(cfg: SFTConfig, total: int) -> Any:
+def _bar(cfg: SFTConfig, total: int, done: int = 0) -> Any:
     if not cfg.progress:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="sft", unit="step", dynamic_ncols=True)
+    return tqdm(total=total, initial=done, desc="sft", unit="step", dynamic_ncols=True)

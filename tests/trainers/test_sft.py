@@ -168,3 +168,70 @@ def test_lora_sft_saves_a_merged_plain_model(tmp_path: Path, tokenizer: Any) -> 
     assert not (folder / "adapter_config.json").exists()
     loaded = AutoModelForCausalLM.from_pretrained(folder)
     assert not any("lora" in n for n, _ in loaded.named_parameters())
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_sft_resume_is_bit_identical(tmp_path: Path, tokenizer: Any, monkeypatch: Any, lora: bool) -> None:
+    """A run killed right after its step-2 checkpoint and resumed (from another initialisation) ends with the
+    same weights, loss curve and summary as one never stopped: weights or LoRA adapters, AdamW, the LR
+    schedule, the data order across a pass boundary (4 conversations, 2 a step) and the RNG all resume."""
+    from toolgym.trainers import checkpoint
+
+    if lora:
+        pytest.importorskip("peft")
+    opts: dict[str, Any] = dict(
+        env_ids=[CALC], env_kwargs=KW, episodes=4, batch_size=2, steps=4, warmup_steps=2, pack_tokens=4096,
+        lr=1e-2, device="cpu", tensorboard=False, progress=False, eval_episodes=1, max_new_tokens=2,
+    )  # fmt: skip
+    if lora:
+        opts |= dict(lora_r=4, lora_targets=["q_proj", "v_proj"])
+
+    def run(out: Path, seed: int = 0, **kw: Any) -> tuple[Any, dict[str, Any]]:
+        model = tiny_model(len(tokenizer), seed=seed)
+        summary = train(SFTConfig(output_dir=str(out), **opts, **kw), model, tokenizer)
+        return model, summary
+
+    straight, s1 = run(tmp_path / "straight")
+    save = checkpoint.save
+
+    def save_then_die(folder: Path, *args: Any, **kwargs: Any) -> None:
+        save(folder, *args, **kwargs)
+        if args[2].step == 2:  # (modules, optimizer, progress)
+            raise Killed
+
+    monkeypatch.setattr(checkpoint, "save", save_then_die)
+    with pytest.raises(Killed):
+        run(tmp_path / "split", save_every=1)
+    monkeypatch.setattr(checkpoint, "save", save)
+    assert not (tmp_path / "split" / "model").exists()
+    # another initialisation: what is trained must come from the checkpoint (with LoRA the frozen base is
+    # the model the run started with)
+    resumed, s2 = run(tmp_path / "split", seed=0 if lora else 123, resume=True)
+    for (n, p1), p2 in zip(straight.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(p1, p2), n
+    a = [json.loads(ln) for ln in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(ln) for ln in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    for ra, rb in zip(a, b, strict=True):
+        assert {k: v for k, v in ra.items() if not k.startswith("time/")} == {
+            k: v for k, v in rb.items() if not k.startswith("time/")
+        }
+    for key in ("success_before", "success_after", "trained_tokens", "steps", "conversations"):
+        assert s1[key] == s2[key], key
+
+
+def test_sft_resume_refuses_other_data(tmp_path: Path, tokenizer: Any) -> None:
+    opts: dict[str, Any] = dict(
+        env_ids=[CALC], env_kwargs=KW, batch_size=2, steps=1, save_every=1, lr=1e-2, device="cpu",
+        tensorboard=False, progress=False, eval_before=False, eval_episodes=1, max_new_tokens=2,
+        output_dir=str(tmp_path),
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        train(SFTConfig(episodes=2, resume=True, **opts), tiny_model(len(tokenizer)), tokenizer)
+    train(SFTConfig(episodes=2, **opts), tiny_model(len(tokenizer)), tokenizer)
+    with pytest.raises(ConfigError, match="other data"):
+        train(SFTConfig(episodes=3, resume=True, **opts), tiny_model(len(tokenizer)), tokenizer)

@@ -3,6 +3,8 @@
 Every field of ``SFTConfig`` (toolgym.trainers.sft) is a flag (``--env-ids``, ``--episodes``, ``--data``,
 ``--lora-r``, ``--steps``, ``--eval-env-kwargs``, …); a YAML file (``--config``) gives the same keys and
 flags win. The run folder's ``model/`` is what ``toolgym train --init RUN_DIR`` starts from.
+``--save-every N`` writes ``RUN_DIR/checkpoint`` every N steps and ``--resume`` continues from it; SIGTERM or
+Ctrl-C saves it at the next step boundary and exits with 143 (130 for Ctrl-C): docs/sft.md.
 """
 
 from __future__ import annotations
@@ -43,9 +45,13 @@ def cmd_sft(args: argparse.Namespace) -> int:
     cfg = config_or_print(args, "sft", resolve)
     if cfg is None:
         return 0
+    from toolgym.trainers.preemption import Preempted
     from toolgym.trainers.sft import train
 
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except Preempted as stop:  # SIGTERM/SIGINT: the checkpoint is saved (the loop printed where)
+        return stop.exit_code
     before, after = summary.get("success_before"), summary.get("success_after")
     shown = " -> ".join(f"{x:.2f}" for x in (before, after) if x is not None)
     print(f"held-out success: {shown} ({summary['conversations']} conversations, {summary['steps']} steps)")

@@ -239,14 +239,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     require("torch", why="toolgym train needs torch and transformers")
     require("transformers", why="toolgym train needs torch and transformers")
-    if algorithm == "grpo":
-        from toolgym.trainers.grpo import train as train_grpo
+    from toolgym.trainers.preemption import Preempted
 
-        metrics = train_grpo(cfg)
-    else:
-        from toolgym.trainers.ppo import train as train_ppo
+    try:
+        if algorithm == "grpo":
+            from toolgym.trainers.grpo import train as train_grpo
 
-        metrics = train_ppo(cfg)
+            metrics = train_grpo(cfg)
+        else:
+            from toolgym.trainers.ppo import train as train_ppo
+
+            metrics = train_ppo(cfg)
+    except Preempted as stop:  # SIGTERM/SIGINT: the loop saved its checkpoint and printed where
+        return stop.exit_code
     keys = (
         "charts/episode_reward",
         "charts/success",

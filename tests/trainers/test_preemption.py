@@ -1,0 +1,284 @@
+"""Preemption (trainers/preemption.py): SIGTERM to a real `python -m toolgym train|sft` mid-run saves the last
+completed step, exits 143, and `--resume` ends where a run never stopped ends; the handler and the ranks'
+agreement in-process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.processes import running
+from tests.trainers.conftest import tiny_model, tiny_tokenizer
+from toolgym.trainers import checkpoint
+from toolgym.trainers.preemption import EXIT_SIGINT, EXIT_SIGTERM, REPEAT_S, Preempted, Preemption
+
+ROOT = Path(__file__).parents[2]
+# started by every subprocess (PYTHONPATH): the test envs, one whose episodes take `SLOW_S` seconds more,
+# and SFT micro-batches that take `SLOW_S` seconds more (so that a signal lands inside a run of tiny steps)
+SITE = f"""
+import os, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+import gymnasium as gym
+from tests.testing_env import VowelCountEnv, register
+import toolgym.trainers.sft as sft
+SLOW_S = float(os.environ.get("SLOW_S", "0"))
+register()
+class SlowVowel(VowelCountEnv):
+    def check_answer(self, answer):
+        time.sleep(SLOW_S)
+        return super().check_answer(answer)
+gym.register("tests/SlowVowel-v0", entry_point=SlowVowel, disable_env_checker=True)
+_losses = sft.token_losses
+def slow_losses(model, batch):
+    time.sleep(SLOW_S)
+    return _losses(model, batch)
+sft.token_losses = slow_losses
+"""
+TRAIN = ["--env-ids", "tests/SlowVowel-v0", "--prompts-per-step", "2", "--budget", "4", "--max-new-tokens", "6",
+         "--max-total-tokens", "256", "--lr", "1e-2", "--device", "cpu", "--threads", "1", "--no-tensorboard",
+         "--no-progress", "--eval-episodes", "1", "--micro-batch-rows", "4"]  # fmt: skip
+SFT = ["--env-ids", "toolgym/Calculator-v0", "--env-kwargs", '{"prompt_format": "text", "max_turns": 3}',
+       "--episodes", "4", "--batch-size", "1", "--lr", "1e-2", "--device", "cpu", "--threads", "1",
+       "--no-tensorboard", "--no-progress", "--eval-episodes", "1", "--max-new-tokens", "2", "--no-eval-before"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the tiny model (tiny/) and the sitecustomize.py above."""
+    folder = tmp_path_factory.mktemp("preempt")
+    (folder / "sitecustomize.py").write_text(SITE)
+    tok = tiny_tokenizer()
+    model = tiny_model(len(tok))  # type: ignore[arg-type]
+    model.save_pretrained(folder / "tiny")  # type: ignore[attr-defined]
+    tok.save_pretrained(folder / "tiny")  # type: ignore[attr-defined]
+    return folder
+
+
+def start(site: Path, args: list[str], slow_s: float) -> Any:
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "SLOW_S": str(slow_s)}
+    cmd = [sys.executable, "-m", "toolgym", *args, "--model", str(site / "tiny")]
+    return running(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(out: Path, step: int, proc: Any, timeout: float = 120) -> None:
+    """Until metrics.jsonl has a line for `step` (the run is then inside the next one)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        path = out / "metrics.jsonl"
+        if path.is_file() and f'"step": {step},' in path.read_text():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended first ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} in {timeout} s")
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's modules' tensors (the policy; PPO's value head too)."""
+    out = {}
+    for name in ("model", "value_head"):
+        path = folder / "checkpoint" / f"{name}.pt"
+        if path.is_file():
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            out |= {f"{name}.{k}": v for k, v in saved.items()}
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_sigterm_mid_run_saves_and_resume_ends_as_an_unstopped_run(
+    site: Path, tmp_path: Path, algorithm: str
+) -> None:
+    steps = ["--steps", "4"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    with (
+        start(site, ["train", algorithm, *TRAIN, *steps, "--output-dir", str(straight)], 0.0) as ref,
+        start(site, ["train", algorithm, *TRAIN, *steps, "--output-dir", str(split)], 0.1) as proc,
+    ):
+        wait_for_step(split, 1, proc)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        proc.send_signal(
+            signal.SIGTERM
+        )  # a copy within REPEAT_S (torchrun forwarding it) is not a second one
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == EXIT_SIGTERM, err[-3000:]
+        assert ref.wait(timeout=120) == 0
+    stopped = checkpoint.saved_step(split / "checkpoint")
+    assert stopped is not None and 1 <= stopped < 4  # the step in progress was finished, not the run
+    assert (
+        f"preempted at step {stopped} (SIGTERM): checkpoint in {split / 'checkpoint'}; resume with toolgym train"
+        in err
+    )
+    assert "--resume" in err.splitlines()[-1]
+    with start(
+        site, ["train", algorithm, *TRAIN, *steps, "--output-dir", str(split), "--resume"], 0.0
+    ) as again:
+        _, err = again.communicate(timeout=120)
+        assert again.returncode == 0, err[-3000:]
+    assert checkpoint.saved_step(split / "checkpoint") == 4
+    a, b = weights(straight), weights(split)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigterm_stops_sft_and_resume_matches(site: Path, tmp_path: Path) -> None:
+    steps = ["--steps", "6", "--save-every", "0"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    with (
+        start(site, ["sft", *SFT, *steps, "--output-dir", str(straight)], 0.0) as ref,
+        start(site, ["sft", *SFT, *steps, "--output-dir", str(split)], 0.3) as proc,
+    ):
+        wait_for_step(split, 1, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == EXIT_SIGTERM, err[-3000:]
+        assert ref.wait(timeout=120) == 0
+    stopped = checkpoint.saved_step(split / "checkpoint")
+    assert stopped is not None and 1 <= stopped < 6
+    assert f"preempted at step {stopped} (SIGTERM)" in err and "toolgym sft" in err
+    assert not (split / "model").exists()
+    with start(site, ["sft", *SFT, *steps, "--output-dir", str(split), "--resume"], 0.0) as again:
+        _, err = again.communicate(timeout=120)
+        assert again.returncode == 0, err[-3000:]
+    from safetensors.torch import load_file
+
+    a, b = (
+        load_file(straight / "model" / "model.safetensors"),
+        load_file(split / "model" / "model.safetensors"),
+    )
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_second_signal_stops_at_once(site: Path, tmp_path: Path) -> None:
+    """Episodes of 1 s: the step in progress would take ~4 s more; the second SIGTERM ends the run now,
+    without a checkpoint of its own (the one on disk is the last complete save)."""
+    out = tmp_path / "run"
+    args = ["train", "grpo", *TRAIN, "--budget", "2", "--steps", "3", "--output-dir", str(out)]
+    with start(site, args, 1.0) as proc:
+        wait_for_step(out, 1, proc, timeout=180)  # (step 1 logged: its first signal comes inside step 2)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(REPEAT_S + 0.5)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - t0 < 5
+    assert proc.returncode == EXIT_SIGTERM
+    assert "got SIGTERM again: stopping now" in err and "preempted at step" not in err
+
+
+WORKER = """
+import os, sys
+from pathlib import Path
+Path(sys.argv[1]).mkdir(parents=True, exist_ok=True)
+Path(sys.argv[1], f"rank{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+from toolgym.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_under_torchrun_one_ranks_signal_stops_every_rank(site: Path, tmp_path: Path) -> None:
+    """SIGTERM to rank 1 only (2 gloo ranks, DDP): both ranks stop at the same step boundary (no rank left
+    blocked in a collective), rank 0 saves that step and says so, both exit 143."""
+    from tests.trainers.test_distributed import free_port
+
+    out, worker = tmp_path / "run", tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    args = ["train", "grpo", *TRAIN, "--steps", "6", "--output-dir", str(out), "--model", str(site / "tiny")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(worker), str(out), *args]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "SLOW_S": "0.1", "OMP_NUM_THREADS": "1"}
+    with running(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        wait_for_step(out, 1, proc, timeout=180)
+        os.kill(int((out / "rank1.pid").read_text()), signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    stopped = checkpoint.saved_step(out / "checkpoint")
+    assert stopped is not None and 1 <= stopped < 6, err[-3000:]
+    assert f"preempted at step {stopped} (SIGTERM)" in err
+    assert proc.returncode != 0 and err.count("exitcode  : 143") == 2, err[-3000:]
+
+
+# ----- in-process: the handler and the agreement between ranks ------------------------------------------------
+class FakeDist:
+    """Two ranks as seen by one: `others` is what the other rank adds to the all_reduce."""
+
+    def __init__(self, rank: int, others: float, sharded: bool = False) -> None:
+        self.rank, self.world, self.others, self.sharded = rank, 2, others, sharded
+        self.calls: list[str] = []
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, value: float) -> float:
+        self.calls.append("all_reduce")
+        return value + self.others
+
+    def barrier(self) -> None:
+        self.calls.append("barrier")
+
+
+def test_a_signal_sets_the_flag_and_the_loop_saves_then_raises(tmp_path: Path) -> None:
+    saves: list[int] = []
+    before = signal.getsignal(signal.SIGINT)
+    with Preemption(resumed=False, saved=lambda s: s % 2 == 0) as stop:
+        stop.check(None, 0, tmp_path, lambda: saves.append(0))  # no signal: nothing
+        os.kill(os.getpid(), signal.SIGINT)  # handled: no KeyboardInterrupt
+        time.sleep(0.01)
+        with pytest.raises(Preempted) as info:
+            stop.check(None, 3, tmp_path, lambda: saves.append(3))
+    assert saves == [3] and info.value.exit_code == EXIT_SIGINT == 130
+    assert signal.getsignal(signal.SIGINT) is before  # restored
+    assert "preempted at step 3 (SIGINT)" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("resumed", "first", "step", "on_disk"),
+    [(False, True, 0, False), (True, True, 5, True), (False, False, 4, True), (False, False, 3, False)],
+)
+def test_no_second_save_of_a_checkpoint_on_disk(
+    tmp_path: Path, resumed: bool, first: bool, step: int, on_disk: bool
+) -> None:
+    saves: list[int] = []
+    stop = Preemption(resumed=resumed, saved=lambda s: s % 2 == 0)
+    if not first:
+        stop.check(None, step - 1, tmp_path, lambda: saves.append(-1))
+    stop.signum = signal.SIGTERM
+    with pytest.raises(Preempted) as info:
+        stop.check(None, step, tmp_path, lambda: saves.append(step))
+    assert saves == ([] if on_disk else [step]) and info.value.exit_code == EXIT_SIGTERM == 143
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_every_rank_stops_when_one_got_the_signal(tmp_path: Path, sharded: bool) -> None:
+    """Rank 1 got no signal, rank 0 did (the all_reduce says 1): both stop at the same boundary; rank 0 saves
+    (every rank when the model is sharded: DCP) and both wait at the barrier before exiting."""
+    for rank in (0, 1):
+        dist, saves = FakeDist(rank, others=float(rank == 1), sharded=sharded), []
+        stop = Preemption(resumed=False, saved=lambda s: False)
+        if rank == 0:
+            stop.signum = signal.SIGTERM
+        with pytest.raises(Preempted) as info:
+            stop.check(dist, 2, tmp_path, lambda saves=saves: saves.append(2))
+        assert info.value.exit_code == EXIT_SIGTERM
+        assert saves == ([2] if rank == 0 or sharded else [])
+        assert dist.calls == ["all_reduce", "barrier"]
+    quiet = FakeDist(0, others=0.0)
+    Preemption(resumed=False, saved=lambda s: False).check(quiet, 2, tmp_path, lambda: None)
+    assert quiet.calls == ["all_reduce"]  # no signal anywhere: one all_reduce a step, nothing else
+
+
+def test_a_run_stopped_between_the_renames_resumes_from_the_previous_save(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    folder = tmp_path / "checkpoint"
+    checkpoint.save(folder, {"model": model}, opt, checkpoint.Progress(step=3, data_pos=6))
+    folder.rename(tmp_path / "checkpoint.old")  # _swap's first rename done, its second not
+    assert checkpoint.saved_step(folder) == 3
+    assert checkpoint.load(folder, {"model": model}, opt).step == 3

@@ -1,0 +1,150 @@
+"""Preemption: a run that gets SIGTERM (SLURM, Kubernetes, torchrun's shutdown) or SIGINT (Ctrl-C) stops at the
+next step boundary with a checkpoint of its last completed step, in the format `resume` reads.
+
+The first signal only sets a flag; the loop calls `Preemption.check` at the top of every step. There all
+ranks sum their flags (one all_reduce of one number under torchrun), so a rank that alone got the signal
+stops the others at the same step and every rank takes part in the save (a sharded DCP save needs all of
+them; a rank that stopped alone would leave the others blocked in the next collective). Rank 0 (every rank
+under fsdp2) writes the checkpoint unless the one on disk already holds that step, the ranks meet at a
+barrier (so torchrun does not tear rank 0 down mid-save), rank 0 prints
+``preempted at step N: checkpoint in DIR; resume with …`` and `Preempted` is raised; the commands turn it
+into exit code 128 + the signal's number (`EXIT_SIGTERM` 143, `EXIT_SIGINT` 130).
+
+A second signal ends the process at once with the same code (``os._exit``: no cleanup, so envs are not
+closed; `toolgym sandbox doctor --prune` removes sandbox containers left behind). The checkpoint folder
+keeps its last complete save: saves are written aside and renamed, and `checkpoint.load` reads the
+previous one when a stop fell between the two renames. The same signal again within `REPEAT_S` counts as
+the first one's copy: torchrun forwards a signal to its workers, which SLURM (or the terminal, for
+Ctrl-C) has usually signalled themselves too.
+
+The step in progress when the signal arrives is finished, not abandoned: its rollouts and update run to
+the end, so the stop takes up to a step plus a save (give SLURM that much: ``#SBATCH --signal=TERM@120``
+and ``KillWait``; torchrun kills its workers 30 s after forwarding a signal).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from toolgym.errors import ToolgymError
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a process SIGTERM stopped
+EXIT_SIGINT = 128 + signal.SIGINT  # 130
+REPEAT_S = 1.0  # the same signal again within this many seconds is a copy of the first (torchrun forwards it)
+
+
+class Preempted(ToolgymError):
+    """The run stopped on a signal after saving the checkpoint of `step` in `folder`; `exit_code` is 128 +
+    the signal's number (143 for SIGTERM, 130 for SIGINT)."""
+
+    def __init__(self, step: int, folder: Path, signum: int) -> None:
+        self.step, self.folder, self.signum = step, folder, signum
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"preempted at step {step} ({signal.Signals(signum).name}): checkpoint in {folder}; "
+            f"resume with {resume_command()}"
+        )
+
+
+def resume_command() -> str:
+    """This process's command with ``--resume`` when it is the ``toolgym`` command; else what to set."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    via_module = spec is not None and spec.name == "toolgym.__main__"
+    if not (via_module or Path(sys.argv[0]).name == "toolgym") or len(sys.argv) < 2:
+        return "the same command and --resume (resume: true in the config)"
+    args = [a for a in sys.argv[1:] if a not in ("--resume", "--no-resume")]
+    return shlex.join(["toolgym", *args, "--resume"])
+
+
+class Preemption:
+    """SIGTERM/SIGINT handlers for the length of a run (a context manager; a no-op off the main thread,
+    where Python cannot install handlers). `saved(step)` says whether the loop has already written the
+    checkpoint of `step` (its `save_every` schedule); the first `check` is at the run's first step, where
+    a resumed run's checkpoint is the one on disk."""
+
+    def __init__(self, resumed: bool, saved: Callable[[int], bool]) -> None:
+        self.resumed = resumed
+        self.saved = saved
+        self.signum: int | None = None
+        self._at = 0.0  # when the first signal came (time.monotonic)
+        self._previous: dict[int, Any] = {}
+        self._checked = False
+
+    def __enter__(self) -> Preemption:
+        if threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self.signum is None:
+            self.signum, self._at = signum, now
+            print(
+                f"toolgym: got {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+                "(signal again to stop at once, without it)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        if signum == self.signum and now - self._at < REPEAT_S:
+            return  # the forwarded copy of the first signal
+        print(
+            f"toolgym: got {signal.Signals(signum).name} again: stopping now, without a checkpoint of this step",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        # at once: no unwinding (the episode loop would wait for its env calls, the rollout worker for its batch)
+        os._exit(128 + signum)
+
+    def requested(self, dist: Any = None) -> bool:
+        """Whether any rank got a signal (every rank must call it at the same point: one all_reduce)."""
+        flag = 0.0 if self.signum is None else 1.0
+        if dist is None or dist.world <= 1:
+            return flag > 0
+        if dist.sum(flag) == 0:
+            return False
+        if self.signum is None:  # another rank's signal: this rank stops as if it had got SIGTERM
+            self.signum = signal.SIGTERM
+        return True
+
+    def check(self, dist: Any, step: int, folder: Path, save: Callable[[], None]) -> None:
+        """At a step boundary (`step` steps done): when a signal came on any rank, write the checkpoint of
+        `step` through `save` (rank 0; every rank when the model is sharded) unless it is on disk already,
+        wait for every rank, and raise `Preempted`."""
+        first, self._checked = not self._checked, True
+        if not self.requested(dist):
+            return
+        on_disk = (self.resumed and first) or (step > 0 and not first and self.saved(step))
+        main = dist is None or dist.main
+        if not on_disk and (main or getattr(dist, "sharded", False)):
+            save()
+        if dist is not None:
+            dist.barrier()  # rank 0's save is complete before any rank exits
+        assert self.signum is not None
+        stop = Preempted(step, folder, self.signum)
+        if main:
+            print(f"toolgym: {stop}", file=sys.stderr, flush=True)
+        raise stop
