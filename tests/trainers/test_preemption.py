@@ -204,6 +204,41 @@ def test_under_torchrun_one_ranks_signal_stops_every_rank(site: Path, tmp_path: 
     assert proc.returncode != 0 and err.count("exitcode  : 143") == 2, err[-3000:]
 
 
+def test_an_asynchronous_run_stops_at_the_step_boundary(
+    tmp_path: Path, tokenizer: Any, monkeypatch: Any
+) -> None:
+    """max_staleness 1 (the rollout worker thread runs ahead): SIGTERM right after step 1 stops the run there,
+    the worker is stopped, and the run resumes to its end (not bit for bit: docs/trainer.md, asynchronous
+    rollouts, item 5)."""
+    import threading
+
+    from tests.trainers.conftest import register_fake_env
+    from tests.trainers.test_train import SMALL, records
+    from toolgym.trainers.grpo import GRPOConfig
+    from toolgym.trainers.grpo import train as train_grpo
+    from toolgym.trainers.metrics_log import MetricsLog
+
+    register_fake_env()
+    log = MetricsLog.log
+
+    def log_then_signal(self: MetricsLog, step: int, metrics: dict[str, float]) -> None:
+        log(self, step, metrics)
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(MetricsLog, "log", log_then_signal)
+    before = set(threading.enumerate())
+    opts = dict(SMALL, steps=3, max_staleness=1, output_dir=str(tmp_path))
+    with pytest.raises(Preempted) as info:
+        train_grpo(GRPOConfig(**opts), tiny_model(len(tokenizer)), tokenizer)
+    assert info.value.step == 1 and info.value.exit_code == EXIT_SIGTERM
+    assert checkpoint.saved_step(tmp_path / "checkpoint") == 1
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]  # the worker was stopped
+    monkeypatch.setattr(MetricsLog, "log", log)
+    train_grpo(GRPOConfig(**opts, resume=True), tiny_model(len(tokenizer), seed=5), tokenizer)
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
+
+
 # ----- in-process: the handler and the agreement between ranks ------------------------------------------------
 class FakeDist:
     """Two ranks as seen by one: `others` is what the other rank adds to the all_reduce."""
