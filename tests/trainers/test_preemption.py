@@ -204,6 +204,27 @@ def test_under_torchrun_one_ranks_signal_stops_every_rank(site: Path, tmp_path: 
     assert proc.returncode != 0 and err.count("exitcode  : 143") == 2, err[-3000:]
 
 
+def test_the_split_layout_stops_on_a_signal_to_every_process(site: Path, tmp_path: Path) -> None:
+    """`rollout_ranks` 1 under torchrun, SIGTERM to the whole process group (what SLURM and Ctrl-C do; torchrun
+    forwards it again): the rollout rank serves on while the learner finishes its step and saves it."""
+    from tests.trainers.test_distributed import free_port
+
+    out, worker = tmp_path / "run", tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    args = ["train", "grpo", *TRAIN, "--steps", "6", "--max-staleness", "2", "--rollout-ranks", "1",
+            "--output-dir", str(out), "--model", str(site / "tiny")]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(worker), str(out), *args]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "SLOW_S": "0.1", "OMP_NUM_THREADS": "1"}
+    with running(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        wait_for_step(out, 1, proc, timeout=180)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    stopped = checkpoint.saved_step(out / "checkpoint")
+    assert stopped is not None and 1 <= stopped < 6, err[-3000:]
+    assert f"preempted at step {stopped} (SIGTERM)" in err, err[-3000:]
+
+
 def test_an_asynchronous_run_stops_at_the_step_boundary(
     tmp_path: Path, tokenizer: Any, monkeypatch: Any
 ) -> None:
