@@ -5,6 +5,7 @@ agreement in-process."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,14 +184,16 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def test_under_torchrun_one_ranks_signal_stops_every_rank(site: Path, tmp_path: Path) -> None:
-    """SIGTERM to rank 1 only (2 gloo ranks, DDP): both ranks stop at the same step boundary (no rank left
-    blocked in a collective), rank 0 saves that step and says so, both exit 143."""
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_under_torchrun_one_ranks_signal_stops_every_rank(site: Path, tmp_path: Path, parallel: str) -> None:
+    """SIGTERM to rank 1 only (2 gloo ranks): both ranks stop at the same step boundary (no rank left blocked
+    in a collective), rank 0 saves that step (both ranks under fsdp2: DCP shards) and says so, both exit 143."""
     from tests.trainers.test_distributed import free_port
 
     out, worker = tmp_path / "run", tmp_path / "worker.py"
     worker.write_text(WORKER)
-    args = ["train", "grpo", *TRAIN, "--steps", "6", "--output-dir", str(out), "--model", str(site / "tiny")]
+    args = ["train", "grpo", *TRAIN, "--steps", "6", "--output-dir", str(out), "--model", str(site / "tiny"),
+            "--parallel", parallel]  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(worker), str(out), *args]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "SLOW_S": "0.1", "OMP_NUM_THREADS": "1"}
@@ -201,7 +204,11 @@ def test_under_torchrun_one_ranks_signal_stops_every_rank(site: Path, tmp_path: 
     stopped = checkpoint.saved_step(out / "checkpoint")
     assert stopped is not None and 1 <= stopped < 6, err[-3000:]
     assert f"preempted at step {stopped} (SIGTERM)" in err
-    assert proc.returncode != 0 and err.count("exitcode  : 143") == 2, err[-3000:]
+    # torchrun ends a rank still tearing down when another has exited: 143 from the first, 143 or -15 (SIGTERM
+    # after the run's handlers were removed) from the other
+    codes = re.findall(r"exitcode\s+: (-?\d+)", err)
+    assert proc.returncode != 0 and "143" in codes and set(codes) <= {"143", "-15"}, err[-3000:]
+    assert (out / "checkpoint" / "dcp").is_dir() == (parallel == "fsdp2")
 
 
 def test_the_split_layout_stops_on_a_signal_to_every_process(site: Path, tmp_path: Path) -> None:
