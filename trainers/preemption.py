@@ -57,14 +57,22 @@ class Preempted(ToolgymError):
 
 
 def resume_command() -> str:
-    """This process's command with ``--resume`` when it is the ``toolgym`` command; else what to set."""
+    """This process's command with ``--resume`` when it is the ``toolgym`` command; else what to set.
+
+    >>> import sys; argv, sys.argv = sys.argv, ["toolgym", "train", "--config", "my run.yaml", "--no-resume"]
+    >>> resume_command()
+    "toolgym train --config 'my run.yaml' --resume"
+    >>> sys.argv = argv
+    """
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     via_module = spec is not None and spec.name == "toolgym.__main__"
     if not (via_module or Path(sys.argv[0]).name == "toolgym") or len(sys.argv) < 2:
         return "the same command and --resume (resume: true in the config)"
-    args = [a for a in sys.argv[1:] if a not in ("--resume", "--no-resume")]
-    return shlex.join(["toolgym", *args, "--resume"])
+    args = shlex.join([a for a in sys.argv[1:] if a not in ("--resume", "--no-resume")])
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: its own options are not in our argv
+        return f"torchrun ... -m toolgym {args} --resume"
+    return f"toolgym {args} --resume"
 
 
 class Preemption:
