@@ -342,7 +342,7 @@ class PolicyServer(AppServer):
         replies: list[_Reply | Exception] = []
         for j, (_, tools), prompt, gen in zip(jobs, prepared, prompts, gens, strict=True):
             turn = policy.to_turn(gen, tools, len(prompt))
-            failed = _failed(turn)
+            failed: InfrastructureError | None = _failed(turn)
             if failed is None and len(turn.logprobs) != len(turn.token_ids):
                 failed = InfrastructureError(
                     f"the policy returned {len(turn.logprobs)} logprobs for {len(turn.token_ids)} tokens"
@@ -354,8 +354,8 @@ class PolicyServer(AppServer):
             if j.top_k and gen.token_ids:
                 reply.top = self._top_logprobs(prompt, gen.token_ids, j.top_k, sampling)
             replies.append(reply)
-        for i, reply in zip(keep, replies, strict=True):
-            out[i] = reply
+        for i, answer in zip(keep, replies, strict=True):
+            out[i] = answer
         return out
 
     def context_problem(self, prompt_tokens: int, max_tokens: int) -> str | None:

@@ -210,8 +210,19 @@ class RemoteEnv:
 
     # ----- the actor ---------------------------------------------------------------------------------------
     def _start(self) -> None:
-        self._actor = self._workers.new_actor(self.env_id, self._kwargs, self._unwrap)
-        about = self._get(self._actor.describe.remote(), self._workers.spec.start_timeout_s)
+        """A new actor. One that dies before it runs (placed on a node that has just died, which the cluster
+        still lists as alive) is made again, on the next node of the round robin; one that no node takes
+        within ``start_timeout_s`` is not (another try would wait as long)."""
+        tries = 3
+        for attempt in range(tries):
+            self._actor = self._workers.new_actor(self.env_id, self._kwargs, self._unwrap)
+            try:
+                about = self._get(self._actor.describe.remote(), self._workers.spec.start_timeout_s)
+                break
+            except InfrastructureError as exc:
+                timed_out = type(exc.__cause__).__name__ == "GetTimeoutError"
+                if timed_out or attempt == tries - 1:
+                    raise
         self.pid, self.node, self.supports_fork = about["pid"], about["node"], about["supports_fork"]
 
     def _get(self, ref: Any, timeout: float | None = -1.0) -> Any:

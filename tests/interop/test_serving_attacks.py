@@ -229,3 +229,44 @@ def test_reward_server_attacks(reward_url: str) -> None:
     assert big.status_code == 413 and "detail" in big.json()
     assert httpx.get(f"{reward_url}/nothing", timeout=10).json()["detail"]
     assert post({"query": "notalist"}).status_code == 422
+
+
+def test_websocket_attacks(server: EnvServer, http: httpx.Client) -> None:
+    """Over /ws: bad frames are typed errors and the connection goes on (a binary frame was a KeyError in
+    the handler); a hung env is ENV_TIMEOUT and ends the connection; no session is left open."""
+    websockets = pytest.importorskip("websockets")
+    import asyncio
+    import json
+
+    RELEASE.clear()
+    before = sessions(http)
+
+    async def talk() -> list[Any]:
+        got: list[Any] = []
+        async with websockets.connect(f"{server.ws_url}/ws") as ws:
+            for frame in ["{oops", "[]", b"\x00\xff", '{"type": "fly"}', '{"type": "reset", "data": {"seed": 1}}',
+                          '{"type": "step", "data": {"message": "hang"}}']:  # fmt: skip
+                await ws.send(frame)
+                got.append(json.loads(await ws.recv()))
+            try:
+                got.append(await asyncio.wait_for(ws.recv(), 10))
+            except websockets.ConnectionClosed:
+                got.append("closed")
+        return got
+
+    got = asyncio.run(talk())
+    RELEASE.set()
+    codes = [g["data"].get("code") if isinstance(g, dict) else g for g in got]
+    assert codes == [
+        "INVALID_JSON",
+        "INVALID_JSON",
+        "INVALID_JSON",
+        "UNKNOWN_TYPE",
+        None,
+        "ENV_TIMEOUT",
+        "closed",
+    ]
+    deadline = time.monotonic() + 10
+    while sessions(http) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sessions(http) == before

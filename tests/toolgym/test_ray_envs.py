@@ -415,3 +415,49 @@ def tokenizer() -> object:
     from tests.trainers.conftest import tiny_tokenizer
 
     return tiny_tokenizer()
+
+
+# ----- last: a node of the cluster goes away (the module's cluster keeps one node after this) --------------
+def test_a_lost_node_is_env_error_for_its_envs_and_new_envs_go_to_the_live_node(
+    local: Any, workers: Any
+) -> None:
+    """The worker node crashes (its `ray start` process group killed; its actors exit when they see their
+    raylet gone): a step of the env that lived there raises InfrastructureError (its episode's env_error), the env on the head answers on, and a new env
+    is placed on the live node (the soft affinity falls back) without waiting for the dead one."""
+    import time
+
+    from toolgym.errors import InfrastructureError
+
+    kwargs = {"prompt_format": "text"}
+    envs = [workers.make(CALC, kwargs) for _ in range(2)]
+    assert len({e.node for e in envs}) == 2
+    for e in envs:
+        e.reset(seed=1)
+    os.killpg(local.procs[1].pid, signal.SIGKILL)  # the worker node crashes: its `ray start` group, by id
+    local.procs[1].wait(timeout=60)
+    deadline = time.monotonic() + 60  # its workers see their raylet gone and exit
+    while all(_alive(e.pid) for e in envs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    outcomes: list[str] = []
+    for e in envs:
+        try:
+            e.step("<answer>0</answer>")
+            outcomes.append("ok")
+        except InfrastructureError as exc:
+            assert "lost" in str(exc)
+            outcomes.append("lost")
+    assert sorted(outcomes) == ["lost", "ok"], outcomes
+    t0 = time.monotonic()
+    fresh = workers.make(CALC, kwargs)
+    assert _expert_episode(fresh, 2)[-1][2]  # a whole episode, on the head
+    assert time.monotonic() - t0 < 60
+    for e in [*envs, fresh]:
+        e.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

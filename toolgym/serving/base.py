@@ -55,6 +55,8 @@ class GuardBody:
     pass it) and one that takes longer than ``limits.body_timeout_s`` to arrive (408); the app then gets the
     body whole. (FastAPI reads the whole body before a handler runs anyway, so nothing streams less.)"""
 
+    DRAIN_BYTES = 16 * 2**20
+
     def __init__(self, app: Any, limits: Limits, error_body: ErrorBody) -> None:
         self.app, self.limits, self.error_body = app, limits, error_body
 
@@ -63,15 +65,16 @@ class GuardBody:
             await self.app(scope, receive, send)
             return
         limit = self.limits.max_body_bytes
+        deadline = time.monotonic() + self.limits.body_timeout_s
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             shown = length.decode(errors="replace")[:40]
+            await self._drain(receive, deadline, int(length) if length.isdigit() else 0)
             await self._refuse(send, 413, f"the request body is {shown} bytes; this server takes at most {limit}",
                                "body_too_large")  # fmt: skip
             return
         chunks: list[bytes] = []
         read = 0
-        deadline = time.monotonic() + self.limits.body_timeout_s
         while True:
             try:
                 message = await asyncio.wait_for(receive(), timeout=max(0.001, deadline - time.monotonic()))
@@ -84,6 +87,8 @@ class GuardBody:
             chunks.append(message.get("body", b""))
             read += len(chunks[-1])
             if read > limit:
+                if message.get("more_body", False):
+                    await self._drain(receive, deadline, 0)
                 await self._refuse(send, 413, f"the request body is over {limit} bytes", "body_too_large")
                 return
             if not message.get("more_body", False):
@@ -99,6 +104,21 @@ class GuardBody:
             return await receive()  # (a disconnect, which a streamed response listens for)
 
         await self.app(scope, replay, send)
+
+    async def _drain(self, receive: Any, deadline: float, length: int) -> None:
+        """Reads and drops the rest of a refused body when it is at most ``DRAIN_BYTES`` (so the client, still
+        sending, reads the 413 instead of a reset connection); a bigger one is cut off unread."""
+        if length > self.DRAIN_BYTES:
+            return
+        dropped = 0
+        while dropped <= self.DRAIN_BYTES and (left := deadline - time.monotonic()) > 0:
+            try:
+                message = await asyncio.wait_for(receive(), timeout=left)
+            except asyncio.TimeoutError:
+                return
+            dropped += len(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
 
     async def _refuse(self, send: Any, status: int, message: str, code: str) -> None:
         body = json.dumps(self.error_body(status, message, code)).encode()

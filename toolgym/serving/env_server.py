@@ -492,7 +492,9 @@ def build_env_app(server: EnvServer) -> Any:
             return
         try:
             while True:
-                raw = await websocket.receive_text()
+                raw = await _receive(websocket)
+                if raw is None:
+                    break
                 reply, end = await _answer(server, session, raw)
                 if reply is not None:
                     await websocket.send_text(json.dumps(reply))
@@ -508,14 +510,31 @@ def build_env_app(server: EnvServer) -> Any:
     return app
 
 
-async def _answer(server: EnvServer, session: Session, raw: str) -> tuple[dict[str, Any] | None, bool]:
+async def _receive(websocket: WebSocket) -> str | bytes | None:
+    """The next message's text (a binary frame's bytes, answered as invalid JSON unless they are UTF-8 JSON),
+    or None when the client has gone."""
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        return None
+    text = message.get("text")
+    return text if text is not None else bytes(message.get("bytes") or b"")
+
+
+async def _answer(
+    server: EnvServer, session: Session, raw: str | bytes
+) -> tuple[dict[str, Any] | None, bool]:
     """The reply to one WebSocket message, and whether the connection ends after it."""
     pool = server.pool
     try:
         payload = json.loads(raw)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return error_message(ErrorCode.INVALID_JSON, f"invalid JSON: {exc}"), False
-    kind = payload.get("type") if isinstance(payload, dict) else None
+    if not isinstance(payload, dict):
+        return error_message(
+            ErrorCode.INVALID_JSON,
+            f'a message is a JSON object {{"type", "data"}}, not {type(payload).__name__}',
+        ), False
+    kind = payload.get("type")
     if kind not in ("reset", "step", "state", "close", "expert"):
         return error_message(
             ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind!r}; use reset, step, state or close"
