@@ -64,6 +64,10 @@ class SFTConfig(DataConfig):
     eval_before: bool = field(default=True, metadata={"help": "also evaluate before training (step 0)"})
     eval_episodes: int = field(default=64, metadata={"help": "held-out episodes per evaluation (greedy)"})
     output_dir: str = field(default="runs/sft", metadata={"help": "run folder (model/, metrics, plots)"})
+    save_every: int = field(
+        default=0,
+        metadata={"help": "write RUN_DIR/checkpoint every N steps for --resume (0: only on SIGTERM/Ctrl-C)"},
+    )
 
     def validate(self) -> None:
         super().validate()
