@@ -220,7 +220,9 @@ class ServerBackend:
     failure in a row, at most 60 s): new requests and sticky ones go to live servers meanwhile (a hung server
     would otherwise cost every request routed to it a whole ``timeout``). A request that moved is re-routed to
     where it ran, so the episode's next turns follow it there. A server that comes back takes requests again
-    after its cooldown."""
+    after its cooldown; with ``track_weights`` (the trainer pushes weights to the servers), one that could not
+    be reached at all (a restart: it came back with the weights it was started with) takes none until the next
+    push (``pushed()``): its turns would be sampled from stale weights and trained on as on-policy."""
 
     MAX_ROUTES = 200_000  # forget the routing table past this many sequences (an evaluation that never syncs)
     ROUNDS = 3  # passes over every server before a request is an InfrastructureError (a restart, a spike)
@@ -261,9 +263,16 @@ class ServerBackend:
         self.down_until = [0.0] * len(self.urls)  # (monotonic) a server that failed is not chosen until then
         self.strikes = [0] * len(self.urls)  # failures in a row
         self.finished: list[tuple[str, Completed]] = []  # ended, not yet returned (a poll that raised)
+        self.track_weights = False  # set when the trainer pushes weights to the servers (nccl, disk)
+        self.stale = [False] * len(self.urls)  # unreachable since the last push: may have restarted
 
     def is_down(self, server: int) -> bool:
-        return time.monotonic() < self.down_until[server]
+        return time.monotonic() < self.down_until[server] or self.stale[server]
+
+    def pushed(self) -> None:
+        """The trainer's weights reached every server: those that were unreachable hold them again."""
+        with self.lock:
+            self.stale = [False] * len(self.urls)
 
     def mark(self, server: int, ok: bool) -> None:
         """A request's outcome on ``server``: a failure puts it in cooldown, a success ends that."""
@@ -337,6 +346,14 @@ class ServerBackend:
                     time.sleep(self.backoff_s * 2 ** (k // n - 1))
                 if k % n == 0:
                     order = self._order(server)
+                    if all(self.stale[i] for i in order):
+                        raise InfrastructureError(
+                            "every rollout server was unreachable since the last weight push: their weights may "
+                            "be the ones they were started with (a restart); errors: " + "; ".join(errors)
+                        )
+                    order = [i for i in order if not self.stale[i]]
+                if k % n >= len(order):
+                    continue  # (a stale server is not tried: its answers would be off-policy)
                 at = order[k % n]
                 url = f"{self.urls[at]}/v1/completions"
                 try:
@@ -345,6 +362,9 @@ class ServerBackend:
                     errors.append(f"{self.urls[at]} unreachable: {type(exc).__name__}: {exc}")
                     self.failovers += 1
                     self.mark(at, ok=False)
+                    if self.track_weights and isinstance(exc, httpx.ConnectError):  # down: it may restart
+                        with self.lock:
+                            self.stale[at] = True
                     continue
                 if resp.status_code >= 500 or resp.status_code in self.RETRY_STATUS:
                     errors.append(f"{url} answered {resp.status_code}: {resp.text[:300]}")
@@ -901,6 +921,8 @@ class VLLMPolicy(RenderedTokenPolicy):
             self.sync.push(self.model)
             self._pushed = version
             self.backend.reset()
+            if isinstance(self.backend, ServerBackend) and not isinstance(self.sync, NoSync):
+                self.backend.pushed()
         if self.llm is not None and self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
         self.asleep = False
@@ -1043,6 +1065,7 @@ def make_vllm_policy(
             sync = NoSync()
         else:
             raise ConfigError(f"weight_sync must be auto, nccl, disk or none, got {weight_sync!r}")
+        backend.track_weights = mode != "none"
         out = VLLMPolicy(model, tok, backend, sync=sync, **common)
         where = f"{len(servers)} vLLM server(s), weight sync {mode}"
     if not quiet:

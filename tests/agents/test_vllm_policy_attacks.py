@@ -259,3 +259,33 @@ def test_a_failed_request_loses_no_other_turn_and_leaves_the_engine_usable(stand
         assert engine.run() == [again] and again.out == [5, 6]
     finally:
         backend.close()
+
+
+# ----- a server that restarted holds its start-up weights ---------------------------------------------------
+def test_a_server_that_went_away_takes_no_turn_until_the_next_weight_push(stand_ins: list[StandIn]) -> None:
+    """With weights pushed by the trainer, a server that could not be reached may have restarted with the
+    weights it was started with: its turns would be off-policy. It takes none until the next push (after its
+    cooldown it would have); every server in that state is a typed error, never a silent stale turn."""
+    a, b = StandIn(), StandIn()
+    stand_ins += [a, b]
+    backend = backend_for([a, b], cooldown_s=0.05)
+    backend.track_weights = True
+    try:
+        a.down()
+        run_one(backend, [1], "r1")
+        a.up()
+        time.sleep(0.1)  # past the cooldown
+        for i in range(3):
+            run_one(backend, [10 + i], f"n{i}")
+        assert a.seen == [] and len(b.seen) == 4
+        backend.pushed()
+        run_one(backend, [20], "after-push")  # least loaded: the first server again
+        assert a.seen == [[20]]
+        a.down()
+        b.down()
+        backend.submit("lost", [30], {"max_tokens": 4})
+        with pytest.raises(RequestFailed, match="unreachable since the last weight push"):
+            for _ in range(ServerBackend.ROUNDS + 1):
+                backend.poll()
+    finally:
+        backend.close()
