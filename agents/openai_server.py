@@ -266,9 +266,7 @@ class PolicyServer(AppServer):
                 by_sampling.setdefault(j.sampling, []).append(j)
             for sampling, jobs in by_sampling.items():
                 try:
-                    replies: list[_Reply | Exception] = list(self._answer(jobs, sampling))
-                except Exception as exc:  # answered as a 500 to each waiting request
-                    replies = [exc] * len(jobs)
+                    replies: list[_Reply | Exception] = self._isolated(jobs, sampling)
                 except BaseException as exc:  # (SystemExit, KeyboardInterrupt) ends the batcher: answer first
                     for j in batch:
                         if not j.future.done():
@@ -285,6 +283,23 @@ class PolicyServer(AppServer):
                         j.future.set_result(reply)
                     if j.sink is not None:
                         j.sink.push(j.choice, None)
+
+    def _isolated(self, jobs: list[_Job], sampling: SamplingParams) -> list[_Reply | Exception]:
+        """Each job's reply. When the batch fails, each job is answered alone, so one client's request that
+        breaks the policy fails that request only, not the requests batched with it (streamed jobs are not
+        run again: their clients already have tokens of the failed run)."""
+        try:
+            return list(self._answer(jobs, sampling))
+        except Exception as exc:
+            if len(jobs) == 1 or any(j.sink is not None for j in jobs):
+                return [exc] * len(jobs)
+        out: list[_Reply | Exception] = []
+        for j in jobs:
+            try:
+                out += self._answer([j], sampling)
+            except Exception as exc:  # answered as a 500 to that request
+                out.append(exc)
+        return out
 
     def _conversation(self, conv: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
         """The conversation and tools as the model gets them: tools in the system prompt when the template

@@ -222,6 +222,36 @@ def test_a_policy_that_ends_the_batcher_leaves_no_request_waiting() -> None:
         _error(client.post("/chat/completions", json=CHAT), 503, "shutting down")
 
 
+def test_a_request_that_breaks_the_policy_fails_only_itself() -> None:
+    """Requests batched together: one whose conversation makes the policy raise gets the 500, the others their
+    replies (was: every request of the batch got the 500)."""
+
+    class Poisoned(Echo):
+        sizes: list[int] = []
+
+        def act(self, conversations: Any, *a: Any, **kw: Any) -> list[Any]:
+            self.sizes.append(len(conversations))
+            if any("poison" in m["content"] for c in conversations for m in c):
+                raise ValueError("the tokenizer choked")
+            return super().act(conversations, *a, **kw)
+
+    with PolicyServer(Poisoned(), port=0, batch_window_s=1.0) as server:
+        client = httpx.Client(base_url=server.url, timeout=30)
+        codes: dict[str, int] = {}
+
+        def go(text: str) -> None:
+            body = {"messages": [{"role": "user", "content": text}], "max_tokens": 2}
+            codes[text] = client.post("/chat/completions", json=body).status_code
+
+        threads = [threading.Thread(target=go, args=(t,)) for t in ("a", "poison", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert codes == {"a": 200, "poison": 500, "b": 200}
+        assert Poisoned.sizes[0] > 1 and Poisoned.sizes.count(1) >= 2  # a batch with the poison, then each alone
+
+
 def _sampling() -> Any:
     from toolgym.agents.policy import SamplingParams
 
