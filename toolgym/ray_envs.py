@@ -17,7 +17,7 @@ Where the envs run (``parse_env_workers``):
   node of the cluster) or ``ray:auto``.
 
 Faults: a worker that dies (its process killed, its node lost) or does not answer within ``call_timeout_s``
-(600 s by default: a hung env must not hang the run) raises ``InfrastructureError`` from the call (the
+(1800 s by default: a hung env must not hang the run, and a reset that pulls an image may take minutes) raises ``InfrastructureError`` from the call (the
 actor is killed), which the loops already turn into ``truncation == "env_error"`` for that episode (never
 scored as the model's failure); the loops close a broken env and make a new one, which is a new actor. An
 idle pooled proxy whose actor died is given a new actor at its next ``reset`` (nothing of an episode is
@@ -66,7 +66,7 @@ class RaySpec:
     address: str | None = None
     num_cpus: float | None = None
     resources: dict[str, float] = field(default_factory=dict)
-    call_timeout_s: float | None = 600.0
+    call_timeout_s: float | None = 1800.0  # (a reset may pull a container image: minutes; a hang: forever)
     start_timeout_s: float = 120.0
 
 
