@@ -300,7 +300,7 @@ class EnvServer(AppServer):
         max_sessions: int = 64,
         idle_timeout_s: float | None = 600.0,
         expert: bool = False,
-        call_timeout_s: float | None = 600.0,
+        call_timeout_s: float | None = 1800.0,
         limits: Limits | None = None,
     ) -> None:
         import gymnasium as gym
