@@ -109,7 +109,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     if cfg.rollout_ranks:  # split layout: rollout ranks serve batches and return; learners train on theirs
         layout = Layout.join(dist, cfg)
         if layout.rollout:
-            with Preemption(cfg.resume, lambda s: True):  # a first SIGTERM: serve on while the learners save
+            with Preemption(cfg.resume, lambda s: True, doing="serving on until the learners have saved"):
                 return serve(cfg, layout, model, tokenizer)
         dist = layout.learner_dist()
     if cfg.prompts_per_step % dist.world:

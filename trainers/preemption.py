@@ -24,6 +24,7 @@ and ``KillWait``; torchrun kills its workers 30 s after forwarding a signal).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -75,15 +76,28 @@ def resume_command() -> str:
     return f"toolgym {args} --resume"
 
 
+def _say(line: str) -> None:
+    """One line to stderr from a signal handler: straight to the file descriptor (a `print` there can land
+    inside the interrupted code's own write to sys.stderr, and Python refuses that reentrant call)."""
+    with contextlib.suppress(OSError):
+        os.write(2, (line + "\n").encode())
+
+
 class Preemption:
     """SIGTERM/SIGINT handlers for the length of a run (a context manager; a no-op off the main thread,
     where Python cannot install handlers). `saved(step)` says whether the loop has already written the
     checkpoint of `step` (its `save_every` schedule); the first `check` is at the run's first step, where
     a resumed run's checkpoint is the one on disk."""
 
-    def __init__(self, resumed: bool, saved: Callable[[int], bool]) -> None:
+    def __init__(
+        self,
+        resumed: bool,
+        saved: Callable[[int], bool],
+        doing: str = "finishing this step, then saving a checkpoint",
+    ) -> None:
         self.resumed = resumed
         self.saved = saved
+        self.doing = doing  # what the first signal's line says the process does now
         self.signum: int | None = None
         self._at = 0.0  # when the first signal came (time.monotonic)
         self._previous: dict[int, Any] = {}
@@ -107,23 +121,14 @@ class Preemption:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
+        name = signal.Signals(signum).name
         if self.signum is None:
             self.signum, self._at = signum, now
-            print(
-                f"toolgym: got {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-                "(signal again to stop at once, without it)",
-                file=sys.stderr,
-                flush=True,
-            )
+            _say(f"toolgym: got {name}: {self.doing} (signal again to stop at once, without it)")
             return
         if signum == self.signum and now - self._at < REPEAT_S:
             return  # the forwarded copy of the first signal
-        print(
-            f"toolgym: got {signal.Signals(signum).name} again: stopping now, without a checkpoint of this step",
-            file=sys.stderr,
-            flush=True,
-        )
-        sys.stdout.flush()
+        _say(f"toolgym: got {name} again: stopping now, without a checkpoint of this step")
         # at once: no unwinding (the episode loop would wait for its env calls, the rollout worker for its batch)
         os._exit(128 + signum)
 
