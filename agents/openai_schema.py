@@ -101,6 +101,16 @@ class _Sampled:
     def max_new_tokens(self) -> int:
         raise NotImplementedError
 
+    def check_stops(self, most: int) -> None:
+        """At most ``most`` stop strings of at most 1024 characters each: every sampled token is checked against
+        them, so a client sending thousands would slow the batch every other client shares."""
+        stop = self.stop or ()
+        stops = (stop,) if isinstance(stop, str) else tuple(stop)
+        if len(stops) > most:
+            raise ValueError(f"at most {most} stop sequences, got {len(stops)}")
+        if any(len(x) > 1024 for x in stops):
+            raise ValueError("a stop sequence is at most 1024 characters")
+
     @property
     def stops(self) -> tuple[str, ...]:
         stop = self.stop or ()
@@ -140,8 +150,7 @@ class ChatCompletionRequest(_Sampled, BaseModel):
     def _check(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        if isinstance(self.stop, list) and len(self.stop) > 4:
-            raise ValueError("at most 4 stop sequences")
+        self.check_stops(4)
         if self.tool_choice not in (None, "none", "auto") and not self.tools:
             raise ValueError("tool_choice needs tools")
         if isinstance(self.tool_choice, dict):
@@ -212,6 +221,7 @@ class CompletionRequest(_Sampled, BaseModel):
             raise ValueError("top_k is not supported (give 0, -1 or leave it out)")
         if self.repetition_penalty not in (None, 1.0):
             raise ValueError("repetition_penalty is not supported (give 1.0 or leave it out)")
+        self.check_stops(64)
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt is empty")
         if isinstance(self.prompt, list) and any(isinstance(p, list) and not p for p in self.prompt):

@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -105,6 +105,8 @@ BAD_COMPLETIONS = {
     "negative logprobs": ('{"prompt": [1], "logprobs": -1}', "logprobs"),
     "boolean stop ids": ('{"prompt": [1], "stop_token_ids": [true]}', "stop_token_ids"),
     "streamed": ('{"prompt": [1], "stream": true}', "stream"),
+    "thousands of stop strings": (json.dumps({"prompt": [1], "stop": ["x"] * 5000}), "at most 64 stop"),
+    "a huge stop string": (json.dumps({"prompt": [1], "stop": "x" * 5000}), "at most 1024"),
 }
 
 
@@ -227,7 +229,7 @@ def test_a_request_that_breaks_the_policy_fails_only_itself() -> None:
     replies (was: every request of the batch got the 500)."""
 
     class Poisoned(Echo):
-        sizes: list[int] = []
+        sizes: ClassVar[list[int]] = []
 
         def act(self, conversations: Any, *a: Any, **kw: Any) -> list[Any]:
             self.sizes.append(len(conversations))
@@ -249,7 +251,9 @@ def test_a_request_that_breaks_the_policy_fails_only_itself() -> None:
         for t in threads:
             t.join(30)
         assert codes == {"a": 200, "poison": 500, "b": 200}
-        assert Poisoned.sizes[0] > 1 and Poisoned.sizes.count(1) >= 2  # a batch with the poison, then each alone
+        assert (
+            Poisoned.sizes[0] > 1 and Poisoned.sizes.count(1) >= 2
+        )  # a batch with the poison, then each alone
 
 
 def _sampling() -> Any:
