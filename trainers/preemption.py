@@ -11,7 +11,8 @@ barrier (so torchrun does not tear rank 0 down mid-save), rank 0 prints
 into exit code 128 + the signal's number (`EXIT_SIGTERM` 143, `EXIT_SIGINT` 130).
 
 A second signal ends the process at once with the same code (``os._exit``: no cleanup, so envs are not
-closed; `toolgym sandbox doctor --prune` removes sandbox containers left behind). The checkpoint folder
+closed; `toolgym sandbox doctor --prune` removes sandbox containers left behind); in a Jupyter kernel a
+second interrupt raises KeyboardInterrupt instead. The checkpoint folder
 keeps its last complete save: saves are written aside and renamed, and `checkpoint.load` reads the
 previous one when a stop fell between the two renames. The same signal again within `REPEAT_S` counts as
 the first one's copy: torchrun forwards a signal to its workers, which SLURM (or the terminal, for
@@ -129,6 +130,9 @@ class Preemption:
         if signum == self.signum and now - self._at < REPEAT_S:
             return  # the forwarded copy of the first signal
         _say(f"toolgym: got {name} again: stopping now, without a checkpoint of this step")
+        if signum == signal.SIGINT and "ipykernel" in sys.modules:
+            self._restore()
+            raise KeyboardInterrupt  # a notebook's second interrupt: stop the cell, keep the kernel
         # at once: no unwinding (the episode loop would wait for its env calls, the rollout worker for its batch)
         os._exit(128 + signum)
 

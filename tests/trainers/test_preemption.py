@@ -301,6 +301,23 @@ def test_a_signal_sets_the_flag_and_the_loop_saves_then_raises(tmp_path: Path) -
     assert "preempted at step 3 (SIGINT)" in str(info.value)
 
 
+def test_a_copy_of_the_signal_is_ignored_and_a_notebooks_second_interrupt_raises(monkeypatch: Any) -> None:
+    import types
+
+    from toolgym.trainers import preemption
+
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    with Preemption(resumed=False, saved=lambda s: False) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # within REPEAT_S: the same signal forwarded
+        time.sleep(0.01)
+        assert stop.signum == signal.SIGINT
+        monkeypatch.setattr(preemption, "REPEAT_S", 0.0)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+
+
 @pytest.mark.parametrize(
     ("resumed", "first", "step", "on_disk"),
     [(False, True, 0, False), (True, True, 5, True), (False, False, 4, True), (False, False, 3, False)],
