@@ -148,3 +148,43 @@ def test_stock_market_is_declared_wall_clock_and_its_determinism_check_skipped(c
     monkeypatch.setattr(gym, "make", lambda *a, **k: _NoBrowser())
     checks._determinism("toolgym/MiniWoB-stock-market-v0")
     assert resets == []
+
+
+def test_server_limits_reach_the_servers(monkeypatch):
+    """serve-env's --call-timeout / --max-body-mb and serve's --strict-model / --max-body-mb are the servers'."""
+    import toolgym.agents
+    import toolgym.agents.openai_server as openai_server
+    import toolgym.serving.env_server as env_server
+
+    seen: dict[str, dict] = {}
+
+    class Stub:
+        url = ws_url = "http://stub"
+
+        def __init__(self, *args, **kwargs):
+            seen[type(self).__name__] = kwargs
+
+        def serve_forever(self):
+            return None
+
+    class EnvServer(Stub):
+        pass
+
+    class PolicyServer(Stub):
+        pass
+
+    class Policy:
+        name = "openai"
+
+    monkeypatch.setattr(env_server, "EnvServer", EnvServer)
+    monkeypatch.setattr(openai_server, "PolicyServer", PolicyServer)
+    monkeypatch.setattr(toolgym.agents, "make_policy", lambda spec, **kw: Policy())
+    argv = ["serve-env", "toolgym/Calculator-v0", "--call-timeout", "0", "--max-body-mb", "2"]
+    assert main(argv) == 0
+    assert seen["EnvServer"]["call_timeout_s"] is None
+    assert seen["EnvServer"]["limits"].max_body_bytes == 2 * 2**20
+    argv = ["serve", "--agent", "openai:http://x/v1", "--strict-model", "--max-body-mb", "0.5"]
+    assert main([*argv, "--max-tokens-limit", "4096"]) == 0
+    kw = seen["PolicyServer"]
+    assert kw["strict_model"] is True and kw["max_tokens_limit"] == 4096
+    assert kw["limits"].max_body_bytes == 2**19

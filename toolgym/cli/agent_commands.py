@@ -61,6 +61,15 @@ def register(subparsers: Any) -> None:
         "--threads", type=int, default=0,
         help="torch CPU threads on a CPU (0: half the cores, at most 4; torch's default of every core is slow)",
     )  # fmt: skip
+    p.add_argument(
+        "--strict-model", action="store_true",
+        help="answer a request that names another model with 404 (as vLLM does); default: serve it, named ours",
+    )  # fmt: skip
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body (413 past it)")
+    p.add_argument(
+        "--max-tokens-limit", type=int, default=2**20,
+        help="largest max_tokens a request may ask when the policy's context length is unknown",
+    )  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 
@@ -209,9 +218,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(
             "the scripted agent needs the env itself, so it cannot be served: use hf:… or openai:…"
         )
+    from toolgym.serving.base import Limits
+
     server = PolicyServer(
         policy, host=args.host, port=args.port, model_name=args.model_name, max_batch=args.max_batch,
-        threads=args.threads,
+        threads=args.threads, strict_model=args.strict_model, max_tokens_limit=args.max_tokens_limit,
+        limits=Limits(max_body_bytes=max(1, int(args.max_body_mb * 2**20))),
     )  # fmt: skip
     print(
         f"serving {policy.name} at {server.url} (POST /chat/completions, /completions); Ctrl-C stops",

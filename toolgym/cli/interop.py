@@ -31,6 +31,13 @@ def register(subparsers: Any) -> None:
         help="close a session after this many seconds without a message (0: never)",
     )
     p.add_argument(
+        "--call-timeout",
+        type=float,
+        default=1800.0,
+        help="a reset or step running longer is ENV_TIMEOUT (504) and its session is closed (0: never)",
+    )
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest HTTP request body (413 past it)")
+    p.add_argument(
         "--expert",
         action="store_true",
         help="answer {'type': 'expert'} with the scripted expert's next action (reveals answers: for checks)",
@@ -51,6 +58,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_serve_env(args: argparse.Namespace) -> int:
+    from toolgym.serving.base import Limits
     from toolgym.serving.env_server import EnvServer
 
     env_kwargs = args.env_kwargs
@@ -62,6 +70,8 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         idle_timeout_s=args.idle_timeout or None,
         expert=args.expert,
+        call_timeout_s=args.call_timeout or None,
+        limits=Limits(max_body_bytes=max(1, int(args.max_body_mb * 2**20))),
     )
     print(
         f"serving {args.env_id} at {server.ws_url}/ws (OpenEnv) and {server.url} (HTTP; docs at /docs); "
