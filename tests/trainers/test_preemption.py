@@ -93,6 +93,7 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+@pytest.mark.slow  # real subprocesses: 10-60 s on 2 busy cores
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_sigterm_mid_run_saves_and_resume_ends_as_an_unstopped_run(
     site: Path, tmp_path: Path, algorithm: str
@@ -129,6 +130,7 @@ def test_sigterm_mid_run_saves_and_resume_ends_as_an_unstopped_run(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # real subprocesses: 10-60 s on 2 busy cores
 def test_sigterm_stops_sft_and_resume_matches(site: Path, tmp_path: Path) -> None:
     steps = ["--steps", "6", "--save-every", "0"]
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -157,6 +159,7 @@ def test_sigterm_stops_sft_and_resume_matches(site: Path, tmp_path: Path) -> Non
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # real subprocesses: 10-60 s on 2 busy cores
 def test_a_second_signal_stops_at_once(site: Path, tmp_path: Path) -> None:
     """Episodes of 1 s: the step in progress would take ~4 s more; the second SIGTERM ends the run now,
     without a checkpoint of its own (the one on disk is the last complete save)."""
@@ -184,6 +187,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow  # real subprocesses: 10-60 s on 2 busy cores
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_under_torchrun_one_ranks_signal_stops_every_rank(site: Path, tmp_path: Path, parallel: str) -> None:
     """SIGTERM to rank 1 only (2 gloo ranks): both ranks stop at the same step boundary (no rank left blocked
@@ -211,6 +215,7 @@ def test_under_torchrun_one_ranks_signal_stops_every_rank(site: Path, tmp_path: 
     assert (out / "checkpoint" / "dcp").is_dir() == (parallel == "fsdp2")
 
 
+@pytest.mark.slow  # real subprocesses: 10-60 s on 2 busy cores
 def test_the_split_layout_stops_on_a_signal_to_every_process(site: Path, tmp_path: Path) -> None:
     """`rollout_ranks` 1 under torchrun, SIGTERM to the whole process group (what SLURM and Ctrl-C do; torchrun
     forwards it again): the rollout rank serves on while the learner finishes its step and saves it."""
