@@ -6,7 +6,8 @@
 # unfinished edits); it is installed editable from /root/snap. JOBFILE has one job a line:
 #   GPU NAME COMMAND…        (run in /root/snap; $RUNS is /root/jobs; `toolgym train` jobs that find their
 #                            checkpoint get --resume appended)
-# Each job runs under `timeout` to the call's deadline; $OUT gets gpu.txt, one NAME.log tail each and
+# Each job runs under `timeout` to the call's deadline (SIGTERM 75 s before the call's end: `toolgym train` and
+# `toolgym sft` finish their step and save, then exit 143; SIGKILL 45 s later); $OUT gets gpu.txt, one NAME.log tail each and
 # jobs.tar.gz (metrics, configs, summaries; no weights). A second call with the same JOBFILE continues.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -30,7 +31,7 @@ if [ ! -d /root/snap ] || ! cmp -s .stable/snap.tgz /root/snap.tgz; then
     || { echo "install failed"; exit 1; }
 fi
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$out/gpu.txt"
-deadline=$(( start + seconds - 30 ))
+deadline=$(( start + seconds - 75 ))  # SIGTERM then: a run finishes its step and saves (up to 45 s more)
 pids=()
 while read -r gpu name cmd; do
   [ -z "${gpu:-}" ] || [ "${gpu:0:1}" = "#" ] && continue
@@ -43,7 +44,7 @@ while read -r gpu name cmd; do
   left=$(( deadline - $(date +%s) ))
   [ "$left" -lt 20 ] && { echo "$name: no time left" | tee -a "$out/gpu.txt"; continue; }
   echo "[$gpu] $name: $cmd" | tee -a "$out/gpu.txt"
-  ( cd /root/snap && CUDA_VISIBLE_DEVICES=$gpu timeout "$left" bash -c "$cmd" >>"$RUNS/$name.log" 2>&1
+  ( cd /root/snap && CUDA_VISIBLE_DEVICES=$gpu timeout -k 45 "$left" bash -c "$cmd" >>"$RUNS/$name.log" 2>&1
     rc=$?; echo "$name rc=$rc" >>"$out/gpu.txt"; [ $rc = 0 ] && touch "$RUNS/$name.done" ) &
   pids+=($!)
 done <"$jobfile"

@@ -146,6 +146,7 @@ def gpu_memory_gb(device: str) -> list[float]:
     return [0.9 * torch.cuda.get_device_properties(i).total_memory / 2**30 for i in range(n)]
 
 
+STOP_S = 45.0  # the runs get SIGTERM this long before the deadline: they finish their step and save (preemption)
 SFT_GB = 20.0  # a warm start's GPU memory (packed rows of <= 3072 tokens, batch 16): a guess, as the runs'
 
 
@@ -215,7 +216,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if g >= 0:
             free[g] -= gb
 
-    while time.monotonic() < deadline - 5:
+    while time.monotonic() < deadline - STOP_S:
         for name, (proc, g, gb) in list(running.items()):
             if (rc := proc.poll()) is not None:
                 codes[name] = rc
@@ -263,7 +264,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if not running and not todo_sft and not ready:
             break
         time.sleep(1.0)
-    codes.update(stop_all({n: p for n, (p, _, _) in running.items()}))  # the deadline
+    codes.update(stop_all({n: p for n, (p, _, _) in running.items()}, grace=STOP_S - 5))  # the deadline
     out |= {"gpus": len(capacity), "gpu_gb": [round(c, 1) for c in capacity], "placed": placed}
     out["sft_rc"] = {k[: -len("/sft")]: v for k, v in codes.items() if k.endswith("/sft")}
     out["rl_rc"] = {k: v for k, v in codes.items() if not k.endswith("/sft")}
