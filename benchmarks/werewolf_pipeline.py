@@ -119,7 +119,7 @@ QUICK = Profile(
 )  # fmt: skip
 
 
-class TimeUp(Exception):
+class TimeUp(BaseException):  # (not Exception: a library's broad `except Exception` must not swallow it)
     """The call's budget ran out (the watchdog's or an outside SIGTERM) while a unit ran."""
 
 
@@ -315,47 +315,56 @@ class Pipeline:
         self.state["calls"].append(call)
         ran = 0
         with self._watchdog(max(1.0, self.seconds - self.p.margin_s)):
-            for unit in self.units():
-                rec = self.state["units"].setdefault(unit.name, {"kind": unit.kind, "failures": 0})
-                if unit.done():
-                    rec["done"] = True
-                    continue
-                if rec.get("failures", 0) >= 2 or any(
-                    not self.state["units"].get(n, {}).get("done") for n in unit.needs
-                ):
-                    continue
-                if max_units is not None and ran >= max_units:
-                    call["stopped"] = "max_units"
-                    break
-                left = deadline - time.monotonic()
-                if self.estimate(unit) > left - self.p.margin_s:
-                    call["stopped"] = f"{unit.name}: estimate {self.estimate(unit):.0f} s > {left:.0f} s left"
-                    break
-                t = time.monotonic()
-                stopped = self._run_unit(unit, rec)
-                rec["seconds"] = rec.get("seconds_partial", 0.0) + time.monotonic() - t
-                call["ran"].append({"unit": unit.name, "seconds": time.monotonic() - t, "stopped": stopped})
-                ran += 1
-                if unit.done():
-                    rec["done"] = True
-                    rec.pop("seconds_partial", None)
-                else:
-                    rec["seconds_partial"] = rec["seconds"]
-                self.save()
-                if stopped == "time":
-                    call["stopped"] = f"{unit.name}: budget"
-                    break
-            self._finishing = True
-        call["seconds"] = time.monotonic() - t0
-        units = self.units()
-        left = [u.name for u in units if not u.done()]
-        failed = [n for n in left if self.state["units"].get(n, {}).get("failures", 0) >= 2]
-        self.state["left"] = left
-        self.save()
+            try:
+                for unit in self.units():
+                    rec = self.state["units"].setdefault(unit.name, {"kind": unit.kind, "failures": 0})
+                    if unit.done():
+                        rec["done"] = True
+                        continue
+                    if rec.get("failures", 0) >= 2 or any(
+                        not self.state["units"].get(n, {}).get("done") for n in unit.needs
+                    ):
+                        continue
+                    if max_units is not None and ran >= max_units:
+                        call["stopped"] = "max_units"
+                        break
+                    left = deadline - time.monotonic()
+                    if self.estimate(unit) > left - self.p.margin_s:
+                        call["stopped"] = (
+                            f"{unit.name}: estimate {self.estimate(unit):.0f} s > {left:.0f} s left"
+                        )
+                        break
+                    stopped = self._timed(unit, rec, call)
+                    ran += 1
+                    self.save()
+                    if stopped == "time":
+                        call["stopped"] = f"{unit.name}: budget"
+                        break
+            except TimeUp:  # the signal came between units (while saving): what is saved stays
+                call["stopped"] = "budget, between units"
+            self._finishing = True  # a later signal (the outer timeout) no longer interrupts the summaries
+            call["seconds"] = time.monotonic() - t0
+            left = [u.name for u in self.units() if not u.done()]
+            failed = [n for n in left if self.state["units"].get(n, {}).get("failures", 0) >= 2]
+            self.state["left"] = left
+            self.save()
         print(json.dumps({"left": left, "failed": failed, "call": call}, default=str), flush=True)
         if not left:
             return 0
         return 1 if failed and all(n in failed or self._blocked(n, failed) for n in left) else EXIT_MORE
+
+    def _timed(self, unit: Unit, rec: dict[str, Any], call: dict[str, Any]) -> str | None:
+        """Runs a unit and books its time (a unit cut short keeps its partial time for the next estimate)."""
+        t = time.monotonic()
+        stopped = self._run_unit(unit, rec)
+        rec["seconds"] = rec.get("seconds_partial", 0.0) + time.monotonic() - t
+        call["ran"].append({"unit": unit.name, "seconds": time.monotonic() - t, "stopped": stopped})
+        if unit.done():
+            rec["done"] = True
+            rec.pop("seconds_partial", None)
+        else:
+            rec["seconds_partial"] = rec["seconds"]
+        return stopped
 
     def _blocked(self, name: str, failed: list[str]) -> bool:
         units = {u.name: u for u in self.units()}
