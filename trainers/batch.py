@@ -83,7 +83,9 @@ def collate(
 ) -> TrainBatch:
     """Pads `rows`; rows with keep False get a zero loss mask (they stay for the batch statistics).
     `row_masks`: every model token of each kept row, where that differs from its loss mask (`TrainBatch`)."""
-    B, T = len(rows), max(len(r.token_ids) for r in rows)
+    # (no rows: every episode of the step was left out, e.g. all truncated with remove_clip; an empty batch
+    # that the update skips)
+    B, T = len(rows), max((len(r.token_ids) for r in rows), default=1)
     ids = torch.full((B, T), pad_id, dtype=torch.long)  # [B, T]
     attn = torch.zeros((B, T), dtype=torch.long)  # [B, T]
     mask = torch.zeros((B, T))  # [B, T]
@@ -176,4 +178,4 @@ def micro_batches(
     idx = order if order is not None else torch.arange(n_rows)
     if lengths is not None:
         idx = idx[torch.as_tensor(lengths)[idx].argsort(descending=True, stable=True)]
-    return [idx[i : i + size] for i in range(0, n_rows, size)]
+    return [idx[i : i + size] for i in range(0, n_rows, max(size, 1))]  # (size 0: no rows, no chunks)

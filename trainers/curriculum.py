@@ -92,6 +92,17 @@ class CurriculumConfig(BaseModel):
             raise ConfigError(f"curriculum: start_level {self.start_level} but only {len(out)} levels")
         return out
 
+    def check_run(self, env_ids: list[str], env_kwargs: dict[str, Any]) -> None:
+        """The checks of `Curriculum` that need no env, made when the run's config is built (a clash with
+        ``env_kwargs`` or an unknown env id fails at config load, not when the run starts); reasoning-gym's
+        levels come from the env's task, so they are checked when the run starts."""
+        unknown = sorted(set(self.env_ids or env_ids) - set(env_ids))
+        if unknown:
+            raise ConfigError(f"curriculum env_ids {unknown} are not among the run's env_ids {env_ids}")
+        if not self.reasoning_gym:
+            for env_id in self.env_ids or env_ids:
+                self.level_kwargs(env_id, env_kwargs)
+
 
 def parse(data: dict[str, Any]) -> CurriculumConfig:
     try:

@@ -85,6 +85,10 @@ def evaluate(
         forest, stats = roller.run(eval_tasks(env_ids, episodes), seed=EVAL_SEED0)
     finally:
         roller.close()
+        # the caches the evaluation left (same weights) would be continued by the next training rollout, whose
+        # numbers would then depend on whether an evaluation ran before it: a resumed run, which skips the
+        # evaluation of the step it resumes from, would not continue the run exactly
+        getattr(policy, "clear_kv", lambda: None)()
     if save is not None:
         from toolgym.trainers.saved_rollouts import save_step
 

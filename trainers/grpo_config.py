@@ -243,7 +243,12 @@ class GRPOConfig(LossOptionsConfig):
         if self.curriculum:
             from toolgym.trainers.curriculum import parse
 
-            parse(self.curriculum)  # a ConfigError that names the bad key
+            # a ConfigError that names the bad key, or the env_kwargs the levels would override
+            parse(self.curriculum).check_run(list(self.env_ids), dict(self.env_kwargs))
+        if self.selfplay:
+            from toolgym.trainers.selfplay import SelfPlayConfig
+
+            SelfPlayConfig.from_dict(self.selfplay)  # unknown or bad options fail here, not at the first step
         check_loss_rules(self)
         self.branch_policy()  # unknown branching names or options are a ConfigError
 
@@ -310,7 +315,12 @@ class GRPOConfig(LossOptionsConfig):
             out.append(
                 "share_prefix=on: inert with packing=off (prefixes are shared only on the packed update)"
             )
-        if self.branching == "none" and "initial_samples" in changed:
+        if self.selfplay and (self.branching != "none" or "initial_samples" in changed):
+            out.append(
+                f"branching={self.branching}: inert with selfplay (every seat's group is `budget` copies of one "
+                "deal; self-play does not branch)"
+            )
+        elif self.branching == "none" and "initial_samples" in changed:
             out.append("initial_samples: inert without branching")
         if not self.max_staleness and "async_admission" in changed:
             out.append("async_admission: inert with max_staleness 0 (the synchronous loop)")
@@ -331,6 +341,10 @@ class GRPOConfig(LossOptionsConfig):
             )
         if not self.max_staleness:
             return
+        if self.selfplay:
+            raise ConfigError(
+                "selfplay with max_staleness > 0 is not supported yet: self-play rolls out in step"
+            )
         # these draw a step's tasks from results of earlier steps, which the worker drawing ahead has not seen
         ahead = [n for n, on in (("refill", self.refill), ("task_pool", self.task_pool), ("curriculum",
                  self.curriculum)) if on]  # fmt: skip

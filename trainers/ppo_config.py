@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, get_args
 
+from toolgym.errors import ConfigError
 from toolgym.trainers.config import (
     EPS_HIGH_HELP,
     Critic,
@@ -47,6 +48,10 @@ class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (cr
         super().validate()
         # categorical fields (metadata choices) are checked by RunConfig.validate
         check_loss_rules(self)
+        if self.selfplay:
+            raise ConfigError(
+                "selfplay runs with GRPO only (`toolgym train grpo`): the PPO loop rolls out independent samples"
+            )
 
     def inert_options(self) -> list[str]:
         """Options that do nothing under the other settings; `train` warns with each."""
@@ -62,6 +67,8 @@ class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (cr
             out.append("kl_estimator/kl_in_reward: inert with kl_coef = 0")
         if self.temperature == 0:
             out.append("temperature 0: every rollout of a task is the same greedy one")
+        if self.save_rollouts:
+            out.append("save_rollouts: inert with PPO (GRPO saves rollout trees; PPO's are single samples)")
         return out + self.seed_inert(changed)
 
     def loss_config(self) -> LossConfig:

@@ -231,6 +231,14 @@ class TreeRollout:
         tree = RolloutTree(
             f"{task.env_id}#{task.seed}", self.renderer.prompt_ids(obs, tools), where["state_key"]
         )
+        if len(tree.nodes[tree.root].token_ids) + 1 > self.cfg.max_total_tokens:
+            # the budget rule below ends a path whose NEXT prompt leaves no room; a first prompt that leaves
+            # none is the run's setting, not the model's doing (and overflows the engine's KV cache)
+            raise ConfigError(
+                f"{task.env_id} seed {task.seed}: the first prompt is {len(tree.nodes[tree.root].token_ids)} "
+                f"tokens, leaving no room for a turn within max_total_tokens ({self.cfg.max_total_tokens}); "
+                "raise max_total_tokens"
+            )
         tree.nodes[tree.root].info.update(where["info"])
         tree.meta.update(env_id=task.env_id, seed=task.seed, tools=tools, answer=_gold(env))
         if snap is not None:

@@ -190,12 +190,12 @@ def test_selfplay_refuses_async(tmp_path: Path) -> None:
     from toolgym.trainers import grpo
 
     tok = tiny_tokenizer()
-    cfg = grpo.GRPOConfig(
-        env_ids=[ENV], env_kwargs=SMALL, steps=1, prompts_per_step=2, budget=3, max_new_tokens=4,
-        max_total_tokens=4000, device="cpu", tensorboard=False, progress=False, eval_every=0,
-        output_dir=str(tmp_path), selfplay={"learner_seats": 3}, max_staleness=1,
-    )  # fmt: skip
-    with pytest.raises(ConfigError, match="selfplay"):
+    with pytest.raises(ConfigError, match="selfplay"):  # at config load (it was at the start of the run)
+        cfg = grpo.GRPOConfig(
+            env_ids=[ENV], env_kwargs=SMALL, steps=1, prompts_per_step=2, budget=3, max_new_tokens=4,
+            max_total_tokens=4000, device="cpu", tensorboard=False, progress=False, eval_every=0,
+            output_dir=str(tmp_path), selfplay={"learner_seats": 3}, max_staleness=1,
+        )  # fmt: skip
         grpo.train(cfg, tiny_model(len(tok)), tok)
 
 
