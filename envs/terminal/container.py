@@ -21,7 +21,11 @@ verifier runs as root with a fixed environment (system ``PATH`` only, ``HOME=/ro
 Commands run in one ``bash`` that lives for the episode (the working directory, variables and functions
 persist), each with a time limit: at the limit every process of the shell's session but the shell is
 killed, and a shell still busy (a builtin loop) is replaced by a fresh one (after the warden has killed every
-agent process, should the container have no process slot left). Output is cut to a size limit. Containers are
+agent process, should the container have no process slot left). A shell that exited is replaced; one that
+died or had no fd or process left before a command started runs it in its replacement. A command that closes
+or redirects its shell's stdout/stderr gets them back after it. Output is cut to a size limit. After the
+start, root does everything through the warden (no ``docker exec``: one that failed to start read as a
+verifier that wrote no reward). Containers are
 started ahead of time (a warm pool per image), so a reset only copies the task's files in and runs its setup.
 
 What is not covered: a verifier that runs the agent's programs as root hands them root (the built-in tasks
@@ -35,6 +39,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import dataclasses
 import io
 import secrets
 import shlex
@@ -160,6 +165,7 @@ class CommandResult:
     truncated: bool = False
     restarted: bool = False  # the shell was replaced (it exited, or was stuck after a timeout)
     broken: bool = False  # the shell could not start the command (no process or fd left): replaced
+    rerun: bool = False  # the command never started in its shell: it ran in a fresh one
 
 
 @dataclass(frozen=True)
@@ -241,7 +247,8 @@ def image_workdir(image: str, workdir: str) -> bytes | None:
 def check_workdir(workdir: str) -> None:
     """The agent owns its working folder: one that is, or is under, a system folder is refused."""
     parts = [p for p in workdir.split("/") if p]
-    if not workdir.startswith("/") or not parts or parts[0] in SYSTEM_DIRS or ".." in parts:
+    odd = any(ord(c) < 32 or c == "\x7f" for c in workdir)  # a newline in a mount spec, a shell line…
+    if not workdir.startswith("/") or not parts or parts[0] in SYSTEM_DIRS or ".." in parts or odd:
         raise ConfigError(
             f"the working folder {workdir!r} must be an absolute path outside the system folders "
             f"({', '.join(sorted(SYSTEM_DIRS))}): the agent (an unprivileged user) owns it"
@@ -311,6 +318,14 @@ def _exit_code(buf: bytearray, marker: bytes) -> tuple[int, int] | None:
     return None
 
 
+class ShellExited(EOFError):
+    """The shell's stream ended; ``started``: whether the command had started (its start line came)."""
+
+    def __init__(self, started: bool) -> None:
+        super().__init__("the shell exited")
+        self.started = started
+
+
 class _Shell:
     """A ``bash`` in the container over a hijacked ``docker exec`` socket, with the marker protocol."""
 
@@ -366,7 +381,9 @@ class _Shell:
         and stdout and stderr are set back from it afterwards (a command that closed them does not hide the
         marker). Exit code ``BROKEN``: the shell could not decode the command (no process or fd left)."""
         nonce = secrets.token_hex(8)
+        self.started = False  # whether this command's start line came (it began to run)
         marker = f"\n__toolgym_done_{nonce} ".encode()
+        start = b"" if raw else f"\n__toolgym_start_{nonce}\n".encode()
         if raw:
             line = f"{command}\nprintf '\\n__toolgym_done_{nonce} %d\\n' $?\n"
         else:
@@ -374,7 +391,11 @@ class _Shell:
             # (the line starts with an assignment: after a syntax error in eval, bash takes a line's first
             # word for a command, so a line that started with ``if`` was a syntax error that ended the shell)
             line = (
-                f"__tg_s={BROKEN}; if __tg_c=$(printf %s {encoded} | {self.base64} -d && printf .); then "
+                # a shell with no fd left (``ulimit -n 3``) exits at a command substitution: a builtin
+                # opens one first, and the command is not run (BROKEN)
+                f"__tg_s={BROKEN}; if {{ exec {{__tg_fd}}</dev/null; }} 2>/dev/null && exec {{__tg_fd}}<&- && "
+                f"__tg_c=$(printf %s {encoded} | {self.base64} -d && printf .); then "
+                f"printf '\\n__toolgym_start_{nonce}\\n'; "
                 f'eval "${{__tg_c%.}}" </dev/null 63>&- 2>&1; __tg_s=$?; fi; '
                 f"exec 1>&63 2>&1; printf '\\n__toolgym_done_{nonce} %d\\n' \"$__tg_s\"\n"
             )
@@ -385,13 +406,16 @@ class _Shell:
         while True:
             found = _exit_code(buf, marker)
             if found is not None:
-                return buf[: found[0]].decode("utf-8", "replace"), found[1], cut
+                at = buf.find(start, 0, found[0]) if start else -1
+                head = at + len(start) if at >= 0 else 0  # (before the start line: the wrapper's own errors)
+                return buf[head : found[0]].decode("utf-8", "replace"), found[1], cut
             left = deadline - time.monotonic()
             if left <= 0:
+                self.started = bool(start) and start in buf  # (the head, where it is, survives a cut)
                 return None
             data = self.stream.read(min(left, 1.0))
             if data == b"":
-                raise EOFError
+                raise ShellExited(bool(start) and start in buf)
             if data:
                 buf += data
                 if len(buf) > 2 * limit:  # keep the head and the tail (the marker comes last)
@@ -419,6 +443,7 @@ class TaskContainer:
         self.agent: _Shell | None = None
         self.closed = False
         self.removal: threading.Thread | None = None  # the background removal close() started
+        self.pids_limit = Resources().pids  # the container's process slots (the pool sets its own)
 
     # ----- plumbing -----------------------------------------------------------------------------------
     def _root(self, command: str, timeout_s: float = 120.0, raw: bool = False) -> tuple[int, str]:
@@ -498,14 +523,17 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
             self.agent = None
         # the agent's processes go first when the container runs out of memory, not the warden; setsid: a
         # session of its own, which a timed-out command's processes are killed by
-        prefix, launcher = "echo 1000 > /proc/self/oom_score_adj 2>/dev/null; ", "setsid -w "
-        user = f"{AGENT_UID}:{AGENT_UID}"
+        # docker starts it in / and it moves to the working folder: one the agent made unreadable to itself
+        # (chmod 000) would fail docker's start, and every later command with it
+        wd = shlex.quote(self.workdir)
+        prefix = f"echo 1000 > /proc/self/oom_score_adj 2>/dev/null; cd -- {wd} 2>/dev/null || cd {AGENT_HOME} 2>/dev/null; "
+        launcher, user = "setsid -w ", f"{AGENT_UID}:{AGENT_UID}"
         try:
-            self.agent = _Shell(self.container.id, user, self.workdir, AGENT_ENV, prefix, launcher)
+            self.agent = _Shell(self.container.id, user, "/", AGENT_ENV, prefix, launcher)
         except InfrastructureError:
             if self.warden is None or self.kill_agent() != 0:
                 raise
-            self.agent = _Shell(self.container.id, user, self.workdir, AGENT_ENV, prefix, launcher)
+            self.agent = _Shell(self.container.id, user, "/", AGENT_ENV, prefix, launcher)
 
     @property
     def shell_pid(self) -> int:
@@ -519,39 +547,65 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
             keep = "0" if include_shell else str(pid)
             self._root(f"__tg_sess {AGENT_UID} {pid} {keep}", 30.0, raw=True)
 
-    def run(self, command: str, timeout_s: float) -> CommandResult:
+    def run(self, command: str, timeout_s: float, retry: bool = True) -> CommandResult:
         """One command in the agent's shell, killed at ``timeout_s``. Whatever the command did to its shell
         (exit, kill it, stop it, close its output, exhaust its processes or fds), the result is an
         observation and the next command gets a working shell; only a fault of docker or of the warden
-        raises ``InfrastructureError``."""
+        raises ``InfrastructureError``. A command that never started (its shell had died, or had no process
+        or fd left to start it: its start line never came) runs once more in a fresh shell."""
         if self.agent is None:
             self.start_shell()
         assert self.agent is not None
         t0 = time.monotonic()
+        started, result = True, None
         try:
             got = self.agent.send_and_wait(command, timeout_s)
-        except EOFError:
+        except EOFError as exc:
+            started = not isinstance(exc, ShellExited) or exc.started
             self.start_shell()
-            return CommandResult("", None, time.monotonic() - t0, restarted=True)
+            result = CommandResult("", None, time.monotonic() - t0, restarted=True)
         except OSError:  # it does not read its input (stopped, or a process of its own took its stdin)
             got = None
-        if got is not None and got[1] != BROKEN:
+        if result is None and got is not None and got[1] != BROKEN:
             return CommandResult(got[0], got[1], time.monotonic() - t0, truncated=got[2])
-        if got is not None:  # it could not even start the command: a fresh shell
+        if result is None and got is not None:  # it could not decode the command (no fd or process left)
+            started = False
             self._kill_session(include_shell=True)
             self.start_shell()
-            return CommandResult(got[0], None, time.monotonic() - t0, restarted=True, broken=True)
+            result = CommandResult("", None, time.monotonic() - t0, restarted=True, broken=True)
+        if result is None:  # the time limit
+            started = self.agent.started
+            result = self._after_timeout(t0)
+        if started or not retry:
+            return result
+        again = self.run(command, timeout_s, retry=False)  # (its full time: it has not run yet)
+        return dataclasses.replace(again, seconds=time.monotonic() - t0, restarted=True, rerun=True)
+
+    def _after_timeout(self, t0: float) -> CommandResult:
+        """Kills what the timed-out command left in the shell's session; replaces the shell when it does
+        not answer (a builtin loop, stopped, no process slot), and kills every agent process first when
+        they fill the container's process slots (a fork bomb outside the session)."""
+        assert self.agent is not None
         self._kill_session(include_shell=False)
+        if self._agent_processes() >= self.pids_limit * 3 // 4:
+            self.kill_agent()
+            self.start_shell()
+            note = "[the agent's processes filled the container's process slots: every one was killed]"
+            return CommandResult(note, None, time.monotonic() - t0, timed_out=True, restarted=True)
         late: tuple[str, int, bool] | None
         try:
             late = self.agent.send_and_wait("true", 3.0)
         except (EOFError, OSError):
             late = None
         restarted = late is None or late[1] != 0
-        if restarted:  # the shell itself is busy (a builtin loop), stopped, or cannot fork: replace it
+        if restarted:
             self._kill_session(include_shell=True)
             self.start_shell()
         return CommandResult("", None, time.monotonic() - t0, timed_out=True, restarted=restarted)
+
+    def _agent_processes(self) -> int:
+        _, out = self._root(f"__tg_pids {AGENT_UID}; printf '%s\\n' ${{#__tg[@]}}", 30.0, raw=True)
+        return int(out.strip().splitlines()[-1])
 
     # ----- the end of the episode -----------------------------------------------------------------------
     def kill_agent(self) -> int:
@@ -688,6 +742,7 @@ class ContainerPool:
     def _started(self) -> TaskContainer:
         seed = self.seed()
         box = TaskContainer(self._start(), self.workdir, seed)
+        box.pids_limit = self.resources.pids
         try:
             box.start()
         except InfrastructureError:

@@ -172,13 +172,18 @@ class TerminalEnv(ToolEnv):
         text = _cut(result.output, self.max_output_chars)
         if result.timed_out:
             tail = f"[killed: the command ran past the {self.command_timeout_s:g} s limit]"
-        elif result.broken:
+        elif result.broken and result.exit_code is None:
             tail = "[the shell could not start the command: no process or file descriptor left]"
         elif result.exit_code is None:
             tail = "[the shell exited]"
         else:
             tail = f"[exit code {result.exit_code}]"
-        if result.restarted:
+        if result.rerun:
+            tail += (
+                " [the shell had died or had no process or file descriptor left before the command started:"
+                " it ran in a new shell (working folder and variables reset)]"
+            )
+        elif result.restarted:
             tail += " [a new shell was started: the working folder and variables were reset]"
         return f"{text}\n{tail}" if text.strip() else tail
 

@@ -72,6 +72,21 @@ def _toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
 
 
+def _table(config: dict[str, Any], key: str, where: Path) -> dict[str, Any]:
+    value = config.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: [{key}] must be a table, got {value!r:.80}")
+    return value
+
+
+def _number(table: dict[str, Any], key: str, default: float, where: str) -> float:
+    """A positive number of task.toml (``where``: its table, for the message)."""
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{where}.{key} must be a positive number, got {value!r:.80}")
+    return float(value)
+
+
 def _workdir(dockerfile: str) -> str:
     found = re.findall(r"^\s*WORKDIR\s+(\S+)", dockerfile, re.M | re.I)
     return found[-1] if found else "/app"
@@ -94,10 +109,13 @@ def load_harbor(folder: str | Path, build: bool = True) -> TerminalTask:
     if not instruction.is_file():
         raise ConfigError(f"{root} is not a Harbor task folder: it has no instruction.md")
     config = _toml(root / "task.toml")
+    toml_path = root / "task.toml"
+    env_cfg = _table(config, "environment", toml_path)
+    agent_cfg, verifier_cfg = _table(config, "agent", toml_path), _table(config, "verifier", toml_path)
+    meta, task_cfg = _table(config, "metadata", toml_path), _table(config, "task", toml_path)
     tests = _texts(root / "tests")
     if "test.sh" not in tests:
         raise ConfigError(f"{root}: tests/test.sh (the verifier) is missing")
-    env_cfg = config.get("environment", {})
     dockerfile_path = root / "environment" / "Dockerfile"
     image, substituted, workdir = BASE_IMAGE, None, "/app"
     if dockerfile_path.is_file():
@@ -111,19 +129,18 @@ def load_harbor(folder: str | Path, build: bool = True) -> TerminalTask:
     else:
         raise ConfigError(f"{root}: environment/Dockerfile is missing and task.toml names no docker_image")
     workdir = str(env_cfg.get("workdir") or workdir)
-    memory = env_cfg.get("memory_mb") or _memory_mb(env_cfg.get("memory"))
-    resources = Resources(memory_mb=int(memory or 2048), cpus=float(env_cfg.get("cpus", 1)))
-    meta = config.get("metadata", {})
+    memory = _number(env_cfg, "memory_mb", _memory_mb(env_cfg.get("memory")) or 2048, "environment")
+    resources = Resources(memory_mb=int(memory), cpus=_number(env_cfg, "cpus", 1, "environment"))
     return TerminalTask(
-        name=str(config.get("task", {}).get("name") or root.name),
-        instruction=instruction.read_text().strip(),
+        name=str(task_cfg.get("name") or root.name),
+        instruction=instruction.read_text(errors="replace").strip(),
         tests=tests,
         solution=_solution(root / "solution", workdir),
         category=str(meta.get("category", "general")),
         image=image,
         workdir=workdir,
-        agent_timeout_s=float(config.get("agent", {}).get("timeout_sec", 900.0)),
-        verifier_timeout_s=float(config.get("verifier", {}).get("timeout_sec", 120.0)),
+        agent_timeout_s=_number(agent_cfg, "timeout_sec", 900.0, "agent"),
+        verifier_timeout_s=_number(verifier_cfg, "timeout_sec", 120.0, "verifier"),
         resources=resources,
         base_substituted=substituted,
         source=str(root),
@@ -158,6 +175,8 @@ def load_harbor_dir(folder: str | Path, build: bool = True) -> list[TerminalTask
     root = Path(folder)
     if (root / "instruction.md").is_file():
         return [load_harbor(root, build)]
+    if not root.is_dir():
+        raise ConfigError(f"{root} is neither a Harbor task folder nor a folder of them")
     tasks = [load_harbor(p, build) for p in sorted(root.iterdir()) if (p / "instruction.md").is_file()]
     if not tasks:
         raise ConfigError(f"no Harbor task folders (with instruction.md) under {root}")

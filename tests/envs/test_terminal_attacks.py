@@ -1,0 +1,248 @@
+"""Terminal-v0 red-teamed from the agent's shell, and from hostile Harbor task folders.
+
+Each attack runs in a solved episode of a probe task (its verifier, root, scores 1 when /app/done.txt says
+done): whatever the agent's commands do to its shell, its processes, its limits or its files, every step
+returns an observation (never an exception, never an env_error), the command after the attack works, the
+verifier runs and the reward is the honest one (1: the task is solved; 0 where the attack broke the
+solution itself). A hostile Harbor task folder is a clear ConfigError.
+"""
+
+import json
+import time
+
+import gymnasium as gym
+import pytest
+
+import toolgym  # noqa: F401
+from toolgym.envs.terminal.container import MAX_COMMAND_BYTES
+from toolgym.envs.terminal.harbor import load_harbor, load_harbor_dir
+from toolgym.errors import ConfigError
+
+pytestmark = pytest.mark.docker
+ID = "toolgym/Terminal-v0"
+SUBMIT = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
+PROBE_TEST = """#!/bin/bash
+if [ "$(cat /app/done.txt)" = done ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+echo "verifier ran as $(id -u)"
+"""
+
+
+def shell(command):
+    return "<tool_call>" + json.dumps({"name": "shell", "arguments": {"command": command}}) + "</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    task = tmp_path_factory.mktemp("tasks") / "probe"
+    for sub in ("environment", "tests"):
+        (task / sub).mkdir(parents=True)
+    (task / "instruction.md").write_text("Write done to /app/done.txt.\n")
+    (task / "task.toml").write_text("[verifier]\ntimeout_sec = 6.0\n")
+    (task / "environment" / "Dockerfile").write_text("FROM toolgym-terminal:latest\nWORKDIR /app\n")
+    (task / "tests" / "test.sh").write_text(PROBE_TEST)
+    e = gym.make(ID, tasks=str(task), command_timeout_s=3)
+    yield e
+    e.close()
+
+
+def step(env, action):
+    """One step that must not end the episode: its observation text."""
+    obs, _, term, trunc, info = env.step(action)
+    assert not (term or trunc), info
+    assert info.get("truncation") != "env_error", info
+    assert isinstance(obs[0]["content"], str)
+    return obs[0]["content"]
+
+
+def submit(env):
+    _, reward, term, trunc, info = env.step(SUBMIT)
+    assert term and not trunc and "infra_error" not in info, info
+    return reward, info
+
+
+HOG = "python3 -c 'a = []\nwhile True: a.append(bytearray(64 << 20))'"
+FILL = (
+    "for d in /tmp /app /home/agent /dev/shm /var/tmp /run/lock /solution; do "
+    "dd if=/dev/zero of=$d/fill bs=1M count=4000 status=none; done 2>&1 | sort | uniq -c | tail -3"
+)
+# name: (commands after the solution, the honest reward)
+ATTACKS = {
+    # processes
+    "fork-bomb": (["b() { b | b & }; b"], 1.0),
+    "fork-bomb-setsid": (
+        ["setsid bash -c 'b() { b | b & }; b' >/dev/null 2>&1 < /dev/null &", "sleep 1"],
+        1.0,
+    ),
+    "memory-hog": ([HOG], 1.0),
+    "memory-hog-and-full-tmpfs": ([FILL, f"({HOG}) >/dev/null 2>&1 &", "sleep 2; df -h /app /tmp"], 1.0),
+    "kill-own-shell": (["kill -9 $$"], 1.0),
+    "kill-everything": (["kill -9 -1"], 1.0),
+    "exit": (["exit 3"], 1.0),
+    "exec-replaces-shell": (["exec sleep 100"], 1.0),
+    "stop-own-shell": (["kill -STOP $$"], 1.0),
+    "builtin-loop": (["while :; do :; done"], 1.0),
+    "sleep-past-limit-ignoring-signals": (["trap '' INT TERM HUP; sleep 100"], 1.0),
+    "daemon-deletes-solution-after-submit": (
+        ["setsid nohup sh -c 'sleep 1.5; rm -f /app/done.txt' >/dev/null 2>&1 &"],
+        1.0,
+    ),
+    "ptrace-root-and-own-shell": (
+        [
+            "python3 -c 'import ctypes, os\nlibc = ctypes.CDLL(None)\n"
+            'ok = [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) '
+            'if os.stat(f"/proc/{p}").st_uid == 0 and libc.ptrace(16, p, 0, 0) == 0]\nprint("attached", ok)\''
+        ],
+        1.0,
+    ),
+    # the protocol: output, markers, stdin
+    "close-stdout": (["exec >&-; echo gone"], 1.0),
+    "stdout-to-devnull": (["exec 2>&1 >/dev/null; echo gone"], 1.0),
+    "close-stdin": (["exec 0<&-"], 1.0),
+    "close-every-fd": (['for fd in $(seq 0 255); do eval "exec $fd>&-"; done'], 1.0),
+    "fake-markers": (
+        [
+            "printf '\\n__toolgym_done_0123456789abcdef 0\\n__toolgym_done_ 0\\n'",
+            # a DEBUG trap reads the real nonce and prints a marker line with garbage for the exit code
+            "trap 'n=${BASH_COMMAND#*__toolgym_done_}; [[ $BASH_COMMAND == *__toolgym_done_* ]] && "
+            'printf "\\n__toolgym_done_%s xyz\\n" "${n%% *}"\' DEBUG; echo trapped',
+        ],
+        1.0,
+    ),
+    "override-printf-and-eval": (["printf() { :; }; eval() { :; }"], 1.0),
+    "aliases-and-noexec": (["shopt -s expand_aliases; alias printf=false", "set -n"], 1.0),
+    "set-e-and-xtrace": (["set -x; echo traced", "set -e; false"], 1.0),
+    "no-path": (["PATH=/nonexistent; unset HOME; IFS=/", "ls"], 1.0),
+    "steal-stdin": (["setsid cat /proc/$$/fd/0 > /dev/null 2>&1 < /dev/null &", "echo stolen?"], 1.0),
+    "background-spam": (["(while :; do echo spam; done) &", "echo between"], 1.0),
+    "binary-output": (["head -c 200000 /dev/urandom; printf '\\xff\\xfe\\x00end'"], 1.0),
+    "huge-output": (["yes | head -c 30000000", "yes"], 1.0),
+    "nul-and-bad-utf8-command": (["echo a\x00b; echo '\udcff\ud800'"], 1.0),
+    # limits
+    "ulimit-nofile": (["ulimit -n 3"], 1.0),
+    "ulimit-nproc": (["ulimit -u 1"], 1.0),
+    "ulimit-memory": (["ulimit -Sv 20000"], 1.0),
+    "ulimit-cpu": (["ulimit -t 1; while :; do :; done"], 1.0),
+    "ulimit-fsize-core-stack": (["ulimit -f 0; ulimit -c 0; ulimit -s 64"], 1.0),
+    # files
+    "chmod-workdir-then-new-shell": (["chmod 000 /app /home/agent; kill -9 $$"], 1.0),
+    "symlinks-where-root-writes": (
+        [
+            "ln -s /etc/shadow /app/evil; ln -s /logs /app/logs; ln -sfn / /home/agent/root; "
+            "ln -s /tests/test.sh /tmp/t; ln -s /logs/verifier/reward.txt /app/reward.txt; echo planted",
+            "ln /etc/passwd /app/hard; ln /usr/bin/python3 /tmp/py; mkfifo /tmp/f /app/f; echo tried",
+        ],
+        1.0,
+    ),
+    "fifo-for-the-solution": (["rm /app/done.txt; mkfifo /app/done.txt"], 0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_attack_leaves_a_working_shell_and_an_honest_reward(probe, name):
+    commands, honest = ATTACKS[name]
+    probe.reset(seed=0)
+    assert step(probe, shell("echo done > /app/done.txt")) == "[exit code 0]"
+    t0 = time.monotonic()
+    outputs = [step(probe, shell(command)) for command in commands]
+    after = step(probe, shell("echo alive-$UID"))  # (builtins only: no PATH needed)
+    assert "alive-1000\n" in after and "[exit code 0]" in after, (outputs, after)
+    assert time.monotonic() - t0 < 40, outputs
+    reward, info = submit(probe)
+    assert reward == honest, (outputs, info["verifier_output"])
+
+
+def test_what_the_attacks_are_told(probe):
+    """The observations say what happened (a restart, a timeout, a cut), and carry no protocol markers."""
+    probe.reset(seed=0)
+    out = step(probe, shell("exec >&-; echo gone; ls /nope"))
+    assert "[exit code 2]" in out and "__toolgym" not in out, out  # stdout back for the marker: no time-out
+    out = step(probe, shell("kill -9 $$"))
+    assert "a new shell was started" in out, out
+    out = step(probe, shell("sleep 100"))
+    assert "ran past the 3 s limit" in out, out
+    out = step(probe, shell("ulimit -n 3"))
+    assert "[exit code 0]" in out, out
+    out = step(probe, shell("echo after"))  # the shell cannot open a pipe: replaced, the command run there
+    assert out.startswith("after\n") and "it ran in a new shell" in out, out
+    # (a text action is cut at 200000 characters before; a tool_calls message is not)
+    assert "[not run: the command is" in probe.unwrapped.shell("#" * (MAX_COMMAND_BYTES + 1))
+    big = "x" * (150 << 10)  # a long command still runs
+    assert step(probe, shell(f"v={big}; echo ${{#v}}")).startswith(f"{150 << 10}\n")
+    out = step(probe, shell("yes | head -c 30000000"))
+    assert "characters cut" in out and len(out) < 10_000
+    out = step(probe, shell(ATTACKS["ptrace-root-and-own-shell"][0][0]))
+    assert "attached []" in out, out  # root's processes (the warden, init) cannot be ptraced
+    out = step(probe, shell("printf 'a\\xffb\\n'"))
+    assert out.startswith("a\ufffdb")
+    for bad in (
+        '<tool_call>{"name": "shell", "arguments": {"command": ["ls"]}}</tool_call>',
+        '<tool_call>{"name": "shell", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "shell", "arguments": {"command": null}}</tool_call>',
+        '<tool_call>{"name": "shell", "arguments": {"command": "ls", "sudo": true}}</tool_call>',
+        '<tool_call>{"name": "shell", "arguments": {"command": "' + "\\ud800" + '"}}</tool_call>',
+    ):
+        step(probe, bad)
+    assert step(probe, shell("echo fine")).startswith("fine")
+    reward, _ = submit(probe)
+    assert reward == 0.0  # the folder was never solved
+
+
+def write_task(root, files):
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+GOOD = {
+    "instruction.md": "Do it.\n",
+    "environment/Dockerfile": "FROM toolgym-terminal:latest\nWORKDIR /app\n",
+    "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",
+}
+HOSTILE = {
+    "no-instruction": ({"instruction.md": None}, "no instruction.md"),
+    "no-test-sh": ({"tests/test.sh": None}, "tests/test.sh"),
+    "no-environment": ({"environment/Dockerfile": None}, "Dockerfile is missing"),
+    "bad-toml": ({"task.toml": "[agent\ntimeout_sec = "}, "not valid TOML"),
+    "toml-wrong-types": ({"task.toml": '[agent]\ntimeout_sec = "soon"\n'}, "timeout_sec"),
+    "toml-table-is-a-string": ({"task.toml": 'agent = "x"\n'}, "agent"),
+    "toml-bad-memory": ({"task.toml": '[environment]\nmemory_mb = "lots"\n'}, "memory"),
+    "toml-negative-timeout": ({"task.toml": "[verifier]\ntimeout_sec = -1\n"}, "timeout_sec"),
+    "workdir-root": ({"environment/Dockerfile": "FROM x\nWORKDIR /\n"}, "working folder"),
+    "workdir-etc": ({"task.toml": '[environment]\nworkdir = "/etc/app"\n'}, "working folder"),
+    "workdir-relative": ({"environment/Dockerfile": "FROM x\nWORKDIR app\n"}, "working folder"),
+    "workdir-dotdot": ({"environment/Dockerfile": "FROM x\nWORKDIR /app/../usr\n"}, "working folder"),
+    "workdir-quoted": ({"environment/Dockerfile": 'FROM x\nWORKDIR "/my app"\n'}, "working folder"),
+    "workdir-variable": ({"environment/Dockerfile": "FROM x\nWORKDIR $HOME/app\n"}, "working folder"),
+    "workdir-newline": ({"task.toml": '[environment]\nworkdir = "/app\\nx"\n'}, "working folder"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_hostile_harbor_task_folder_is_a_config_error(tmp_path, name):
+    change, message = HOSTILE[name]
+    files = {**GOOD, **change}
+    root = write_task(tmp_path / "t", {k: v for k, v in files.items() if v is not None})
+    with pytest.raises(ConfigError, match=message):
+        load_harbor(root, build=False)
+
+
+def test_odd_harbor_folders(tmp_path):
+    """Not a folder, an empty folder, a file named like a task, a symlink loop and binary or non-UTF-8
+    files in tests/: a ConfigError, or a task that loads."""
+    with pytest.raises(ConfigError):
+        load_harbor_dir(tmp_path / "missing", build=False)
+    with pytest.raises(ConfigError, match="no Harbor task folders"):
+        load_harbor_dir(tmp_path, build=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError):
+        load_harbor_dir(tmp_path / "file", build=False)
+    with pytest.raises(ConfigError):
+        gym.make(ID, tasks=str(tmp_path / "file"))
+    root = write_task(tmp_path / "odd name 'quoted'", GOOD)
+    (root / "tests" / "loop").symlink_to(root / "tests")
+    (root / "tests" / "blob.bin").write_bytes(b"\xff\xfe\x00\x01")
+    (root / "instruction.md").write_bytes("Do it \xe9.\n".encode("latin-1"))
+    task = load_harbor(root, build=False)
+    assert task.name == "odd name 'quoted'" and "test.sh" in task.tests and "Do it" in task.instruction
