@@ -123,7 +123,7 @@ mkdir -p .partsA .partsB/whl .stable && mv /tmp/w/part_aa .partsA/part_aa && mv 
 git archive --format=tar.gz HEAD > .stable/snap.tgz
 # Device calls, back to back on one warm machine (run tool; one H100/H200):
 bash benchmarks/papers/device.sh stage                                   # carry .partsA
-bash benchmarks/gpu_jobs.sh 570 benchmarks/jobs/werewolf.txt             # carry .partsB .stable; repeat until
+bash benchmarks/gpu_jobs.sh 590 benchmarks/jobs/werewolf.txt             # carry .partsB .stable; repeat until
 #   $OUT/gpu.txt says "werewolf rc=0" (rc=75: work left, call again; ~3 calls). Each call leaves in $OUT:
 #   werewolf/werewolf.{md,json} (the scripted numbers + the learned win rates so far + the pipeline's timings),
 #   werewolf/pipeline.json, werewolf/runs/ (metrics, summaries, per-seed evaluations; no weights), jobs.tar.gz.

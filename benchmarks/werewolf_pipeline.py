@@ -372,7 +372,7 @@ class Pipeline:
 
     def _run_unit(self, unit: Unit, rec: dict[str, Any]) -> str | None:
         """Runs one unit; None when it returned, "time" when the budget stopped it, "error" when it failed."""
-        from toolgym.trainers.preemption import Preempted
+        from toolgym.trainers.preemption import EXIT_SIGINT, EXIT_SIGTERM, Preempted
 
         print(f"[werewolf pipeline] {unit.name} ...", flush=True)
         try:
@@ -380,6 +380,13 @@ class Pipeline:
             return None
         except (TimeUp, Preempted) as exc:
             print(f"[werewolf pipeline] {unit.name}: stopped for time ({exc})", flush=True)
+            return "time"
+        except (
+            SystemExit
+        ) as exc:  # a trainer's second signal (trainers/preemption.py): stop at once, but here
+            if exc.code not in (EXIT_SIGTERM, EXIT_SIGINT):
+                raise
+            print(f"[werewolf pipeline] {unit.name}: stopped by a second signal", flush=True)
             return "time"
         except Exception as exc:  # a unit's failure is recorded; the units that do not need it still run
             rec["failures"] = rec.get("failures", 0) + 1
