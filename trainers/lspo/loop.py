@@ -211,20 +211,19 @@ def collect(
             break
         for (table, seat, n), cands in zip(batch, propose(batch, rng), strict=True):
             game = table.game
+            assert isinstance(game, WerewolfGame)
             if n > 1:
                 for c in cands:
                     move, _ = rules.read_move(game, c.text)
                     c.speech = move.text if not isinstance(move, str) and move.kind == "speak" else ""
                 messages = [dict(m) for m in table.messages(seat)]
-                turns.append(DiscussionTurn(messages, table.tools, info_parts(game, seat), cands))  # type: ignore[arg-type]
+                turns.append(DiscussionTurn(messages, table.tools, info_parts(game, seat), cands))
                 table.act(seat, cands[int(rng.integers(len(cands)))].text)
                 continue
             text, moves = cands[0].text, moves + 1
-            if fallback and not legal(rules, game, seat, text):  # type: ignore[arg-type]
-                text, fallbacks = (
-                    move_text(strong_policy(view_of(game, seat), rng), rules.action_format),
-                    fallbacks + 1,
-                )  # type: ignore[arg-type]
+            if fallback and not legal(rules, game, seat, text):
+                text = move_text(strong_policy(view_of(game, seat), rng), rules.action_format)
+                fallbacks += 1
             table.act(seat, text)
     done = [t for t in tables if t.game.done]
     stats = {
