@@ -246,3 +246,34 @@ def test_odd_harbor_folders(tmp_path):
     (root / "instruction.md").write_bytes("Do it \xe9.\n".encode("latin-1"))
     task = load_harbor(root, build=False)
     assert task.name == "odd name 'quoted'" and "test.sh" in task.tests and "Do it" in task.instruction
+
+
+DROP = (
+    "python3 -c 'import os, sys; os.setgroups([]); os.setresgid(1000, 1000, 1000); "
+    'os.setresuid(1000, 1000, 1000); os.execvp("bash", ["bash", sys.argv[1]])\''
+)
+
+
+def test_a_daemon_the_verifier_starts_cannot_hold_the_episode(tmp_path):
+    """A Harbor verifier runs the agent's program (dropped to the agent's uid); it leaves a daemon that keeps
+    the verifier's stdout open. The verifier's output goes to a file of root's, and what its checks left is
+    killed after it: the step returns at once with the honest reward."""
+    root = write_task(
+        tmp_path / "daemon",
+        {
+            **GOOD,
+            "task.toml": "[verifier]\ntimeout_sec = 20.0\n",
+            "tests/test.sh": f"#!/bin/bash\ncd /app\n{DROP} /app/check.sh\n"
+            '[ "$(cat /app/done.txt)" = done ] && echo 1 > /logs/verifier/reward.txt\necho verifier done\n',
+        },
+    )
+    env = gym.make(ID, tasks=str(root), command_timeout_s=3)
+    try:
+        env.reset(seed=0)
+        step(env, shell("echo done > done.txt; echo 'setsid sleep 1000 & echo checked' > check.sh"))
+        t0 = time.monotonic()
+        reward, info = submit(env)
+        assert reward == 1.0 and time.monotonic() - t0 < 15, info
+        assert "verifier done" in info["verifier_output"]
+    finally:
+        env.close()
