@@ -207,7 +207,8 @@ def expert_success_rate(
             if not info.get("success") and failures is not None:  # what a flake needs to diagnose itself
                 keys = ("task_name", "truncation", "infra_error", "reward_components", "verifier_output")
                 said = {k: info[k] for k in keys if k in info}
-                said["last"] = [str(m.content)[-300:] for m in tool_env(env).transcript[-4:]]
+                last = tool_env(env).transcript[-4:]  # (messages, or their dicts)
+                said["last"] = [str(m["content"] if isinstance(m, dict) else m.content)[-300:] for m in last]
                 failures.append(f"seed {1000 + seed}: {said!r:.2500}")
     finally:
         env.close()
