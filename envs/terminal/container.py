@@ -369,7 +369,7 @@ class _Shell:
         self.pid, self.base64 = int(words[0]), words[1]
 
     def send_and_wait(
-        self, command: str, timeout_s: float, limit: int = 1 << 20, raw: bool = False
+        self, command: str, timeout_s: float, limit: int = 1 << 20, raw: bool = False, earlier: bytes = b""
     ) -> tuple[str, int, bool] | None:
         """Sends one command; (output, exit code, whether output was cut), or None at the time limit.
         Raises EOFError when the shell's stream ends (it exited), OSError when it does not take the command.
@@ -379,11 +379,14 @@ class _Shell:
         agent's reaches it) and runs through eval with stdin /dev/null (no quote or heredoc in it can swallow
         the marker line, and it cannot read the protocol); fd 63 (the protocol's stdout) is closed for it
         and stdout and stderr are set back from it afterwards (a command that closed them does not hide the
-        marker). Exit code ``BROKEN``: the shell could not decode the command (no process or fd left)."""
+        marker). Exit code ``BROKEN``: the shell could not decode the command (no process or fd left).
+        ``self.started``: whether the command's start line came (it began to run); ``self.saw_earlier``:
+        whether ``earlier`` (a previous command's start line, late) came before this command's end."""
         nonce = secrets.token_hex(8)
-        self.started = False  # whether this command's start line came (it began to run)
+        self.started = self.saw_earlier = False
         marker = f"\n__toolgym_done_{nonce} ".encode()
         start = b"" if raw else f"\n__toolgym_start_{nonce}\n".encode()
+        self.start = start
         if raw:
             line = f"{command}\nprintf '\\n__toolgym_done_{nonce} %d\\n' $?\n"
         else:
@@ -406,6 +409,7 @@ class _Shell:
         while True:
             found = _exit_code(buf, marker)
             if found is not None:
+                self.saw_earlier = bool(earlier) and earlier in buf[: found[0]]
                 at = buf.find(start, 0, found[0]) if start else -1
                 head = at + len(start) if at >= 0 else 0  # (before the start line: the wrapper's own errors)
                 return buf[head : found[0]].decode("utf-8", "replace"), found[1], cut
@@ -574,34 +578,40 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
             self.start_shell()
             result = CommandResult("", None, time.monotonic() - t0, restarted=True, broken=True)
         if result is None:  # the time limit
-            started = self.agent.started
-            result = self._after_timeout(t0)
+            started, result = self._after_timeout(t0)
         if started or not retry:
             return result
         again = self.run(command, timeout_s, retry=False)  # (its full time: it has not run yet)
-        return dataclasses.replace(again, seconds=time.monotonic() - t0, restarted=True, rerun=True)
+        restarted = result.restarted or again.restarted
+        return dataclasses.replace(again, seconds=time.monotonic() - t0, restarted=restarted, rerun=True)
 
-    def _after_timeout(self, t0: float) -> CommandResult:
+    def _after_timeout(self, t0: float) -> tuple[bool, CommandResult]:
         """Kills what the timed-out command left in the shell's session; replaces the shell when it does
         not answer (a builtin loop, stopped, no process slot), and kills every agent process first when
-        they fill the container's process slots (a fork bomb outside the session)."""
+        they fill the container's process slots (a fork bomb outside the session). Whether the command
+        had started (its start line came: by the time limit, or, late, before the shell answered a probe),
+        and the result."""
         assert self.agent is not None
+        started, start = self.agent.started, self.agent.start
         self._kill_session(include_shell=False)
         if self._agent_processes() >= self.pids_limit * 3 // 4:
             self.kill_agent()
             self.start_shell()
             note = "[the agent's processes filled the container's process slots: every one was killed]"
-            return CommandResult(note, None, time.monotonic() - t0, timed_out=True, restarted=True)
+            return started, CommandResult(note, None, time.monotonic() - t0, timed_out=True, restarted=True)
         late: tuple[str, int, bool] | None
         try:
-            late = self.agent.send_and_wait("true", 3.0)
+            late = self.agent.send_and_wait("true", 3.0, earlier=start)
+            started = started or self.agent.saw_earlier
         except (EOFError, OSError):
             late = None
         restarted = late is None or late[1] != 0
         if restarted:
+            # (a shell that did not answer: its command never started, stuck before its start line, or
+            # started long enough before the limit for that line to have come)
             self._kill_session(include_shell=True)
             self.start_shell()
-        return CommandResult("", None, time.monotonic() - t0, timed_out=True, restarted=restarted)
+        return started, CommandResult("", None, time.monotonic() - t0, timed_out=True, restarted=restarted)
 
     def _agent_processes(self) -> int:
         _, out = self._root(f"__tg_pids {AGENT_UID}; printf '%s\\n' ${{#__tg[@]}}", 30.0, raw=True)

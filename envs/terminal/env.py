@@ -178,11 +178,9 @@ class TerminalEnv(ToolEnv):
             tail = "[the shell exited]"
         else:
             tail = f"[exit code {result.exit_code}]"
-        if result.rerun:
-            tail += (
-                " [the shell had died or had no process or file descriptor left before the command started:"
-                " it ran in a new shell (working folder and variables reset)]"
-            )
+        if result.rerun:  # (it had not started: its shell had died, or had no process or fd left)
+            where = " in a new shell: the working folder and variables were reset" if result.restarted else ""
+            tail += f" [the command could not start at first; it ran again{where}]"
         elif result.restarted:
             tail += " [a new shell was started: the working folder and variables were reset]"
         return f"{text}\n{tail}" if text.strip() else tail

@@ -163,7 +163,7 @@ def test_what_the_attacks_are_told(probe):
     out = step(probe, shell("ulimit -n 3"))
     assert "[exit code 0]" in out, out
     out = step(probe, shell("echo after"))  # the shell cannot open a pipe: replaced, the command run there
-    assert out.startswith("after\n") and "it ran in a new shell" in out, out
+    assert out.startswith("after\n") and "it ran again in a new shell" in out, out
     # (a text action is cut at 200000 characters before; a tool_calls message is not)
     assert "[not run: the command is" in probe.unwrapped.shell("#" * (MAX_COMMAND_BYTES + 1))
     big = "x" * (150 << 10)  # a long command still runs
