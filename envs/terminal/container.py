@@ -402,8 +402,8 @@ class _Shell:
                 f'eval "${{__tg_c%.}}" </dev/null 63>&- 2>&1; __tg_s=$?; fi; '
                 f"exec 1>&63 2>&1; printf '\\n__toolgym_done_{nonce} %d\\n' \"$__tg_s\"\n"
             )
-        data = line.encode()
-        self.stream.send(data, 10.0 + len(data) / 200_000)  # bash reads its input a byte at a time
+        payload = line.encode()
+        self.stream.send(payload, 10.0 + len(payload) / 200_000)  # bash reads its input a byte at a time
         buf, cut = bytearray(), False
         deadline = time.monotonic() + timeout_s
         while True:
