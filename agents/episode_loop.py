@@ -22,6 +22,10 @@ never on how the work was scheduled:
   and leaves it the step its turn ends (``turns.result``); env calls run on a thread pool while the engine
   decodes the other episodes. When nothing decodes and env calls are in flight, turns ready to start wait
   up to ``plan_wait`` seconds for those calls, so that they share one prefill pass.
+
+  A turn the engine cannot end (``TurnFailed`` from ``step``: no rollout server answered it) goes to
+  ``turns.failed``, whose value its episode gets as the turn's result (the tree rollout ends that path as an
+  ``env_error``); the other turns go on. Turns without ``failed`` let the error end the run.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoo
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, InfrastructureError
 
 
 @dataclass
@@ -70,6 +74,14 @@ class Answered:
 Episode = Generator["Generate | EnvCalls", list[Any], None]
 
 
+class TurnFailed(InfrastructureError):
+    """From an engine's ``step``: the turn of ``seq`` cannot end (no rollout server answered it). ``seq`` (set
+    by the engine) is out of the batch, released; the engine stays usable and the other turns end in later
+    steps."""
+
+    seq: Any = None
+
+
 class RoundTurns(Protocol):
     def generate(self, requests: list[Any], left: int | None) -> list[Any]:
         """One result per request, in order (``left``: the requests' shared token allowance, if any)."""
@@ -87,6 +99,8 @@ class EngineTurns(Protocol):
     def result(self, request: Any, seq: Any) -> Any:
         """The result of ``request`` whose turn, ``seq``, ended."""
         ...
+
+    # optional: ``failed(request, seq, error) -> Any``, the result of a turn that failed (``TurnFailed``)
 
 
 @dataclass
@@ -356,9 +370,21 @@ class _Continuous:
         if self.loop.on_step is not None:
             self.loop.on_step(self.steps, self.live)
         t0 = time.perf_counter()
-        ended = self.eng.step()
+        lost: TurnFailed | None = None
+        try:
+            ended = self.eng.step()
+        except TurnFailed as exc:  # (not one of our turns, or turns that cannot end one path: the run ends)
+            if getattr(self.turns, "failed", None) is None or exc.seq is None or exc.seq.tag is None:
+                raise
+            ended, lost = [], exc
         self.stats.generate_s += time.perf_counter() - t0
         self.stats.generate_calls += 1
+        if lost is not None:  # that turn's episode decides what its failure means; the other turns go on
+            slot, k = lost.seq.tag
+            lost.seq.tag = None
+            self.inflight.pop(lost.seq.id, None)
+            request = slot.work.requests[k]  # type: ignore[union-attr]
+            self._give(slot, k, self.turns.failed(request, lost.seq, str(lost)))  # type: ignore[attr-defined]
         for seq in ended:
             slot, k = seq.tag
             seq.tag = None

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from toolgym.agents.episode_loop import TurnFailed
 from toolgym.agents.policy import FinishReason, Generation, RenderedTokenPolicy, SamplingParams
 from toolgym.agents.rendering import ChatRenderer, ToolRole
 from toolgym.errors import ConfigError, InfrastructureError
@@ -484,8 +485,9 @@ class ServerBackend:
         self.client.close()
 
 
-class RequestFailed(InfrastructureError):
-    """A request no rollout server answered (``rid`` names it): an infrastructure failure, not the model's."""
+class RequestFailed(TurnFailed):
+    """A request no rollout server answered (``rid`` names it): an infrastructure failure, not the model's.
+    Out of `VLLMEngine.step` it names the turn's sequence too (``seq``)."""
 
     def __init__(self, rid: str, message: str) -> None:
         super().__init__(message)
@@ -641,8 +643,10 @@ class VLLMEngine:
             polled = self.backend.poll()
         except RequestFailed as exc:  # that turn is gone: its sequence is no longer in flight
             seq = self.live.pop(exc.rid, None)
-            if seq is not None:
-                seq.state = "released"
+            if seq is None:
+                return []  # a turn cancelled meanwhile: nobody waits for it (the others come next poll)
+            seq.state = "released"
+            exc.seq = seq  # (a `TurnFailed`: the episode loop ends that turn's path, the others go on)
             raise
         for rid, done in polled:
             seq = self.live.pop(rid, None)

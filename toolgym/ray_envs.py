@@ -390,9 +390,10 @@ class RayTreeEnvs(TreeEnvs):
         return env
 
 
-def tree_envs(env_kwargs: dict[str, Any], snapshots: bool, env_workers: str) -> TreeEnvs:
-    """The tree rollout's envs for ``env_workers`` (``threads``: in this process; see ``parse_env_workers``)."""
-    spec = parse_env_workers(env_workers)
+def tree_envs(env_kwargs: dict[str, Any], snapshots: bool, env_workers: str | RaySpec) -> TreeEnvs:
+    """The tree rollout's envs for ``env_workers`` (``threads``: in this process; see ``parse_env_workers``; a
+    ``RaySpec`` as it is: a run's ``env_call_timeout_s`` is in it)."""
+    spec = env_workers if isinstance(env_workers, RaySpec) else parse_env_workers(env_workers)
     if spec is None:
         return TreeEnvs(env_kwargs, snapshots)
     return RayTreeEnvs(env_kwargs, snapshots, RayEnvWorkers(spec))

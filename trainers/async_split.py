@@ -413,7 +413,7 @@ def serve(cfg: Any, layout: Layout, model: Any = None, tokenizer: Any = None) ->
     )
     roller = TreeRollout(
         rollout, cfg.branch_policy(vocab_size(actor)), cfg.rollout_config(), cfg.env_kwargs, gate=gate,
-        env_backend=cfg.env_workers,
+        env_backend=cfg.env_backend(),
     )  # fmt: skip
     n, base, pos0 = cfg.prompts_per_step, start.version, start.data_pos
     try:

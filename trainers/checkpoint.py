@@ -14,18 +14,23 @@ says that the module is in ``dcp/``, and rank 0 writes ``state.pt`` (RNG, progre
 
 from __future__ import annotations
 
+import copy
 import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 
 from toolgym.errors import ConfigError
 
+if TYPE_CHECKING:
+    from toolgym.trainers.config import RunConfig
+
 IN_DCP = {"in": "dcp"}  # what {name}.pt holds when the module's weights are in dcp/
+C = TypeVar("C", bound="RunConfig")
 
 
 @dataclass
@@ -33,6 +38,7 @@ class Progress:
     step: int = 0  # training steps done
     data_pos: int = 0  # tasks drawn so far (the next task index)
     extra: dict[str, Any] | None = None  # the run's other state (`AddonState.state_dict`), as saved
+    missing: tuple[str, ...] = ()  # `load`'s optional modules the checkpoint did not hold
 
 
 def save(
@@ -79,9 +85,15 @@ def _swap(tmp: Path, folder: Path) -> None:
         shutil.rmtree(old)
 
 
-def load(folder: Path, modules: dict[str, Any], optimizer: torch.optim.Optimizer) -> Progress:
-    """Restores what `save` wrote into the given modules and optimizer; returns the progress."""
-    folder = complete(folder)
+def load(
+    folder: Path, modules: dict[str, Any], optimizer: torch.optim.Optimizer, optional: tuple[str, ...] = ()
+) -> Progress:
+    """Restores what `save` wrote into the given modules and optimizer; returns the progress. A module named
+    in `optional` that the checkpoint does not hold (the KL reference of a run saved with kl_coef = 0) keeps
+    its weights and is listed in `Progress.missing`."""
+    folder = complete(folder)  # every file below is read from this one folder (`.old` after a cut save)
+    missing = tuple(k for k in optional if modules.get(k) is not None and not (folder / f"{k}.pt").is_file())
+    modules = {k: m for k, m in modules.items() if k not in missing}
     if not (folder / "state.pt").is_file():
         raise ConfigError(
             f"no checkpoint in {folder}: run without resume first (or point output_dir at a run)"
@@ -106,7 +118,9 @@ def load(folder: Path, modules: dict[str, Any], optimizer: torch.optim.Optimizer
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return Progress(step=int(state["step"]), data_pos=int(state["data_pos"]), extra=state.get("extra"))
+    return Progress(
+        step=int(state["step"]), data_pos=int(state["data_pos"]), extra=state.get("extra"), missing=missing
+    )
 
 
 def complete(folder: Path) -> Path:
@@ -116,6 +130,22 @@ def complete(folder: Path) -> Path:
     if not folder.exists() and (old / "state.pt").is_file():
         return old
     return folder
+
+
+def exists(folder: Path) -> bool:
+    """Whether `folder` (or the previous save `complete` falls back to) holds a checkpoint `load` can read."""
+    return (complete(folder) / "state.pt").is_file()
+
+
+def resolve_resume(cfg: C) -> C:
+    """`cfg` with its `resume` decided: ``auto`` is true when ``output_dir/checkpoint`` holds a checkpoint, else
+    false (a fresh start: what a SLURM requeue script runs every time). A copy: the caller's config keeps
+    ``auto`` for its next run. True stays true (`load` then requires the checkpoint)."""
+    if cfg.resume != "auto":
+        return cfg
+    out = copy.copy(cfg)
+    out.resume = exists(Path(cfg.output_dir) / "checkpoint")
+    return out
 
 
 def saved_step(folder: Path) -> int | None:

@@ -17,10 +17,13 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args
 
 from toolgym.agents.engine.select import check_memory
 from toolgym.errors import ConfigError
+
+if TYPE_CHECKING:
+    from toolgym.ray_envs import RaySpec
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -84,6 +87,13 @@ class RunConfig:
         metadata={
             "help": "where envs run: threads (the trainer's process) | ray | ray://HOST:PORT | ray:ADDRESS "
             "(Ray actors across the cluster's nodes; docs/envs.md)"
+        },
+    )
+    env_call_timeout_s: float = field(
+        default=1800.0,
+        metadata={
+            "help": "env_workers=ray: seconds an env call (reset, step) may take before its worker counts as "
+            "lost and the episode as an env_error (0: wait forever)"
         },
     )
     seed: int = field(
@@ -208,7 +218,13 @@ class RunConfig:
         default=False,
         metadata={"help": "write each held-out evaluation's episodes to evals/ (`toolgym view` format)"},
     )
-    resume: bool = field(default=False, metadata={"help": "continue from the checkpoint in output_dir"})
+    resume: bool | Literal["auto"] = field(
+        default=False,
+        metadata={
+            "help": "continue from the checkpoint in output_dir (true: it must be there; auto: when it is, "
+            "else start fresh, for SLURM requeue scripts)"
+        },
+    )
     tensorboard: bool = field(default=True, metadata={"help": "also write tensorboard events"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
@@ -242,6 +258,25 @@ class RunConfig:
         from toolgym.ray_envs import parse_env_workers  # (imports no torch)
 
         parse_env_workers(self.env_workers)
+        if isinstance(self.resume, str) and self.resume.lower() in ("true", "false", "auto"):
+            # (`--resume true|false` and a quoted YAML value arrive as text)
+            self.resume = {"true": True, "false": False}.get(self.resume.lower(), "auto")
+        if not (isinstance(self.resume, bool) or self.resume == "auto"):
+            raise ConfigError(f"resume must be true, false or auto, got {self.resume!r}")
+        if self.env_call_timeout_s < 0:
+            raise ConfigError(
+                f"env_call_timeout_s must be >= 0 (0: wait forever), got {self.env_call_timeout_s}"
+            )
+
+    def env_backend(self) -> str | RaySpec:
+        """Where the envs run, for `TreeRollout`/`evaluate`: ``threads``, or the `RaySpec` of `env_workers` with
+        `env_call_timeout_s` (toolgym/ray_envs.py)."""
+        from toolgym.ray_envs import parse_env_workers
+
+        spec = parse_env_workers(self.env_workers)
+        if spec is None:
+            return self.env_workers
+        return dataclasses.replace(spec, call_timeout_s=self.env_call_timeout_s or None)
 
     @classmethod
     def from_dict(cls: type[C], data: dict[str, Any]) -> C:

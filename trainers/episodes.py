@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from toolgym.ray_envs import RaySpec
 from toolgym.trainers.rollout import RolloutConfig, RolloutStats, RolloutTask, TreeRollout
 from toolgym.trainers.tree import RolloutTree
 
@@ -59,6 +60,10 @@ def episode_metrics(
             "rollout/generate_s": stats.generate_s,
             "rollout/env_s": stats.env_s,
             "rollout/branches_per_tree": sum(t.branch_count() for t in forest) / max(len(forest), 1),
+            # infrastructure faults (each path an env_error: no training row): an env's or a rollout server's
+            "rollout/env_errors": float(stats.env_errors),
+            "rollout/server_errors": float(stats.server_errors),
+            "rollout/lost_env_workers": float(stats.lost_env_workers),
         }
     return out
 
@@ -70,7 +75,7 @@ def evaluate(
     cfg: RolloutConfig,
     episodes: int,
     save: tuple[Path, int] | None = None,
-    env_backend: str = "threads",
+    env_backend: str | RaySpec = "threads",
 ) -> dict[str, float]:
     """One greedy rollout per held-out seed; eval/episode_reward, eval/success, …
 

@@ -97,6 +97,7 @@ def vocab_size(model: Any) -> int | None:
 
 def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
     """Runs (or resumes) GRPO as configured; returns the last step's metrics."""
+    cfg = checkpoint.resolve_resume(cfg)  # resume: auto -> whether output_dir holds a checkpoint
     with contextlib.ExitStack() as cleanup:  # a run that fails still stops its rollout worker and closes envs
         return _train(cfg, model, tokenizer, cleanup)
 
@@ -139,11 +140,9 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     if ref is not None and ref.frozen is not None:
         modules["reference"] = ref.frozen
     progress = checkpoint.Progress()
-    if cfg.resume:
-        folder = out / "checkpoint"
-        present = {k: m for k, m in modules.items() if k == "model" or (folder / f"{k}.pt").is_file()}
-        progress = checkpoint.load(folder, present, optimizer)
-        if len(present) < len(modules):
+    if cfg.resume:  # (load reads one folder: checkpoint, or checkpoint.old after a save cut between renames)
+        progress = checkpoint.load(out / "checkpoint", modules, optimizer, optional=("reference",))
+        if progress.missing:
             warnings.warn(
                 "the checkpoint holds no KL reference (it was saved with kl_coef = 0): the reference is the "
                 f"model {cfg.model!r} as loaded now",
@@ -175,7 +174,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         SelfPlayRollout(rollout_policy, rollout_cfg, cfg.env_kwargs, cfg.selfplay)  # seats of one game
         if cfg.selfplay
         else TreeRollout(
-            rollout_policy, branch, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_workers
+            rollout_policy, branch, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_backend()
         )
     )
     cleanup.callback(roller.close)  # (closing twice is harmless: the end of the run closes it too)
@@ -193,10 +192,12 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         with torch.no_grad(), autocast(device, cfg.bf16):
             saved = (out, step) if cfg.save_evals else None
             return evaluate(
-                policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved, cfg.env_workers
+                policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved, cfg.env_backend()
             )
 
-    if log is not None and cfg.eval_every and progress.step == 0:  # curves start at the initial policy
+    # curves start at the initial policy (a run resumed from step 0 has that evaluation in its log already:
+    # the step-0 checkpoint is written after it)
+    if log is not None and cfg.eval_every and progress.step == 0 and not cfg.resume:
         log.log(0, held_out(0))
 
     def scorer(forest: list[RolloutTree], rows: list[Row]) -> NodeAdv:

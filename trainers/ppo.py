@@ -68,6 +68,7 @@ __all__ = ["PPOConfig", "train"]
 
 def train(cfg: PPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
     """Runs (or resumes) PPO as configured; returns the last step's metrics."""
+    cfg = checkpoint.resolve_resume(cfg)  # resume: auto -> whether output_dir holds a checkpoint
     with contextlib.ExitStack() as cleanup:  # a run that fails still closes its envs (sandboxes, containers)
         return _train(cfg, model, tokenizer, cleanup)
 
@@ -111,14 +112,12 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
     if ref is not None and ref.frozen is not None:
         modules["reference"] = ref.frozen
     progress = checkpoint.Progress()
-    if cfg.resume:
-        folder = out / "checkpoint"
-        present = {k: m for k, m in modules.items() if k != "reference" or (folder / f"{k}.pt").is_file()}
-        progress = checkpoint.load(folder, present, optimizer)
+    if cfg.resume:  # (load reads one folder: checkpoint, or checkpoint.old after a save cut between renames)
+        progress = checkpoint.load(out / "checkpoint", modules, optimizer, optional=("reference",))
         dist.after_update()  # fsdp2: the rollout's copy gets the loaded weights
     log = MetricsLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
-    roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs, env_backend=cfg.env_workers)
+    roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs, env_backend=cfg.env_backend())
     cleanup.callback(roller.close)  # (closing twice is harmless: the end of the run closes it too)
     addons = AddonState(cfg)  # replay buffer, task pool, EPO entropy band (addons.py)
     if cfg.resume:  # the add-ons continue where the checkpoint left them
@@ -136,10 +135,10 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
         with torch.no_grad(), autocast(device, cfg.bf16):
             saved = (out, step) if cfg.save_evals else None
             return evaluate(
-                policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved, cfg.env_workers
+                policy, cfg.env_ids, eval_kwargs, rollout_cfg, cfg.eval_episodes, saved, cfg.env_backend()
             )
 
-    if cfg.eval_every and progress.step == 0:  # curves start at the initial policy, as GRPO's
+    if cfg.eval_every and progress.step == 0 and not cfg.resume:  # the initial policy, as GRPO's
         log.log(0, held_out(0))
     for step in range(progress.step + 1, cfg.steps + 1):
         stop.check(dist, progress.step, out / "checkpoint", lambda: checkpoint.save(

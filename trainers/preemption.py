@@ -1,5 +1,7 @@
-"""Preemption: a run that gets SIGTERM (SLURM, Kubernetes, torchrun's shutdown) or SIGINT (Ctrl-C) stops at the
-next step boundary with a checkpoint of its last completed step, in the format `resume` reads.
+"""Preemption: a run that gets SIGTERM (SLURM, Kubernetes, torchrun's shutdown), SIGUSR1 (SLURM's
+``--signal=USR1@300``, Lightning's convention for "requeue soon") or SIGINT (Ctrl-C) stops at the next step
+boundary with a checkpoint of its last completed step, in the format `resume` reads (``resume: auto`` runs
+the same command again: it continues when the checkpoint is there, else starts fresh).
 
 The first signal only sets a flag; the loop calls `Preemption.check` at the top of every step. There all
 ranks sum their flags (one all_reduce of one number under torchrun), so a rank that alone got the signal
@@ -8,7 +10,9 @@ them; a rank that stopped alone would leave the others blocked in the next colle
 under fsdp2) writes the checkpoint unless the one on disk already holds that step, the ranks meet at a
 barrier (so torchrun does not tear rank 0 down mid-save), rank 0 prints
 ``preempted at step N: checkpoint in DIR; resume with …`` and `Preempted` is raised; the commands turn it
-into exit code 128 + the signal's number (`EXIT_SIGTERM` 143, `EXIT_SIGINT` 130).
+into exit code 128 + the signal's number (`EXIT_SIGTERM` 143, `EXIT_SIGUSR1` 138, `EXIT_SIGINT` 130).
+SIGUSR1 is handled as SIGTERM; torchrun itself does not catch it (its default action ends the launcher),
+so under torchrun signal SIGTERM, or trap USR1 in the batch script and send TERM on (docs/trainer.md).
 
 A second signal ends the process at once with the same code (``os._exit``: no cleanup, so envs are not
 closed; `toolgym sandbox doctor --prune` removes sandbox containers left behind); in a Jupyter kernel a
@@ -39,15 +43,17 @@ from typing import Any
 
 from toolgym.errors import ToolgymError
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a process SIGTERM stopped
+EXIT_SIGUSR1 = 128 + signal.SIGUSR1  # 138 (SLURM --signal=USR1@N: stop and save before the time limit)
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
+RESUME_WORDS = ("auto", "true", "false")  # what may follow --resume on a command line
 REPEAT_S = 1.0  # the same signal again within this many seconds is a copy of the first (torchrun forwards it)
 
 
 class Preempted(ToolgymError):
     """The run stopped on a signal after saving the checkpoint of `step` in `folder`; `exit_code` is 128 +
-    the signal's number (143 for SIGTERM, 130 for SIGINT)."""
+    the signal's number (143 for SIGTERM, 138 for SIGUSR1, 130 for SIGINT)."""
 
     def __init__(self, step: int, folder: Path, signum: int) -> None:
         self.step, self.folder, self.signum = step, folder, signum
@@ -64,6 +70,8 @@ def resume_command() -> str:
     >>> import sys; argv, sys.argv = sys.argv, ["toolgym", "train", "--config", "my run.yaml", "--no-resume"]
     >>> resume_command()
     "toolgym train --config 'my run.yaml' --resume"
+    >>> sys.argv = ["toolgym", "sft", "--resume", "auto", "--steps", "9"]; resume_command()
+    'toolgym sft --steps 9 --resume'
     >>> sys.argv = argv
     """
     main = sys.modules.get("__main__")
@@ -71,10 +79,27 @@ def resume_command() -> str:
     via_module = spec is not None and spec.name == "toolgym.__main__"
     if not (via_module or Path(sys.argv[0]).name == "toolgym") or len(sys.argv) < 2:
         return "the same command and --resume (resume: true in the config)"
-    args = shlex.join([a for a in sys.argv[1:] if a not in ("--resume", "--no-resume")])
+    args = shlex.join(_without_resume(sys.argv[1:]))
     if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: its own options are not in our argv
         return f"torchrun ... -m toolgym {args} --resume"
     return f"toolgym {args} --resume"
+
+
+def _without_resume(argv: list[str]) -> list[str]:
+    """`argv` without its resume flags: ``--resume [auto|true|false]``, ``--resume=X``, ``--no-resume``."""
+    out: list[str] = []
+    skip = False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--resume":
+            skip = i + 1 < len(argv) and argv[i + 1] in RESUME_WORDS
+            continue
+        if a == "--no-resume" or a.startswith("--resume="):
+            continue
+        out.append(a)
+    return out
 
 
 def _say(line: str) -> None:
@@ -85,7 +110,7 @@ def _say(line: str) -> None:
 
 
 class Preemption:
-    """SIGTERM/SIGINT handlers for the length of a run (a context manager; a no-op off the main thread,
+    """SIGTERM/SIGUSR1/SIGINT handlers for the length of a run (a context manager; a no-op off the main thread,
     where Python cannot install handlers). `saved(step)` says whether the loop has already written the
     checkpoint of `step` (its `save_every` schedule); the first `check` is at the run's first step, where
     a resumed run's checkpoint is the one on disk."""

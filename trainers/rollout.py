@@ -30,6 +30,9 @@ Forking an env: see trainers/rollout_envs.py (a snapshot restored, or the path's
 Env faults: an exception from `env.step` ends that path as an infrastructure failure
 (`episode.truncation == "env_error"`: no training row, not scored, tree.flatten leaves it out); the env
 is closed, not pooled. A fork whose env cannot be restored is dropped. A failing first `reset` raises.
+A turn no rollout server answered (continuous mode, `TurnFailed` from the engine's step: agents/vllm_policy.py)
+ends its path the same way, with an empty model node as its leaf (`info["infra_error"]`); its env is pooled
+again (it did nothing wrong) and the other paths go on.
 
 Departures from the papers / official code:
 1. ARPO copies a path and samples again from the tool result; here the fork resamples the turn that
@@ -73,7 +76,7 @@ from toolgym.agents.episode_loop import (
     turn_room,
 )
 from toolgym.errors import ConfigError
-from toolgym.ray_envs import tree_envs
+from toolgym.ray_envs import RaySpec, tree_envs
 from toolgym.trainers.branching import BranchPolicy, NoBranching, apply_forks
 from toolgym.trainers.tree import NodeKind, RolloutTree
 
@@ -109,7 +112,9 @@ class RolloutStats(LoopStats):
     """The episode loop's times (`generate_s`, `env_s`, `generate_calls`, `idle_s`, `wall_s`) and the trees'."""
 
     generated_tokens: int = 0
-    env_errors: int = 0  # paths ended (or forks dropped) by an env fault
+    env_errors: int = 0  # paths ended (or forks dropped) by an infrastructure fault: env or rollout server
+    server_errors: int = 0  # of those: turns no rollout server answered (`TurnFailed`)
+    lost_env_workers: int = 0  # env_workers=ray: workers that died or passed env_call_timeout_s (this run)
     forks: dict[str, int] = field(default_factory=dict)
 
 
@@ -158,7 +163,7 @@ class TreeRollout:
     `continuous`: drive the trees with the engine's continuous batching (default: when the policy has an
     `engine`, i.e. `EnginePolicy`); otherwise in rounds. `env_workers`: threads for env calls (continuous;
     in rounds too when the envs are remote). `env_backend`: where the envs run, `threads` (this process) or
-    `ray`, `ray://HOST:PORT`, `ray:ADDRESS` (Ray actors: toolgym/ray_envs.py).
+    `ray`, `ray://HOST:PORT`, `ray:ADDRESS` (Ray actors: toolgym/ray_envs.py), or a `RaySpec`.
     """
 
     def __init__(
@@ -170,7 +175,7 @@ class TreeRollout:
         *,
         continuous: bool | None = None,
         env_workers: int = 16,
-        env_backend: str = "threads",
+        env_backend: str | RaySpec = "threads",
         gate: WeightGate | None = None,
     ) -> None:
         self.policy = policy
@@ -205,6 +210,8 @@ class TreeRollout:
             functools.partial(self._grow, ti, task, np.random.default_rng([seed, ti]), forest, stats)
             for ti, task in enumerate(tasks)
         ]
+        workers = getattr(self.envs, "workers", None)  # Ray env workers: their losses are counted per run
+        lost0 = workers.lost_workers if workers is not None else 0
         if self.continuous:
             loop = EpisodeLoop(env_workers=self.env_workers, plan_wait=self.plan_wait, stats=stats)
             turns = _EngineTurns(self.policy, self.cfg, sampling, self.gate)
@@ -215,6 +222,7 @@ class TreeRollout:
             EpisodeLoop(env_workers=self.round_workers, stats=stats).run(
                 starts, _RoundTurns(self.policy, self.cfg, sampling, self.gate)
             )
+        stats.lost_env_workers = (workers.lost_workers - lost0) if workers is not None else 0
         return [t for t in forest if t is not None], stats
 
     # ----- one tree (what it does, not when) ---------------------------------------------------------------
@@ -319,6 +327,9 @@ class TreeRollout:
         gens = yield Generate([tree.prefix_ids(r.parent) for r in reqs], lefts)
         out: list[tuple[_Req, int]] = []
         for r, g in zip(reqs, gens, strict=True):
+            if isinstance(g, Fault):  # no rollout server answered this turn: the path ends
+                self._lost_turn(tree, r, g, stats)
+                continue
             versions = None
             if isinstance(g, Versioned):
                 g, versions = g.generation, g.versions
@@ -340,6 +351,21 @@ class TreeRollout:
             stats.generated_tokens += len(g.token_ids)
             out.append((r, nid))
         return out
+
+    def _lost_turn(self, tree: RolloutTree, req: _Req, fault: Fault, stats: RolloutStats) -> None:
+        """Ends `req`'s path at an empty model node as an env_error (no row, not scored, counted)."""
+        stats.env_errors += 1
+        stats.server_errors += 1
+        parent = tree.nodes[req.parent]
+        turn = parent.turn if parent.kind == "model" else (0 if parent.kind == "prompt" else parent.turn + 1)
+        nid = tree.add(
+            req.parent, "model", [], turn=turn, logprobs=[], branch_reason=req.reason,
+            info={"finish": "error", "infra_error": fault.error, "invalid": False, "tool_calls": 0},
+        )  # fmt: skip
+        ret = sum(tree.nodes[n].step_reward for n in tree.path(nid))
+        end = {"success": False, "truncation": "env_error", "episode_reward": ret, "truncated": True}
+        self._finish(tree, nid, end)
+        self.envs.release(tree.meta["env_id"], req.env)  # (the env did nothing wrong: pooled, reset on reuse)
 
     def _action(self, tree: RolloutTree, nid: int) -> str:
         """The text the env gets for the turn ending at `nid` (the whole turn when it was cut by forks)."""
@@ -525,6 +551,12 @@ class _EngineTurns:
             del self.marks[sid]
             self.marks[fresh.id] = (fresh, [*marks, (len(out), version)])
             self.carried[fresh.id] = (out, lps, ents)
+
+    def failed(self, request: Any, seq: Any, error: str) -> Fault:
+        """A turn no rollout server answered (`TurnFailed`): its path ends as an env_error (`_lost_turn`)."""
+        self.marks.pop(seq.id, None)
+        self.carried.pop(seq.id, None)
+        return Fault(f"rollout server: {error}")
 
     def result(self, request: Any, seq: Any) -> Any:
         self.policy.index.add(seq)

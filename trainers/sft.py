@@ -309,6 +309,9 @@ def data_fingerprint(seqs: Sequence[tuple[list[int], list[int]]]) -> str:
 def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Runs (or resumes) SFT as configured; returns the summary (success before/after, steps, tokens,
     seconds). A SIGTERM/SIGINT saves the checkpoint and raises `Preempted` (trainers/preemption.py)."""
+    from toolgym.trainers.checkpoint import resolve_resume
+
+    cfg = resolve_resume(cfg)  # resume: auto -> whether output_dir holds a checkpoint
     with Preemption(cfg.resume, lambda s: bool(cfg.save_every and s % cfg.save_every == 0)) as stop:
         return _train(cfg, model, tokenizer, stop)
 

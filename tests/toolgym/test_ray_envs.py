@@ -53,6 +53,27 @@ def test_config_and_cli_take_env_workers() -> None:
     assert args.env_workers == "ray"
 
 
+def test_env_call_timeout_reaches_the_ray_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`env_call_timeout_s` (config key, `--env-call-timeout-s`) is the workers' `RaySpec.call_timeout_s`."""
+    from toolgym import ray_envs
+    from toolgym.cli import build_parser
+    from toolgym.cli.train import resolve
+    from toolgym.trainers.config import RunConfig
+
+    assert RunConfig().env_backend() == "threads"
+    assert RunConfig(env_workers="ray").env_backend() == RaySpec(call_timeout_s=1800.0)
+    flags = ["train", "ppo", "--env-workers", "ray:h:1", "--env-call-timeout-s", "60"]
+    _, cfg = resolve(build_parser().parse_args(flags))
+    assert cfg.env_backend() == RaySpec(address="h:1", call_timeout_s=60.0)
+    assert RunConfig(env_workers="ray", env_call_timeout_s=0).env_backend().call_timeout_s is None  # wait
+    with pytest.raises(ConfigError, match="env_call_timeout_s must be >= 0"):
+        RunConfig(env_call_timeout_s=-1)
+    made: list[Any] = []
+    monkeypatch.setattr(ray_envs, "RayEnvWorkers", lambda spec: made.append(spec) or object())
+    ray_envs.tree_envs({}, False, cfg.env_backend())
+    assert made == [RaySpec(address="h:1", call_timeout_s=60.0)]
+
+
 # ----- the cluster -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def local() -> Iterator[Any]:
@@ -402,11 +423,12 @@ def test_grpo_step_with_env_workers_on_ray_and_a_worker_killed_mid_step(
     cfg = GRPOConfig(
         env_ids=[FAKE_ENV], env_kwargs={}, prompts_per_step=2, budget=2, max_new_tokens=4, max_total_tokens=128,
         lr=1e-2, device="cpu", tensorboard=False, progress=False, eval_episodes=1, micro_batch_rows=4,
-        steps=1, output_dir=str(tmp_path), env_workers=cluster,
+        steps=1, output_dir=str(tmp_path), env_workers=cluster, env_call_timeout_s=300,
     )  # fmt: skip
     metrics = train_grpo(cfg, tiny_model(len(tokenizer)), tokenizer)  # type: ignore[arg-type]
     assert len(killed) == 1
     assert metrics["rollout/episodes"] == 4 and metrics["charts/truncated_fraction"] >= 0.25
+    assert metrics["rollout/env_errors"] == metrics["rollout/lost_env_workers"] == 1  # logged per step
     assert "losses/policy" in metrics and "eval/success" in metrics
 
 

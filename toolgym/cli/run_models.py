@@ -29,6 +29,8 @@ def run_model(spec: str) -> str:
         return spec  # a hub id or an embedded name
     model = run / "model"
     weights = run / "checkpoint" / "model.pt"
+    if not (run / "checkpoint").exists() and (run / "checkpoint.old" / "model.pt").is_file():
+        weights = run / "checkpoint.old" / "model.pt"  # a save cut between its renames (checkpoint.complete)
     if weights.is_file():  # a train run: its weights over its starting model, exported once per checkpoint
         if not (model / "config.json").is_file() or model.stat().st_mtime < weights.stat().st_mtime:
             _export(run, weights, model)

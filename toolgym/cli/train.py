@@ -99,6 +99,12 @@ def add_config_flags(
         }
         if typ == "bool":
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif typ.startswith("bool |"):  # a switch that takes a word too: --resume [auto], --no-resume
+            p.add_argument(flag, nargs="?", const=True, choices=("auto", "true", "false"), **kw)
+            p.add_argument(
+                "--no-" + flag[2:], dest=name, action="store_false", default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )  # fmt: skip
         elif typ.startswith("list"):
             p.add_argument(flag, nargs="+", metavar="X", **kw)
         elif typ.startswith("dict"):
