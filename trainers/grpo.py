@@ -110,7 +110,8 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     if cfg.rollout_ranks:  # split layout: rollout ranks serve batches and return; learners train on theirs
         layout = Layout.join(dist, cfg)
         if layout.rollout:
-            with Preemption(cfg.resume, lambda s: True, doing="serving on until the learners have saved"):
+            resumed = bool(cfg.resume)
+            with Preemption(resumed, lambda s: True, doing="serving on until the learners have saved"):
                 return serve(cfg, layout, model, tokenizer)
         dist = layout.learner_dist()
     if cfg.prompts_per_step % dist.world:
@@ -118,7 +119,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
             f"prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {dist.world} ranks"
         )
     # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
-    stop = cleanup.enter_context(Preemption(cfg.resume, lambda s: checkpoint.due(cfg, s)))
+    stop = cleanup.enter_context(Preemption(bool(cfg.resume), lambda s: checkpoint.due(cfg, s)))
     if dist.main:
         warn_inert(cfg)
     device = pick_device(dist.device_name(cfg.device), cfg.threads)

@@ -312,7 +312,7 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     from toolgym.trainers.checkpoint import resolve_resume
 
     cfg = resolve_resume(cfg)  # resume: auto -> whether output_dir holds a checkpoint
-    with Preemption(cfg.resume, lambda s: bool(cfg.save_every and s % cfg.save_every == 0)) as stop:
+    with Preemption(bool(cfg.resume), lambda s: bool(cfg.save_every and s % cfg.save_every == 0)) as stop:
         return _train(cfg, model, tokenizer, stop)
 
 
