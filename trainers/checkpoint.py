@@ -96,7 +96,8 @@ def load(
     modules = {k: m for k, m in modules.items() if k not in missing}
     if not (folder / "state.pt").is_file():
         raise ConfigError(
-            f"no checkpoint in {folder}: run without resume first (or point output_dir at a run)"
+            f"no checkpoint in {folder}: run without resume first, point output_dir at a run, or give "
+            "resume: auto (--resume auto: resume when there is a checkpoint, else start fresh)"
         )
     if (folder / "dcp").is_dir():
         _load_dcp(folder, modules, optimizer)
