@@ -180,7 +180,10 @@ class Resources:
 SMALL_TMPFS_MB = 16  # /var/tmp, /run/lock: the image's world-writable folders
 SOLUTION_MB = 64  # /solution (the agent's: Harbor's oracle unpacks its solution there)
 SHM_MB = 16  # /dev/shm (``container_kwargs``'s shm_size)
-VERIFIER_OUT = "/logs/toolgym-verifier.out"  # the verifier's stdout and stderr (root's folder)
+# the verifier's stdout and stderr: a root-only tmpfs of its own (a verbose verifier cannot fill /logs, where
+# its reward goes, nor the reward's writing fill this)
+VERIFIER_DIR = "/run/toolgym"
+VERIFIER_OUT = f"{VERIFIER_DIR}/verifier.out"
 
 
 def _kwargs(image: str, res: Resources, workdir: str, seed_bytes: int = 0) -> dict[str, Any]:
@@ -212,6 +215,7 @@ def _kwargs(image: str, res: Resources, workdir: str, seed_bytes: int = 0) -> di
     kw["tmpfs"] = {
         "/tmp": kw["tmpfs"]["/tmp"],
         "/logs": "rw,nosuid,nodev,size=16m,mode=755",
+        VERIFIER_DIR: "rw,nosuid,nodev,noexec,size=16m,mode=700",
         "/tests": "rw,nosuid,nodev,size=64m,mode=755",
         # the agent's (chowned at start; the image's working folder is copied in: ``image_workdir``)
         workdir: f"rw,exec,nosuid,nodev,size={work_mb}m,nr_inodes=262144,mode=755",
