@@ -284,3 +284,27 @@ def test_a_daemon_the_verifier_starts_cannot_hold_the_episode(tmp_path):
         assert "verifier done" in info["verifier_output"]
     finally:
         env.close()
+
+
+def test_roots_side_needs_no_docker_exec_and_its_faults_are_env_errors(probe, monkeypatch):
+    """After the start, root works through its warden shell only: a docker exec that fails to start (runc's
+    transient 'read init-p: connection reset by peer', exit 126) cannot make a solved episode read as 'the
+    verifier wrote no reward' (was: the verifier and the reward read were docker execs, and such a failure
+    scored the solved episode 0). The warden itself failing (killed from outside, as a docker fault would)
+    ends the episode as an env_error, never as a 0."""
+    from docker.models.containers import Container, ExecResult
+
+    probe.reset(seed=0)
+    step(probe, shell("echo done > /app/done.txt"))
+    box = probe.unwrapped._box
+    failed = ExecResult(126, b"OCI runtime exec failed: read init-p: connection reset by peer: unknown")
+    with monkeypatch.context() as patch:
+        patch.setattr(Container, "exec_run", lambda self, *a, **k: failed)
+        reward, info = submit(probe)
+    assert reward == 1.0, info["verifier_output"]
+    probe.reset(seed=0)
+    step(probe, shell("echo done > /app/done.txt"))
+    box = probe.unwrapped._box
+    box.container.exec_run(["kill", "-9", str(box.warden.pid)], user="0:0")
+    _, reward, _, trunc, info = probe.step(SUBMIT)
+    assert trunc and info["truncation"] == "env_error" and reward == 0.0, info
