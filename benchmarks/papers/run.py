@@ -146,7 +146,8 @@ def gpu_memory_gb(device: str) -> list[float]:
     return [0.9 * torch.cuda.get_device_properties(i).total_memory / 2**30 for i in range(n)]
 
 
-STOP_S = 45.0  # the runs get SIGTERM this long before the deadline: they finish their step and save (preemption)
+# the runs get SIGTERM this long before the deadline: they finish their step and save (preemption)
+STOP_S = 45.0
 SFT_GB = 20.0  # a warm start's GPU memory (packed rows of <= 3072 tokens, batch 16): a guess, as the runs'
 
 
