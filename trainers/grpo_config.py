@@ -27,6 +27,7 @@ from toolgym.trainers.config import (
     check_loss_rules,
     choices,
 )
+from toolgym.trainers.inert import run_inert
 
 Admission = Literal["batch", "tree"]  # asynchronous rollouts: what the staleness bound admits at once
 
@@ -328,7 +329,7 @@ class GRPOConfig(LossOptionsConfig):
             out.append(
                 "max_staleness > 0 with is_mode=none: stale tokens are trained with no off-policy correction"
             )
-        return out + self.seed_inert(changed)
+        return out + self.seed_inert(changed) + run_inert(self, changed)
 
     def _check_async(self) -> None:
         if self.is_max <= 0 or self.is_min < 0 or (self.is_min and self.is_min >= self.is_max):

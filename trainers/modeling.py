@@ -37,6 +37,7 @@ def build_policy(cfg: RunConfig, device: torch.device, model: Any = None, tokeni
     model = model.to(device=device, dtype=torch.float32)
     if cfg.lora_r > 0:
         peft = require("peft", why="lora_r > 0 trains LoRA adapters")
+        check_lora_targets(model, list(cfg.lora_targets))
         lora = peft.LoraConfig(
             r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_targets), lora_dropout=0.0
         )
@@ -46,6 +47,23 @@ def build_policy(cfg: RunConfig, device: torch.device, model: Any = None, tokeni
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
     return hf_policy(model, tokenizer, device)
+
+
+def check_lora_targets(model: Any, targets: list[str]) -> None:
+    """A ConfigError naming every `lora_targets` entry that names no module of `model` (as peft matches them:
+    the whole name or its dotted tail). peft fails only when none matches and silently adapts the rest
+    otherwise: on Phi-3, whose q, k and v are one `qkv_proj`, the default targets would train `o_proj` alone."""
+    names = [name for name, _ in model.named_modules() if name]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        leaves = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        )
+        raise ConfigError(
+            f"lora_targets {missing} name no module of this {kind} model (its linear layers: {', '.join(leaves)}); "
+            "set lora_targets"
+        )
 
 
 def hf_policy(model: Any, tokenizer: Any, device: torch.device) -> Any:

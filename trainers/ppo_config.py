@@ -17,6 +17,7 @@ from toolgym.trainers.config import (
     check_loss_rules,
     choices,
 )
+from toolgym.trainers.inert import run_inert
 
 if TYPE_CHECKING:
     from toolgym.trainers.loss import LossConfig
@@ -69,7 +70,7 @@ class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (cr
             out.append("temperature 0: every rollout of a task is the same greedy one")
         if self.save_rollouts:
             out.append("save_rollouts: inert with PPO (GRPO saves rollout trees; PPO's are single samples)")
-        return out + self.seed_inert(changed)
+        return out + self.seed_inert(changed) + run_inert(self, changed)
 
     def loss_config(self) -> LossConfig:
         from toolgym.trainers.loss import LossConfig
