@@ -7,40 +7,27 @@ verifier runs and the reward is the honest one (1: the task is solved; 0 where t
 solution itself). A hostile Harbor task folder is a clear ConfigError.
 """
 
-import json
 import time
 
 import gymnasium as gym
 import pytest
 
 import toolgym  # noqa: F401
+from tests.envs.terminal_probe import ID, SUBMIT, probe_env, shell
 from toolgym.envs.terminal.container import MAX_COMMAND_BYTES
 from toolgym.envs.terminal.harbor import load_harbor, load_harbor_dir
 from toolgym.errors import ConfigError
 
 pytestmark = pytest.mark.docker
-ID = "toolgym/Terminal-v0"
-SUBMIT = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
 PROBE_TEST = """#!/bin/bash
 if [ "$(cat /app/done.txt)" = done ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
 echo "verifier ran as $(id -u)"
 """
 
 
-def shell(command):
-    return "<tool_call>" + json.dumps({"name": "shell", "arguments": {"command": command}}) + "</tool_call>"
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    task = tmp_path_factory.mktemp("tasks") / "probe"
-    for sub in ("environment", "tests"):
-        (task / sub).mkdir(parents=True)
-    (task / "instruction.md").write_text("Write done to /app/done.txt.\n")
-    (task / "task.toml").write_text("[verifier]\ntimeout_sec = 6.0\n")
-    (task / "environment" / "Dockerfile").write_text("FROM toolgym-terminal:latest\nWORKDIR /app\n")
-    (task / "tests" / "test.sh").write_text(PROBE_TEST)
-    e = gym.make(ID, tasks=str(task), command_timeout_s=3)
+    e = probe_env(tmp_path_factory.mktemp("tasks"), PROBE_TEST, verifier_timeout_s=6.0, command_timeout_s=3)
     yield e
     e.close()
 

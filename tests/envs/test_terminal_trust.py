@@ -7,18 +7,15 @@ scores 1 only when it finds no agent process, the system's own python3 and root'
 make a solved episode fail or end in an env_error).
 """
 
-import json
-
 import gymnasium as gym
 import pytest
 
 import toolgym  # noqa: F401
+from tests.envs.terminal_probe import ID, SUBMIT, probe_env, shell
 from toolgym.envs.terminal.container import AGENT_UID, TaskContainer, check_workdir
 from toolgym.errors import ConfigError
 
 pytestmark = pytest.mark.docker
-ID = "toolgym/Terminal-v0"
-SUBMIT = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
 
 PROBE_TEST = f"""#!/bin/bash
 mkdir -p /logs/verifier
@@ -34,10 +31,6 @@ fi
 """
 
 
-def shell(command):
-    return "<tool_call>" + json.dumps({"name": "shell", "arguments": {"command": command}}) + "</tool_call>"
-
-
 @pytest.fixture(scope="module")
 def builtin():
     e = gym.make(ID, command_timeout_s=5)
@@ -47,14 +40,7 @@ def builtin():
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    task = tmp_path_factory.mktemp("tasks") / "probe"
-    for sub in ("environment", "tests"):
-        (task / sub).mkdir(parents=True)
-    (task / "instruction.md").write_text("Write done to /app/done.txt.\n")
-    (task / "task.toml").write_text("[verifier]\ntimeout_sec = 30.0\n")
-    (task / "environment" / "Dockerfile").write_text("FROM toolgym-terminal:latest\nWORKDIR /app\n")
-    (task / "tests" / "test.sh").write_text(PROBE_TEST)
-    e = gym.make(ID, tasks=str(task), command_timeout_s=5)
+    e = probe_env(tmp_path_factory.mktemp("tasks"), PROBE_TEST, verifier_timeout_s=30.0, command_timeout_s=5)
     yield e
     e.close()
 
