@@ -172,7 +172,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     if cfg.selfplay and (cfg.max_staleness or layout is not None):
         raise ConfigError("selfplay with max_staleness > 0 is not supported yet: self-play rolls out in step")
     roller: TreeRollout | SelfPlayRollout = (
-        SelfPlayRollout(rollout_policy, rollout_cfg, cfg.env_kwargs, cfg.selfplay)  # seats of one game
+        SelfPlayRollout(rollout_policy, rollout_cfg, cfg.env_kwargs, cfg.selfplay, initial=cfg.model)  # seats
         if cfg.selfplay
         else TreeRollout(
             rollout_policy, branch, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_backend()

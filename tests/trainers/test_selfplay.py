@@ -161,8 +161,12 @@ def test_grpo_step_through_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     seen: list[Any] = []
 
-    def roller(policy: Any, cfg: RolloutConfig, env_kwargs: dict[str, Any], options: Any) -> Any:
+    def roller(
+        policy: Any, cfg: RolloutConfig, env_kwargs: dict[str, Any], options: Any, initial: str | None = None
+    ) -> Any:
         # the rule policy plays (same tokenizer): games end with wins and losses, so the advantages are not 0
+        # the hook names the run's starting model: a resumed run's "initial" snapshot is that, not the checkpoint
+        assert initial
         seen.append(options)
         return SelfPlayRollout(RulePolicy(), cfg, env_kwargs, options)
 
