@@ -19,7 +19,10 @@ the text, as for ``act`` policies (their backend already returned the parsed mes
 
 An exception from an env's ``reset``/``step`` (or an env reporting ``truncation == "env_error"``, or a
 backend turn with ``finish_reason == "error"``) ends that episode only: it is recorded with ``error`` set
-(an infrastructure failure, not the model's), the env is closed and replaced, and the run goes on.
+(an infrastructure failure, not the model's), the env is closed and replaced, and the run goes on. A turn no
+rollout server answered (``TurnFailed`` from the engine's step, e.g. ``VLLMPolicy``'s ``RequestFailed``) ends
+its episode the same way (``error`` ``"policy: rollout server: ..."``, ``truncation == "env_error"``), but
+its env, which did nothing wrong, is pooled again; the other episodes go on in the same engine.
 """
 
 from __future__ import annotations
@@ -186,6 +189,9 @@ class EpisodeRunner:
             (turn,) = yield Generate([ep])
             if turn is None:  # no room left in the engine's slot for another turn
                 break
+            if isinstance(turn, Fault):  # no rollout server answered the turn (`_EngineTurns.failed`)
+                self._lost_turn(ep, turn)
+                break
             (done,) = yield EnvCalls([functools.partial(self._step, ep, turn)])
             if isinstance(done, Fault):
                 self._fail(ep, "step", RuntimeError(done.error))
@@ -317,6 +323,13 @@ class EpisodeRunner:
             close_quietly(ep.env)
             ep.env = None
 
+    @staticmethod
+    def _lost_turn(ep: _Live, fault: Fault) -> None:
+        """The episode ends as an infrastructure failure; its env stays (pooled by ``_finish``)."""
+        ep.traj.error = f"policy: {fault.error}"
+        ep.traj.truncated, ep.traj.truncation = True, "env_error"
+        ep.traj.reward = sum(ep.traj.rewards)
+
     def _finish(self, ep: _Live) -> Trajectory:
         ep.traj.duration_s = time.perf_counter() - ep.started
         if ep.traj.entropies:  # aligned with token_ids, 0.0 off the sampled tokens
@@ -373,6 +386,10 @@ class _EngineTurns:
     def result(self, ep: _Live, seq: Any) -> AssistantTurn:
         self.runner.stats["model_turns"] += 1
         return self.runner._to_turn(self.policy.generation(seq), ep, len(seq.ids) - len(seq.out))
+
+    def failed(self, ep: _Live, seq: Any, error: str) -> Fault:
+        """A turn no rollout server answered (``TurnFailed``; ``seq`` is released): that episode's env_error."""
+        return Fault(f"rollout server: {error}")
 
 
 def _has_parameter(fn: Any, name: str) -> bool:
