@@ -178,7 +178,8 @@ class Resources:
 
 
 SMALL_TMPFS_MB = 16  # /var/tmp, /run/lock: the image's world-writable folders
-SOLUTION_MB = 64  # /solution (the agent's: Harbor's oracle unpacks its solution there)
+SOLUTION_MB = 64  # /solution (the agent's; root stages the solution there when the expert plays)
+SOLUTION_DIR = "/solution"
 SHM_MB = 16  # /dev/shm (``container_kwargs``'s shm_size)
 # the verifier's stdout and stderr: a root-only tmpfs of its own (a verbose verifier cannot fill /logs, where
 # its reward goes, nor the reward's writing fill this)
@@ -471,10 +472,41 @@ class TaskContainer:
         return got[1], got[0]
 
     def _untar(self, files: dict[str, bytes], folder: str) -> str:
-        """A warden command that writes ``files`` under ``folder`` (tmpfs mounts included, which docker's
-        put_archive does not reach)."""
-        blob = base64.b64encode(tar_bytes(files)).decode()
-        return f"printf %s {blob} | base64 -d | tar --no-same-owner -x -C {shlex.quote(folder)}"
+        """A warden command that writes ``files`` (bytes, as they are) under ``folder``, tmpfs mounts
+        included. The tar goes in through docker's archive API (a root-only file in the container's layer,
+        which the command removes), not through the shell's input: bash reads that a byte at a time, and a
+        test fixture or a solution may be megabytes."""
+        if not files:
+            return "true"
+        name = f".toolgym-stage-{secrets.token_hex(8)}.tar"
+        outer = io.BytesIO()
+        data = tar_bytes(files)
+        with tarfile.open(fileobj=outer, mode="w") as tar:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uid, info.gid = len(data), 0o600, 0, 0
+            tar.addfile(info, io.BytesIO(data))
+        try:
+            ok = self.container.put_archive("/", outer.getvalue())
+        except Exception as exc:
+            raise InfrastructureError(f"could not copy files into the task container: {exc}") from exc
+        if not ok:
+            raise InfrastructureError("could not copy files into the task container")
+        return (
+            f"{{ tar --no-same-owner -x -C {shlex.quote(folder)} -f /{name}; __tg_x=$?; rm -f /{name}; "
+            "(exit $__tg_x); }"
+        )
+
+    def stage_solution(self, files: dict[str, bytes]) -> None:
+        """The task's ``solution/`` folder in ``SOLUTION_DIR``, root's and readable by the agent (the expert
+        plays it: its one command runs ``solve.sh`` there, whatever its size)."""
+        d = SOLUTION_DIR
+        code, out = self._root(
+            f"(set -e; find {d} -mindepth 1 -delete; {self._untar(files, d)}; chown -R 0:0 {d}; "
+            f"chmod -R a+rX,go-w {d}) 2>&1",
+            120.0,
+        )
+        if code != 0:
+            raise InfrastructureError(f"could not stage the task's solution ({code}): {out[-500:]}")
 
     def start(self) -> None:
         """The warden, the agent's account and folders, then the agent's shell."""

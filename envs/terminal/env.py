@@ -149,6 +149,7 @@ class TerminalEnv(ToolEnv):
         self._removals: list[threading.Thread] = []  # containers of ended episodes being removed
         self._pick: int | None = None
         self._verifier = ""
+        self._staged = False  # the task's solution/ is in the container (the expert plays)
         super().__init__(max_turns=max_turns, **kwargs)
         self._own_time_limit = self.time_limit_s  # None: each task's own [agent] timeout_sec applies
 
@@ -227,7 +228,8 @@ class TerminalEnv(ToolEnv):
         self._box = box
         self._verifier = ""
         self.time_limit_s = self._own_time_limit or task.agent_timeout_s
-        box.prepare({rel: text.encode() for rel, text in task.files.items()}, task.setup)
+        box.prepare(task.files, task.setup)
+        self._staged = False
         prompt = (
             f"{task.instruction}\n\n(Your shell starts in {task.workdir}. Call submit when you are done.)"
         )
@@ -250,9 +252,7 @@ class TerminalEnv(ToolEnv):
             raise InfrastructureError("no task container to verify")
         # every agent process is killed first; /tests and /logs/verifier (root's tmpfs mounts) are made
         # afresh; the verifier runs as root with a fixed environment (see container.py, "Who is who")
-        code, out = box.verify(
-            {rel: text.encode() for rel, text in task.tests.items()}, timeout_s=task.verifier_timeout_s
-        )
+        code, out = box.verify(task.tests, timeout_s=task.verifier_timeout_s)
         log = box.read_file("/logs/verifier/checks.log") or ""
         self._verifier = _cut(out + log, 2000)
         reward = _read_reward(box)
@@ -284,8 +284,15 @@ class TerminalEnv(ToolEnv):
         self._removals[:] = [t for t in self._removals if t.is_alive()]
 
     def expert_action(self) -> str:
-        """The task's reference solution, one command per turn, then submit."""
-        return expert.expert_action(self.current, self._transcript, self.action_format)
+        """The task's reference solution, one command per turn, then submit. A Harbor task's ``solution/``
+        is staged in the container first (root's, readable by the agent: only when the expert plays, so a
+        model's episode never has it), and its one command runs ``solve.sh`` there: no action carries the
+        script, so a solution of any size plays (an action is cut at ``parsing.MAX_ACTION_CHARS``)."""
+        task = self.current
+        if task.solution_files and not self._staged and self._box is not None:
+            self._box.stage_solution(task.solution_files)
+            self._staged = True
+        return expert.expert_action(task, self._transcript, self.action_format)
 
     def close(self) -> None:
         # every container goes now: a make_vec worker process exits without running atexit handlers

@@ -13,7 +13,7 @@ SHELL, SUBMIT = "shell", "submit"
 
 def expert_action(task: TerminalTask, transcript: Sequence[Message], action_format: str = "hermes") -> str:
     """The next command of ``task.solution`` not yet run (counted by the shell results in the transcript),
-    then ``submit``. A Harbor task's ``solve.sh`` is one command: the whole script, run by the shell."""
+    then ``submit``. A Harbor task's is one command that runs its ``solve.sh``, staged by the env."""
     done = sum(1 for m in transcript if m.role == "tool" and m.name == SHELL)
     if done < len(task.solution):
         command = task.solution[done]

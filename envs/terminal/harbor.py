@@ -17,7 +17,6 @@ A Harbor task is a folder::
 
 from __future__ import annotations
 
-import base64
 import re
 import shlex
 import sys
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.envs.terminal.container import Resources, check_workdir, tar_bytes
+from toolgym.envs.terminal.container import SOLUTION_DIR, Resources, check_workdir
 from toolgym.envs.terminal.image import BASE_IMAGE
 from toolgym.errors import ConfigError
 from toolgym.optional import require
@@ -36,13 +35,16 @@ class TerminalTask:
     """One task. ``files`` (paths relative to ``workdir``) are copied in and ``setup`` runs (bash, as root,
     in ``workdir``) at reset, on top of ``image``, and then ``workdir`` is the agent's (an unprivileged
     user's: a task whose solution needs root elsewhere cannot be solved); ``tests`` is the verifier's folder (``test.sh`` required);
-    ``solution`` is the expert's commands, one shell call each."""
+    ``solution`` is the expert's commands, one shell call each; ``solution_files`` (a Harbor task's
+    ``solution/`` folder) are staged root-owned in ``/solution`` when the expert plays, and its one command
+    runs ``solve.sh`` there (a script of any size: no action carries it). File contents are bytes end to end
+    (a binary fixture, an archive, a compiled library stay as they are); text given as ``str`` is UTF-8."""
 
     name: str
     instruction: str
-    tests: dict[str, str]
+    tests: dict[str, bytes]
     solution: tuple[str, ...] = ()
-    files: dict[str, str] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
     setup: str = ""
     category: str = "general"
     image: str = BASE_IMAGE
@@ -52,11 +54,18 @@ class TerminalTask:
     resources: Resources = field(default_factory=Resources)
     base_substituted: str | None = None  # the registry base a Harbor Dockerfile named, replaced by ours
     source: str = "builtin"
+    solution_files: dict[str, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("tests", "files", "solution_files"):  # (the built-in tasks write their files as text)
+            object.__setattr__(self, name, _as_bytes(getattr(self, name)))
         if "test.sh" not in self.tests:
             raise ConfigError(f"task {self.name}: tests must hold test.sh (the verifier)")
         check_workdir(self.workdir)
+
+
+def _as_bytes(files: dict[str, str] | dict[str, bytes]) -> dict[str, bytes]:
+    return {rel: data.encode() if isinstance(data, str) else bytes(data) for rel, data in files.items()}
 
 
 def _toml(path: Path) -> dict[str, Any]:
@@ -92,13 +101,12 @@ def _workdir(dockerfile: str) -> str:
     return found[-1] if found else "/app"
 
 
-def _texts(folder: Path) -> dict[str, str]:
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder``, as bytes (a binary test fixture must reach the container unchanged)."""
     if not folder.is_dir():
         return {}
     return {
-        p.relative_to(folder).as_posix(): p.read_text(errors="replace")
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
     }
 
 
@@ -113,7 +121,7 @@ def load_harbor(folder: str | Path, build: bool = True) -> TerminalTask:
     env_cfg = _table(config, "environment", toml_path)
     agent_cfg, verifier_cfg = _table(config, "agent", toml_path), _table(config, "verifier", toml_path)
     meta, task_cfg = _table(config, "metadata", toml_path), _table(config, "task", toml_path)
-    tests = _texts(root / "tests")
+    tests = _files(root / "tests")
     if "test.sh" not in tests:
         raise ConfigError(f"{root}: tests/test.sh (the verifier) is missing")
     dockerfile_path = root / "environment" / "Dockerfile"
@@ -136,6 +144,7 @@ def load_harbor(folder: str | Path, build: bool = True) -> TerminalTask:
         instruction=instruction.read_text(errors="replace").strip(),
         tests=tests,
         solution=_solution(root / "solution", workdir),
+        solution_files=_files(root / "solution") if (root / "solution" / "solve.sh").is_file() else {},
         category=str(meta.get("category", "general")),
         image=image,
         workdir=workdir,
@@ -148,18 +157,11 @@ def load_harbor(folder: str | Path, build: bool = True) -> TerminalTask:
 
 
 def _solution(folder: Path, workdir: str) -> tuple[str, ...]:
-    """The expert's one command for a Harbor task: unpack ``solution/`` to ``/solution`` (as Harbor's oracle
-    gets it) and run ``solve.sh`` from the working folder."""
+    """The expert's one command for a Harbor task: run ``solve.sh`` (staged with the rest of ``solution/``
+    in ``/solution``, as Harbor's oracle gets it, when the expert plays) from the working folder."""
     if not (folder / "solve.sh").is_file():
         return ()
-    files = {
-        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
-    }
-    blob = base64.b64encode(tar_bytes(files)).decode()
-    return (
-        f"mkdir -p /solution && printf %s {blob} | base64 -d | tar -x -C /solution && "
-        f"cd {shlex.quote(workdir)} && bash /solution/solve.sh",
-    )
+    return (f"cd {shlex.quote(workdir)} && bash {SOLUTION_DIR}/solve.sh",)
 
 
 def _memory_mb(text: Any) -> int | None:
@@ -196,21 +198,25 @@ def write_harbor(task: TerminalTask, folder: str | Path) -> Path:
         "allow_internet = false\n"
     )
     lines = [f"FROM {task.image}", f"WORKDIR {task.workdir}"]
-    for rel, text in task.files.items():
+    for rel, data in task.files.items():
         path = out / "environment" / "files" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path.write_bytes(data)
     if task.files:
         lines.append(f"COPY files/ {task.workdir}/")
     if task.setup.strip():
         (out / "environment" / "setup.sh").write_text(task.setup)
         lines += ["COPY setup.sh /opt/setup.sh", "RUN bash /opt/setup.sh && rm /opt/setup.sh"]
     (out / "environment" / "Dockerfile").write_text("\n".join(lines) + "\n")
-    for rel, text in task.tests.items():
+    for rel, data in task.tests.items():
         path = out / "tests" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    if task.solution:
+        path.write_bytes(data)
+    for rel, data in task.solution_files.items():
+        path = out / "solution" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    if task.solution and not task.solution_files:
         (out / "solution").mkdir(exist_ok=True)
         body = "\n".join(task.solution)
         (out / "solution" / "solve.sh").write_text(f"#!/bin/bash\nset -e\ncd {task.workdir}\n{body}\n")
