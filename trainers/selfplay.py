@@ -27,6 +27,13 @@ prompt), so the rows are exactly what was sampled. The text seats of all tables 
 ``max_total_tokens`` ends the game for its table: every learner seat of it is truncated (no side wins). A
 learner seat that is out of the game before its first turn (killed on night 1) has no row in that copy (a
 group may have fewer than ``budget`` leaves; a seat with none in any copy has no group).
+
+A policy with an engine (``EnginePolicy``, ``VLLMPolicy``) runs each batch through the episode loop
+(``generate_each``), so that a turn no rollout server answered (``TurnFailed``) fails only its table: that
+game ends there and every learner seat of it is an ``env_error`` (no row, not scored; counted in
+``rollout/env_errors`` and ``rollout/server_errors``, one a learner seat); the other tables go on. A seat
+prompt that does not fit the engine (no room for one token) ends its table as ``token_budget``, as a prompt
+past ``max_total_tokens`` does (the model's own length, not an infrastructure fault).
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from toolgym.agents.policy import SamplingParams
+from toolgym.agents.episode_loop import Answered, EpisodeLoop, Fault, Generate, submit_turn
+from toolgym.agents.policy import Generation, SamplingParams
 from toolgym.envs.multiagent.selfplay import SelfPlayTable
 from toolgym.errors import ConfigError
 from toolgym.trainers.rollout import RolloutConfig, RolloutStats, RolloutTask
@@ -120,6 +128,51 @@ def load_snapshot(policy: Any, snapshot: str, initial: str | None = None) -> Any
         raise ConfigError(f"selfplay.snapshot {snapshot!r} holds neither model.pt nor config.json")
     frozen = frozen.to(device).eval().requires_grad_(False)
     return HFPolicy(frozen, policy.tokenizer, batch_size=256)
+
+
+class _BatchTurns:
+    """The episode loop's ``EngineTurns`` for one batch of prompts: planned as the policy's ``generate`` plans
+    them (held caches continued, shared prefixes once), each turn clamped to its sequence's room; a turn that
+    ends is indexed and kept held, as ``generate`` leaves it; a failed turn is a ``Fault``."""
+
+    def __init__(self, policy: Any, sampling: SamplingParams) -> None:
+        self.policy, self.engine, self.sampling = policy, policy.engine, sampling
+
+    def plan(self, requests: list[Any], lefts: list[int | None]) -> list[Any]:
+        from toolgym.agents.engine.engine_policy import plan_turns  # (torch: imported when an engine runs)
+
+        sp, mode, seqs = plan_turns(self.policy, requests, self.sampling)
+        out: list[Any] = []
+        for seq in seqs:
+            if submit_turn(self.engine, seq, mode, sp.max_new_tokens, sp.stop):
+                out.append(seq)
+            else:  # the prompt leaves no room for a token: the model's length, not a fault
+                self.engine.release(seq)
+                out.append(Answered(None))
+        return out
+
+    def result(self, request: Any, seq: Any) -> Generation:
+        self.policy.index.add(seq)
+        return self.policy.generation(seq)
+
+    def failed(self, request: Any, seq: Any, error: str) -> Fault:
+        return Fault(f"rollout server: {error}")
+
+
+def generate_each(
+    policy: Any, prompts: list[list[int]], sampling: SamplingParams
+) -> list[Generation | Fault | None]:
+    """One result per prompt: a ``Generation``; a ``Fault`` for a turn no rollout server answered; ``None``
+    for a prompt with no room left in the engine. Policies without an engine: their ``generate`` as is."""
+    if getattr(policy, "engine", None) is None or not hasattr(policy, "generation"):
+        return list(policy.generate(prompts, sampling))
+    out: list[Generation | Fault | None] = []
+
+    def batch() -> Any:
+        out.extend((yield Generate(list(prompts))))
+
+    EpisodeLoop().run([batch], _BatchTurns(policy, sampling))
+    return out
 
 
 @dataclass
@@ -232,6 +285,7 @@ class SelfPlayRollout:
             for s in tables[ti].text_seats
         }
         live = set(range(len(tables)))
+        lost: dict[int, str] = {}  # tables ended by a turn no rollout server answered -> the error
         while live:
             pending: dict[bool, list[_Seat]] = {True: [], False: []}
             t_env = time.perf_counter()
@@ -256,11 +310,18 @@ class SelfPlayRollout:
                     temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_new_tokens=self.cfg.max_new_tokens,
                     seed=int(sampling.integers(2**31)),
                 )  # fmt: skip
-                gens = list(policy.generate([s.ids for s in batch], sp))
+                gens = generate_each(policy, [s.ids for s in batch], sp)
                 stats.generate_s += time.perf_counter() - t_gen
                 stats.generate_calls += 1
                 t_env = time.perf_counter()
                 for seat, g in zip(batch, gens, strict=True):
+                    if g is None or isinstance(g, Fault):  # this table's game ends here
+                        live.discard(seat.table)
+                        if g is None:  # the seat's prompt fills the engine: the model's length
+                            self._abandon(tables[seat.table], seat.table, seats)
+                        else:
+                            lost[seat.table] = g.error
+                        continue
                     seat.ids += list(g.token_ids)
                     seat.last_gen = list(g.token_ids)
                     seat.turns += 1
@@ -271,7 +332,13 @@ class SelfPlayRollout:
                     tables[seat.table].act(seat.name, text)
                     seat.seen += 1  # its own answer; what the table added after it is news for the next turn
                 stats.env_s += time.perf_counter() - t_env
-        trees = [self._tree(task, s, idx, tables, seats) for task, learners, idx in groups for s in learners]
+        for ti in lost:  # each learner seat of a lost table is a path ended by the fault (its row is dropped)
+            n = sum(1 for s in tables[ti].text_seats if seats[(ti, s)].learner)
+            stats.env_errors += n
+            stats.server_errors += n
+        trees = [
+            self._tree(task, s, idx, tables, seats, lost) for task, learners, idx in groups for s in learners
+        ]
         forest = [t for t in trees if t.leaves()]
         stats.wall_s = time.perf_counter() - t0
         return forest, stats
@@ -306,6 +373,7 @@ class SelfPlayRollout:
         idx: list[int],
         tables: list[SelfPlayTable],
         seats: dict[tuple[int, str], _Seat],
+        lost: dict[int, str] | None = None,
     ) -> RolloutTree:
         """One group: the seat ``name`` in each copy of the deal, as the leaves of one tree."""
         idx = [ti for ti in idx if seats[(ti, name)].turns > 0]  # a seat out before its first turn: no row
@@ -338,6 +406,15 @@ class SelfPlayRollout:
                     last_key = key
                     node = tree.add(node, "user", ids, turn=max(turn, 0))
             record = table.records[name]
+            if lost and ti in lost:  # an infrastructure failure: no row, not scored
+                tree.nodes[node].info["episode"] = {
+                    "success": False, "truncation": "env_error", "episode_reward": 0.0, "truncated": True,
+                    "turns": seat.turns, "tool_calls": seat.turns - record.invalid, "void": False,
+                    "tokens": len(seat.ids), "invalid_turns": record.invalid,
+                }  # fmt: skip
+                tree.nodes[node].info["infra_error"] = lost[ti]
+                tree.set_reward(node, 0.0)
+                continue
             won = bool(table.game.done and table.rules.seat_won(table.game, name))
             ret = 0.0 if seat.truncated else table.returns()[name]
             truncated = seat.truncated or not table.game.done
