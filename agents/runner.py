@@ -226,16 +226,36 @@ class EpisodeRunner:
             traj.logprobs = [0.0] * len(prompt)
         return ep
 
-    def _act(self, eps: list[_Live]) -> list[AssistantTurn]:
-        """A round's turns: one batched policy call for every waiting episode."""
+    def _act(self, eps: list[_Live]) -> list[AssistantTurn | None]:
+        """A round's turns: one batched policy call for every waiting episode (``None`` for an episode whose
+        prompt and reply would pass the model's positions: it ends there as a ``token_budget`` truncation,
+        instead of failing the batch or extrapolating past the context)."""
+        turns: list[AssistantTurn | None]
         if self.token_level:
             policy: Any = self.policy
             for ep in eps:
                 if ep.pending:
                     _extend_context(ep.traj, ep.pending)
                     ep.pending = []
-            gens = policy.generate([ep.traj.token_ids for ep in eps], self.sampling)
-            turns = [self._to_turn(g, ep, len(ep.traj.token_ids)) for g, ep in zip(gens, eps, strict=True)]
+            context = _context_of(policy)
+            fits = [True] * len(eps)
+            if context is not None:
+                sp = self.sampling or getattr(policy, "sampling", None) or SamplingParams()
+                fits = [len(ep.traj.token_ids) + sp.max_new_tokens <= context for ep in eps]
+            run = [ep for ep, ok in zip(eps, fits, strict=True) if ok]
+            got = list(policy.generate([ep.traj.token_ids for ep in run], self.sampling)) if run else []
+            if len(got) != len(run):
+                raise ConfigError(f"{policy!r} returned {len(got)} turns for {len(run)} prompts")
+            gens = iter(got)
+            turns = []
+            for ep, ok in zip(eps, fits, strict=True):
+                if ok:
+                    turns.append(self._to_turn(next(gens), ep, len(ep.traj.token_ids)))
+                else:  # the model's own length, as when the engine's slot has no room left
+                    ep.traj.truncated, ep.traj.truncation = True, "token_budget"
+                    ep.traj.reward = sum(ep.traj.rewards)
+                    turns.append(None)
+            eps = run
         else:
             turns = self.policy.act(
                 [ep.traj.messages for ep in eps],
@@ -243,8 +263,8 @@ class EpisodeRunner:
                 sampling=self.sampling,
                 envs=[ep.env for ep in eps],
             )
-        if len(turns) != len(eps):
-            raise ConfigError(f"{self.policy!r} returned {len(turns)} turns for {len(eps)} conversations")
+            if len(turns) != len(eps):
+                raise ConfigError(f"{self.policy!r} returned {len(turns)} turns for {len(eps)} conversations")
         self.stats["model_turns"] += len(eps)
         return turns
 
@@ -347,7 +367,7 @@ class _RoundTurns:
     def __init__(self, runner: EpisodeRunner) -> None:
         self.runner = runner
 
-    def generate(self, eps: list[_Live], left: int | None) -> list[AssistantTurn]:
+    def generate(self, eps: list[_Live], left: int | None) -> list[AssistantTurn | None]:
         return self.runner._act(eps)
 
 
@@ -397,6 +417,12 @@ def _has_parameter(fn: Any, name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # not a callable, or one without a signature
         return False
+
+
+def _context_of(policy: Any) -> int | None:
+    """The positions of a token policy's model (``config.max_position_embeddings``), or None when unknown."""
+    size = getattr(getattr(getattr(policy, "model", None), "config", None), "max_position_embeddings", None)
+    return int(size) if isinstance(size, int) and size > 0 else None
 
 
 def _extend_context(traj: Trajectory, ids: list[int]) -> None:
