@@ -4,8 +4,9 @@
 #   bash benchmarks/gpu_jobs.sh SECONDS JOBFILE     carry .partsB .stable
 # .stable/snap.tgz is `git archive --format=tar.gz HEAD` of the code to run (the working tree may hold
 # unfinished edits); it is installed editable from /root/snap. JOBFILE has one job a line:
-#   GPU NAME COMMAND…        (run in /root/snap; $RUNS is /root/jobs; `toolgym train` jobs that find their
-#                            checkpoint get --resume appended)
+#   GPU NAME COMMAND…        (run in /root/snap; $RUNS is /root/jobs; each `toolgym train` / `toolgym sft` in
+#                            it gets `--resume auto` right after its subcommand: it continues from the
+#                            checkpoint in its output_dir when there is one; a later --resume/--no-resume wins)
 # Each job runs under `timeout` to the call's deadline (SIGTERM 75 s before the call's end: `toolgym train` and
 # `toolgym sft` finish their step and save, then exit 143; SIGKILL 45 s later); $OUT gets gpu.txt, one NAME.log tail each and
 # jobs.tar.gz (metrics, configs, summaries; no weights). A second call with the same JOBFILE continues.
@@ -36,10 +37,9 @@ pids=()
 while read -r gpu name cmd; do
   [ -z "${gpu:-}" ] || [ "${gpu:0:1}" = "#" ] && continue
   cmd=${cmd//\$RUNS/$RUNS}
-  case "$cmd" in
-    *"toolgym train"*) dir=$(sed -n 's/.*--output-dir \([^ ]*\).*/\1/p' <<<"$cmd")
-      [ -n "$dir" ] && [ -f "$dir/checkpoint/state.pt" ] && cmd="$cmd --resume";;
-  esac
+  # (inserted after the subcommand, not appended: the command may go on with `&& other …`)
+  cmd=${cmd//"toolgym train "/"toolgym train --resume auto "}
+  cmd=${cmd//"toolgym sft "/"toolgym sft --resume auto "}
   [ -f "$RUNS/$name.done" ] && { echo "$name: done before"; continue; }
   left=$(( deadline - $(date +%s) ))
   [ "$left" -lt 20 ] && { echo "$name: no time left" | tee -a "$out/gpu.txt"; continue; }

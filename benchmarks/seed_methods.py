@@ -157,10 +157,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         cfg = rl_config(name, runs, a.model, a.device, 1 if a.quick else a.steps, a.quick)
         write_yaml(runs / f"{name}.yaml", cfg)
         gpu = i % gpus if gpus > 1 else None
-        # a second call on the same machine continues each run from its last checkpoint
-        resume = ["--resume"] if (runs / name / "checkpoint" / "state.pt").is_file() else []
+        # a second call on the same machine continues each run from its last checkpoint (auto: when
+        # output_dir holds one, a save cut between its renames included)
         procs[name] = launch(
-            [*py, "train", "--config", str(runs / f"{name}.yaml"), *resume], runs / f"{name}.log", gpu
+            [*py, "train", "--config", str(runs / f"{name}.yaml"), "--resume", "auto"],
+            runs / f"{name}.log",
+            gpu,
         )
     summary["rl_rc"] = wait(procs, deadline - 5)
     summary["seconds_wall"] = time.monotonic() - t0

@@ -214,7 +214,7 @@ class Pipeline:
 
         folder = self.runs / "sft"
         # save_every/resume: an SFT that checkpoints continues a cut run (one that does not ignores them)
-        extra = {"save_every": 10, "resume": (folder / "checkpoint").is_dir()}
+        extra = {"save_every": 10, "resume": "auto"}
         extra = {k: v for k, v in extra.items() if k in {f.name for f in dataclasses.fields(SFTConfig)}}
         return SFTConfig(
             env_ids=[ENV], env_kwargs={"n_players": self.p.players, "opponents": "strong", "prompt_format": "text"},
@@ -243,7 +243,7 @@ class Pipeline:
             eval_every=self.p.grpo_eval_every, eval_episodes=self.p.grpo_eval_episodes,
             micro_batch_rows=self.p.micro_batch_rows, filter_zero_variance=self.p.grpo_filter_zero_variance,
             output_dir=str(folder), tensorboard=False, progress=False,
-            resume=(folder / "checkpoint" / "state.pt").is_file(),
+            resume="auto",  # a cut run continues from its checkpoint in output_dir, if it has one
             selfplay={
                 "learner_seats": self.p.learner_seats, "frozen_seats": self.p.frozen_seats,
                 "snapshot": str(self.sft_model()), "others": "strong", "max_turns_per_seat": self.p.max_turns,

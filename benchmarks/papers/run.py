@@ -256,10 +256,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             mem = a.engine_memory or (round(min(0.5, j.claim.kv_gb / capacity[g]), 3) if capacity else 0.15)
             yaml_path = folder / f"{j.arm}_s{j.seed}.yaml"
             write_yaml(yaml_path, run_config(j.claim, j.arm, j.seed, folder, a.device, mem, a.quick))
-            resume = (
-                ["--resume"] if (folder / f"{j.arm}_s{j.seed}" / "checkpoint" / "state.pt").is_file() else []
-            )
-            cmd = [*py, "train", "--config", str(yaml_path), *resume]
+            # auto: a later call continues the run from its checkpoint in output_dir, if it has one
+            cmd = [*py, "train", "--config", str(yaml_path), "--resume", "auto"]
             start(j.name, cmd, folder / f"{j.arm}_s{j.seed}.log", g, j.gb)
         queue = waiting
         if not running and not todo_sft and not ready:

@@ -115,11 +115,14 @@ def test_the_watchdog_stops_a_unit_that_overruns(tmp_path: Path, monkeypatch: py
 
 
 def test_the_gpu_profile_builds_valid_configs(tmp_path: Path) -> None:
+    from toolgym.trainers.checkpoint import resolve_resume
+
     pipe = Pipeline(GPU, tmp_path / "runs", 540, None, str(tmp_path / "res"))
     pipe.sft_model().mkdir(parents=True)  # (GRPOConfig checks that the snapshot folder exists)
     sft, grpo, lspo = pipe.sft_config(), pipe.grpo_config(), pipe.lspo_config(GPU.lspo_iterations)
     assert sft.episodes == 600 and sft.env_kwargs["opponents"] == "strong" and sft.model == "smollm2-135m"
-    assert grpo.model == str(pipe.sft_model()) and grpo.save_every and not grpo.resume
+    assert grpo.model == str(pipe.sft_model()) and grpo.save_every and grpo.resume == sft.resume == "auto"
+    assert not resolve_resume(grpo).resume and not resolve_resume(sft).resume  # no checkpoint yet: fresh
     assert grpo.selfplay["snapshot"] == str(pipe.sft_model())  # a folder: the same opponent after a resume
     lspo.validate()
     assert lspo.model == str(pipe.sft_model()) and lspo.iterations == GPU.lspo_iterations
