@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tests.trainers.conftest import register_fake_env, tiny_model
+from tests.trainers.killing import dies_after_save
 from tests.trainers.test_train import SMALL, records
 from toolgym.errors import ConfigError
-from toolgym.trainers import checkpoint
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.grpo import GRPOConfig
 from toolgym.trainers.grpo import train as train_grpo
@@ -30,10 +30,6 @@ OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-class Killed(Exception):
-    pass
-
-
 def run(algorithm: str, opts: dict[str, Any], out: Path, tokenizer: Any, seed: int = 0, **kw: Any) -> Any:
     model = tiny_model(len(tokenizer), seed=seed)
     if algorithm == "grpo":
@@ -49,17 +45,8 @@ def test_resume_is_bit_identical(option: str, tmp_path: Path, tokenizer: Any, mo
     register_fake_env()
     algorithm, opts = OPTIONS[option]
     straight = run(algorithm, opts, tmp_path / "straight", tokenizer, steps=3)
-    save = checkpoint.save
-
-    def save_then_die(folder: Path, *args: Any, **kwargs: Any) -> None:
-        save(folder, *args, **kwargs)
-        if args[2].step == 2:  # (modules, optimizer, progress)
-            raise Killed
-
-    monkeypatch.setattr(checkpoint, "save", save_then_die)
-    with pytest.raises(Killed):
+    with dies_after_save(monkeypatch, step=2):
         run(algorithm, opts, tmp_path / "split", tokenizer, steps=3, save_every=1)
-    monkeypatch.setattr(checkpoint, "save", save)
     # another initialisation: everything must come from the checkpoint
     resumed = run(algorithm, opts, tmp_path / "split", tokenizer, seed=123, steps=3, resume=True)
     a, b = records(tmp_path / "straight")[-1], records(tmp_path / "split")[-1]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.trainers.conftest import tiny_model
+from tests.trainers.killing import dies_after_save
 from toolgym.agents.rendering import ChatRenderer, sample_tool_conversation
 from toolgym.errors import ConfigError
 from toolgym.trainers.sft import (
@@ -170,17 +171,11 @@ def test_lora_sft_saves_a_merged_plain_model(tmp_path: Path, tokenizer: Any) -> 
     assert not any("lora" in n for n, _ in loaded.named_parameters())
 
 
-class Killed(Exception):
-    pass
-
-
 @pytest.mark.parametrize("lora", [False, True])
 def test_sft_resume_is_bit_identical(tmp_path: Path, tokenizer: Any, monkeypatch: Any, lora: bool) -> None:
     """A run killed right after its step-2 checkpoint and resumed (from another initialisation) ends with the
     same weights, loss curve and summary as one never stopped: weights or LoRA adapters, AdamW, the LR
     schedule, the data order across a pass boundary (4 conversations, 2 a step) and the RNG all resume."""
-    from toolgym.trainers import checkpoint
-
     if lora:
         pytest.importorskip("peft")
     opts: dict[str, Any] = dict(
@@ -196,17 +191,8 @@ def test_sft_resume_is_bit_identical(tmp_path: Path, tokenizer: Any, monkeypatch
         return model, summary
 
     straight, s1 = run(tmp_path / "straight")
-    save = checkpoint.save
-
-    def save_then_die(folder: Path, *args: Any, **kwargs: Any) -> None:
-        save(folder, *args, **kwargs)
-        if args[2].step == 2:  # (modules, optimizer, progress)
-            raise Killed
-
-    monkeypatch.setattr(checkpoint, "save", save_then_die)
-    with pytest.raises(Killed):
+    with dies_after_save(monkeypatch, step=2):
         run(tmp_path / "split", save_every=1)
-    monkeypatch.setattr(checkpoint, "save", save)
     assert not (tmp_path / "split" / "model").exists()
     # another initialisation: what is trained must come from the checkpoint (with LoRA the frozen base is
     # the model the run started with)
