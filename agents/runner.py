@@ -257,11 +257,13 @@ class EpisodeRunner:
                     turns.append(None)
             eps = run
         else:
-            turns = self.policy.act(
-                [ep.traj.messages for ep in eps],
-                [ep.tools for ep in eps],
-                sampling=self.sampling,
-                envs=[ep.env for ep in eps],
+            turns = list(
+                self.policy.act(
+                    [ep.traj.messages for ep in eps],
+                    [ep.tools for ep in eps],
+                    sampling=self.sampling,
+                    envs=[ep.env for ep in eps],
+                )
             )
             if len(turns) != len(eps):
                 raise ConfigError(f"{self.policy!r} returned {len(turns)} turns for {len(eps)} conversations")
