@@ -8,8 +8,8 @@ system (the container's own layer, removed with it at the end of the episode) th
 every folder it writes is a size-capped tmpfs counted in the container's memory (no disk quota exists for a
 container's layer, and the host's disk is every episode's and the trainer's).
 
-Who is who: the agent's shell runs as an unprivileged user (``agent``, uid ``AGENT_UID``, no capabilities,
-no way to gain any), in its working folder (owned by it) with ``HOME=/home/agent``. System folders, ``/tests``
+Who is who: the agent's shell runs as an unprivileged user (``agent``, a host uid of this container's own,
+leased from ``toolgym.sandboxes.uids`` like the code sandbox's boxes, no capabilities, no way to gain any), in its working folder (owned by it) with ``HOME=/home/agent``. System folders, ``/tests``
 and ``/logs`` stay root's: ``/tests`` and ``/logs`` are root-owned tmpfs mounts (mode 755), so the agent can
 write neither and a full disk cannot stop the verifier from writing its reward. Beside the agent's shell a
 root ``bash`` (the warden) is started with the container, before any agent process: it writes the task's
@@ -31,7 +31,9 @@ started ahead of time (a warm pool per image), so a reset only copies the task's
 What is not covered: a verifier that runs the agent's programs as root hands them root (the built-in tasks
 run their checks as the agent's uid; see ``tasks.TEST_SH`` and ``TOOLGYM_AGENT_UID``); a check can be
 fooled by a program of the agent that fakes what the check looks at (that is the check's strength, not the
-container's). Processes left in the background keep running until the episode ends.
+container's). Processes left in the background keep running until the episode ends. On cgroup v1 (no count
+of the times a cgroup reached its limit) a host-wide OOM kill is told from the agent's own only until the
+container's usage first came near its limit: after that every kill reads as the agent's (``host_oom_kills``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import base64
 import contextlib
 import dataclasses
 import io
+import re
 import secrets
 import shlex
 import socket
@@ -53,7 +56,11 @@ from typing import Any
 
 from toolgym.errors import ConfigError, InfrastructureError
 
-AGENT_UID = 1000  # the agent's shell and everything it starts; root is kept for the warden and verifier
+# The agent's shell and everything it starts run as a uid of the container's own (``TaskContainer.uid``),
+# and the built-in checks' real uid is a second one (``checks_uid``), both leased host-wide: per-uid kernel
+# limits (inotify instances and watches, pipe buffer pages, message queue bytes, RLIMIT_NPROC) are counted
+# by host uid across containers, so with one shared uid an episode could use up another's (128 inotify
+# instances in one container left none to every other, and to the host's user of that uid).
 AGENT_HOME = "/home/agent"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV = {  # root's processes (setup, verifier): system folders only, none of them the agent's
@@ -71,10 +78,9 @@ ENV = {  # root's processes (setup, verifier): system folders only, none of them
     "PIP_BREAK_SYSTEM_PACKAGES": "1",
     "PIP_ROOT_USER_ACTION": "ignore",
     "PYTHONDONTWRITEBYTECODE": "1",
-    "TOOLGYM_AGENT_UID": str(AGENT_UID),  # a verifier can drop to it to run the agent's programs
 }
 AGENT_ENV = {
-    **{k: v for k, v in ENV.items() if k not in ("PIP_ROOT_USER_ACTION", "TOOLGYM_AGENT_UID")},
+    **{k: v for k, v in ENV.items() if k != "PIP_ROOT_USER_ACTION"},
     "HOME": AGENT_HOME,
     "USER": "agent",
     "LOGNAME": "agent",
@@ -128,6 +134,24 @@ __tg_reap() {
     ((i < 3)) || read -r -t 0.02 -u 7
   done
   return 1
+}
+__tg_mem() {  # the container's memory cgroup: "<times at its own limit> <processes OOM-killed>", or "none"
+  # (cgroup v1 has no count of the times: -1 once its usage ever came within 1 MiB of a limit, or failed at one)
+  local k v l=0 n=0 m x p c=/sys/fs/cgroup
+  if [[ -r $c/memory.events ]]; then
+    while read -r k v; do case $k in oom) l=$v ;; oom_kill) n=$v ;; esac; done < $c/memory.events
+  elif [[ -r $c/memory/memory.oom_control ]]; then
+    while read -r k v; do [[ $k == oom_kill ]] && n=$v; done < $c/memory/memory.oom_control
+    for p in memory memory.memsw; do
+      m=0 x=0 v=0
+      { read -r m < $c/memory/$p.limit_in_bytes; read -r x < $c/memory/$p.max_usage_in_bytes
+        read -r v < $c/memory/$p.failcnt; } 2>/dev/null
+      ((v > 0 || (m > 0 && x + 1048576 >= m))) && l=-1
+    done
+  else
+    printf 'none\n'; return 0
+  fi
+  printf '%s %s\n' "$l" "$n"
 }
 __tg_sess() {  # the processes of uid $1 in session $2, but pid $3 (the shell, or none)
   local i p line f k
@@ -323,6 +347,27 @@ def _exit_code(buf: bytearray, marker: bytes) -> tuple[int, int] | None:
     return None
 
 
+@dataclass(frozen=True)
+class MemoryEvents:
+    """The container's memory cgroup counters: how often it reached its own limit (cgroup v2 ``oom``; -1 on
+    v1, which counts no such thing, once its peak usage came within 1 MiB of its memory or memory+swap limit
+    or a charge failed there) and how many of its processes an OOM killer killed (``oom_kill``)."""
+
+    at_limit: int
+    oom_kills: int
+
+
+def host_oom_kills(before: MemoryEvents | None, after: MemoryEvents | None) -> int:
+    """How many processes of the container the kernel killed for memory that the container did not use up:
+    kills while it never reached its own limit are a host-wide (or a parent cgroup's) OOM, not the agent's
+    doing. Within the container's own limit the agent's processes go first (oom_score_adj 1000, and every
+    tmpfs it can fill is on top of the memory the rest needs): a kill then is the agent's hog's. 0 when the
+    counters are unknown (no memory cgroup to read)."""
+    if before is None or after is None or after.at_limit != before.at_limit or after.at_limit < 0:
+        return 0
+    return max(after.oom_kills - before.oom_kills, 0)
+
+
 class ShellExited(EOFError):
     """The shell's stream ended; ``started``: whether the command had started (its start line came)."""
 
@@ -444,7 +489,26 @@ class TaskContainer:
     that could not start, or whose exit code was not in yet, had been taken for a verifier that wrote no
     reward: a solved episode scored 0)."""
 
-    def __init__(self, container: Any, workdir: str, seed: bytes | None = None) -> None:
+    def __init__(
+        self, container: Any, workdir: str, seed: bytes | None = None, uids: tuple[Any, Any] | None = None
+    ) -> None:
+        """``uids``: the leases (``sandboxes.uids.UidLease``) of the agent's uid and the checks' uid, held
+        until the container is removed; None leases them here."""
+        from toolgym.sandboxes.uids import lease_uid
+
+        if uids is None:
+            try:
+                uids = (lease_uid(), lease_uid())
+            except OSError as exc:
+                raise InfrastructureError(f"no uid for the task container's agent: {exc}") from exc
+        self.leases = uids
+        self.uid, self.checks_uid = uids[0].uid, uids[1].uid
+        # root's environment (warden, setup, verifier): whom a verifier drops to for the agent's programs
+        self.root_env = {
+            **ENV,
+            "TOOLGYM_AGENT_UID": str(self.uid),
+            "TOOLGYM_CHECKS_UID": str(self.checks_uid),
+        }
         self.container = container
         self.workdir = workdir
         self.seed = seed  # the image's working folder (a tar from ``image_workdir``), copied into its tmpfs
@@ -453,6 +517,7 @@ class TaskContainer:
         self.closed = False
         self.removal: threading.Thread | None = None  # the background removal close() started
         self.pids_limit = Resources().pids  # the container's process slots (the pool sets its own)
+        self.memory: MemoryEvents | None = None  # the counters when last read (``check_memory``)
 
     # ----- plumbing -----------------------------------------------------------------------------------
     def _root(self, command: str, timeout_s: float = 120.0, raw: bool = False) -> tuple[int, str]:
@@ -510,9 +575,9 @@ class TaskContainer:
 
     def start(self) -> None:
         """The warden, the agent's account and folders, then the agent's shell."""
-        self.warden = _Shell(self.container.id, "0:0", "/", ENV)
+        self.warden = _Shell(self.container.id, "0:0", "/", self.root_env)
         self._root(WARDEN_PRELUDE, 20.0)
-        uid, wd = AGENT_UID, shlex.quote(self.workdir)
+        uid, wd = self.uid, shlex.quote(self.workdir)
         if self.seed:  # (a tar of the folder itself: extracted in its parent)
             parent = shlex.quote(self.workdir.rstrip("/").rsplit("/", 1)[0] or "/")
             blob = base64.b64encode(self.seed).decode()
@@ -523,6 +588,7 @@ class TaskContainer:
             f"""(set -e
 getent passwd {uid} >/dev/null || echo 'agent:x:{uid}:{uid}:agent:{AGENT_HOME}:/bin/bash' >> /etc/passwd
 getent group {uid} >/dev/null || echo 'agent:x:{uid}:' >> /etc/group
+getent passwd {self.checks_uid} >/dev/null || echo 'checks:x:{self.checks_uid}:{uid}::/nonexistent:/bin/false' >> /etc/passwd
 mkdir -p {AGENT_HOME} /solution {wd}
 chown -R {uid}:{uid} {AGENT_HOME} /solution {wd}
 chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifier) 2>&1""",
@@ -543,7 +609,7 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
             parts.append(f"(cd {shlex.quote(self.workdir)} && set -e\n{setup}\n)")
         if not parts:
             return
-        parts.append(f"chown -R {AGENT_UID}:{AGENT_UID} {shlex.quote(self.workdir)}")
+        parts.append(f"chown -R {self.uid}:{self.uid} {shlex.quote(self.workdir)}")
         code, out = self._root(" && ".join(parts) + " 2>&1", timeout_s)
         if code != 0:
             raise InfrastructureError(f"the task's files or setup failed ({code}): {out[-500:]}")
@@ -553,6 +619,27 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         p = shlex.quote(path)
         code, out = self._root(f"[ -f {p} ] && [ ! -L {p} ] && tail -c {int(limit)} -- {p}", 30.0)
         return out if code == 0 else None
+
+    def memory_events(self) -> MemoryEvents | None:
+        """The container's memory counters (the warden's builtins: no fork), None when there are none."""
+        _, out = self._root("__tg_mem", 30.0, raw=True)
+        words = out.split()
+        if len(words) != 2 or not all(w.lstrip("-").isdigit() for w in words):
+            return None
+        return MemoryEvents(int(words[0]), int(words[1]))
+
+    def check_memory(self) -> None:
+        """Raises ``InfrastructureError`` when the kernel OOM-killed a process of the container since the last
+        check while the container stayed within its own limit (the host, not the agent, ran out of memory:
+        whatever it killed, the agent's or root's, the episode is not the agent's to score)."""
+        now = self.memory_events()
+        killed = host_oom_kills(self.memory, now)
+        self.memory = now
+        if killed:
+            raise InfrastructureError(
+                f"the host ran out of memory: the kernel killed {killed} process(es) of the task container "
+                "while it was within its own memory limit"
+            )
 
     # ----- the agent's shell ---------------------------------------------------------------------------
     def start_shell(self) -> None:
@@ -567,7 +654,7 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         # (chmod 000) would fail docker's start, and every later command with it
         wd = shlex.quote(self.workdir)
         prefix = f"echo 1000 > /proc/self/oom_score_adj 2>/dev/null; cd -- {wd} 2>/dev/null || cd {AGENT_HOME} 2>/dev/null; "
-        launcher, user = "setsid -w ", f"{AGENT_UID}:{AGENT_UID}"
+        launcher, user = "setsid -w ", f"{self.uid}:{self.uid}"
         try:
             self.agent = _Shell(self.container.id, user, "/", AGENT_ENV, prefix, launcher)
         except InfrastructureError:
@@ -585,9 +672,18 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         pid = self.shell_pid
         if pid:
             keep = "0" if include_shell else str(pid)
-            self._root(f"__tg_sess {AGENT_UID} {pid} {keep}", 30.0, raw=True)
+            self._root(f"__tg_sess {self.uid} {pid} {keep}", 30.0, raw=True)
 
     def run(self, command: str, timeout_s: float, retry: bool = True) -> CommandResult:
+        """``command`` (see ``_run``), then the memory check: a process of the container killed by a host-wide
+        out-of-memory while the command ran is an ``InfrastructureError`` (``check_memory``)."""
+        if self.memory is None:
+            self.memory = self.memory_events()
+        result = self._run(command, timeout_s, retry)
+        self.check_memory()
+        return result
+
+    def _run(self, command: str, timeout_s: float, retry: bool = True) -> CommandResult:
         """One command in the agent's shell, killed at ``timeout_s``. Whatever the command did to its shell
         (exit, kill it, stop it, close its output, exhaust its processes or fds), the result is an
         observation and the next command gets a working shell; only a fault of docker or of the warden
@@ -617,7 +713,7 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
             started, result = self._after_timeout(t0)
         if started or not retry:
             return result
-        again = self.run(command, timeout_s, retry=False)  # (its full time: it has not run yet)
+        again = self._run(command, timeout_s, retry=False)  # (its full time: it has not run yet)
         restarted = result.restarted or again.restarted
         return dataclasses.replace(again, seconds=time.monotonic() - t0, restarted=restarted, rerun=True)
 
@@ -650,7 +746,7 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         return started, CommandResult("", None, time.monotonic() - t0, timed_out=True, restarted=restarted)
 
     def _agent_processes(self) -> int:
-        _, out = self._root(f"__tg_pids {AGENT_UID}; printf '%s\\n' ${{#__tg[@]}}", 30.0, raw=True)
+        _, out = self._root(f"__tg_pids {self.uid}; printf '%s\\n' ${{#__tg[@]}}", 30.0, raw=True)
         return int(out.strip().splitlines()[-1])
 
     # ----- the end of the episode -----------------------------------------------------------------------
@@ -661,7 +757,7 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
             self.agent.close()
             self.agent = None
         _, out = self._root(
-            f"__tg_reap {AGENT_UID}; __tg_pids {AGENT_UID}; printf '%s\\n' ${{#__tg[@]}}", 30.0, raw=True
+            f"__tg_reap {self.uid}; __tg_pids {self.uid}; printf '%s\\n' ${{#__tg[@]}}", 30.0, raw=True
         )
         return int(out.strip().splitlines()[-1])
 
@@ -684,12 +780,27 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         if code != 0:
             raise InfrastructureError(f"could not write the verifier's files ({code}): {out[-500:]}")
         wd = shlex.quote(self.workdir)
-        code, _ = self._root(
-            f"(cd -- {wd} 2>/dev/null || cd /; exec timeout -s KILL {max(timeout_s, 1):g} /bin/bash "
+        self.check_memory()  # (the episode's last commands: a host kill then is no verifier's)
+        limit = max(timeout_s, 1)
+        t0 = time.monotonic()
+        # the verifier's output goes to its file: what the warden prints here is bash's own note on the job
+        code, note = self._root(
+            f"(cd -- {wd} 2>/dev/null || cd /; exec timeout -s KILL {limit:g} /bin/bash "
             f"/tests/test.sh) </dev/null >{VERIFIER_OUT} 2>&1 7<&-",
             timeout_s + 60.0,
         )
-        self._root(f"__tg_reap {AGENT_UID}; __tg_reap {AGENT_UID + 1}", 30.0, raw=True)
+        elapsed = time.monotonic() - t0
+        self._root(f"__tg_reap {self.uid}; __tg_reap {self.checks_uid}", 30.0, raw=True)
+        self.check_memory()
+        # ``timeout`` dies of SIGKILL (bash notes "Killed") when it timed out, or when the verifier's shell
+        # was killed by a signal; an exit code of 137 alone is the verifier's own (its last command's). The
+        # verifier's shell is root's and no agent process is left: killed before its limit, something
+        # outside the episode killed it (the kernel's OOM killer, docker, an operator)
+        if code == 137 and re.search(r"\bKilled\b", note) and elapsed < limit - 1.0:
+            raise InfrastructureError(
+                f"the verifier was killed after {elapsed:.1f} s, before its {limit:g} s limit, by something "
+                "outside the episode (out of memory, docker)"
+            )
         return code, self.read_file(VERIFIER_OUT, 4000) or ""
 
     def close(self, wait: bool = False) -> None:
@@ -701,10 +812,11 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
         for shell in (self.agent, self.warden):
             if shell is not None:
                 shell.close()
+        # the uids are leased again only once the container (and every process of them in it) is gone
         if wait:
-            _remove(self.container)
+            _remove(self.container, self.leases)
         else:
-            self.removal = threading.Thread(target=_remove, args=(self.container,), daemon=True)
+            self.removal = threading.Thread(target=_remove, args=(self.container, self.leases), daemon=True)
             self.removal.start()
 
 
@@ -733,11 +845,16 @@ _LIVE: dict[str, Any] = {}  # containers this process started and has not remove
 _LIVE_LOCK = threading.Lock()
 
 
-def _remove(container: Any) -> None:
+def _remove(container: Any, leases: tuple[Any, ...] = ()) -> None:
+    removed = False
     with contextlib.suppress(Exception):
         container.remove(force=True)
+        removed = True
     with _LIVE_LOCK:
         _LIVE.pop(container.id, None)
+    if removed:  # (one that could not be removed keeps its uids: no other container gets them)
+        for lease in leases:
+            lease.release()
 
 
 @atexit.register

@@ -91,8 +91,9 @@ class TerminalEnv(ToolEnv):
 
     ## Episode End
     Terminated by ``submit``. Truncated after ``max_turns`` (``turn_limit``; the verifier does not run), by
-    ``token_budget`` / ``time_limit_s``, or by a container fault (``env_error``: docker failed; exclude the
-    episode). A verifier that writes no reward (it ran past its time limit, or the agent broke what it needs)
+    ``token_budget`` / ``time_limit_s``, or by a fault of the machinery (``env_error``: docker failed, the
+    warden or the verifier was killed from outside the episode, the host ran out of memory; exclude the
+    episode; the agent's own memory hog is killed at the container's limit: an observation). A verifier that writes no reward (it ran past its time limit, or the agent broke what it needs)
     scores 0. ``info["verifier_output"]`` holds the verifier's log tail.
 
     ## Arguments

@@ -13,17 +13,20 @@ from toolgym.envs.terminal.harbor import TerminalTask
 TEST_SH = """#!/bin/bash
 mkdir -p /logs/verifier
 cd /app
-# Under toolgym the checks run with the agent's effective uid (TOOLGYM_AGENT_UID: its files' access) and the
-# next uid as their real one, in a clean environment: the agent's programs they run cannot write the reward,
+# Under toolgym the checks run with the agent's effective uid (TOOLGYM_AGENT_UID: its files' access) and
+# another as their real one (TOOLGYM_CHECKS_UID; the next uid when unset), in a clean environment: the agent's programs they run cannot write the reward,
 # no PATH, HOME or Python user site of the agent's applies, and, the real and effective uids differing, every
 # process of the checks is non-dumpable: a program of the agent's cannot ptrace or write the memory of the
 # checks' shell or commands (with one uid it could make them exit 0). Root writes the reward from their exit
-# code. Elsewhere (Harbor: the agent was root) they run as root.
+# code. The checks go first when the container runs out of memory (oom_score_adj 1000, as the agent's shell):
+# a memory hog of the agent's they run is killed, not the verifier. Elsewhere (Harbor: the agent was root)
+# they run as root.
 shell=(bash)
 if [ -n "${TOOLGYM_AGENT_UID:-}" ]; then
   shell=(python3 -I -c 'import os, sys
-u = int(sys.argv[1])
-os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u + 1, u, u)
+u = int(sys.argv[1]); c = int(os.environ.get("TOOLGYM_CHECKS_UID") or u + 1)
+open("/proc/self/oom_score_adj", "w").write("1000")
+os.setgroups([]); os.setresgid(u, u, u); os.setresuid(c, u, u)
 os.execvp(sys.argv[2], sys.argv[2:])' "$TOOLGYM_AGENT_UID"
          env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/nonexistent LANG=C.UTF-8 PYTHONNOUSERSITE=1
          PYTHONDONTWRITEBYTECODE=1 bash -p)

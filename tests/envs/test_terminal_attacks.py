@@ -139,7 +139,8 @@ def test_attack_leaves_a_working_shell_and_an_honest_reward(probe, name):
     t0 = time.monotonic()
     outputs = [step(probe, shell(command)) for command in commands]
     after = step(probe, shell("echo alive-$UID"))  # (builtins only: no PATH needed)
-    assert "alive-1000\n" in after and "[exit code 0]" in after, (outputs, after)
+    uid = probe.unwrapped._box.uid  # (the container's own, leased)
+    assert f"alive-{uid}\n" in after and "[exit code 0]" in after, (outputs, after)
     assert time.monotonic() - t0 < 40, outputs
     reward, info = submit(probe)
     assert reward == honest, (outputs, info["verifier_output"])
@@ -243,8 +244,8 @@ def test_odd_harbor_folders(tmp_path):
 
 
 DROP = (
-    "python3 -c 'import os, sys; os.setgroups([]); os.setresgid(1000, 1000, 1000); "
-    'os.setresuid(1000, 1000, 1000); os.execvp("bash", ["bash", sys.argv[1]])\''
+    'python3 -c \'import os, sys; u = int(os.environ["TOOLGYM_AGENT_UID"]); os.setgroups([]); '
+    'os.setresgid(u, u, u); os.setresuid(u, u, u); os.execvp("bash", ["bash", sys.argv[1]])\''
 )
 
 
@@ -295,3 +296,47 @@ def test_roots_side_needs_no_docker_exec_and_its_faults_are_env_errors(probe, mo
     box.container.exec_run(["kill", "-9", str(box.warden.pid)], user="0:0")
     _, reward, _, trunc, info = probe.step(SUBMIT)
     assert trunc and info["truncation"] == "env_error" and reward == 0.0, info
+
+
+INOTIFY_HOG = (
+    "python3 -c 'import ctypes, time, socket\n"
+    "fds = [ctypes.CDLL(None).inotify_init() for _ in range(200)]\n"
+    's = socket.socket(socket.AF_UNIX); s.bind(b"\\0toolgym-probe"); s.listen()\n'
+    'open("/dev/shm/probe", "w").write("a")\n'
+    'print("held", sum(f >= 0 for f in fds), flush=True); time.sleep(60)\' > /tmp/hog.out 2>&1 &'
+    " sleep 2; cat /tmp/hog.out; echo $$ > /tmp/shell.pid; id -u"
+)
+PEEK = (
+    "id -u; python3 -c 'import ctypes; print(\"inotify\", ctypes.CDLL(None).inotify_init() >= 0)'; "
+    "ls -A /dev/shm | wc -l; echo uids $(ps -eo uid= | sort -u); "
+    "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(b\"\\0toolgym-probe\")' "
+    "2>/dev/null && echo reached-socket; ipcs -m 2>/dev/null | grep -c '^0x' || true"
+)
+
+
+def test_concurrent_episodes_share_no_uid(tmp_path):
+    """Two episodes at once: one agent holds every per-uid kernel resource it can (128 inotify instances,
+    an abstract unix socket, a /dev/shm file); the other's agent, a uid of its own, still has its own (per-uid
+    limits are host-wide: with one uid for every agent, the second got no inotify instance) and sees none
+    of the first's processes, files or sockets."""
+    a = probe_env(tmp_path / "a", PROBE_TEST, verifier_timeout_s=6.0, command_timeout_s=5)
+    b = probe_env(tmp_path / "b", PROBE_TEST, verifier_timeout_s=6.0, command_timeout_s=5)
+    try:
+        a.reset(seed=0)
+        b.reset(seed=0)
+        held = step(a, shell(INOTIFY_HOG))
+        assert "held 128" in held or "held 200" in held, held
+        seen = step(b, shell(PEEK))
+        uid_a, uid_b = held.split("\n")[-3], seen.split("\n")[0]
+        assert uid_a.isdigit() and uid_b.isdigit() and uid_a != uid_b, (held, seen)
+        lines = seen.split("\n")
+        assert lines[1] == "inotify True", seen  # its own uid's instances, not the first agent's
+        assert lines[2] == "0" and lines[3].split() == ["uids", "0", uid_b], seen  # its own /dev/shm, pids
+        assert "reached-socket" not in seen, seen  # its own network namespace (abstract sockets)
+        for env in (a, b):
+            step(env, shell("echo done > /app/done.txt"))
+            reward, _ = submit(env)
+            assert reward == 1.0
+    finally:
+        a.close()
+        b.close()

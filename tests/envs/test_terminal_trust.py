@@ -12,14 +12,14 @@ import pytest
 
 import toolgym  # noqa: F401
 from tests.envs.terminal_probe import ID, SUBMIT, probe_env, shell
-from toolgym.envs.terminal.container import AGENT_UID, TaskContainer, check_workdir
+from toolgym.envs.terminal.container import TaskContainer, check_workdir
 from toolgym.errors import ConfigError
 
 pytestmark = pytest.mark.docker
 
-PROBE_TEST = f"""#!/bin/bash
+PROBE_TEST = """#!/bin/bash
 mkdir -p /logs/verifier
-left=$(ps -eo uid=,stat=,args= | awk '($1 == {AGENT_UID} || /innocent|sleep 1000|verifier.reward/) && $2 !~ /^Z/ && !/awk/')
+left=$(ps -eo uid=,stat=,args= | awk '($1 == ENVIRON["TOOLGYM_AGENT_UID"] || /innocent|sleep 1000|verifier.reward/) && $2 !~ /^Z/ && !/awk/')
 echo "left: $left" > /logs/verifier/checks.log
 echo "path: $PATH home: $HOME uid: $(id -u)" >> /logs/verifier/checks.log
 if [ -z "$left" ] && [ "$(cat /app/done.txt)" = done ] && [ "$(python3 -c 'print(6 * 7)')" = 42 ] \\
@@ -73,7 +73,8 @@ def test_agent_is_unprivileged_and_cannot_write_the_verifier_folders(builtin):
         ],
         options={"task": "count-errors"},
     )
-    assert outputs[0].startswith(f"{AGENT_UID}\n/home/agent\nworkdir-ok")
+    uid = outputs[0].split("\n")[0]
+    assert int(uid) >= 200000 and outputs[0].startswith(f"{uid}\n/home/agent\nworkdir-ok")
     assert all("[exit code 0]" not in out for out in outputs[1:]), outputs
     assert reward == 0.0
 
@@ -103,7 +104,7 @@ def test_leftover_processes_are_killed_before_the_verifier(probe):
             f"setsid sh -c '{WRITER}' >/dev/null 2>&1 < /dev/null &",
             "(trap '' TERM HUP INT; exec -a innocent sleep 1000) >/dev/null 2>&1 &",
             "sh -c 'sh -c \"sleep 1000\" & exit' >/dev/null 2>&1",  # a double-forked daemon
-            f"ps -eo uid= | grep -c {AGENT_UID}",
+            "ps -eo uid= | grep -c $(id -u)",
         ],
     )
     assert reward == 1.0, info["verifier_output"]
