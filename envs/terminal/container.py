@@ -241,7 +241,8 @@ def _kwargs(image: str, res: Resources, workdir: str, seed_bytes: int = 0) -> di
         "/tmp": kw["tmpfs"]["/tmp"],
         "/logs": "rw,nosuid,nodev,size=16m,mode=755",
         VERIFIER_DIR: "rw,nosuid,nodev,noexec,size=16m,mode=700",
-        "/tests": "rw,nosuid,nodev,size=64m,mode=755",
+        # exec: a task's compiled checker or script in tests/ runs (docker's tmpfs default is noexec)
+        "/tests": "rw,exec,nosuid,nodev,size=64m,mode=755",
         # the agent's (chowned at start; the image's working folder is copied in: ``image_workdir``)
         workdir: f"rw,exec,nosuid,nodev,size={work_mb}m,nr_inodes=262144,mode=755",
         AGENT_HOME: f"rw,exec,nosuid,nodev,size={home_mb}m,nr_inodes=131072,mode=755",
@@ -543,9 +544,12 @@ class TaskContainer:
         test fixture or a solution may be megabytes."""
         if not files:
             return "true"
+        return self._extract(tar_bytes(files), folder, "--no-same-owner ")
+
+    def _extract(self, data: bytes, folder: str, options: str = "") -> str:
+        """A warden command that extracts the tar ``data`` under ``folder`` (see ``_untar``)."""
         name = f".toolgym-stage-{secrets.token_hex(8)}.tar"
         outer = io.BytesIO()
-        data = tar_bytes(files)
         with tarfile.open(fileobj=outer, mode="w") as tar:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.uid, info.gid = len(data), 0o600, 0, 0
@@ -557,7 +561,7 @@ class TaskContainer:
         if not ok:
             raise InfrastructureError("could not copy files into the task container")
         return (
-            f"{{ tar --no-same-owner -x -C {shlex.quote(folder)} -f /{name}; __tg_x=$?; rm -f /{name}; "
+            f"{{ tar {options}-x -C {shlex.quote(folder)} -f /{name}; __tg_x=$?; rm -f /{name}; "
             "(exit $__tg_x); }"
         )
 
@@ -580,8 +584,7 @@ class TaskContainer:
         uid, wd = self.uid, shlex.quote(self.workdir)
         if self.seed:  # (a tar of the folder itself: extracted in its parent)
             parent = shlex.quote(self.workdir.rstrip("/").rsplit("/", 1)[0] or "/")
-            blob = base64.b64encode(self.seed).decode()
-            code, out = self._root(f"printf %s {blob} | base64 -d | tar -x -C {parent} 2>&1", 120.0)
+            code, out = self._root(f"{self._extract(self.seed, parent)} 2>&1", 120.0)
             if code != 0:
                 raise InfrastructureError(f"could not copy the image's {self.workdir} ({code}): {out[-500:]}")
         code, out = self._root(
@@ -821,7 +824,8 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
 
 
 def tar_bytes(files: dict[str, bytes]) -> bytes:
-    """A tar of ``files`` (relative paths), with their folders; ``*.sh`` executable."""
+    """A tar of ``files`` (relative paths), with their folders; executable: ``*.sh``, scripts (``#!``) and ELF
+    programs (a task folder's modes are not kept: a compiled checker in ``tests/`` must still run)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         dirs: set[str] = set()
@@ -836,7 +840,9 @@ def tar_bytes(files: dict[str, bytes]) -> bytes:
                     tar.addfile(info)
             info = tarfile.TarInfo(name)
             info.size = len(files[name])
-            info.mode = 0o755 if name.endswith(".sh") else 0o644
+            data = files[name]
+            program = name.endswith(".sh") or data.startswith((b"#!", b"\x7fELF"))
+            info.mode = 0o755 if program else 0o644
             tar.addfile(info, io.BytesIO(files[name]))
     return buf.getvalue()
 

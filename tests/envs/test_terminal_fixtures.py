@@ -4,6 +4,7 @@ played by the scripted expert from the staged ``/solution``."""
 
 import hashlib
 import os
+import subprocess
 
 import gymnasium as gym
 import pytest
@@ -25,8 +26,18 @@ def _binary_task(root):
     (task / "instruction.md").write_text("Put the blob in /app.\n")
     (task / "environment" / "Dockerfile").write_text("FROM toolgym-terminal:latest\nWORKDIR /app\n")
     (task / "tests" / "fixture.tar.gz").write_bytes(fixture)
+    # programs without a .sh name stay runnable: a script, and an ELF program (the image's own `true`)
+    (task / "tests" / "checker").write_text("#!/bin/sh\nexec /tests/bin/ok\n")
+    (task / "tests" / "bin").mkdir()
+    elf = subprocess.run(
+        ["docker", "run", "--rm", "toolgym-terminal:latest", "cat", "/usr/bin/true"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    (task / "tests" / "bin" / "ok").write_bytes(elf)
     (task / "tests" / "test.sh").write_text(
         "#!/bin/bash\n"
+        "/tests/checker && "
         f"[ \"$(sha256sum < /tests/fixture.tar.gz)\" = '{hashlib.sha256(fixture).hexdigest()}  -' ] && "
         f"[ \"$(sha256sum < /app/blob.bin)\" = '{hashlib.sha256(blob).hexdigest()}  -' ] && "
         '[ "$(stat -c %U /app/blob.bin)" = agent ] && echo 1 > /logs/verifier/reward.txt || '
@@ -69,7 +80,7 @@ def test_expert_plays_a_big_solution_and_the_verifier_gets_binary_fixtures(tmp_p
             assert info.get("truncation") != "env_error", info
             if term or trunc:
                 break
-        assert term and reward == 1.0, info
+        assert term and reward == 1.0, info["verifier_output"]
     finally:
         env.close()
 
