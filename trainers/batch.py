@@ -110,6 +110,18 @@ def collate(
     return TrainBatch(ids, attn, mask, adv, roll, turns, rewards_t, cut, full)
 
 
+def dummy_batch(device: torch.device | str) -> TrainBatch:
+    """One two-token row (token 0, in every vocabulary) that scores nothing: all masks and advantages 0. A rank
+    with fewer micro-batches than another runs it with a zero loss, so that its forwards and backwards meet
+    the other ranks' collectives (trainers/distributed.py, "Uneven ranks")."""
+    z = torch.zeros((1, 2))  # [1, 2]
+    ids = torch.zeros((1, 2), dtype=torch.long)  # [1, 2]
+    b = TrainBatch(
+        ids, torch.ones_like(ids), z, z, z, torch.full_like(ids, -1), torch.zeros(1), torch.zeros(1)
+    )
+    return b.to(device)
+
+
 def forward(
     model: Any,
     batch: TrainBatch,

@@ -12,6 +12,14 @@ Two layouts (``parallel``):
 
 The loss is multiplied by the world size before backward: DDP and FSDP average gradients over ranks, while
 the global token-mean denominator (all-reduced) already counts every rank's tokens.
+
+Uneven ranks: filters (remove_clip, void, zero variance), env errors and refill leave each rank its own number of
+rows, possibly none. Every backward is a collective (DDP's all-reduce, FSDP2's reduce-scatter) and so is every
+FSDP2 forward, so the ranks agree on the number of minibatches and micro-batches (``pad``: the most any rank
+has) and a rank short of them runs dummies, a zero loss on a two-token row (batch.dummy_batch): its backward
+adds exactly zero to the gradient but still takes part in the collectives. A step makes no update only when
+the all-reduced denominator is 0 (no kept token on any rank). ``mean_metrics`` averages each metric over the
+ranks that report it (a rank that trained no row has no loss stats).
 """
 
 from __future__ import annotations
@@ -117,17 +125,45 @@ class Dist:
         return float(t.item())
 
     def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Average every metric over ranks (same keys on every rank)."""
+        """Each metric averaged over the ranks that report it (the keys may differ: a rank with no rows has no
+        loss stats; an all-reduce of the values alone would then mismatch in size, or hang)."""
         if self.world <= 1:
             return metrics
-        keys = sorted(metrics)
         import torch.distributed as dist
 
-        t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
-        if dist.get_backend() == "nccl":
+        group = getattr(self, "group", None)  # (async_split.GroupDist: the learners' group)
+        names: list[list[str] | None] = [None] * self.world
+        dist.all_gather_object(names, sorted(metrics), group=group)
+        keys = sorted({k for ks in names for k in ks or []})
+        # values, then how many ranks have each key
+        t = torch.tensor(
+            [metrics.get(k, 0.0) for k in keys] + [float(k in metrics) for k in keys], dtype=torch.float64
+        )
+        t = self._reduce(t, "sum")
+        n = len(keys)
+        return {k: float(t[i]) / max(float(t[n + i]), 1.0) for i, k in enumerate(keys)}
+
+    def most(self, value: int) -> int:
+        """The largest `value` over ranks."""
+        if self.world <= 1:
+            return value
+        return int(self._reduce(torch.tensor([float(value)], dtype=torch.float64), "max")[0])
+
+    def pad(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`chunks` (row indices of minibatches or micro-batches) followed by empty ones up to the most any
+        rank has, so that every rank runs as many (an empty micro-batch runs a dummy; module docstring)."""
+        want = self.most(len(chunks))
+        return chunks + [torch.zeros(0, dtype=torch.long)] * (want - len(chunks))
+
+    def _reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
+        """`t` all-reduced (sum or max) over this Dist's ranks, on the host."""
+        import torch.distributed as dist
+
+        group = getattr(self, "group", None)
+        if dist.get_backend(group) == "nccl":
             t = t.cuda()
-        dist.all_reduce(t)
-        return {k: float(v) / self.world for k, v in zip(keys, t.tolist(), strict=True)}
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
+        return t.cpu()
 
     def barrier(self) -> None:
         if self.world > 1:

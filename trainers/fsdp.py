@@ -25,8 +25,9 @@ Against DDP's 16·P + 2·P (engine) that is a 7B model in 16·7/2 + 4·7 = 84 GB
 28 GB + activations with offload, where DDP needs 126 GB.
 
 Lockstep: every forward of a sharded model is a collective, so every rank must run the same number of
-micro-batches. ``lockstep`` regroups a rank's micro-batches into the largest count any rank has (the
-update's loops call it; a no-op unless the model is sharded over several ranks).
+micro-batches. ``lockstep`` pads a rank's micro-batches with empty ones up to the largest count any rank has
+(the old-logprob loop calls it; the update pads with ``Dist.pad``): an empty one runs a dummy row (a zero loss
+in the update), so a rank whose rows were all filtered out still takes part in every collective.
 
 Departures: the packed update (trainers/packing.py) reads the LM head's weight outside the model's forward,
 where FSDP has not gathered it, so under fsdp2 the padded update runs (``packing: off``, and with it no
@@ -289,21 +290,16 @@ class Sharded:
 
 
 def lockstep(chunks: list[torch.Tensor], model: Any) -> list[torch.Tensor]:
-    """``chunks`` (row indices) regrouped so that every rank runs the same number of micro-batches: the most
-    any rank has, or fewer when a rank holds fewer rows (then chunks grow past ``micro_batch_rows``). The
-    rows and their order are kept (contiguous groups). A no-op unless ``model`` is sharded over ranks."""
+    """``chunks`` (row indices) followed by empty ones up to the most micro-batches any rank has, so that every
+    rank runs as many forwards (each a collective when sharded); the caller runs a dummy row for an empty one
+    (``batch.dummy_batch``; with no row at all a rank would otherwise run none). Chunks never grow past
+    ``micro_batch_rows``. A no-op unless ``model`` is sharded over several ranks."""
     import torch.distributed as dist
 
     if not (is_sharded(model) and dist.is_initialized() and dist.get_world_size() > 1):
         return chunks
-    rows = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.long)
-    counts = torch.tensor([len(chunks), -len(rows)], dtype=torch.float64)
+    count = torch.tensor([float(len(chunks))], dtype=torch.float64)
     if dist.get_backend() == "nccl":
-        counts = counts.cuda()
-    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-    want = min(int(counts[0]), -int(counts[1]))  # max chunks, min rows over ranks
-    if want == len(chunks):
-        return chunks
-    if want == 0:
-        return []
-    return [c for c in torch.tensor_split(rows, want) if len(c)]
+        count = count.cuda()
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return chunks + [torch.zeros(0, dtype=torch.long)] * (int(count.item()) - len(chunks))

@@ -10,7 +10,7 @@ import torch
 
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import entropy_scaled
-from toolgym.trainers.batch import HostMasks, TrainBatch, forward, micro_batches, to_device
+from toolgym.trainers.batch import HostMasks, TrainBatch, dummy_batch, forward, micro_batches, to_device
 from toolgym.trainers.config import RunConfig
 from toolgym.trainers.distributed import Dist
 from toolgym.trainers.fsdp import lockstep
@@ -54,11 +54,13 @@ def optimize(
     for epoch in range(cfg.epochs):
         order = torch.randperm(n_rows, generator=g) if cfg.minibatches > 1 else torch.arange(n_rows)
         per_mb = -(-n_rows // cfg.minibatches)
-        for mb_index, mb_rows in enumerate(micro_batches(n_rows, per_mb, order)):
+        # every rank runs as many minibatches and micro-batches (a rank short of rows: empty ones, whose
+        # dummy rows meet the others' collectives; distributed.py "Uneven ranks")
+        for mb_index, mb_rows in enumerate(dist.pad(micro_batches(n_rows, per_mb, order))):
             # before the first optimizer step the policy is the sampling one: its own logprobs are the old
             # ones, exactly (the eval pass differs by rounding, ~1e-7, which would fire LLDS's gate)
             fresh = old is None or (epoch == 0 and mb_index == 0)
-            chunks = lockstep(micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len), model)
+            chunks = dist.pad(micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len))
             denom = dist.sum(sum(denominator(mask_cpu[i], loss_cfg) for i in chunks))  # all ranks
             # EPO's mean is over the minibatch's rows that train, on all ranks
             epo_rows = sum(epo_live[r] for r in mb_rows.tolist()) if cfg.epo else 0
@@ -67,6 +69,9 @@ def optimize(
                 continue  # nothing to learn from these rows (every group was filtered out)
             optimizer.zero_grad(set_to_none=True)
             for i, idx in enumerate(chunks):
+                if len(idx) == 0:  # a dummy: zero gradient, but its backward syncs (the last one) / reduces
+                    _dummy_step(cfg, trainer, ref, dist, device, sync=i == len(chunks) - 1, ent_grad=ent_grad)
+                    continue
                 rows = idx.tolist()
                 w = sum(row_mask[r] for r in rows)
                 if w == 0 and not any(epo_live[r] for r in rows) and dist.world == 1:
@@ -109,6 +114,26 @@ def optimize(
     return metrics
 
 
+def _dummy_step(
+    cfg: GRPOConfig, trainer: Any, ref: Reference | None, dist: Dist, device: torch.device, *, sync: bool,
+    ent_grad: bool,
+) -> None:  # fmt: skip
+    """A micro-batch of one dummy row (`batch.dummy_batch`) with a zero loss: the forwards (policy and, when
+    there is one, the sharded reference: FSDP2 gathers in each) and the backward take part in the collectives
+    of the other ranks' micro-batch, and add exactly 0 to every gradient."""
+    mb = dummy_batch(device)
+    with dist.no_sync(trainer, sync=sync), autocast(device, cfg.bf16):
+        logp, ent, _ = forward(trainer, mb, cfg.temperature, entropy=True, entropy_grad=ent_grad)
+        if ref is not None:
+            with torch.no_grad(), ref.active() as ref_model:
+                forward(ref_model, mb, cfg.temperature)
+        loss = logp.sum() * 0.0
+        if ent is not None and ent.requires_grad:
+            loss = loss + ent.sum() * 0.0
+    with dist.no_sync(trainer, sync=sync):
+        loss.backward()
+
+
 def _old_logprobs(
     model: Any, batch: Any, cfg: RunConfig, device: torch.device, fwd: Forward = forward,
     lengths: list[int] | None = None, masks: HostMasks | None = None,
@@ -121,6 +146,9 @@ def _old_logprobs(
     model.eval()
     with torch.no_grad(), autocast(device, cfg.bf16):
         for idx in lockstep(micro_batches(B, cfg.micro_batch_rows, lengths=lengths), model):
+            if len(idx) == 0:  # a dummy forward (fsdp2): meets the other ranks' gathers
+                forward(model, dummy_batch(device), cfg.temperature)
+                continue
             t = max(lengths[i] for i in idx.tolist()) if lengths else None
             host = HostMasks(*(m[idx, :t] for m in masks)) if masks is not None else None
             idx = to_device(idx, device)

@@ -87,7 +87,8 @@ def load(out: str, ckpt: str) -> None:
 
 
 def lockstep_run(out: str) -> None:
-    """Rank 0 holds 5 rows in 3 micro-batches, rank 1 holds 2 rows in 1: both run 2 (forward + backward each)."""
+    """Rank 0 holds 5 rows in 3 micro-batches, rank 1 holds 2 rows in 1: both run 3 (forward + backward each;
+    rank 1's last two are dummy rows with a zero loss)."""
     import torch
     import torch.distributed as dist
 
@@ -102,8 +103,9 @@ def lockstep_run(out: str) -> None:
     n = 5 if rank == 0 else 2
     chunks = lockstep(micro_batches(n, 2), model)
     for idx in chunks:
-        ids = torch.randint(0, 300, (len(idx), 4), generator=torch.Generator().manual_seed(rank))
-        model(input_ids=ids).logits.sum().backward()  # every forward and backward is a collective
+        ids = torch.randint(0, 300, (max(len(idx), 1), 4), generator=torch.Generator().manual_seed(rank))
+        scale = 1.0 if len(idx) else 0.0  # (an empty chunk: a dummy row)
+        (model(input_ids=ids).logits.sum() * scale).backward()  # every forward and backward is a collective
     torch.save([c.tolist() for c in chunks], f"{out}/lockstep{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
