@@ -910,7 +910,12 @@ class ContainerPool:
 
     def _started(self) -> TaskContainer:
         seed = self.seed()
-        box = TaskContainer(self._start(), self.workdir, seed)
+        container = self._start()
+        try:
+            box = TaskContainer(container, self.workdir, seed)
+        except InfrastructureError:  # (no uid to lease)
+            _remove(container)
+            raise
         box.pids_limit = self.resources.pids
         try:
             box.start()

@@ -333,6 +333,7 @@ def test_concurrent_episodes_share_no_uid(tmp_path):
         assert lines[1] == "inotify True", seen  # its own uid's instances, not the first agent's
         assert lines[2] == "0" and lines[3].split() == ["uids", "0", uid_b], seen  # its own /dev/shm, pids
         assert "reached-socket" not in seen, seen  # its own network namespace (abstract sockets)
+        boxes = [a.unwrapped._box, b.unwrapped._box]
         for env in (a, b):
             step(env, shell("echo done > /app/done.txt"))
             reward, _ = submit(env)
@@ -340,3 +341,5 @@ def test_concurrent_episodes_share_no_uid(tmp_path):
     finally:
         a.close()
         b.close()
+    # the uids are free again once their containers are gone
+    assert all(lease._fd == -1 for box in boxes for lease in box.leases)
