@@ -25,12 +25,21 @@ ranks that report it (a rank that trained no row has no loss stats).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+def timeout() -> datetime.timedelta:
+    """How long a collective waits for the slowest rank: ``TOOLGYM_DIST_TIMEOUT_S`` seconds, 2 hours by default.
+    Ranks meet after rollouts whose length differs per rank, and the others wait while rank 0 evaluates and
+    saves; NCCL's default (10 minutes) would end a run whose evaluation or slowest rollout takes longer."""
+    return datetime.timedelta(seconds=float(os.environ.get("TOOLGYM_DIST_TIMEOUT_S", "7200")))
 
 
 @dataclass
@@ -78,7 +87,7 @@ class Dist:
 
         cuda = device_name != "cpu" and torch.cuda.is_available()
         if not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if cuda else "gloo")
+            dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timeout())
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if cuda:
             torch.cuda.set_device(local)
@@ -178,4 +187,8 @@ class Dist:
             import torch.distributed as dist
 
             if dist.is_initialized():
+                # gloo's worker threads may still hold the last collectives' tensors, and releasing them takes
+                # the GIL; DDP's reducer destroys the group when the wrapper is freed, holding the GIL while it
+                # joins those threads (pytorch#56297): a rare deadlock at the end of a run unless they are idle
+                time.sleep(0.2)
                 dist.destroy_process_group()
