@@ -113,12 +113,7 @@ class GroupDist(Dist):
             return value
         return float(self._all_reduce(torch.tensor([value], dtype=torch.float64)).item())
 
-    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        if self.world <= 1:
-            return metrics
-        keys = sorted(metrics)
-        t = self._all_reduce(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
-        return {k: float(v) / self.world for k, v in zip(keys, t.tolist(), strict=True)}
+    # (mean_metrics: Dist's, over `group`: a learner with no rows reports no loss stats)
 
     def barrier(self) -> None:
         if self.world > 1:
