@@ -5,6 +5,7 @@ unequal row counts, no rows anywhere, rank 1's rows all filtered; with several m
 KL reference); rank 0 writes OUT/{case}.pt: the full weights after the step and the rank-averaged metrics.
 ``train OUT PARALLEL``: two GRPO steps where rank 1's first batch has no rows (every episode an env error);
 each rank writes its weights to OUT/rank{rank}.pt.
+``UNEVEN_DEVICE=cuda`` runs ``update`` on one GPU a rank (NCCL; fp32, no bf16), for the device check.
 """
 
 from __future__ import annotations
@@ -76,12 +77,13 @@ def update_case(out: str, parallel: str, case: str, dist: Any) -> dict[str, Any]
 
     r0, r1, kept1, kw = CASES[case]
     cfg = config(out, parallel, **kw)
-    device = torch.device("cpu")
-    model: Any = tiny_model(VOCAB)
+    device = torch.device(f"cuda:{dist.local_rank}" if os.environ.get("UNEVEN_DEVICE") == "cuda" else "cpu")
+    model: Any = tiny_model(VOCAB).to(device)
     if dist.world == 1:
         batch = rows_batch(r0 + r1) if kept1 else rows_batch(r0)  # (filtered rows add nothing)
     else:
         batch = rows_batch(r0) if dist.rank == 0 else rows_batch(r1, kept1)
+    batch = batch.to(device)
     dist.fsdp = None
     if parallel == "fsdp2" and dist.world > 1:
         dist.fsdp = Sharded(cfg, device, dist.world, quiet=True)
@@ -91,7 +93,7 @@ def update_case(out: str, parallel: str, case: str, dist: Any) -> dict[str, Any]
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     metrics = optimize(cfg, 1, batch, model, trainer, optimizer, ref=ref, dist=dist)
     metrics = dist.mean_metrics(metrics)
-    weights = {n: w.clone() for n, w in full_tensors(model)}
+    weights = {n: w.cpu().clone() for n, w in full_tensors(model)}
     return {"weights": weights, "metrics": metrics}
 
 
@@ -100,7 +102,7 @@ def update(out: str, parallel: str) -> None:
 
     from toolgym.trainers.distributed import Dist
 
-    dist = Dist.from_env("cpu")
+    dist = Dist.from_env(os.environ.get("UNEVEN_DEVICE", "cpu"))
     for case in CASES:
         got = update_case(out, parallel, case, dist)
         torch.save(got, f"{out}/{case}.rank{dist.rank}.pt")
