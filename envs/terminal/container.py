@@ -716,8 +716,14 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
             started, result = self._after_timeout(t0)
         if started or not retry:
             return result
+        if not result.restarted:
+            # a shell that answered a probe yet never started the command shares its input with a thief (a
+            # process of the agent's reading the shell's stdin takes some lines, the shell others): the command
+            # runs again in a fresh shell, or it may be stolen again
+            self._kill_session(include_shell=True)
+            self.start_shell()
         again = self._run(command, timeout_s, retry=False)  # (its full time: it has not run yet)
-        restarted = result.restarted or again.restarted
+        restarted = True
         return dataclasses.replace(again, seconds=time.monotonic() - t0, restarted=restarted, rerun=True)
 
     def _after_timeout(self, t0: float) -> tuple[bool, CommandResult]:

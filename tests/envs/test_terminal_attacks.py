@@ -343,3 +343,13 @@ def test_concurrent_episodes_share_no_uid(tmp_path):
         b.close()
     # the uids are free again once their containers are gone
     assert all(lease._fd == -1 for box in boxes for lease in box.leases)
+
+
+def test_a_stolen_stdin_never_eats_a_later_command(probe):
+    """A process of the agent's reading its shell's stdin races the shell for each command line: a command it
+    took runs again in a fresh shell (never in the shell that still shares its input), so every one runs."""
+    probe.reset(seed=0)
+    step(probe, shell("setsid cat /proc/$$/fd/0 > /dev/null 2>&1 < /dev/null &"))
+    for i in range(4):
+        out = step(probe, shell(f"echo alive-{i}"))
+        assert out.startswith(f"alive-{i}\n"), out

@@ -475,12 +475,12 @@ def run_case(
 
 def exact(opts: dict[str, Any]) -> bool:
     """Whether a resumed run must repeat the uninterrupted one bit for bit. Not asynchronous batches (they
-    depend on thread timing), nor our engine's continuous rollouts with forks inside turns: a fork joins the
-    decode batch when its tree's other paths end, and env calls finishing in between decide at which step,
-    so the one sampling generator's draws can go to other rows (seen about 1 run in 8 on CPU; per-sequence
-    generators would remove it: agents/engine)."""
+    depend on thread timing), nor continuous rollouts with forks inside turns, on either engine: a fork joins
+    the next generation batch when its tree's other paths end, and env calls finishing in between decide
+    which batch, so the one sampling generator's draws can go to other rows (seen about 1 run in 8 on CPU
+    with our engine, and in CI with hf: case 8; per-sequence sampling seeds would remove it)."""
     forks_in_turns = opts.get("branching") in ("token_entropy", "fixed_segments")
-    return not opts.get("max_staleness") and not (opts.get("engine") == "fast" and forks_in_turns)
+    return not opts.get("max_staleness") and not forks_in_turns
 
 
 def same(x: Any, y: Any) -> bool:
