@@ -57,11 +57,12 @@ def _task(
     extra_tests: dict[str, str] | None = None,
     **kw: object,
 ) -> TerminalTask:
-    tests = {
+    texts = {
         "test.sh": TEST_SH,
         "checks.sh": "set -e\ncd /app\n" + checks.strip() + "\n",
         **(extra_tests or {}),
     }
+    tests = {rel: text.encode() for rel, text in texts.items()}
     return TerminalTask(
         name=name,
         category=category,
