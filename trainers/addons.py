@@ -7,6 +7,7 @@ hiper.py; `AddonState` holds what they keep between steps and is the only thing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from toolgym.errors import ConfigError
@@ -113,16 +114,19 @@ class AddonState:
             self._sums[k] = self._sums.get(k, 0.0) + v
         return loss + extra
 
-    def end_step(self, metrics: dict[str, float]) -> None:
-        """Logs losses/epo_* and records the step's entropy in the history (after its band was used)."""
+    def end_step(self, metrics: dict[str, float], total: Callable[[float], float] = float) -> None:
+        """Logs losses/epo_* and records the step's entropy in the history (after its band was used).
+        ``total``: a sum over ranks (``Dist.sum``), so every rank keeps the one history and band (a rank's own
+        entropy, or a rank with no rows skipping the update, would give each rank another objective)."""
         if self.band is None:
             return
         band = self.band.band()
-        n = self._sums.get("rows", 0.0)
-        h = self._sums.get("entropy_sum", 0.0) / n if n else 0.0
+        sums = {k: total(self._sums.get(k, 0.0)) for k in ("rows", "entropy_sum", "penalty_sum")}
+        n = sums["rows"]
+        h = sums["entropy_sum"] / n if n else 0.0
         metrics["losses/epo_entropy"] = h
         metrics["losses/epo_band_low"], metrics["losses/epo_band_high"] = band if band is not None else (h, h)
         metrics["losses/epo_phase_weight"] = self.weight
-        metrics["losses/epo_smooth_penalty"] = self._sums.get("penalty_sum", 0.0) / n if n else 0.0
+        metrics["losses/epo_smooth_penalty"] = sums["penalty_sum"] / n if n else 0.0
         if n:
             self.band.update(h)

@@ -109,7 +109,7 @@ def optimize(
             metrics["losses/grad_norm"] = stats.read(grad_norm=grad_norm)["grad_norm"]  # the step's one sync
     metrics |= {f"losses/{k}": v for k, v in stats.means().items()}
     metrics["losses/updates"] = float(updates)
-    addons.end_step(metrics)
+    addons.end_step(metrics, dist.sum)
     metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
     return metrics
 

@@ -256,7 +256,7 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
                 ]  # the one sync
         dist.after_update()  # fsdp2: the rollout's copy gets the new weights
         metrics |= {f"losses/{k}": v for k, v in loss_stats.means().items()} if loss_stats.weight else {}
-        addons.end_step(metrics)
+        addons.end_step(metrics, dist.sum)
         metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
         metrics["time/step_s"] = time.perf_counter() - t_step
         progress.step = step

@@ -105,3 +105,34 @@ def test_train_with_epo_logs_entropy_band_and_weight(tmp_path: Path, tokenizer: 
     assert recs[0]["losses/epo_phase_weight"] == pytest.approx(0.4375) and recs[1][
         "losses/epo_phase_weight"
     ] == pytest.approx(1.0)
+
+
+def test_ranks_keep_one_entropy_band() -> None:
+    """Under torchrun each rank sums its own rows' entropies; `end_step(total=Dist.sum)` makes every rank record
+    the step's entropy over all rows (a rank with no rows too), so the ranks' bands never drift apart."""
+    from toolgym.trainers.addons import AddonState
+
+    cfg = GRPOConfig(env_ids=["tests/VowelCount-v0"], epo=True, steps=4)
+    ranks = [AddonState(cfg), AddonState(cfg)]
+    for step in range(1, 4):
+        for r in ranks:
+            r.start_step(step)
+        ranks[0]._sums = {"rows": 3.0, "entropy_sum": 3.0 * step, "penalty_sum": 0.3}
+        ranks[1]._sums = {} if step == 2 else {"rows": 1.0, "entropy_sum": 5.0, "penalty_sum": 0.1}
+        both = [dict(r._sums) for r in ranks]
+
+        logged = []
+        for r in ranks:
+            keys = iter(("rows", "entropy_sum", "penalty_sum"))  # the order end_step reduces them in
+
+            def total(value: float, keys: Any = keys, both: Any = both) -> float:  # Dist.sum over two ranks
+                key = next(keys)
+                return sum(s.get(key, 0.0) for s in both)
+
+            m: dict[str, float] = {}
+            r.end_step(m, total)
+            logged.append(m)
+        assert logged[0] == logged[1]
+    assert ranks[0].band is not None and ranks[1].band is not None
+    assert list(ranks[0].band.history) == list(ranks[1].band.history)
+    assert list(ranks[0].band.history)[1] == 6.0 / 3.0  # step 2: rank 1 had no rows
