@@ -5,10 +5,10 @@ their end in the same engine (was: the exception out of the engine's step ended 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from tests.agents.test_vllm_policy import _choice, _stand_in
+from tests.agents.test_vllm_policy import _stand_in
+from tests.agents.test_vllm_turn_faults import failing_first_prompt
 from toolgym.agents.policy import SamplingParams
 from toolgym.agents.runner import EpisodeRunner, episode_specs
 from toolgym.agents.scoreboard import score
@@ -18,24 +18,10 @@ from toolgym.cli.agent_commands import _infra_verdict
 ENV = "toolgym/Calculator-v0"
 
 
-def _failing_first_prompt() -> tuple[Any, dict[str, Any]]:
-    """A stand-in server that never answers the first prompt it sees (503), and answers every other one."""
-    failing: dict[str, Any] = {"prompt": None, "on": True}
-
-    def answer(path: str, raw: bytes) -> tuple[int, bytes]:
-        prompt = json.loads(raw)["prompt"]
-        if failing["on"] and failing["prompt"] in (None, prompt):
-            failing["prompt"] = prompt
-            return 503, b'{"error": "overloaded"}'
-        return 200, _choice()
-
-    return _stand_in(answer), failing
-
-
 def test_eval_a_turn_no_server_answers_is_that_episodes_infra_failure(
     chatml_tokenizer: Any, make_tiny_model: Any
 ) -> None:
-    httpd, failing = _failing_first_prompt()
+    httpd, failing = failing_first_prompt()
     backend = ServerBackend([f"http://127.0.0.1:{httpd.server_address[1]}"])
     backend.backoff_s = 0.01
     policy = VLLMPolicy(make_tiny_model(len(chatml_tokenizer)), chatml_tokenizer, backend, capacity=1024)

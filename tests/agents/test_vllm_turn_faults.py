@@ -16,18 +16,23 @@ from toolgym.trainers.tree import env_error, flatten
 ENV_KW = {"prompt_format": "text", "max_turns": 2}
 
 
-def test_a_turn_no_server_answers_is_its_paths_env_error(chatml_tokenizer: Any, make_tiny_model: Any) -> None:
+def failing_first_prompt() -> tuple[Any, dict[str, Any]]:
+    """A stand-in server that never answers the first prompt it sees (503) while ``failing["on"]``, and
+    answers every other one."""
     failing: dict[str, Any] = {"prompt": None, "on": True}
 
     def answer(path: str, raw: bytes) -> tuple[int, bytes]:
         prompt = json.loads(raw)["prompt"]
-        # the first prompt seen never gets an answer
         if failing["on"] and failing["prompt"] in (None, prompt):
             failing["prompt"] = prompt
             return 503, b'{"error": "overloaded"}'
         return 200, _choice()
 
-    httpd = _stand_in(answer)
+    return _stand_in(answer), failing
+
+
+def test_a_turn_no_server_answers_is_its_paths_env_error(chatml_tokenizer: Any, make_tiny_model: Any) -> None:
+    httpd, failing = failing_first_prompt()
     backend = ServerBackend([f"http://127.0.0.1:{httpd.server_address[1]}"])
     backend.backoff_s = 0.01
     policy = VLLMPolicy(make_tiny_model(len(chatml_tokenizer)), chatml_tokenizer, backend, capacity=1024)
