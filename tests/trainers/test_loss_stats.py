@@ -137,9 +137,9 @@ def test_update_loop_reads_the_stats_once_per_optimizer_step(
         counter.__enter__()
         start(self, step)
 
-    def ended(self: Any, metrics: dict[str, float]) -> None:
+    def ended(self: Any, metrics: dict[str, float], *total: Any) -> None:
         counter.__exit__(None, None, None)
-        end(self, metrics)
+        end(self, metrics, *total)
 
     opts = dict(SMALL, steps=1, minibatches=2, micro_batch_rows=2, kl_coef=0.05, ratio_level="turn")
     with pytest.MonkeyPatch.context() as mp:
