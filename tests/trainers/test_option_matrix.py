@@ -29,6 +29,7 @@ import torch
 
 from tests.testing_env import COUNTER
 from tests.trainers.conftest import FAKE_ENV, register_fake_env, tiny_model
+from tests.trainers.killing import dies_after_save
 from tests.trainers.test_train import records
 from toolgym.errors import ConfigError
 
@@ -413,10 +414,6 @@ def test_selfplay_makes_branching_inert() -> None:
 # ----- run cases --------------------------------------------------------------------------------------------
 
 
-class Killed(Exception):
-    """Raised right after the step-1 checkpoint: the run dies there and is resumed."""
-
-
 def finite_advantages(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[int]:
     """Wraps `module.policy_loss`: every call's advantages (masked) and loss must be finite; counts calls."""
     calls = [0]
@@ -440,25 +437,14 @@ def run_case(
 ) -> tuple[Path, dict[str, float]]:  # fmt: skip
     """Two steps; with `resume` also the same run killed after its step-1 checkpoint and resumed from another
     initialisation, whose step 2 must equal the uninterrupted one (metrics and weights)."""
-    from toolgym.trainers import checkpoint
-
     vocab = len(tokenizer)
     opts = {**BASE, "save_every": 1, **opts} if resume else {**BASE, **opts}
     straight = tiny_family(family, vocab)
     metrics = train(config(steps=2, output_dir=str(tmp_path / "a"), **opts), straight, tokenizer)
     if not resume:
         return tmp_path / "a", metrics
-    save = checkpoint.save
-
-    def save_then_die(folder: Path, *args: Any, **kwargs: Any) -> None:
-        save(folder, *args, **kwargs)
-        if args[2].step == 1:  # (modules, optimizer, progress)
-            raise Killed
-
-    monkeypatch.setattr(checkpoint, "save", save_then_die)
-    with pytest.raises(Killed):
+    with dies_after_save(monkeypatch, step=1):
         train(config(steps=2, output_dir=str(tmp_path / "b"), **opts), tiny_family(family, vocab), tokenizer)
-    monkeypatch.setattr(checkpoint, "save", save)
     resumed = tiny_family(family, vocab, seed=3)  # everything must come from the checkpoint
     train(config(steps=2, resume=True, output_dir=str(tmp_path / "b"), **opts), resumed, tokenizer)
     a, b = records(tmp_path / "a")[-1], records(tmp_path / "b")[-1]
