@@ -312,8 +312,14 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     from toolgym.trainers.checkpoint import resolve_resume
 
     cfg = resolve_resume(cfg)  # resume: auto -> whether output_dir holds a checkpoint
-    with Preemption(bool(cfg.resume), lambda s: bool(cfg.save_every and s % cfg.save_every == 0)) as stop:
+    with Preemption(bool(cfg.resume), lambda step: _saves(cfg, step)) as stop:
         return _train(cfg, model, tokenizer, stop)
+
+
+def _saves(cfg: SFTConfig, step: int) -> bool:
+    """Whether the loop writes the checkpoint after `step` (every `save_every` steps; none at the end: the
+    model folder is the result)."""
+    return bool(cfg.save_every and step % cfg.save_every == 0)
 
 
 def _train(cfg: SFTConfig, model: Any, tokenizer: Any, stop: Preemption) -> dict[str, Any]:
@@ -433,7 +439,7 @@ def _train(cfg: SFTConfig, model: Any, tokenizer: Any, stop: Preemption) -> dict
             metrics |= held_out()
         log.log(step, metrics)
         progress.step, progress.data_pos = step, progress.data_pos + len(picked)
-        if cfg.save_every and step % cfg.save_every == 0:
+        if _saves(cfg, step):
             save()
         if bar is not None:
             bar.update(1)
