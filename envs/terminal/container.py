@@ -716,15 +716,8 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
             started, result = self._after_timeout(t0)
         if started or not retry:
             return result
-        if not result.restarted:
-            # a shell that answered a probe yet never started the command shares its input with a thief (a
-            # process of the agent's reading the shell's stdin takes some lines, the shell others): the command
-            # runs again in a fresh shell, or it may be stolen again
-            self._kill_session(include_shell=True)
-            self.start_shell()
         again = self._run(command, timeout_s, retry=False)  # (its full time: it has not run yet)
-        restarted = True
-        return dataclasses.replace(again, seconds=time.monotonic() - t0, restarted=restarted, rerun=True)
+        return dataclasses.replace(again, seconds=time.monotonic() - t0, restarted=True, rerun=True)
 
     def _after_timeout(self, t0: float) -> tuple[bool, CommandResult]:
         """Kills what the timed-out command left in the shell's session; replaces the shell when it does
@@ -746,10 +739,12 @@ chown 0:0 /logs /tests && chmod 755 /logs /tests && mkdir -m 755 -p /logs/verifi
             started = started or self.agent.saw_earlier
         except (EOFError, OSError):
             late = None
-        restarted = late is None or late[1] != 0
+        # replaced when it did not answer (its command never started, stuck before its start line, or started
+        # long enough before the limit for that line to have come), and when it answered but never started the
+        # command: it shares its input with a thief (a process of the agent's reading the shell's stdin takes
+        # some lines, the shell others), so the command runs again in a fresh shell, or it may be stolen again
+        restarted = late is None or late[1] != 0 or not started
         if restarted:
-            # (a shell that did not answer: its command never started, stuck before its start line, or
-            # started long enough before the limit for that line to have come)
             self._kill_session(include_shell=True)
             self.start_shell()
         return started, CommandResult("", None, time.monotonic() - t0, timed_out=True, restarted=restarted)
