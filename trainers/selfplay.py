@@ -22,14 +22,21 @@ when its side wins (the game's reward) plus its parse and referee penalties (``S
 
 Each seat's tokens are built the way ``TreeRollout`` builds an episode (the first prompt rendered once, then
 for each turn the generated ids, the template's end of turn and the new messages with the next generation
-prompt), so the rows are exactly what was sampled. The text seats of all tables are generated together, one
-``policy.generate`` call per round (and one for the frozen seats). A seat whose next prompt would pass
-``max_total_tokens`` ends the game for its table: every learner seat of it is truncated (no side wins). A
-learner seat that is out of the game before its first turn (killed on night 1) has no row in that copy (a
-group may have fewer than ``budget`` leaves; a seat with none in any copy has no group).
+prompt), so the rows are exactly what was sampled. Each table is an episode of the episode loop
+(agents/episode_loop.py) asking for one seat's turn at a time. When every seat's policy has an engine (the
+learner an ``EnginePolicy``: the frozen snapshot then gets an ``EnginePolicy`` of its own, the learner's
+slots, capacity and engine dtype, bf16 on CUDA), the loop runs continuously over both engines: a turn enters
+its policy's engine when its table asks and leaves it the step it ends, so no table waits for another and
+the frozen seats decode beside the learner's (in rounds every table waited for the learner's call, then
+for the frozen seats' fp32 HF call, each as long as its longest turn). Otherwise it plays in rounds: one
+``generate`` call per round for the learner seats of all tables and one for the frozen seats. A seat whose
+next prompt would pass ``max_total_tokens`` ends the game for its table: every learner seat of it is
+truncated (no side wins). A learner seat that is out of the game before its first turn (killed on night 1)
+has no row in that copy (a group may have fewer than ``budget`` leaves; a seat with none in any copy has no
+group). ``roller.timing`` holds the last run's split (engine steps and seconds per policy, or calls per
+policy in rounds); ``TOOLGYM_SELFPLAY_TIMING=1`` prints it on stderr after every run.
 
-A policy with an engine (``EnginePolicy``, ``VLLMPolicy``) runs each batch through the episode loop
-(``generate_each``), so that a turn no rollout server answered (``TurnFailed``) fails only its table: that
+A turn no rollout server answered (``TurnFailed``, a ``VLLMPolicy`` on servers) fails only its table: that
 game ends there and every learner seat of it is an ``env_error`` (no row, not scored; counted in
 ``rollout/env_errors`` and ``rollout/server_errors``, one a learner seat); the other tables go on. A seat
 prompt that does not fit the engine (no room for one token) ends its table as ``token_budget``, as a prompt
@@ -39,8 +46,12 @@ past ``max_total_tokens`` does (the model's own length, not an infrastructure fa
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
+import itertools
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -48,7 +59,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from toolgym.agents.episode_loop import Answered, EpisodeLoop, Fault, Generate, submit_turn
+from toolgym.agents.episode_loop import (
+    Answered,
+    Episode,
+    EpisodeLoop,
+    Fault,
+    Generate,
+    TurnFailed,
+    submit_turn,
+)
 from toolgym.agents.policy import Generation, SamplingParams
 from toolgym.envs.multiagent.selfplay import SelfPlayTable
 from toolgym.errors import ConfigError
@@ -127,7 +146,29 @@ def load_snapshot(policy: Any, snapshot: str, initial: str | None = None) -> Any
     else:
         raise ConfigError(f"selfplay.snapshot {snapshot!r} holds neither model.pt nor config.json")
     frozen = frozen.to(device).eval().requires_grad_(False)
-    return HFPolicy(frozen, policy.tokenizer, batch_size=256)
+    return _engine_like(policy, frozen) or HFPolicy(frozen, policy.tokenizer, batch_size=256)
+
+
+def _engine_like(policy: Any, frozen: Any) -> Any:
+    """An ``EnginePolicy`` over ``frozen`` shaped like the learner's (its slots, capacity and engine dtype:
+    bf16 on CUDA), or None when the learner is not one (HF, vLLM) or the engine cannot run the model. The
+    frozen seats then decode as fast as the learner's (with ``HFPolicy`` in fp32 each of their turns cost
+    the GPU run most of its rollout time) and run in the same continuous batch (``SelfPlayRollout.run``)."""
+    from toolgym.agents.engine.engine_policy import EnginePolicy
+    from toolgym.agents.engine.weights import unsupported
+
+    if not isinstance(policy, EnginePolicy) or unsupported(frozen) is not None:
+        return None
+    eng = policy.engine
+    out = EnginePolicy(
+        frozen, policy.tokenizer, slots=eng.cache.slots, capacity=eng.cache.capacity, engine_dtype=eng.dtype,
+        chat_template=policy.renderer.chat_template, tool_role=policy.renderer.tool_role,
+        cuda_graphs=eng.cuda_graphs,
+    )  # fmt: skip
+    # the two engines' sequences meet in one episode loop, which keys its turns in flight by sequence id:
+    # the frozen engine numbers its own far from the learner's
+    out.engine._ids = itertools.count(1 << 48)
+    return out
 
 
 class _BatchTurns:
@@ -173,6 +214,157 @@ def generate_each(
 
     EpisodeLoop().run([batch], _BatchTurns(policy, sampling))
     return out
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """A seat's turn request in the episode loop: its prompt ids and whose turn it is (learner or frozen)."""
+
+    learner: bool
+    ids: list[int]
+
+
+def _has_engine(policy: Any) -> bool:
+    return getattr(policy, "engine", None) is not None and hasattr(policy, "generation")
+
+
+def _sampling(cfg: RolloutConfig, left: int | None, seed: int | None) -> SamplingParams:
+    return SamplingParams(
+        temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=left or cfg.max_new_tokens, seed=seed
+    )
+
+
+class _SeatRounds:
+    """The episode loop's ``RoundTurns`` for policies without an engine: each round's turns in one call per
+    policy (the learner's, then the frozen seats'), each seeded by a draw from the run's generator."""
+
+    def __init__(self, policies: dict[bool, Any], cfg: RolloutConfig, sampling: np.random.Generator) -> None:
+        self.policies, self.cfg, self.sampling = policies, cfg, sampling
+        self.calls = {True: 0, False: 0}
+        self.seconds = {True: 0.0, False: 0.0}
+
+    def generate(self, requests: list[_Ask], left: int | None) -> list[Any]:
+        out: list[Any] = [None] * len(requests)
+        for learner in (True, False):
+            idx = [i for i, r in enumerate(requests) if r.learner == learner]
+            if not idx:
+                continue
+            sp = _sampling(self.cfg, left, int(self.sampling.integers(2**31)))
+            t0 = time.perf_counter()
+            gens = generate_each(self.policies[learner], [requests[i].ids for i in idx], sp)
+            self.seconds[learner] += time.perf_counter() - t0
+            self.calls[learner] += 1
+            for i, g in zip(idx, gens, strict=True):
+                out[i] = g
+        return out
+
+    def timing(self, wall: float, stats: RolloutStats) -> dict[str, Any]:
+        return {
+            "mode": "rounds", "wall_s": round(wall, 2), "env_s": round(stats.env_s, 2),
+            "learner_calls": self.calls[True], "learner_s": round(self.seconds[True], 2),
+            "frozen_calls": self.calls[False], "frozen_s": round(self.seconds[False], 2),
+        }  # fmt: skip
+
+
+class _Engines:
+    """One engine for the episode loop over the learner's and the frozen seats' engines: a step steps every
+    busy one, so a table whose frozen seat decodes and one whose learner seat does go on together (in
+    rounds every table waited for the learner's call, then for the frozen seats' call)."""
+
+    def __init__(self, engines: list[Any]) -> None:
+        self.engines = engines
+        self.owner: dict[int, Any] = {}  # sequence id -> its engine (for ``cancel``)
+        self.carry: list[Any] = []  # turns that ended in a step another engine's failure cut short
+        self.steps = [0] * len(engines)
+        self.seconds = [0.0] * len(engines)
+
+    def busy(self) -> bool:
+        return bool(self.carry) or any(e.busy() for e in self.engines)
+
+    def step(self) -> list[Any]:
+        done, self.carry = self.carry, []
+        for k, eng in enumerate(self.engines):
+            if not eng.busy():
+                continue
+            t0 = time.perf_counter()
+            try:
+                done += eng.step()
+            except (
+                TurnFailed
+            ):  # (one turn no server answered): the turns that did end come with the next step
+                self.carry = done
+                raise
+            finally:
+                self.steps[k] += 1
+                self.seconds[k] += time.perf_counter() - t0
+        for seq in done:
+            self.owner.pop(seq.id, None)
+        return done
+
+    def cancel(self, seq: Any) -> None:
+        self.owner.pop(seq.id, self.engines[0]).cancel(seq)
+
+
+class _SeatEngines:
+    """The episode loop's ``EngineTurns`` when every seat's policy has an engine: a turn enters its policy's
+    engine as soon as its table asks (held caches continued, shared prefixes once, as ``generate`` plans
+    them), leaves it the step it ends; a prompt with no room is ``None`` (``token_budget``), a turn no
+    rollout server answered a ``Fault``. Each engine is seeded once a run from the run's generator."""
+
+    def __init__(self, policies: dict[bool, Any], cfg: RolloutConfig, sampling: np.random.Generator) -> None:
+        from toolgym.agents.engine.engine_policy import mode_of
+
+        self.policies = policies
+        self.uniq = list({id(p): p for p in policies.values()}.values())
+        self.engine = _Engines([p.engine for p in self.uniq])
+        for p in self.uniq:
+            p.engine.seed(int(sampling.integers(2**31)))
+        self.sp = _sampling(cfg, None, None)
+        self.modes = {k: mode_of(self.sp, getattr(p, "top_k", 0)) for k, p in policies.items()}
+
+    def plan(self, requests: list[_Ask], lefts: list[int | None]) -> list[Any]:
+        out: list[Any] = [None] * len(requests)
+        for learner in (True, False):
+            idx = [i for i, r in enumerate(requests) if r.learner == learner]
+            if not idx:
+                continue
+            policy = self.policies[learner]
+            eng = policy.engine
+            seqs = policy._plan([requests[i].ids for i in idx])  # continues / forks held caches
+            for i, seq in zip(idx, seqs, strict=True):
+                if submit_turn(
+                    eng, seq, self.modes[learner], lefts[i] or self.sp.max_new_tokens, self.sp.stop
+                ):
+                    self.engine.owner[seq.id] = eng
+                    out[i] = seq
+                else:  # the prompt leaves no room for a token: the model's length, not a fault
+                    eng.release(seq)
+                    out[i] = Answered(None)
+        return out
+
+    def result(self, request: _Ask, seq: Any) -> Generation:
+        policy = self.policies[request.learner]
+        policy.index.add(seq)
+        return policy.generation(seq)
+
+    def failed(self, request: _Ask, seq: Any, error: str) -> Fault:
+        self.engine.owner.pop(seq.id, None)
+        return Fault(f"rollout server: {error}")
+
+    def timing(self, wall: float, stats: RolloutStats) -> dict[str, Any]:
+        names = ["learner" if p is self.policies[True] else "frozen" for p in self.uniq]
+        out: dict[str, Any] = {"mode": "continuous", "wall_s": round(wall, 2), "env_s": round(stats.env_s, 2)}
+        for name, p, steps, secs in zip(
+            names, self.uniq, self.engine.steps, self.engine.seconds, strict=True
+        ):
+            st = getattr(p.engine, "stats", None)
+            out |= {f"{name}_steps": steps, f"{name}_s": round(secs, 2)}
+            if st is not None:  # (our engine's counters: cumulative over the run's life)
+                out |= {
+                    f"{name}_prefill_s": round(st.prefill_s, 2),
+                    f"{name}_decode_s": round(st.decode_s, 2),
+                }
+        return out
 
 
 @dataclass
@@ -230,6 +422,7 @@ class SelfPlayRollout:
         )
         self.snapshot_version = _version(self.options.snapshot, initial) if self.frozen is not None else ""
         self._rules: dict[str, Any] = {}
+        self.timing: dict[str, Any] = {}  # the last run's split (``_SeatRounds`` / ``_SeatEngines.timing``)
 
     def rules(self, env_id: str) -> Any:
         """The single-agent seat env of ``env_id`` (its prompts, parsing, scripted players)."""
@@ -267,8 +460,10 @@ class SelfPlayRollout:
     def run(self, tasks: list[RolloutTask], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
         stats = RolloutStats()
         t0 = time.perf_counter()
-        if hasattr(self.policy, "refresh"):  # the engine's held caches predate the last optimizer step
-            self.policy.refresh()
+        policies = {True: self.policy, False: self.frozen if self.frozen is not None else self.policy}
+        for policy in {id(p): p for p in policies.values()}.values():
+            if hasattr(policy, "refresh"):  # the learner engine's held caches predate the last optimizer step
+                policy.refresh()
         sampling = np.random.default_rng(seed)
         tables: list[SelfPlayTable] = []
         groups: list[
@@ -284,54 +479,21 @@ class SelfPlayRollout:
             for ti in idx
             for s in tables[ti].text_seats
         }
-        live = set(range(len(tables)))
         lost: dict[int, str] = {}  # tables ended by a turn no rollout server answered -> the error
-        while live:
-            pending: dict[bool, list[_Seat]] = {True: [], False: []}
-            t_env = time.perf_counter()
-            for ti in sorted(live):
-                name = tables[ti].next_seat()
-                if name is None:
-                    live.discard(ti)
-                    continue
-                seat = seats[(ti, name)]
-                if not self._prompt(tables[ti], seat):
-                    self._abandon(tables[ti], ti, seats)
-                    live.discard(ti)
-                    continue
-                pending[seat.learner].append(seat)
-            stats.env_s += time.perf_counter() - t_env
-            for learner, batch in pending.items():
-                if not batch:
-                    continue
-                policy = self.policy if learner or self.frozen is None else self.frozen
-                t_gen = time.perf_counter()
-                sp = SamplingParams(
-                    temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_new_tokens=self.cfg.max_new_tokens,
-                    seed=int(sampling.integers(2**31)),
-                )  # fmt: skip
-                gens = generate_each(policy, [s.ids for s in batch], sp)
-                stats.generate_s += time.perf_counter() - t_gen
-                stats.generate_calls += 1
-                t_env = time.perf_counter()
-                for seat, g in zip(batch, gens, strict=True):
-                    if g is None or isinstance(g, Fault):  # this table's game ends here
-                        live.discard(seat.table)
-                        if g is None:  # the seat's prompt fills the engine: the model's length
-                            self._abandon(tables[seat.table], seat.table, seats)
-                        else:
-                            lost[seat.table] = g.error
-                        continue
-                    seat.ids += list(g.token_ids)
-                    seat.last_gen = list(g.token_ids)
-                    seat.turns += 1
-                    if seat.learner:
-                        seat.pieces.append(("model", list(g.token_ids), list(g.logprobs), ""))
-                        stats.generated_tokens += len(g.token_ids)
-                    text = self.renderer.decode(self.renderer.strip_stop(g.token_ids))
-                    tables[seat.table].act(seat.name, text)
-                    seat.seen += 1  # its own answer; what the table added after it is news for the next turn
-                stats.env_s += time.perf_counter() - t_env
+        starts = [
+            functools.partial(self._play, ti, tables[ti], seats, lost, stats) for ti in range(len(tables))
+        ]
+        turns: _SeatEngines | _SeatRounds
+        if all(_has_engine(p) for p in policies.values()):  # every table at its own pace
+            turns = _SeatEngines(policies, self.cfg, sampling)
+        else:  # rounds: one generate call per policy (learner, frozen) for every table waiting on it
+            turns = _SeatRounds(policies, self.cfg, sampling)
+        EpisodeLoop(stats=stats).run(starts, turns)
+        self.timing = turns.timing(time.perf_counter() - t0, stats)
+        if os.environ.get(
+            "TOOLGYM_SELFPLAY_TIMING"
+        ):  # (the Werewolf pipeline's GPU runs: where the time goes)
+            print(f"toolgym selfplay: {json.dumps(self.timing)}", file=sys.stderr, flush=True)
         for ti in lost:  # each learner seat of a lost table is a path ended by the fault (its row is dropped)
             n = sum(1 for s in tables[ti].text_seats if seats[(ti, s)].learner)
             stats.env_errors += n
@@ -342,6 +504,41 @@ class SelfPlayRollout:
         forest = [t for t in trees if t.leaves()]
         stats.wall_s = time.perf_counter() - t0
         return forest, stats
+
+    def _play(
+        self, ti: int, table: SelfPlayTable, seats: dict[tuple[int, str], _Seat], lost: dict[int, str],
+        stats: RolloutStats,
+    ) -> Episode:  # fmt: skip
+        """One table's game as an episode of the episode loop: the next text seat's prompt, its turn from the
+        seat's policy (``_Ask``), the move; until the game ends (what it records depends only on what was
+        generated, never on which tables shared a batch)."""
+        while True:
+            t_env = time.perf_counter()
+            name = table.next_seat()
+            seat = seats[(ti, name)] if name is not None else None
+            if seat is not None and not self._prompt(table, seat):
+                self._abandon(table, ti, seats)
+                seat = None
+            stats.env_s += time.perf_counter() - t_env
+            if seat is None:
+                return
+            (g,) = yield Generate([_Ask(seat.learner, list(seat.ids))])
+            if g is None or isinstance(g, Fault):  # this table's game ends here
+                if g is None:  # the seat's prompt fills the engine: the model's length
+                    self._abandon(table, ti, seats)
+                else:
+                    lost[ti] = g.error
+                return
+            t_env = time.perf_counter()
+            seat.ids += list(g.token_ids)
+            seat.last_gen = list(g.token_ids)
+            seat.turns += 1
+            if seat.learner:
+                seat.pieces.append(("model", list(g.token_ids), list(g.logprobs), ""))
+                stats.generated_tokens += len(g.token_ids)
+            table.act(seat.name, self.renderer.decode(self.renderer.strip_stop(g.token_ids)))
+            seat.seen += 1  # its own answer; what the table added after it is news for the next turn
+            stats.env_s += time.perf_counter() - t_env
 
     def _prompt(self, table: SelfPlayTable, seat: _Seat) -> bool:
         """Extends the seat's ids with what it has to read before its turn; False when over the budget."""
