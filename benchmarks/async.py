@@ -31,8 +31,8 @@ On the device machines (results come back under $OUT; merge them here afterwards
     python benchmarks/async.py --part speed2 --out $OUT/async_2gpu --work $OUT/runs2   # kind nvidia-h100-x2
     python benchmarks/async.py --part speed --admission tree --out $OUT/async_tree      # one GPU
     python benchmarks/async.py --merge FILES_AT/async_2gpu.json FILES_AT/async_tree.json
-    python benchmarks/async.py --part learning --mode sync  --minutes 4     # GPU, ~5 min
-    python benchmarks/async.py --part learning --mode async --minutes 4     # GPU, ~5 min
+    python benchmarks/async.py --part learning --mode sync  --minutes 7     # GPU, ~8 min
+    python benchmarks/async.py --part learning --mode async --minutes 7     # GPU, ~8 min
     python benchmarks/async.py --report                 # rewrite async.md from async.json
     python benchmarks/async.py --merge A.json B.json    # merge the device calls' results into async.json/.md
 """

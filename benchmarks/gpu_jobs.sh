@@ -5,8 +5,9 @@
 # .stable/snap.tgz is `git archive --format=tar.gz HEAD` of the code to run (the working tree may hold
 # unfinished edits); it is installed editable from /root/snap. JOBFILE has one job a line:
 #   GPU NAME COMMAND…        (run in /root/snap; $RUNS is /root/jobs; each `toolgym train` / `toolgym sft` in
-#                            it gets `--resume auto` right after its subcommand: it continues from the
-#                            checkpoint in its output_dir when there is one; a later --resume/--no-resume wins)
+#                            it gets `--resume auto --time-limit-s S` right after its subcommand: it continues
+#                            from the checkpoint in its output_dir when there is one and stops at a step
+#                            boundary 30 s before the SIGTERM; a later flag of the same name wins)
 # Each job runs under `timeout` to the call's deadline (SIGTERM 75 s before the call's end: `toolgym train` and
 # `toolgym sft` finish their step and save, then exit 143; SIGKILL 45 s later); $OUT gets gpu.txt, one NAME.log tail each and
 # jobs.tar.gz (metrics, configs, summaries; no weights). A second call with the same JOBFILE continues.
@@ -38,10 +39,11 @@ while read -r gpu name cmd; do
   [ -z "${gpu:-}" ] || [ "${gpu:0:1}" = "#" ] && continue
   cmd=${cmd//\$RUNS/$RUNS}
   # (inserted after the subcommand, not appended: the command may go on with `&& other …`)
-  cmd=${cmd//"toolgym train "/"toolgym train --resume auto "}
-  cmd=${cmd//"toolgym sft "/"toolgym sft --resume auto "}
   [ -f "$RUNS/$name.done" ] && { echo "$name: done before"; continue; }
   left=$(( deadline - $(date +%s) ))
+  # a run stops itself at a step boundary 30 s before the SIGTERM (a step longer than the grace loses its work)
+  cmd=${cmd//"toolgym train "/"toolgym train --resume auto --time-limit-s $(( left > 60 ? left - 30 : 30 )) "}
+  cmd=${cmd//"toolgym sft "/"toolgym sft --resume auto --time-limit-s $(( left > 60 ? left - 30 : 30 )) "}
   [ "$left" -lt 20 ] && { echo "$name: no time left" | tee -a "$out/gpu.txt"; continue; }
   echo "[$gpu] $name: $cmd" | tee -a "$out/gpu.txt"
   ( cd /root/snap && CUDA_VISIBLE_DEVICES=$gpu timeout -k 45 "$left" bash -c "$cmd" >>"$RUNS/$name.log" 2>&1

@@ -14,6 +14,7 @@ rule is checked at construction too (`validate`).
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,44 @@ def check_choices(cfg: Any) -> None:
         options = f.metadata.get("choices")
         if options is not None and getattr(cfg, f.name) not in options:
             raise ConfigError(f"{f.name} must be one of {', '.join(options)}; got {getattr(cfg, f.name)!r}")
+
+
+def parse_time_limit(value: float | str | None) -> float | None:
+    """Seconds from a time limit written as seconds (``5400``, ``"5400"``) or as SLURM writes one
+    (``"1:30:00"``, ``"90:00"`` as MM:SS, ``"2-00:00:00"``, ``"2-12"`` as D-HH); ``None``/``""``/``"none"``/0: no limit.
+
+    >>> parse_time_limit("1:30:00"), parse_time_limit("90:00"), parse_time_limit("1-00:00:00"), parse_time_limit(60)
+    (5400.0, 5400.0, 86400.0, 60.0)
+    """
+    bad = ConfigError(f"time_limit_s must be seconds or [D-]HH:MM[:SS] (SLURM's form), got {value!r}")
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    if isinstance(value, bool):
+        raise bad
+    seconds = _clock_seconds(value.strip()) if isinstance(value, str) else float(value)
+    if seconds is None:
+        raise bad
+    if seconds != seconds or seconds < 0:
+        raise ConfigError(f"time_limit_s must be >= 0 seconds, got {value!r}")
+    return seconds or None
+
+
+def _clock_seconds(text: str) -> float | None:
+    """`parse_time_limit`'s text forms; None when `text` is none of them."""
+    if re.fullmatch(r"-?\d+(\.\d*)?", text):
+        return float(text)
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if m is None:
+        return None
+    days, a, b, c = (int(x) if x else None for x in m.groups())
+    assert a is not None
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, mi, sec = a, b or 0, c or 0
+    elif c is not None:  # HH:MM:SS
+        h, mi, sec = a, b or 0, c
+    else:  # MM or MM:SS (SLURM reads two fields as minutes and seconds)
+        h, mi, sec = 0, a, b or 0
+    return float((((days or 0) * 24 + h) * 60 + mi) * 60 + sec)
 
 
 @dataclass
@@ -225,6 +264,14 @@ class RunConfig:
             "else start fresh, for SLURM requeue scripts)"
         },
     )
+    time_limit_s: float | str | None = field(
+        default=None,
+        metadata={
+            "help": "wall-time budget from the start of training: seconds, or [D-]HH:MM[:SS] as SLURM writes it; "
+            "the run stops at the first step boundary where the next step would not end in time, saves "
+            "its checkpoint and exits 75 (resume continues); none: no limit"
+        },
+    )
     tensorboard: bool = field(default=True, metadata={"help": "also write tensorboard events"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
@@ -263,6 +310,7 @@ class RunConfig:
             self.resume = {"true": True, "false": False}.get(self.resume.lower(), "auto")
         if not (isinstance(self.resume, bool) or self.resume == "auto"):
             raise ConfigError(f"resume must be true, false or auto, got {self.resume!r}")
+        self.time_limit_s = parse_time_limit(self.time_limit_s)
         if self.env_call_timeout_s < 0:
             raise ConfigError(
                 f"env_call_timeout_s must be >= 0 (0: wait forever), got {self.env_call_timeout_s}"

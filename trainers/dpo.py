@@ -73,6 +73,8 @@ class DPOConfig(DataConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.time_limit_s is not None:  # (no checkpoint to stop at: a DPO run is one uninterrupted pass)
+            raise ConfigError("time_limit_s: toolgym dpo keeps no checkpoint to stop at; leave it unset")
         if self.beta <= 0:
             raise ConfigError(f"beta must be > 0, got {self.beta}")
         if not 0.0 <= self.label_smoothing < 0.5:

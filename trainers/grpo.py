@@ -119,7 +119,9 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
             f"prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {dist.world} ranks"
         )
     # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
-    stop = cleanup.enter_context(Preemption(bool(cfg.resume), lambda s: checkpoint.due(cfg, s)))
+    stop = cleanup.enter_context(
+        Preemption(bool(cfg.resume), lambda s: checkpoint.due(cfg, s), time_limit_s=cfg.time_limit_s)
+    )
     if dist.main:
         warn_inert(cfg)
     device = pick_device(dist.device_name(cfg.device), cfg.threads)

@@ -79,7 +79,9 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
         raise ConfigError("PPO runs in one process; for torchrun data parallel use `toolgym train grpo`")
     loss_cfg = cfg.loss_config()
     # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
-    stop = cleanup.enter_context(Preemption(bool(cfg.resume), lambda s: checkpoint.due(cfg, s)))
+    stop = cleanup.enter_context(
+        Preemption(bool(cfg.resume), lambda s: checkpoint.due(cfg, s), time_limit_s=cfg.time_limit_s)
+    )
     warn_inert(cfg)
     rollout_cfg = RolloutConfig(
         budget=cfg.budget, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,

@@ -14,13 +14,23 @@ into exit code 128 + the signal's number (`EXIT_SIGTERM` 143, `EXIT_SIGUSR1` 138
 SIGUSR1 is handled as SIGTERM; torchrun itself does not catch it (its default action ends the launcher),
 so under torchrun signal SIGTERM, or trap USR1 in the batch script and send TERM on (docs/trainer.md).
 
-A second signal ends the process at once with the same code (``os._exit``: no cleanup, so envs are not
-closed; `toolgym sandbox doctor --prune` removes sandbox containers left behind); in a Jupyter kernel a
-second interrupt raises KeyboardInterrupt instead. The checkpoint folder
+A second Ctrl-C (SIGINT) ends the process at once with code 130 (``os._exit``: no cleanup, so envs are not
+closed; `toolgym sandbox doctor --prune` removes sandbox containers left behind); in a Jupyter kernel it
+raises KeyboardInterrupt instead. A SIGINT within `REPEAT_S` of the first is its copy (the terminal signals
+the whole process group, torchrun forwards it too). Repeated SIGTERM or SIGUSR1 never escalate: they come
+from machines, not from a person in a hurry (``timeout`` signals its whole process group, torchrun forwards
+what SLURM already sent, a watchdog and the scheduler each send their own), and the sender's SIGKILL is the
+hard stop; counting a second one as "stop now" lost the save it was waiting for. The checkpoint folder
 keeps its last complete save: saves are written aside and renamed, and `checkpoint.load` reads the
-previous one when a stop fell between the two renames. The same signal again within `REPEAT_S` counts as
-the first one's copy: torchrun forwards a signal to its workers, which SLURM (or the terminal, for
-Ctrl-C) has usually signalled themselves too.
+previous one when a stop fell between the two renames.
+
+A time limit (``time_limit_s``, ``--time-limit 1:55:00``: seconds or SLURM's [D-]HH:MM[:SS]) stops the run the
+same way, before the budget runs out rather than after a signal: at each step boundary the next step is
+estimated as `SAFETY` times the longest of the last `WINDOW` step cycles (evaluations and periodic saves
+included), and when that would end past the limit the run saves, prints
+``time limit: stopped at step N …`` and exits `EXIT_TIME_LIMIT` (75, "try again": resume continues). The
+first step of each process always runs (a requeued job makes progress every call). The clock starts when
+the trainer starts (model loading before it not counted).
 
 The step in progress when the signal arrives is finished, not abandoned: its rollouts and update run to
 the end, so the stop takes up to a step plus a save (give SLURM that much: ``#SBATCH --signal=TERM@120``
@@ -48,20 +58,26 @@ EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a process S
 EXIT_SIGUSR1 = 128 + signal.SIGUSR1  # 138 (SLURM --signal=USR1@N: stop and save before the time limit)
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
 RESUME_WORDS = ("auto", "true", "false")  # what may follow --resume on a command line
-REPEAT_S = 1.0  # the same signal again within this many seconds is a copy of the first (torchrun forwards it)
+EXIT_TIME_LIMIT = 75  # EX_TEMPFAIL: stopped for its time limit with work left; the same command resumes
+REPEAT_S = 1.0  # a SIGINT again within this many seconds is a copy of the first (torchrun forwards it)
+WINDOW = 3  # step cycles the time limit's estimate of the next step looks at
+SAFETY = 1.25  # the next step is estimated at this times the longest recent cycle (steps vary)
 
 
 class Preempted(ToolgymError):
-    """The run stopped on a signal after saving the checkpoint of `step` in `folder`; `exit_code` is 128 +
-    the signal's number (143 for SIGTERM, 138 for SIGUSR1, 130 for SIGINT)."""
+    """The run stopped on a signal (or its time limit: `signum` None) after saving the checkpoint of `step` in
+    `folder`; `exit_code` is 128 + the signal's number (143 for SIGTERM, 138 for SIGUSR1, 130 for SIGINT), or
+    `EXIT_TIME_LIMIT` (75)."""
 
-    def __init__(self, step: int, folder: Path, signum: int) -> None:
+    def __init__(self, step: int, folder: Path, signum: int | None, why: str = "") -> None:
         self.step, self.folder, self.signum = step, folder, signum
-        self.exit_code = 128 + signum
-        super().__init__(
-            f"preempted at step {step} ({signal.Signals(signum).name}): checkpoint in {folder}; "
-            f"resume with {resume_command()}"
+        self.exit_code = EXIT_TIME_LIMIT if signum is None else 128 + signum
+        head = (
+            f"time limit: stopped at step {step} ({why})"
+            if signum is None
+            else f"preempted at step {step} ({signal.Signals(signum).name})"
         )
+        super().__init__(f"{head}: checkpoint in {folder}; resume with {resume_command()}")
 
 
 def resume_command() -> str:
@@ -120,6 +136,7 @@ class Preemption:
         resumed: bool,
         saved: Callable[[int], bool],
         doing: str = "finishing this step, then saving a checkpoint",
+        time_limit_s: float | None = None,
     ) -> None:
         self.resumed = resumed
         self.saved = saved
@@ -128,6 +145,11 @@ class Preemption:
         self._at = 0.0  # when the first signal came (time.monotonic)
         self._previous: dict[int, Any] = {}
         self._checked = False
+        self.time_limit_s = time_limit_s
+        self._start = time.monotonic()
+        self._last_check: float | None = None
+        self._cycles: list[float] = []  # the last WINDOW step cycles, seconds
+        self.out_of_time = ""  # why the time limit stops the run (empty: it does not)
 
     def __enter__(self) -> Preemption:
         if threading.current_thread() is threading.main_thread():
@@ -150,10 +172,15 @@ class Preemption:
         name = signal.Signals(signum).name
         if self.signum is None:
             self.signum, self._at = signum, now
-            _say(f"toolgym: got {name}: {self.doing} (signal again to stop at once, without it)")
+            again = (
+                "Ctrl-C again to stop at once, without it"
+                if signum == signal.SIGINT
+                else "SIGKILL stops at once"
+            )
+            _say(f"toolgym: got {name}: {self.doing} ({again})")
             return
-        if signum == self.signum and now - self._at < REPEAT_S:
-            return  # the forwarded copy of the first signal
+        if signum != signal.SIGINT or (self.signum == signal.SIGINT and now - self._at < REPEAT_S):
+            return  # a machine's repeat (timeout's group signal, torchrun's forward), or Ctrl-C's copy
         _say(f"toolgym: got {name} again: stopping now, without a checkpoint of this step")
         if signum == signal.SIGINT and "ipykernel" in sys.modules:
             self._restore()
@@ -161,15 +188,36 @@ class Preemption:
         # at once: no unwinding (the episode loop would wait for its env calls, the rollout worker for its batch)
         os._exit(128 + signum)
 
+    def _time_up(self) -> str:
+        """Why the next step would end past the time limit ("" when it would not, or there is none). Called
+        once per step boundary: it books the cycle since the last call."""
+        now = time.monotonic()
+        if self._last_check is not None:
+            self._cycles = [*self._cycles, now - self._last_check][-WINDOW:]
+        self._last_check = now
+        if self.time_limit_s is None or not self._cycles:
+            return ""  # the first step always runs: every call of a requeued job makes progress
+        elapsed = now - self._start
+        nxt = SAFETY * max(self._cycles)
+        if elapsed + nxt > self.time_limit_s:
+            return f"{elapsed:.0f} s gone of {self.time_limit_s:.0f} s; the next step would take ~{nxt:.0f} s"
+        return ""
+
     def requested(self, dist: Any = None) -> bool:
-        """Whether any rank got a signal (every rank must call it at the same point: one all_reduce)."""
-        flag = 0.0 if self.signum is None else 1.0
+        """Whether any rank got a signal or ran out of time (every rank must call it at the same point, once
+        a step boundary: one all_reduce)."""
+        self.out_of_time = self.out_of_time or (self._time_up() if self.signum is None else "")
+        # one number says both (a signal outweighs any count of clocks), so every rank stops the same way
+        flag = 1000.0 if self.signum is not None else 1.0 if self.out_of_time else 0.0
         if dist is None or dist.world <= 1:
             return flag > 0
-        if dist.sum(flag) == 0:
+        total = dist.sum(flag)
+        if total == 0:
             return False
-        if self.signum is None:  # another rank's signal: this rank stops as if it had got SIGTERM
+        if total >= 1000 and self.signum is None:  # another rank's signal: stop as if SIGTERM came here
             self.signum = signal.SIGTERM
+        elif not self.out_of_time:
+            self.out_of_time = "another rank's clock says the next step would end past the limit"
         return True
 
     def check(self, dist: Any, step: int, folder: Path, save: Callable[[], None]) -> None:
@@ -185,8 +233,7 @@ class Preemption:
             save()
         if dist is not None:
             dist.barrier()  # rank 0's save is complete before any rank exits
-        assert self.signum is not None
-        stop = Preempted(step, folder, self.signum)
+        stop = Preempted(step, folder, self.signum, self.out_of_time)
         if main:
             print(f"toolgym: {stop}", file=sys.stderr, flush=True)
         raise stop

@@ -217,6 +217,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if g >= 0:
             free[g] -= gb
 
+    def limit() -> list[str]:
+        """The run's own time limit: it stops at a step boundary that leaves its save done before the
+        deadline's SIGTERM (a backstop: a step longer than STOP_S would lose its work to the SIGKILL)."""
+        return ["--time-limit-s", f"{max(deadline - STOP_S - 15 - time.monotonic(), 1.0):.0f}"]
+
     while time.monotonic() < deadline - STOP_S:
         for name, (proc, g, gb) in list(running.items()):
             if (rc := proc.poll()) is not None:
@@ -242,7 +247,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             )
             start(
                 f"{f}/sft",
-                [*py, "sft", "--config", str(runs / f / "sft.yaml")],
+                [*py, "sft", "--config", str(runs / f / "sft.yaml"), "--resume", "auto", *limit()],
                 runs / f / "sft.log",
                 g,
                 SFT_GB,
@@ -257,7 +262,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             yaml_path = folder / f"{j.arm}_s{j.seed}.yaml"
             write_yaml(yaml_path, run_config(j.claim, j.arm, j.seed, folder, a.device, mem, a.quick))
             # auto: a later call continues the run from its checkpoint in output_dir, if it has one
-            cmd = [*py, "train", "--config", str(yaml_path), "--resume", "auto"]
+            cmd = [*py, "train", "--config", str(yaml_path), "--resume", "auto", *limit()]
             start(j.name, cmd, folder / f"{j.arm}_s{j.seed}.log", g, j.gb)
         queue = waiting
         if not running and not todo_sft and not ready:

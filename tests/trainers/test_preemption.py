@@ -18,8 +18,15 @@ import torch
 
 from tests.processes import running
 from tests.trainers.conftest import tiny_model, tiny_tokenizer
-from toolgym.trainers import checkpoint
-from toolgym.trainers.preemption import EXIT_SIGINT, EXIT_SIGTERM, REPEAT_S, Preempted, Preemption
+from toolgym.trainers import checkpoint, preemption
+from toolgym.trainers.preemption import (
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    EXIT_TIME_LIMIT,
+    REPEAT_S,
+    Preempted,
+    Preemption,
+)
 
 ROOT = Path(__file__).parents[2]
 # started by every subprocess (PYTHONPATH): the test envs, one whose episodes take `SLOW_S` seconds more,
@@ -160,21 +167,52 @@ def test_sigterm_stops_sft_and_resume_matches(site: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow  # real subprocesses: 10-60 s on 2 busy cores
-def test_a_second_signal_stops_at_once(site: Path, tmp_path: Path) -> None:
-    """Episodes of 1 s: the step in progress would take ~4 s more; the second SIGTERM ends the run now,
-    without a checkpoint of its own (the one on disk is the last complete save)."""
+def test_a_second_ctrl_c_stops_at_once_and_a_second_sigterm_does_not(site: Path, tmp_path: Path) -> None:
+    """Episodes of 1 s: the step in progress takes ~4 s more. A second SIGTERM (``timeout`` signalling its
+    group, then a watchdog: machines repeat themselves) is ignored and the step's checkpoint is saved; a
+    second Ctrl-C (a person) ends the run now, without a checkpoint of its own."""
+    for first, second, code in (
+        (signal.SIGTERM, signal.SIGTERM, EXIT_SIGTERM),
+        (signal.SIGINT, signal.SIGINT, 130),
+    ):
+        out = tmp_path / f"run{first}"
+        args = ["train", "grpo", *TRAIN, "--budget", "2", "--steps", "3", "--output-dir", str(out)]
+        with start(site, args, 1.0) as proc:
+            wait_for_step(out, 1, proc, timeout=180)  # (step 1 logged: its first signal comes inside step 2)
+            proc.send_signal(first)
+            time.sleep(REPEAT_S + 0.5)
+            t0 = time.monotonic()
+            proc.send_signal(second)
+            _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, err[-3000:]
+        if second == signal.SIGINT:
+            assert time.monotonic() - t0 < 5
+            assert "got SIGINT again: stopping now" in err and "preempted at step" not in err
+        else:
+            assert "again" not in err and "preempted at step 2 (SIGTERM)" in err
+            assert checkpoint.saved_step(out / "checkpoint") == 2
+
+
+@pytest.mark.slow  # real subprocesses: 10-60 s on 2 busy cores
+@pytest.mark.parametrize("command", ["grpo", "sft"])
+def test_a_time_limit_stops_at_a_step_boundary_with_a_checkpoint_and_exit_75(
+    site: Path, tmp_path: Path, command: str
+) -> None:
+    """A limit shorter than the run: the first step always runs, then the run saves and exits 75 (before any
+    signal); the same command with --resume and no limit ends the run."""
     out = tmp_path / "run"
-    args = ["train", "grpo", *TRAIN, "--budget", "2", "--steps", "3", "--output-dir", str(out)]
-    with start(site, args, 1.0) as proc:
-        wait_for_step(out, 1, proc, timeout=180)  # (step 1 logged: its first signal comes inside step 2)
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(REPEAT_S + 0.5)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert time.monotonic() - t0 < 5
-    assert proc.returncode == EXIT_SIGTERM
-    assert "got SIGTERM again: stopping now" in err and "preempted at step" not in err
+    if command == "grpo":
+        args = ["train", "grpo", *TRAIN, "--budget", "2", "--steps", "4", "--output-dir", str(out)]
+    else:
+        args = ["sft", *SFT, "--epochs", "2", "--output-dir", str(out)]
+    with start(site, [*args, "--time-limit-s", "0:01"], 0.5) as proc:
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_TIME_LIMIT == 75, err[-3000:]
+    assert "time limit: stopped at step 1 (" in err and "resume with" in err
+    assert checkpoint.saved_step(out / "checkpoint") == 1
+    with start(site, [*args, "--resume"], 0.0) as again:
+        _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
 
 
 WORKER = """
@@ -345,7 +383,7 @@ def test_every_rank_stops_when_one_got_the_signal(tmp_path: Path, sharded: bool)
     """Rank 1 got no signal, rank 0 did (the all_reduce says 1): both stop at the same boundary; rank 0 saves
     (every rank when the model is sharded: DCP) and both wait at the barrier before exiting."""
     for rank in (0, 1):
-        dist, saves = FakeDist(rank, others=float(rank == 1), sharded=sharded), []
+        dist, saves = FakeDist(rank, others=1000.0 * (rank == 1), sharded=sharded), []
         stop = Preemption(resumed=False, saved=lambda s: False)
         if rank == 0:
             stop.signum = signal.SIGTERM
@@ -367,3 +405,88 @@ def test_a_run_stopped_between_the_renames_resumes_from_the_previous_save(tmp_pa
     folder.rename(tmp_path / "checkpoint.old")  # _swap's first rename done, its second not
     assert checkpoint.saved_step(folder) == 3
     assert checkpoint.load(folder, {"model": model}, opt).step == 3
+
+
+class Clock:
+    """time.monotonic for preemption.py, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_time_limit_runs_the_first_step_then_stops_before_a_step_that_would_not_fit(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(preemption.time, "monotonic", clock)
+    saves: list[int] = []
+    stop = Preemption(resumed=False, saved=lambda s: False, time_limit_s=100.0)
+    clock.now += 60  # setup (model, engine) counts
+    stop.check(None, 0, tmp_path, lambda: saves.append(0))  # the first step runs: nothing to estimate it by
+    clock.now += 10
+    stop.check(None, 1, tmp_path, lambda: saves.append(1))  # 70 s gone; next ~12.5 s: fits
+    clock.now += 20  # a slow step (an evaluation): the next one is estimated at 25 s, past 100
+    with pytest.raises(Preempted) as info:
+        stop.check(None, 2, tmp_path, lambda: saves.append(2))
+    assert saves == [2] and info.value.exit_code == EXIT_TIME_LIMIT and info.value.signum is None
+    assert "time limit: stopped at step 2 (90 s gone of 100 s; the next step would take ~25 s)" in str(
+        info.value
+    )
+
+
+def test_the_first_step_runs_past_the_limit_and_no_limit_never_stops(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A requeued job whose setup alone used up its limit still makes a step of progress each call."""
+    clock = Clock()
+    monkeypatch.setattr(preemption.time, "monotonic", clock)
+    stop = Preemption(resumed=True, saved=lambda s: False, time_limit_s=5.0)
+    clock.now += 6
+    saves: list[int] = []
+    stop.check(None, 7, tmp_path, lambda: saves.append(7))
+    clock.now += 1
+    with pytest.raises(Preempted):
+        stop.check(None, 8, tmp_path, lambda: saves.append(8))
+    assert saves == [8]
+    free = Preemption(resumed=False, saved=lambda s: False)
+    for step in range(5):
+        clock.now += 1e6
+        free.check(None, step, tmp_path, lambda: None)
+
+
+@pytest.mark.parametrize(
+    ("mine", "others", "code"), [(0, 1.0, 75), (1, 0.0, 75), (1, 1000.0, 143), (0, 0.0, None)]
+)
+def test_ranks_agree_on_a_time_limit_and_a_signal_wins(
+    tmp_path: Path, monkeypatch: Any, mine: int, others: float, code: int | None
+) -> None:
+    """`mine`: this rank's clock says stop; `others`: the other rank's share of the all_reduce (1: its clock,
+    1000: a signal). Every rank stops with the same exit code."""
+    clock = Clock()
+    monkeypatch.setattr(preemption.time, "monotonic", clock)
+    stop = Preemption(resumed=False, saved=lambda s: False, time_limit_s=10.0 if mine else None)
+    stop.check(FakeDist(1, others=0.0), 2, tmp_path, lambda: None)  # the first step always runs
+    clock.now += 20
+    dist = FakeDist(1, others=others)
+    if code is None:
+        stop.check(dist, 3, tmp_path, lambda: None)
+        return
+    with pytest.raises(Preempted) as info:
+        stop.check(dist, 3, tmp_path, lambda: None)
+    assert info.value.exit_code == code
+
+
+def test_repeated_sigterm_never_escalates(monkeypatch: Any) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(preemption.os, "_exit", exits.append)
+    with Preemption(resumed=False, saved=lambda s: False) as stop:
+        stop._handle(signal.SIGTERM, None)
+        monkeypatch.setattr(preemption, "REPEAT_S", 0.0)
+        stop._handle(signal.SIGTERM, None)
+        stop._handle(signal.SIGUSR1, None)
+        assert exits == [] and stop.signum == signal.SIGTERM
+        stop._handle(signal.SIGINT, None)  # a person at the terminal after the scheduler's SIGTERM
+    assert exits == [130]
