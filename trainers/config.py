@@ -281,6 +281,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    def time_limit(self) -> float | None:
+        """`time_limit_s` in seconds (None: no limit), whichever form the config was given in."""
+        return parse_time_limit(self.time_limit_s)
+
     def validate(self) -> None:
         """Every rule a config must keep; subclasses extend it (and call super)."""
         check_choices(self)

@@ -80,7 +80,7 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
     loss_cfg = cfg.loss_config()
     # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
     stop = cleanup.enter_context(
-        Preemption(bool(cfg.resume), lambda s: checkpoint.due(cfg, s), time_limit_s=cfg.time_limit_s)
+        Preemption(bool(cfg.resume), lambda s: checkpoint.due(cfg, s), time_limit_s=cfg.time_limit())
     )
     warn_inert(cfg)
     rollout_cfg = RolloutConfig(

@@ -312,7 +312,7 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     from toolgym.trainers.checkpoint import resolve_resume
 
     cfg = resolve_resume(cfg)  # resume: auto -> whether output_dir holds a checkpoint
-    with Preemption(bool(cfg.resume), lambda step: _saves(cfg, step), time_limit_s=cfg.time_limit_s) as stop:
+    with Preemption(bool(cfg.resume), lambda step: _saves(cfg, step), time_limit_s=cfg.time_limit()) as stop:
         return _train(cfg, model, tokenizer, stop)
 
 
