@@ -292,7 +292,9 @@ def write_learned(out: str, found: dict[str, Any], head: str | None = None, quie
         for k in ("win_rate_base", "win_rate_sft", "win_rate_selfplay", "win_rate_lspo")
         if k in result
     ]
-    setup = next((result[k + "_setup"] for k in ("win_rate_sft", "win_rate_base") if k in result), {})
+    setup: dict[str, Any] = next(
+        (result[k + "_setup"] for k in ("win_rate_sft", "win_rate_base") if k in result), {}
+    )
     lines = [
         "## Learned policies (win rate in a drawn seat against the strong scripted players)",
         "",

@@ -42,6 +42,7 @@ benchmarks/werewolf.py --gpu-commands`` prints them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -204,6 +205,9 @@ class Pipeline:
             for it in range(1, self.p.lspo_iterations + 1)
         )
 
+    def lspo_reached(self, iteration: int) -> bool:
+        return self.lspo_done() >= iteration
+
     def eval_dir(self, name: str) -> Path:
         return self.runs / "eval" / name
 
@@ -222,7 +226,7 @@ class Pipeline:
             Unit("sft", "sft", sft_done, self.run_sft),
             Unit("eval_sft", "eval", lambda: self.eval_done("sft"), lambda: self.run_eval("sft"), ("sft",)),
             *(
-                Unit(f"lspo_{it}", "lspo", lambda it=it: self.lspo_done() >= it, lambda it=it: self.run_lspo(it),
+                Unit(f"lspo_{it}", "lspo", functools.partial(self.lspo_reached, it), functools.partial(self.run_lspo, it),
                      ("sft",) if it == 1 else (f"lspo_{it - 1}",))
                 for it in range(1, self.p.lspo_iterations + 1)
             ),
