@@ -125,7 +125,8 @@ git archive --format=tar.gz HEAD > .stable/snap.tgz
 # Device calls, back to back on one warm machine (run tool; one H100/H200):
 bash benchmarks/papers/device.sh stage                                   # carry .partsA
 bash benchmarks/gpu_jobs.sh 590 benchmarks/jobs/werewolf.txt             # carry .partsB .stable; repeat until
-#   $OUT/gpu.txt says "werewolf rc=0" (rc=75: work left, call again; planned in 3 calls). Each call leaves in $OUT:
+#   $OUT/gpu.txt says "werewolf rc=0" (rc=75: work left, call again; planned in 3 calls; a shorter last call:
+#   JOB_SECONDS=<its SECONDS - 95> bash benchmarks/gpu_jobs.sh <SECONDS> ..., the job file says why). Each call leaves in $OUT:
 #   werewolf/werewolf.{md,json} (the scripted numbers + the learned win rates so far + the pipeline's timings),
 #   werewolf/pipeline.json, werewolf/runs/ (metrics, summaries, per-seed evaluations; no weights), jobs.tar.gz.
 # Then here: cp <files_at>/werewolf/werewolf.md <files_at>/werewolf/werewolf.json benchmarks/results/
@@ -362,6 +363,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="pipeline: the training seed")
     parser.add_argument("--model", default=None, help="pipeline: the starting model (default smollm2-135m)")
     parser.add_argument(
+        "--calls",
+        type=int,
+        default=None,
+        help="pipeline: the calls it is planned in (default: the profile's, 3)",
+    )
+    parser.add_argument(
         "--gpu-commands", action="store_true", help="print the pipeline's GPU commands and exit"
     )
     args = parser.parse_args()
@@ -471,6 +478,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
     profile = QUICK if args.quick else GPU
     if args.model:
         profile = dataclasses.replace(profile, model=args.model)
+    if args.calls:  # from the last planned call on, self-play stops in time for its evaluation
+        profile = dataclasses.replace(profile, calls=args.calls)
     if args.device != "auto" or args.quick:
         profile = dataclasses.replace(profile, device="cpu" if args.quick else args.device)
     if args.quick:
