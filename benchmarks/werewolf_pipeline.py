@@ -158,6 +158,7 @@ class Unit:
     # its last checkpoint (``Pipeline.cap``) so that what needs it still runs
     resumable: bool = False
     cap: Callable[[], bool] | None = None
+    checkpointed: bool = False  # a cut run continues from its checkpoint (SFT: scheduled whole all the same)
 
 
 class Pipeline:
@@ -223,7 +224,7 @@ class Pipeline:
         # the units that cannot stop in the middle first, self-play (which can) last: it fills what the
         # calls leave, and on the last planned call stops in time for its own evaluation
         return [
-            Unit("sft", "sft", sft_done, self.run_sft),
+            Unit("sft", "sft", sft_done, self.run_sft, checkpointed=True),
             Unit("eval_sft", "eval", lambda: self.eval_done("sft"), lambda: self.run_eval("sft"), ("sft",)),
             *(
                 Unit(f"lspo_{it}", "lspo", functools.partial(self.lspo_reached, it), functools.partial(self.run_lspo, it),
@@ -364,6 +365,8 @@ class Pipeline:
         if unit.resumable:
             left = max(0, self.p.grpo_steps - max((st for st, _ in self.selfplay_steps()), default=0))
             return self.p.estimates.get(f"{unit.kind}_start", 30.0) + left * self.step_estimate()
+        if unit.checkpointed:
+            return est
         return max(est, 1.5 * float(self.state["units"].get(unit.name, {}).get("seconds_partial", 0.0)))
 
     def step_estimate(self) -> float:
@@ -378,15 +381,13 @@ class Pipeline:
         return self.estimate(unit)
 
     def reserve(self, unit: Unit) -> float:
-        """On the last planned call: the seconds the other units still to run need (a capped unit leaves them)."""
-        done = {u.name for u in self.units() if u.done()}
-        return sum(
-            self.estimate(u)
-            for u in self.units()
-            if u is not unit
-            and u.name not in done
-            and self.state["units"].get(u.name, {}).get("failures", 0) < 2
-        )
+        """On the last planned call: the seconds the units that need ``unit`` (its evaluation) take after it."""
+        units = {u.name: u for u in self.units()}
+
+        def after(u: Unit) -> bool:
+            return any(n == unit.name or after(units[n]) for n in u.needs)
+
+        return sum(self.estimate(u) for u in units.values() if after(u) and not u.done())
 
     def run(self, max_units: int | None = None) -> int:
         """One call: the units that fit, then the summaries. Returns the exit code (module docstring)."""

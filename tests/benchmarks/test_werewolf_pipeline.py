@@ -151,7 +151,7 @@ def test_seed_interval_uses_the_t_quantile() -> None:
 
 
 def _fake(pipe: Pipeline, log: list[str], plan: dict[str, Any]) -> list[Unit]:
-    """Stand-in units: A (eval), S (self-play: resumable, capped), E (eval of S); ``plan`` says what S does."""
+    """Stand-in units: A (an LSPO iteration), S (self-play: resumable, capped), E (eval of S); ``plan`` says what S does."""
     from toolgym.trainers.preemption import Preempted
 
     marks: set[str] = plan.setdefault("marks", set())
@@ -172,14 +172,14 @@ def _fake(pipe: Pipeline, log: list[str], plan: dict[str, Any]) -> list[Unit]:
         return True
 
     return [
-        Unit("A", "eval", lambda: "A" in marks, lambda: run("A")),
+        Unit("A", "lspo", lambda: "A" in marks, lambda: run("A")),
         Unit("S", "selfplay", lambda: "S" in marks, lambda: run("S"), ("A",), resumable=True, cap=cap),
         Unit("E", "eval", lambda: "E" in marks, lambda: run("E"), ("S",)),
     ]
 
 
 def _profile(calls: int) -> Any:
-    est = {"eval": 5, "selfplay": 1000, "selfplay_start": 2, "selfplay_step": 3}
+    est = {"lspo": 5, "eval": 5, "selfplay": 1000, "selfplay_start": 2, "selfplay_step": 3}
     return dataclasses.replace(QUICK, name="test", model="unused", margin_s=2.0, calls=calls, estimates=est)
 
 
@@ -230,6 +230,9 @@ def test_a_unit_cut_for_time_is_not_restarted_in_a_call_it_cannot_finish(tmp_pat
     assert pipe.estimate(unit) == 5
     pipe.state["units"]["eval_sft"] = {"kind": "eval", "seconds_partial": 40.0}
     assert pipe.estimate(unit) == 60.0
+    sft = Unit("sft", "sft", lambda: False, lambda: None, checkpointed=True)  # continues from its checkpoint
+    pipe.state["units"]["sft"] = {"kind": "sft", "seconds_partial": 400.0}
+    assert pipe.estimate(sft) == QUICK.estimates["sft"]
 
 
 def test_the_evaluation_plays_every_seed_in_one_batch(
