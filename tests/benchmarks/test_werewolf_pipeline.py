@@ -276,3 +276,21 @@ def test_the_evaluation_plays_every_seed_in_one_batch(
     (cache / "seed_1.json").unlink()  # a lost seed file: only that seed plays again
     werewolf.learned_win_rates("sft", str(tiny_folder), 3, 4, 5, 8, "cpu", cache=cache)
     assert runs[-1] == [base + 100_000 + i for i in range(4)]
+
+
+def test_the_evaluation_on_our_engine_plays_the_games_hf_plays(tiny_folder: Path, tmp_path: Path) -> None:
+    """engine="fast" (what "auto" takes on CUDA) runs the batched evaluation continuously on our engine; greedy,
+    the tiny model's games come out as HF's (same deals, turns and wins)."""
+    import werewolf
+
+    got = {}
+    for engine in ("fast", "hf"):
+        cache = tmp_path / engine
+        werewolf.learned_win_rates(
+            "sft", str(tiny_folder), 2, 2, 5, 8, "cpu", max_turns=3, max_total_tokens=6000, cache=cache,
+            engine=engine,
+        )  # fmt: skip
+        records = [json.loads((cache / f"seed_{s}.json").read_text()) for s in range(2)]
+        assert records[0]["setup"]["policy"] == {"fast": "EnginePolicy", "hf": "HFPolicy"}[engine]
+        got[engine] = [(r["wins"], r["turns"], r["invalid_turns"], r["games_back"]) for r in records]
+    assert got["fast"] == got["hf"]
