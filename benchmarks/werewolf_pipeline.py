@@ -295,8 +295,15 @@ class Pipeline:
         from toolgym.trainers import grpo
 
         folder = self.runs / "selfplay"
-        os.environ.setdefault("TOOLGYM_SELFPLAY_TIMING", "1")  # each rollout's split on stderr (the log)
-        metrics = grpo.train(self.grpo_config())
+        before = os.environ.get("TOOLGYM_SELFPLAY_TIMING")
+        os.environ["TOOLGYM_SELFPLAY_TIMING"] = "1"  # each rollout's split on stderr (the job's log)
+        try:
+            metrics = grpo.train(self.grpo_config())
+        finally:
+            if before is None:
+                del os.environ["TOOLGYM_SELFPLAY_TIMING"]
+            else:
+                os.environ["TOOLGYM_SELFPLAY_TIMING"] = before
         (folder / "done.json").write_text(
             json.dumps({"steps": self.p.grpo_steps, "last": metrics}, default=str)
         )
