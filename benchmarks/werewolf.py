@@ -185,19 +185,16 @@ def learned_win_rates(
     in one rollout (each seed keeps its own deals; greedy, so a game does not depend on its batch), with our
     engine on CUDA (``engine="auto"``: bf16, continuous batching over all games; HF generation in fp32 on
     CPU or with ``engine="hf"``), so an evaluation takes about one seed's time, not one per seed."""
-    import torch
-
     from toolgym.agents.engine.select import choose_engine
     from toolgym.agents.hf import HFPolicy
     from toolgym.trainers.episodes import EVAL_SEED0
-    from toolgym.trainers.modeling import autocast, pick_device
-    from toolgym.trainers.rollout import RolloutConfig, RolloutTask, TreeRollout
+    from toolgym.trainers.modeling import pick_device
+    from toolgym.trainers.rollout import RolloutConfig
 
     folder = cache or Path(f"/tmp/werewolf_eval_{os.getpid()}_{name}")
     folder.mkdir(parents=True, exist_ok=True)
     todo = [s for s in range(seeds) if not (folder / f"seed_{s}.json").is_file()]
     if todo:
-        t0 = time.perf_counter()
         dev = pick_device(device)
         model, tok = load_stage(path, str(dev))
         capacity = max_total_tokens + max_new_tokens + 8
@@ -221,36 +218,52 @@ def learned_win_rates(
             "device": str(dev), "policy": type(policy).__name__,
         }  # fmt: skip
         base = EVAL_SEED0 + 7_000_000  # held-out deals, one disjoint set per seed (training seeds stay below)
-        tasks = [
-            RolloutTask("toolgym/Werewolf-v0", base + s * 100_000 + i) for s in todo for i in range(games)
-        ]
-        roller = TreeRollout(policy, None, cfg, kwargs)
-        try:
-            with torch.no_grad(), autocast(dev, True):
-                forest, stats = roller.run(tasks, seed=todo[0])
-        finally:
-            roller.close()
-        seconds = time.perf_counter() - t0
-        by_seed: dict[int, list[dict[str, Any]]] = {s: [] for s in todo}
-        for t in forest:
-            s = (int(t.meta["seed"]) - base) // 100_000
-            by_seed[s] += [t.nodes[leaf].info.get("episode", {}) for leaf in t.leaves()]
-        batch = {
-            "seeds": todo, "games": len(tasks), "generated_tokens": stats.generated_tokens,
-            "generate_s": stats.generate_s, "seconds": seconds,
-        }  # fmt: skip
-        for s, eps in by_seed.items():
-            # (tokens and seconds: the batch's, shared evenly by its seeds; games_back: the deals that came
-            # back, a deal lost to an env fault counts as a game not won, as before)
-            record = {
-                "seed": s, "wins": sum(bool(e.get("success")) for e in eps), "games": games, "games_back": len(eps),
-                "turns": sum(int(e.get("turns", 0)) for e in eps),
-                "invalid_turns": sum(int(e.get("invalid_turns", 0)) for e in eps),
-                "generated_tokens": stats.generated_tokens / len(todo), "generate_s": stats.generate_s / len(todo),
-                "seconds": seconds / len(todo), "batch": batch, "setup": setup,
-            }  # fmt: skip
-            (folder / f"seed_{s}.json").write_text(json.dumps(record, indent=1))
+        # one batch for every seed; HF generation on a GPU keeps the old one seed a batch (its kept caches of
+        # 600 games in fp32 would not fit an H100)
+        batches = [todo] if dev.type != "cuda" or type(policy) is not HFPolicy else [[s] for s in todo]
+        for group in batches:
+            _play_seeds(name, policy, group, games, base, cfg, kwargs, dev, setup, folder)
     return merge_seed_files(name, folder, seeds)
+
+
+def _play_seeds(
+    name: str, policy: Any, todo: list[int], games: int, base: int, cfg: Any, kwargs: dict[str, Any],
+    dev: Any, setup: dict[str, Any], folder: Path,
+) -> None:  # fmt: skip
+    """Plays the games of the seeds ``todo`` in one rollout and writes each seed's file."""
+    import torch
+
+    from toolgym.trainers.modeling import autocast
+    from toolgym.trainers.rollout import RolloutTask, TreeRollout
+
+    t0 = time.perf_counter()
+    tasks = [RolloutTask("toolgym/Werewolf-v0", base + s * 100_000 + i) for s in todo for i in range(games)]
+    roller = TreeRollout(policy, None, cfg, kwargs)
+    try:
+        with torch.no_grad(), autocast(dev, True):
+            forest, stats = roller.run(tasks, seed=todo[0])
+    finally:
+        roller.close()
+    seconds = time.perf_counter() - t0
+    by_seed: dict[int, list[dict[str, Any]]] = {s: [] for s in todo}
+    for t in forest:
+        s = (int(t.meta["seed"]) - base) // 100_000
+        by_seed[s] += [t.nodes[leaf].info.get("episode", {}) for leaf in t.leaves()]
+    batch = {
+        "seeds": todo, "games": len(tasks), "generated_tokens": stats.generated_tokens,
+        "generate_s": stats.generate_s, "seconds": seconds,
+    }  # fmt: skip
+    for s, eps in by_seed.items():
+        # (tokens and seconds: the batch's, shared evenly by its seeds; games_back: the deals that came back,
+        # a deal lost to an env fault counts as a game not won, as before)
+        record = {
+            "seed": s, "wins": sum(bool(e.get("success")) for e in eps), "games": games, "games_back": len(eps),
+            "turns": sum(int(e.get("turns", 0)) for e in eps),
+            "invalid_turns": sum(int(e.get("invalid_turns", 0)) for e in eps),
+            "generated_tokens": stats.generated_tokens / len(todo), "generate_s": stats.generate_s / len(todo),
+            "seconds": seconds / len(todo), "batch": batch, "setup": setup,
+        }  # fmt: skip
+        (folder / f"seed_{s}.json").write_text(json.dumps(record, indent=1))
 
 
 def merge_seed_files(name: str, folder: Path, seeds: int) -> dict[str, Any]:
