@@ -321,6 +321,12 @@ class _SeatEngines:
             p.engine.seed(int(sampling.integers(2**31)))
         self.sp = _sampling(cfg, None, None)
         self.modes = {k: mode_of(self.sp, getattr(p, "top_k", 0)) for k, p in policies.items()}
+        self.start = [self._clocks(p) for p in self.uniq]  # (the engines' counters run over their life)
+
+    @staticmethod
+    def _clocks(policy: Any) -> tuple[float, float]:
+        st = getattr(policy.engine, "stats", None)
+        return (st.prefill_s, st.decode_s) if st is not None else (0.0, 0.0)
 
     def plan(self, requests: list[_Ask], lefts: list[int | None]) -> list[Any]:
         out: list[Any] = [None] * len(requests)
@@ -354,16 +360,12 @@ class _SeatEngines:
     def timing(self, wall: float, stats: RolloutStats) -> dict[str, Any]:
         names = ["learner" if p is self.policies[True] else "frozen" for p in self.uniq]
         out: dict[str, Any] = {"mode": "continuous", "wall_s": round(wall, 2), "env_s": round(stats.env_s, 2)}
-        for name, p, steps, secs in zip(
-            names, self.uniq, self.engine.steps, self.engine.seconds, strict=True
-        ):
-            st = getattr(p.engine, "stats", None)
-            out |= {f"{name}_steps": steps, f"{name}_s": round(secs, 2)}
-            if st is not None:  # (our engine's counters: cumulative over the run's life)
-                out |= {
-                    f"{name}_prefill_s": round(st.prefill_s, 2),
-                    f"{name}_decode_s": round(st.decode_s, 2),
-                }
+        for k, (name, p) in enumerate(zip(names, self.uniq, strict=True)):
+            (pre0, dec0), (pre, dec) = self.start[k], self._clocks(p)
+            out |= {
+                f"{name}_steps": self.engine.steps[k], f"{name}_s": round(self.engine.seconds[k], 2),
+                f"{name}_prefill_s": round(pre - pre0, 2), f"{name}_decode_s": round(dec - dec0, 2),
+            }  # fmt: skip
         return out
 
 

@@ -104,3 +104,34 @@ def test_engines_keep_the_turns_that_ended_before_a_failed_one() -> None:
     both.owner[7] = b
     both.cancel(queued)
     assert b.cancelled == [queued] and not a.cancelled
+
+
+def test_grpo_on_our_engine_with_a_frozen_engine_seat(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU pipeline's path on CPU: grpo.train with engine=fast, a frozen seat from a transformers folder (its
+    own engine), a time limit; the steps run and the checkpoint is written."""
+    from toolgym.trainers import grpo
+
+    tok = tiny_tokenizer()
+    model = tiny_model(len(tok))
+    model.config.max_position_embeddings = 8192
+    snapshot = tmp_path / "snapshot"
+    model.save_pretrained(snapshot)
+    tok.save_pretrained(snapshot)
+    cfg = grpo.GRPOConfig(
+        env_ids=[ENV], env_kwargs=SMALL, steps=2, prompts_per_step=3, budget=2, max_new_tokens=4,
+        max_total_tokens=4000, lr=1e-2, device="cpu", tensorboard=False, progress=False, eval_every=0,
+        eval_episodes=1, micro_batch_rows=4, output_dir=str(tmp_path / "run"), engine="fast", time_limit_s=600,
+        selfplay={"learner_seats": 2, "frozen_seats": 1, "max_turns_per_seat": 3, "snapshot": str(snapshot)},
+    )  # fmt: skip
+    seen: list[Any] = []
+    original = grpo.SelfPlayRollout
+
+    def roller(*args: Any, **kwargs: Any) -> Any:
+        seen.append(original(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(grpo, "SelfPlayRollout", roller)
+    metrics = grpo.train(cfg, model, tok)
+    assert metrics["rollout/episodes"] > 0 and (tmp_path / "run" / "checkpoint" / "model.pt").is_file()
+    (used,) = seen
+    assert used.timing["mode"] == "continuous" and type(used.frozen).__name__ == "EnginePolicy"
