@@ -11,6 +11,13 @@ into benchmarks/results/async.{json,md}:
   real service doing real work per call, in its own process, as in Search-R1 training. BM25 is fast
   (ms a query), so most of the gain here comes from overlapping the update with generation; slower tools
   (dense retrievers, sandboxes) leave more to overlap.
+  The timed policy is a warm start that calls the tool (the untrained SmolLM2-135M searched 0.01 times an
+  episode, writing format errors instead, so a run from it timed no tool work): SFT on ``--sft-episodes``
+  Search-v0 expert episodes (``toolgym sft``'s data: the env's scripted expert, successful episodes only)
+  into WORK/warm_start, run once per call before the arms (skipped when WORK/warm_start/model is there, e.g.
+  a second call with the same ``--work``); every arm (k = 0 and k, and speed2's) starts from that model.
+  The JSON records its steps, seconds and greedy held-out success and searches an episode
+  (``speed_setup.warm_start``), and each arm's searches an episode and env seconds a step.
 - ``learning`` -> ``async_learning``: trainers/configs/learning_rl_alone.yaml (Calculator, held-out test
   templates), synchronous vs ``max_staleness`` 2, each stopped after ``--minutes`` of wall time; held-out
   success against wall minutes (stamped when each metrics.jsonl record appears).
@@ -22,13 +29,30 @@ into benchmarks/results/async.{json,md}:
 
     python benchmarks/async.py --quick                  # CPU smoke test: tiny random model, every part
     python benchmarks/async.py --quick --part speed2    # CPU: the split layout only (2 gloo processes)
-    python benchmarks/async.py --part speed             # GPU, ~6 min on one H100 with SmolLM2-135M
+    python benchmarks/async.py --part speed             # GPU, ~7 min on one H100/H200 with SmolLM2-135M (below)
     python benchmarks/async.py --part speed2            # 2 GPUs (nvidia-h100-x2), ~8 min: sync on GPU 0 vs split
     python benchmarks/async.py --part speed2 --admission tree   # the same with per-tree admission
+    python benchmarks/async.py --part speed --tool-latency-s 0.1  # each search 0.1 s slower (a local proxy)
+
+Time of ``--part speed`` on one GPU (estimate from the H200 call of 2026-11-27, which took 294 s for 2 arms
+x 14 steps: ~10 s retriever + 2 x ~100 s per arm outside its timed steps (process start, model load, engine
+and CUDA graphs, compilation in the 2 warm-up steps, final evaluation and save) + 12 timed steps x (4.14 +
+2.99) s):
+- warm start ~90 s: 512 expert episodes of ~730 tokens (SmolLM2 tokenizer; 2 searches, 3 turns), ~490
+  kept, 31 steps of 16 = ~360k tokens; the Werewolf SFT trained 877k tokens in 148 s on an H200 with data
+  and evaluations (~5.9k tokens/s all in), so ~60 s, + ~10 s process start and model load, ~5-10 s expert
+  episodes over HTTP, ~10 s for the 32-episode greedy evaluation;
+- arms: 2 x ~100 s + 18 timed steps x (k0 + k2) <= 7.1 s (the untrained model's pair; the warm start's
+  turns are ~15 tokens instead of up to 128, so its steps should be shorter) = 128 s;
+- total ~10 + 90 + 200 + 128 = ~430 s (~7 min), inside gpu_jobs.sh's 590 s call (its deadline: 515 s).
+  ``--sft-episodes 0`` times the untrained model as before (~5.5 min at 20 steps). ``--tool-latency-s L``
+  adds L s to each search (~2 searches an episode x 128 episodes a step over 16 env threads: ~16 L s a step
+  where nothing hides it, i.e. the synchronous arm): L = 0.1 adds ~30 s; with the same ``--work`` on a warm
+  machine the warm start is reused (-90 s).
 
 On the device machines (results come back under $OUT; merge them here afterwards):
 
-    python benchmarks/async.py --part speed2 --out $OUT/async_2gpu --work $OUT/runs2   # kind nvidia-h100-x2
+    python benchmarks/async.py --part speed2 --out $OUT/async_2gpu --work /root/async_runs2   # nvidia-h100-x2
     python benchmarks/async.py --part speed --admission tree --out $OUT/async_tree      # one GPU
     python benchmarks/async.py --merge FILES_AT/async_2gpu.json FILES_AT/async_tree.json
     python benchmarks/async.py --part learning --mode sync  --minutes 7     # GPU, ~8 min
@@ -40,6 +64,7 @@ On the device machines (results come back under $OUT; merge them here afterwards
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
 import os
 import platform
@@ -47,7 +72,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -75,26 +102,38 @@ def _tiny(model_name: str) -> tuple[Any, Any]:
 
 
 def child(spec: dict[str, Any]) -> None:
-    from toolgym.trainers.grpo import GRPOConfig, train
-
     model = tok = None
     if spec.get("tiny"):
         model, tok = _tiny(spec["config"].get("model", "smollm2-135m"))
+    if spec.get("algorithm") == "sft":
+        from toolgym.trainers.sft import SFTConfig
+        from toolgym.trainers.sft import train as sft_train
+
+        sft_train(SFTConfig.from_dict(spec["config"]), model, tok)
+        return
+    from toolgym.trainers.grpo import GRPOConfig, train
+
     train(GRPOConfig.from_dict(spec["config"]), model, tok)
 
 
 def run_child(
-    config: dict[str, Any], tiny: bool, minutes: float | None = None, nproc: int = 1, gpus: str | None = None
+    config: dict[str, Any],
+    tiny: bool,
+    minutes: float | None = None,
+    nproc: int = 1,
+    gpus: str | None = None,
+    algorithm: str = "grpo",
 ) -> list[dict[str, Any]]:
-    """Trains `config` in a child process (`nproc` > 1: torchrun with that many ranks; `gpus`: its
-    CUDA_VISIBLE_DEVICES); returns rank 0's metrics records, each stamped with `wall_min` (minutes since the
-    child started when the record appeared). With `minutes`, the child is stopped at that time."""
+    """Trains `config` (GRPO, or SFT with `algorithm` "sft") in a child process (`nproc` > 1: torchrun with
+    that many ranks; `gpus`: its CUDA_VISIBLE_DEVICES); returns rank 0's metrics records, each stamped with
+    `wall_min` (minutes since the child started when the record appeared). With `minutes`, the child is
+    stopped at that time."""
     out = Path(config["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     log = out / "metrics.jsonl"
     if log.exists():
         log.unlink()
-    spec = json.dumps({"config": config, "tiny": tiny})
+    spec = json.dumps({"config": config, "tiny": tiny, "algorithm": algorithm})
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", spec]
     if nproc > 1:  # as a user launches the split layout (torchrun ends its ranks when it is terminated)
@@ -162,6 +201,36 @@ def start_retriever(passages: int) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("the retriever did not come up in 10 minutes")
 
 
+def slow_proxy(upstream: str, delay_s: float) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A local HTTP proxy (threads of this process, idle while the children train) that holds every search
+    `delay_s` seconds before passing it to `upstream`: a stand-in for slower tools (a dense retriever on
+    another machine, a web search API) on a machine with no network. Returns the server and its URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            time.sleep(delay_s)
+            req = urllib.request.Request(upstream, data=body, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    status, data = r.status, r.read()
+            except urllib.error.HTTPError as exc:  # the retriever's refusal goes back as it was
+                status, data = exc.code, exc.read()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: not one line a search
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="slow-proxy", daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+
+
 # ----- parts ------------------------------------------------------------------------------------------------------
 def speed_config(args: argparse.Namespace, url: str, passages: int) -> dict[str, Any]:
     """The Search-v0 run both speed parts time."""
@@ -189,17 +258,70 @@ def speed_config(args: argparse.Namespace, url: str, passages: int) -> dict[str,
     return base
 
 
+def warm_start(args: argparse.Namespace, base: dict[str, Any], work: Path) -> dict[str, Any] | None:
+    """SFT on Search-v0 expert episodes into WORK/warm_start (skipped when its model is already there), so
+    the timed policy calls the search tool: the untrained SmolLM2-135M writes format errors instead (0.01
+    searches an episode on the H200), and a run without searches times no tool at all. Every arm of the call
+    starts from this one model. Returns what the JSON records of it; None with ``--sft-episodes 0``."""
+    if args.sft_episodes <= 0:
+        return None
+    folder = work / "warm_start"
+    summary_path = folder / "summary.json"
+    reused = (folder / "model" / "config.json").is_file() and summary_path.is_file()
+    cfg = sft_config(args, base, folder)
+    t0 = time.perf_counter()
+    if not reused:
+        run_child(cfg, tiny=args.quick, gpus=None if args.quick else "0", algorithm="sft")
+    summary = json.loads(summary_path.read_text())
+    return {
+        "model": str(folder / "model"),
+        "base_model": base["model"],
+        "reused": reused,
+        "episodes": cfg["episodes"],
+        "batch_size": cfg["batch_size"],
+        "lr": cfg["lr"],
+        "conversations": summary.get("conversations"),
+        "steps": summary.get("steps"),
+        "trained_tokens": summary.get("trained_tokens"),
+        "train_seconds": summary.get("seconds"),  # the SFT run's own (data, training, evaluation)
+        "seconds": time.perf_counter() - t0,  # the child's wall time with process start (0 when reused)
+        "success": summary.get("success_after"),  # greedy, held-out seeds (the trainer's evaluation)
+        "tool_calls": summary.get("tool_calls_after"),  # searches an episode in that evaluation
+        "eval_episodes": cfg["eval_episodes"],
+    }
+
+
+SFT_EVAL_EPISODES = 32  # the warm start's own greedy evaluation: enough to see it search (~5-10 s on a GPU)
+
+
+def sft_config(args: argparse.Namespace, base: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The warm start: `--sft-episodes` successful expert episodes of the timed env (the same kwargs, over the
+    same retriever), one pass in batches of 16 (512 episodes, ~490 solved: ~31 steps), `toolgym sft`'s lr."""
+    cfg: dict[str, Any] = dict(
+        env_ids=base["env_ids"], env_kwargs=base["env_kwargs"], model=base["model"], episodes=args.sft_episodes,
+        epochs=1, batch_size=16, lr=5e-5, max_new_tokens=base["max_new_tokens"],
+        max_total_tokens=base["max_total_tokens"], eval_before=False, eval_episodes=SFT_EVAL_EPISODES,
+        output_dir=str(folder), tensorboard=False, progress=False, seed=args.seed,
+    )  # fmt: skip
+    if args.quick:  # plumbing only: a tiny random model learns no tool call in a few CPU steps
+        cfg.update(episodes=8, batch_size=4, lr=1e-3, eval_episodes=2, device="cpu", threads=1)
+    return cfg
+
+
 def timed(recs: list[dict[str, Any]], warmup: int, **extra: Any) -> dict[str, Any]:
     """A speed run's numbers from its metrics records (the first `warmup` steps left out)."""
     use = [r for r in recs if r["step"] > warmup and "rollout/episodes" in r]
     seconds = sum(r["time/step_s"] for r in use)
     episodes = sum(r["rollout/episodes"] for r in use)
+    step_s = seconds / max(len(use), 1)
+    spread = (sum((r["time/step_s"] - step_s) ** 2 for r in use) / max(len(use) - 1, 1)) ** 0.5
     return extra | {
         "steps_timed": len(use),
         "episodes": episodes,
         "seconds": seconds,
         "samples_per_s": episodes / max(seconds, 1e-9),
-        "step_s": seconds / max(len(use), 1),
+        "step_s": step_s,
+        "step_s_sd": spread,  # the steps' standard deviation: the noise of one step's time
         "generate_s": _mean(use, "rollout/generate_s"),
         "env_s": _mean(use, "rollout/env_s"),
         "staleness_mean": _mean(use, "rollout/staleness_mean"),
@@ -209,57 +331,73 @@ def timed(recs: list[dict[str, Any]], warmup: int, **extra: Any) -> dict[str, An
         "is_masked_fraction": _mean(use, "losses/is_masked_fraction"),
         "turns": _mean(use, "charts/turns"),
         "tool_calls": _mean(use, "charts/tool_calls"),
+        "success": _mean(use, "charts/success"),
     }
 
 
-def setup_of(base: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in base.items() if k != "env_kwargs"} | {
-        "env_kwargs": {k: v for k, v in base["env_kwargs"].items() if k != "retriever_url"},
-        "warmup": args.warmup,
-    }
+def setup_of(base: dict[str, Any], args: argparse.Namespace, warm: dict[str, Any] | None) -> dict[str, Any]:
+    return (
+        {k: v for k, v in base.items() if k != "env_kwargs"}
+        | {
+            "env_kwargs": {k: v for k, v in base["env_kwargs"].items() if k != "retriever_url"},
+            "warmup": args.warmup,
+            "tool_latency_s": args.tool_latency_s,  # added to every search by slow_proxy (0: BM25's own time)
+            "warm_start": warm,  # None: the untrained model (--sft-episodes 0, and results before the warm start)
+        }
+        | ({"model": warm["base_model"]} if warm else {})
+    )
 
 
 def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed",)) -> dict[str, Any]:
     """`speed`: max_staleness k vs 0 on one GPU; `speed2`: the split layout on two GPUs vs the synchronous loop
     on one (the synchronous run is shared when both parts run)."""
     passages = 2000 if args.quick else args.passages
-    server, url = start_retriever(passages)
+    server, direct = start_retriever(passages)
+    proxy, url = None, direct
     try:
+        if args.tool_latency_s > 0:
+            proxy, url = slow_proxy(direct, args.tool_latency_s)
         base = speed_config(args, url, passages)
+        # (the warm start searches the retriever itself: its expert episodes run one after another)
+        warm = warm_start(args, speed_config(args, direct, passages), work)
+        if warm is not None:  # every arm starts from the warm start (the tiny one too: its saved folder)
+            base["model"] = warm["model"]
+        tiny = args.quick and warm is None
         one_gpu = None if args.quick else "0"
         out: dict[str, Any] = {}
         cfg = dict(base, max_staleness=0, output_dir=str(work / "speed_k0"))
-        sync = timed(
-            run_child(cfg, tiny=args.quick, gpus=one_gpu), args.warmup, max_staleness=0, layout="sync"
-        )
+        sync = timed(run_child(cfg, tiny=tiny, gpus=one_gpu), args.warmup, max_staleness=0, layout="sync")
         if "speed" in parts:
             cfg = dict(base, max_staleness=args.staleness, output_dir=str(work / f"speed_k{args.staleness}"))
             cfg["async_admission"] = args.admission
-            recs = run_child(cfg, tiny=args.quick, gpus=one_gpu)
+            recs = run_child(cfg, tiny=tiny, gpus=one_gpu)
             fast = timed(
                 recs, args.warmup, max_staleness=args.staleness, layout=f"thread, per {args.admission}"
             )
             out |= {
                 "async_speedup_1gpu": fast["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
                 "speed_runs": {"k0": sync, f"k{args.staleness}": fast},
-                "speed_setup": setup_of(base, args),
+                "speed_setup": setup_of(base, args, warm),
             }
         if "speed2" in parts:
             cfg = dict(
                 base, max_staleness=args.staleness, rollout_ranks=1, output_dir=str(work / "speed_split")
             )
             cfg["async_admission"] = args.admission
-            recs = run_child(cfg, tiny=args.quick, nproc=2, gpus=None if args.quick else "0,1")
+            recs = run_child(cfg, tiny=tiny, nproc=2, gpus=None if args.quick else "0,1")
             split = timed(
                 recs, args.warmup, max_staleness=args.staleness, layout=f"split 1 + 1, per {args.admission}"
             )
             out |= {
                 "async_speedup_2gpu": split["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
                 "speed2_runs": {"sync_1gpu": sync, "split_2gpu": split},
-                "speed2_setup": setup_of(base, args),
+                "speed2_setup": setup_of(base, args, warm),
             }
         return out
     finally:
+        if proxy is not None:
+            proxy.shutdown()
+            proxy.server_close()
         server.terminate()
         server.wait(timeout=30)
 
@@ -352,13 +490,16 @@ def write_md(data: dict[str, Any], path: Path) -> None:
             "Search-v0 (2-hop questions, <= 4 turns, searches over HTTP to a local BM25 retriever), samples/s =",
             "episodes trained per second of learner steps after the warm-up steps.",
             "",
-            "| max_staleness | samples/s | step s | generate s | env s | learner wait s | staleness mean / max | IS masked |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            *policy_lines(data.get("speed_setup") or {}),
+            "| max_staleness | samples/s | step s (sd) | generate s | env s | learner wait s | searches / episode | "
+            "turns | success | staleness mean / max | IS masked |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in sp.values():
             lines.append(
-                f"| {r['max_staleness']} | {r['samples_per_s']:.2f} | {r['step_s']:.2f} | {r['generate_s']:.2f} | "
-                f"{r['env_s']:.2f} | {r['rollout_wait_s']:.2f} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | "
+                f"| {r['max_staleness']} | {r['samples_per_s']:.2f} | {_step(r)} | {r['generate_s']:.2f} | "
+                f"{r['env_s']:.2f} | {r['rollout_wait_s']:.2f} | {_opt(r, 'tool_calls')} | {_opt(r, 'turns')} | "
+                f"{_opt(r, 'success')} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | "
                 f"{r['is_masked_fraction']:.4f} |"
             )
         lines += ["", f"**async_speedup_1gpu = {data['async_speedup_1gpu']:.2f}x** (goal >= 1.5x).", ""]
@@ -369,14 +510,16 @@ def write_md(data: dict[str, Any], path: Path) -> None:
             "The same Search-v0 run: the synchronous loop on one GPU vs the split layout (`rollout_ranks: 1`, torchrun",
             "with 2 ranks: GPU 1 generates, GPU 0 learns, weights broadcast after every step), same invocation.",
             "",
-            "| run | samples/s | step s | generate s | env s | learner wait s | weight push s | staleness mean / max |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            *policy_lines(data.get("speed2_setup") or {}),
+            "| run | samples/s | step s (sd) | generate s | env s | learner wait s | weight push s | searches / episode | "
+            "success | staleness mean / max |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, r in sp2.items():
             lines.append(
-                f"| {name} | {r['samples_per_s']:.2f} | {r['step_s']:.2f} | {r['generate_s']:.2f} | {r['env_s']:.2f} | "
-                f"{r['rollout_wait_s']:.2f} | {r.get('weight_publish_s', 0.0):.3f} | "
-                f"{r['staleness_mean']:.2f} / {r['staleness_max']:.0f} |"
+                f"| {name} | {r['samples_per_s']:.2f} | {_step(r)} | {r['generate_s']:.2f} | {r['env_s']:.2f} | "
+                f"{r['rollout_wait_s']:.2f} | {r.get('weight_publish_s', 0.0):.3f} | {_opt(r, 'tool_calls')} | "
+                f"{_opt(r, 'success')} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} |"
             )
         lines += ["", f"**async_speedup_2gpu = {data['async_speedup_2gpu']:.2f}x** (goal >= 2.5x).", ""]
     else:
@@ -399,6 +542,54 @@ def write_md(data: dict[str, Any], path: Path) -> None:
     if ln:
         lines += ["", "![held-out success vs wall minutes](async_learning.png)"]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _opt(r: dict[str, Any], key: str) -> str:
+    """A number results written before it was recorded lack: "-" there."""
+    return f"{r[key]:.2f}" if isinstance(r.get(key), (int, float)) else "-"
+
+
+def _step(r: dict[str, Any]) -> str:
+    sd = r.get("step_s_sd")
+    return f"{r['step_s']:.2f}" + (f" ({sd:.2f})" if isinstance(sd, (int, float)) else "")
+
+
+def policy_lines(setup: dict[str, Any]) -> list[str]:
+    """Which policy the speed runs timed (the warm start's numbers, or a note that the model was untrained) and
+    the latency added to each search, if any."""
+    lat = setup.get("tool_latency_s") or 0.0
+    slow = (
+        [
+            f"Each search also waits {lat:g} s in a local proxy (`--tool-latency-s`: a stand-in for a slower tool).",
+            "",
+        ]
+        if lat > 0
+        else []
+    )
+    return slow + _policy(setup)
+
+
+def _policy(setup: dict[str, Any]) -> list[str]:
+    w = setup.get("warm_start")
+    if not w:
+        return [
+            "Policy: the untrained model (no warm start): it rarely calls the search tool, so these runs time",
+            "almost no tool work (see searches / episode).",
+            "",
+        ]
+    took = (
+        "reused from an earlier call"
+        if w.get("reused")
+        else f"{w.get('seconds') or 0:.0f} s with process start"
+    )
+    return [
+        f"Policy: a warm start every run starts from: SFT of {setup.get('model', '?')} on {w.get('episodes')} "
+        f"Search-v0 expert episodes ({w.get('conversations')} kept, {w.get('steps')} steps of {w.get('batch_size')}, lr "
+        f"{w.get('lr')}; {took}; the run's own {w.get('train_seconds') or 0:.0f} s). Greedy on "
+        f"{w.get('eval_episodes')} held-out episodes after it: success {_opt(w, 'success')}, "
+        f"{_opt(w, 'tool_calls')} searches an episode.",
+        "",
+    ]
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
@@ -442,12 +633,24 @@ def main() -> int:
         help="speed: async_admission of the async runs",
     )
     p.add_argument("--learning-staleness", type=int, default=2)
-    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--steps", type=int, default=20, help="speed: steps of each arm (timed: steps - warmup)")
     p.add_argument("--warmup", type=int, default=2, help="speed: first steps left out of the timing")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--budget", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--passages", type=int, default=50_000)
+    p.add_argument(
+        "--tool-latency-s",
+        type=float,
+        default=0.0,
+        help="speed: seconds added to every search by a local proxy (a slower tool's stand-in; 0: BM25 alone)",
+    )
+    p.add_argument(
+        "--sft-episodes",
+        type=int,
+        default=512,
+        help="speed: expert episodes of the warm start every arm starts from (0: the untrained model)",
+    )
     p.add_argument("--minutes", type=float, default=4.0, help="learning: wall minutes per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS / "async")

@@ -1,0 +1,221 @@
+"""benchmarks/async.py: the speed parts' warm start (run once into the work folder, reused by every arm and by a
+later call), the report from results written before the warm start existed, and the CPU smoke of both speed
+parts (tiny random model: it learns no tool call in a few CPU steps, so the smoke checks the plumbing, not
+that the warm start searches; the GPU call's record shows that)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "async.py"
+
+
+def bench() -> ModuleType:
+    """The script as a module (`async` is a keyword: no plain import)."""
+    spec = importlib.util.spec_from_file_location("async_bench", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# The H200 call of 2026-11-27 (before the warm start): no warm_start, step_s_sd or success fields.
+OLD_RUN = {
+    "max_staleness": 0, "layout": "sync", "steps_timed": 12, "episodes": 1536.0, "seconds": 49.7,
+    "samples_per_s": 30.89, "step_s": 4.14, "generate_s": 1.97, "env_s": 0.09, "staleness_mean": 0.0,
+    "staleness_max": 0.0, "rollout_wait_s": 0.0, "weight_publish_s": 0.0, "is_masked_fraction": 0.0,
+    "turns": 3.92, "tool_calls": 0.011,
+}  # fmt: skip
+OLD = {
+    "commands": ["python benchmarks/async.py --part speed --out /root/jobs/async_speed"],
+    "device": "NVIDIA H200 x1",
+    "async_speedup_1gpu": 1.39,
+    "speed_runs": {"k0": OLD_RUN, "k2": OLD_RUN | {"max_staleness": 2, "samples_per_s": 42.83}},
+    "speed_setup": {"model": "smollm2-135m", "steps": 14, "warmup": 2},
+}
+
+
+def args_of(**kw: Any) -> argparse.Namespace:
+    return argparse.Namespace(**({"sft_episodes": 512, "quick": False, "seed": 0} | kw))
+
+
+def base_of() -> dict[str, Any]:
+    return {
+        "env_ids": ["toolgym/Search-v0"], "env_kwargs": {"retriever_url": "http://x/retrieve", "max_turns": 4},
+        "model": "smollm2-135m", "max_new_tokens": 128, "max_total_tokens": 2048,
+    }  # fmt: skip
+
+
+def test_report_and_merge_read_results_from_before_the_warm_start(tmp_path: Path) -> None:
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(OLD))
+    out = tmp_path / "async"
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "--merge", str(old), "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    md = out.with_suffix(".md").read_text()
+    assert "the untrained model (no warm start)" in md
+    assert "| 0 | 30.89 | 4.14 | 1.97 | 0.09 | 0.00 | 0.01 | 3.92 | - |" in md  # no sd, no success: "-"
+    assert "async_speedup_1gpu = 1.39x" in md
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "--report", "--out", str(out)], check=True, capture_output=True
+    )
+    assert out.with_suffix(".md").read_text() == md
+
+
+def test_report_names_the_warm_start() -> None:
+    mod = bench()
+    warm = {
+        "model": "/w/warm_start/model", "base_model": "smollm2-135m", "reused": False, "episodes": 512,
+        "batch_size": 16, "lr": 5e-5, "conversations": 489, "steps": 31, "trained_tokens": 357000,
+        "train_seconds": 71.0, "seconds": 83.0, "success": 0.41, "tool_calls": 1.97, "eval_episodes": 32,
+    }  # fmt: skip
+    run = OLD_RUN | {"step_s_sd": 0.12, "success": 0.38, "tool_calls": 2.05, "env_s": 0.61}
+    data = OLD | {"speed_runs": {"k0": run}, "speed_setup": {"model": "smollm2-135m", "warm_start": warm}}
+    lines = "\n".join(mod.policy_lines(data["speed_setup"]))
+    assert "SFT of smollm2-135m on 512 Search-v0 expert episodes (489 kept, 31 steps of 16" in lines
+    assert "success 0.41, 1.97 searches an episode" in lines
+    assert "83 s with process start" in lines
+    assert "reused" in "\n".join(mod.policy_lines({"warm_start": warm | {"reused": True}}))
+
+
+def test_warm_start_is_skipped_when_the_work_folder_has_it(tmp_path: Path, monkeypatch: Any) -> None:
+    mod = bench()
+    folder = tmp_path / "warm_start"
+    (folder / "model").mkdir(parents=True)
+    (folder / "model" / "config.json").write_text("{}")
+    summary = {
+        "conversations": 490,
+        "steps": 31,
+        "seconds": 70.0,
+        "success_after": 0.5,
+        "tool_calls_after": 2.0,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+    def no_child(*a: Any, **kw: Any) -> None:
+        raise AssertionError("the warm start ran again")
+
+    monkeypatch.setattr(mod, "run_child", no_child)
+    got = mod.warm_start(args_of(), base_of(), tmp_path)
+    assert got["reused"] and got["model"] == str(folder / "model") and got["base_model"] == "smollm2-135m"
+    assert (got["tool_calls"], got["success"], got["steps"]) == (2.0, 0.5, 31)
+    assert mod.warm_start(args_of(sft_episodes=0), base_of(), tmp_path) is None  # the untrained model
+
+
+def test_warm_start_trains_on_the_timed_env_once(tmp_path: Path, monkeypatch: Any) -> None:
+    mod = bench()
+    calls: list[tuple[dict[str, Any], str]] = []
+
+    def fake_child(cfg: dict[str, Any], tiny: bool, gpus: str | None = None, algorithm: str = "grpo") -> list:
+        calls.append((cfg, algorithm))
+        out = Path(cfg["output_dir"])
+        (out / "model").mkdir(parents=True)
+        (out / "model" / "config.json").write_text("{}")
+        (out / "summary.json").write_text(json.dumps({"steps": 31, "tool_calls_after": 1.5}))
+        return []
+
+    monkeypatch.setattr(mod, "run_child", fake_child)
+    first = mod.warm_start(args_of(), base_of(), tmp_path)
+    second = mod.warm_start(args_of(), base_of(), tmp_path)
+    assert len(calls) == 1 and calls[0][1] == "sft"
+    cfg = calls[0][0]
+    assert (
+        cfg["env_ids"] == ["toolgym/Search-v0"] and cfg["env_kwargs"]["retriever_url"] == "http://x/retrieve"
+    )
+    assert (cfg["episodes"], cfg["batch_size"], cfg["epochs"], cfg["model"]) == (512, 16, 1, "smollm2-135m")
+    assert cfg["max_new_tokens"] == 128  # the arms' turn length in its evaluation
+    assert not first["reused"] and second["reused"] and first["tool_calls"] == 1.5
+
+
+@pytest.mark.slow
+def test_quick_speed_then_speed2_reuse_one_warm_start(tmp_path: Path) -> None:
+    """`--quick --part speed`, then `--quick --part speed2` with the same work folder: the second call
+    trains no second warm start, and every arm's record and the report carry the tool numbers (the tiny
+    model's are 0: it learns no search in 2 CPU steps)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    work, out = tmp_path / "work", tmp_path / "res" / "async"
+    base = [sys.executable, str(SCRIPT), "--quick", "--work", str(work), "--out", str(out)]
+    subprocess.run([*base, "--part", "speed"], check=True, capture_output=True, timeout=900)
+    data = json.loads(out.with_suffix(".json").read_text())
+    warm = data["speed_setup"]["warm_start"]
+    assert warm["model"] == str(work / "warm_start" / "model") and not warm["reused"]
+    assert warm["steps"] == 2 and isinstance(warm["tool_calls"], float) and isinstance(warm["success"], float)
+    assert data["speed_setup"]["model"] == "smollm2-135m"
+    for run in data["speed_runs"].values():
+        assert run["steps_timed"] == 2 and {"tool_calls", "env_s", "success", "step_s_sd"} <= set(run)
+    assert json.loads((work / "speed_k0" / "config.json").read_text())["model"] == warm["model"]
+    sft_model = (work / "warm_start" / "model" / "config.json").stat().st_mtime
+
+    subprocess.run(  # (through the slow proxy: the env's searches reach the retriever through it)
+        [*base, "--part", "speed2", "--tool-latency-s", "0.01"], check=True, capture_output=True, timeout=900
+    )
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["speed2_setup"]["warm_start"]["reused"] and data["speed2_setup"]["tool_latency_s"] == 0.01
+    assert (work / "warm_start" / "model" / "config.json").stat().st_mtime == sft_model
+    assert set(data["speed2_runs"]) == {"sync_1gpu", "split_2gpu"} and "speed_runs" in data  # both parts kept
+    md = out.with_suffix(".md").read_text()
+    assert md.count("Policy: a warm start") == 2 and "searches / episode" in md
+    assert md.count("Each search also waits 0.01 s") == 1  # speed2's only
+
+
+def test_slow_proxy_delays_each_search_and_passes_answers_and_refusals(tmp_path: Path) -> None:
+    import http.server
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    class Upstream(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status, data = (400, b'{"error": "no"}') if body.get("bad") else (200, json.dumps(body).encode())
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    up = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    proxy, url = bench().slow_proxy(f"http://127.0.0.1:{up.server_address[1]}/retrieve", 0.2)
+    try:
+
+        def post(payload: dict[str, Any]) -> tuple[int, bytes]:
+            req = urllib.request.Request(url, data=json.dumps(payload).encode())
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    return r.status, r.read()
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.read()
+
+        t0 = time.perf_counter()
+        got: list[tuple[int, bytes]] = []
+        threads = [threading.Thread(target=lambda: got.append(post({"queries": ["a"]}))) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        took = time.perf_counter() - t0
+        assert got == [(200, b'{"queries": ["a"]}')] * 4
+        assert 0.2 <= took < 0.7  # each waited, side by side (not 4 x 0.2 in a row)
+        assert post({"bad": True}) == (400, b'{"error": "no"}')
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+        up.shutdown()
+        up.server_close()
