@@ -119,7 +119,7 @@ class Profile:
     # model and both engines before the first step (first steps carry their own warm-up)
     estimates: dict[str, float] = field(
         default_factory=lambda: {
-            "sft": 160, "eval": 90, "lspo": 180, "selfplay": 480, "selfplay_start": 45, "selfplay_step": 30,
+            "sft": 160, "eval": 90, "lspo": 180, "selfplay_start": 45, "selfplay_step": 30,
         }
     )  # fmt: skip
 
@@ -138,7 +138,7 @@ QUICK = Profile(
     lspo_latent_games=20, lspo_max_new_tokens=16, lspo_dpo_epochs=1, lspo_batch=2, lspo_lr=1e-5,
     eval_seeds=2, eval_games=1, eval_max_new_tokens=16,
     selfplay_max_turns=4, calls=1, grpo_compile="auto",
-    estimates={"sft": 60, "eval": 40, "selfplay": 90, "lspo": 90, "selfplay_start": 20, "selfplay_step": 30},
+    estimates={"sft": 60, "eval": 40, "lspo": 90, "selfplay_start": 20, "selfplay_step": 30},
 )  # fmt: skip
 
 

@@ -179,7 +179,7 @@ def _fake(pipe: Pipeline, log: list[str], plan: dict[str, Any]) -> list[Unit]:
 
 
 def _profile(calls: int) -> Any:
-    est = {"lspo": 5, "eval": 5, "selfplay": 1000, "selfplay_start": 2, "selfplay_step": 3}
+    est = {"lspo": 5, "eval": 5, "selfplay_start": 2, "selfplay_step": 3}
     return dataclasses.replace(QUICK, name="test", model="unused", margin_s=2.0, calls=calls, estimates=est)
 
 
