@@ -413,7 +413,7 @@ class Pipeline:
         }
         self.state["calls"].append(call)
         last = len(self.state["calls"]) >= self.p.calls  # from the last planned call on, self-play is capped
-        skipped: list[str] = []
+        skipped: dict[str, str] = {}  # unit -> why it did not start (its first reason this call)
         tried: set[str] = set()
         ran = 0
         with self._watchdog(max(1.0, self.seconds - self.p.margin_s / 3)):
@@ -444,9 +444,10 @@ class Pipeline:
                                 rec["done"], rec["capped"], again = True, True, True
                                 self.save()
                                 break
-                            skipped.append(
+                            skipped.setdefault(
+                                unit.name,
                                 f"{unit.name}: estimate {need:.0f} s > {left:.0f} s left"
-                                + (f" ({keep:.0f} s kept for the units after it)" if keep else "")
+                                + (f" ({keep:.0f} s kept for the units after it)" if keep else ""),
                             )
                             continue  # a later unit may fit
                         # the trainers' time limit: seconds from the start of their train()
@@ -464,8 +465,8 @@ class Pipeline:
             except TimeUp:  # the signal came between units (while saving): what is saved stays
                 call["stopped"] = "budget, between units"
             if skipped:
-                call["skipped"] = skipped
-                call.setdefault("stopped", skipped[0])
+                call["skipped"] = list(skipped.values())
+                call.setdefault("stopped", call["skipped"][0])
             self._finishing = True  # a later signal (the outer timeout) no longer interrupts the summaries
             call["seconds"] = time.monotonic() - t0
             left_units = [u.name for u in self.units() if not u.done()]
