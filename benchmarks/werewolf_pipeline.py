@@ -61,6 +61,7 @@ ENV = "toolgym/Werewolf-v0"
 TINY = "tiny-smollm2"
 EXIT_MORE = 75  # EX_TEMPFAIL: run the same command again to continue
 SMALL_FILES = (".json", ".jsonl", ".md", ".txt", ".yaml", ".png")
+UNMEASURED = 1.25  # a unit whose kind has no measurement in this run: its profile estimate times this
 
 
 @dataclass(frozen=True)
@@ -361,14 +362,16 @@ class Pipeline:
 
     # ----- the call -----------------------------------------------------------------------------------------
     def estimate(self, unit: Unit) -> float:
-        """Seconds the unit takes to its end: the longest done unit of its kind, else the profile's; a unit
-        cut for time counts at least 1.5x what it ran then (it is not started again in a call it cannot end)."""
+        """Seconds the unit takes to its end: the longest done unit of its kind, else 1.25x the profile's; a
+        unit cut for time counts at least 1.5x what it ran then (it is not started again in a call it cannot
+        end)."""
         measured = [
             u["seconds"]
             for n, u in self.state["units"].items()
             if u.get("kind") == unit.kind and u.get("done") and not u.get("capped")
         ]
-        est = max(measured) if measured else float(self.p.estimates.get(unit.kind, 60))
+        # a kind not measured in this run yet (its first unit) counts UNMEASURED x the profile's guess
+        est = max(measured) if measured else UNMEASURED * float(self.p.estimates.get(unit.kind, 60))
         if unit.resumable:
             left = max(0, self.p.grpo_steps - max((st for st, _ in self.selfplay_steps()), default=0))
             return self.p.estimates.get(f"{unit.kind}_start", 30.0) + left * self.step_estimate()

@@ -93,9 +93,9 @@ def test_every_stage_end_to_end_and_a_second_call_continues(tiny_folder: Path, t
 def test_a_unit_that_does_not_fit_is_not_started(tmp_path: Path) -> None:
     profile = dataclasses.replace(QUICK, name="test", model="unused", margin_s=1.0)
     pipe = Pipeline(profile, tmp_path / "runs", 30, None, str(tmp_path / "res"), baseline=None)
-    assert pipe.run() == EXIT_MORE  # sft's estimate (60 s) does not fit in 30 s
+    assert pipe.run() == EXIT_MORE  # sft's estimate (60 s, x1.25 before one was measured) does not fit in 30 s
     call = json.loads((tmp_path / "runs" / "pipeline.json").read_text())["calls"][0]
-    assert call["ran"] == [] and call["stopped"].startswith("sft: estimate 60 s")
+    assert call["ran"] == [] and call["stopped"].startswith("sft: estimate 75 s")
 
 
 def test_the_watchdog_stops_a_unit_that_overruns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,12 +227,15 @@ def test_before_the_last_call_a_resumable_unit_takes_the_rest_and_is_not_capped(
 def test_a_unit_cut_for_time_is_not_restarted_in_a_call_it_cannot_finish(tmp_path: Path) -> None:
     pipe = Pipeline(_profile(calls=3), tmp_path / "runs", 60, None, str(tmp_path / "res"), baseline=None)
     unit = Unit("eval_sft", "eval", lambda: False, lambda: None)
-    assert pipe.estimate(unit) == 5
+    assert pipe.estimate(unit) == 5 * 1.25  # no eval measured in this run yet: the profile's, with headroom
     pipe.state["units"]["eval_sft"] = {"kind": "eval", "seconds_partial": 40.0}
     assert pipe.estimate(unit) == 60.0
+    pipe.state["units"]["eval_x"] = {"kind": "eval", "done": True, "seconds": 3.0}
+    pipe.state["units"]["eval_sft"] = {"kind": "eval"}
+    assert pipe.estimate(unit) == 3.0  # measured: as measured
     sft = Unit("sft", "sft", lambda: False, lambda: None, checkpointed=True)  # continues from its checkpoint
     pipe.state["units"]["sft"] = {"kind": "sft", "seconds_partial": 400.0}
-    assert pipe.estimate(sft) == QUICK.estimates["sft"]
+    assert pipe.estimate(sft) == 1.25 * QUICK.estimates["sft"]
 
 
 def test_the_evaluation_plays_every_seed_in_one_batch(
