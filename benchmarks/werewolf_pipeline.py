@@ -14,12 +14,12 @@ can, fills what the calls leave.
 Time: ``--seconds`` is the call's budget, ``margin_s`` what is kept at its end. After every unit the list is
 scanned again from the top and the first unit that can run and fits starts (a unit that does not fit is
 skipped, a later one may): a unit that cannot stop midway when its estimate (the longest done unit of its
-kind, else the profile's; at least 1.5x what a cut run of it took) fits; a resumable one (self-play) when its
-start and one step fit (the step: the longest of its last three in metrics.jsonl). Trainers get
+kind, else 1.25x the profile's; at least 1.5x what a cut run of it took) fits; a resumable one (self-play)
+when its start and one step fit (the step: the longest of its last three in metrics.jsonl). Trainers get
 ``time_limit_s`` = what is left less the margin: they stop at the step boundary where the next step would not
 end in time, save and raise ``Preempted`` (trainers/preemption.py). The profile plans the pipeline in
-``calls`` calls: from the last one on, self-play's limit also keeps the estimates of the units still to run,
-and when it stops for it (or cannot start) it is finished at its last checkpoint (done.json:
+``calls`` calls: from the last one on, self-play's limit also keeps the estimates of the units that need it
+(its evaluation), and when it stops for it (or cannot start) it is finished at its last checkpoint (done.json:
 ``capped``, the steps it got), so that its evaluation runs in the same call. A watchdog sends this process
 SIGTERM a third of the margin before the end (a backstop), which a trainer turns into a checkpoint at the
 next step boundary and every other unit into a stop that keeps its finished pieces; an outside SIGTERM
