@@ -41,6 +41,14 @@ Departures from AReaL / verl / prime-rl (docs/trainer.md, "Asynchronous rollouts
 5. CUDA graphs: the worker's engine captures every decode bucket before the worker starts (a capture while
    the learner's kernels run from the other thread fails), and the learner's own engine, which only runs the
    evaluations, decodes without graphs.
+6. Streams: on a GPU the worker runs on a CUDA stream of its own (PyTorch's pool streams do not wait for
+   the legacy default stream the learner uses), so decode and update kernels can run at once; on one stream
+   they queued in one line, and each decode step's copy of its samples to the host also waited for the
+   learner's queued update. The weights cross the streams at two points only: `publish` records an event
+   after its copies and the worker's stream waits for it before reading the actor; a re-pack (`sync`) or a
+   generate call (`hold`) finishes on the GPU before the lock is let go, so a later publish never overwrites
+   what a queued kernel still reads. ``TOOLGYM_ASYNC_STREAM=0`` keeps the worker on the default stream
+   (for an A/B of the overlap).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
 import queue
 import threading
 import time
@@ -77,6 +86,7 @@ class ActorWeights:
         self.version = version  # the version the actor holds
         self.loaded = -1  # the version the engine's packed copy holds (continuous mode)
         self.changed = threading.Condition()  # notified at every publish (the worker's admission waits on it)
+        self.published: torch.cuda.Event | None = None  # recorded after the last publish's copies (CUDA)
 
     @staticmethod
     def copy_of(model: Any) -> Any:
@@ -96,19 +106,33 @@ class ActorWeights:
                 a.copy_(b)
             for a, b in zip(self.actor.buffers(), self.learner.buffers(), strict=True):
                 a.copy_(b)
+            if _on_cuda(self.actor):  # the worker's stream waits for these copies (`_read`)
+                self.published = torch.cuda.Event()
+                self.published.record()
             self.version = version
         with self.changed:
             self.changed.notify_all()
 
     @contextlib.contextmanager
+    def _read(self) -> Iterator[None]:
+        """Under the lock: the calling stream first waits for the last publish, and what it queued while
+        reading the actor has run before the lock is let go (the next publish overwrites the actor)."""
+        if self.published is not None:
+            torch.cuda.current_stream().wait_event(self.published)
+        yield
+        if _on_cuda(self.actor):
+            torch.cuda.current_stream().synchronize()
+
+    @contextlib.contextmanager
     def hold(self) -> Iterator[int]:
-        with self.lock:
+        with self.lock, self._read():
             yield self.version
 
     def sync(self, policy: Any) -> int:
         with self.lock:
             if self.loaded != self.version:
-                policy.refresh(force=True)  # re-pack from the actor; held caches are dropped
+                with self._read():
+                    policy.refresh(force=True)  # re-pack from the actor; held caches are dropped
                 self.loaded = self.version
             return self.loaded
 
@@ -118,6 +142,20 @@ class ActorWeights:
             while self.version < version and not stop.is_set():
                 self.changed.wait(timeout=0.5)
         return not stop.is_set()
+
+
+def _on_cuda(model: Any) -> bool:
+    p = next(iter(model.parameters()), None) if model is not None else None
+    return p is not None and p.is_cuda
+
+
+def worker_stream(actor: Any) -> contextlib.AbstractContextManager[Any]:
+    """The worker thread's own CUDA stream on the actor's GPU (module docstring, 6.); nothing on CPU or with
+    ``TOOLGYM_ASYNC_STREAM=0``."""
+    if not _on_cuda(actor) or os.environ.get("TOOLGYM_ASYNC_STREAM", "1") == "0":
+        return contextlib.nullcontext()
+    device = next(iter(actor.parameters())).device
+    return torch.cuda.stream(torch.cuda.Stream(device))
 
 
 @dataclass
@@ -164,7 +202,7 @@ class AsyncRollout:
 
     def _work(self) -> None:
         try:
-            with torch.no_grad(), self.context():
+            with torch.no_grad(), self.context(), worker_stream(self.gate.actor):
                 if self.per_tree:
                     TreeStream(self).run()
                     return

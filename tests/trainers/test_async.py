@@ -228,3 +228,54 @@ def test_continuous_worker_switches_weights_inside_turns(tokenizer: Any, per_tre
     # arrive between trees, so it is not required there)
     assert switched or per_tree
     assert (sum(b.early for b in got) > 0) == per_tree  # per tree: batches overlap in the engine
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the worker's own stream)")
+def test_the_worker_stream_reads_one_whole_version_while_the_learner_publishes() -> None:
+    """On a GPU the worker reads the actor on its own stream while the learner overwrites it at each publish on
+    the default stream: every read (under `hold`, and a re-pack under `sync`) sees the weights of exactly one
+    version, never a mix, and never one older than the version it was told."""
+    from toolgym.trainers.async_rollout import worker_stream
+
+    learner = torch.nn.Linear(4096, 4096, bias=False).cuda()
+    actor = ActorWeights.copy_of(learner)
+    gate = ActorWeights(learner, actor, version=0)
+    with torch.no_grad():
+        learner.weight.fill_(0.0)
+    gate.publish(0)
+    seen: list[tuple[int, float, float]] = []
+    stop = threading.Event()
+
+    class Packer:  # a stand-in engine: its re-pack copies the actor into its own buffer
+        def __init__(self) -> None:
+            self.packed = torch.empty_like(actor.weight)
+
+        def refresh(self, force: bool = False) -> None:
+            self.packed.copy_(actor.weight)
+
+    packer = Packer()
+
+    def worker() -> None:
+        with torch.no_grad(), worker_stream(actor):
+            while not stop.is_set():
+                with gate.hold() as version:
+                    w = actor.weight @ torch.ones(4096, 1, device="cuda")  # a long read
+                    seen.append((version, float(w.min()) / 4096, float(w.max()) / 4096))
+                v = gate.sync(packer)
+                seen.append((v, float(packer.packed.min()), float(packer.packed.max())))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        for v in range(1, 40):
+            with torch.no_grad():
+                learner.weight.fill_(float(v))
+                learner.weight.mul_(1.0)  # more queued work before the copy
+            gate.publish(v)
+            time.sleep(0.002)
+    finally:
+        stop.set()
+        t.join()
+    assert len(seen) > 10
+    for version, lo, hi in seen:
+        assert lo == hi == float(version), (version, lo, hi)
