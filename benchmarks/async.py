@@ -123,6 +123,7 @@ def run_child(
     nproc: int = 1,
     gpus: str | None = None,
     algorithm: str = "grpo",
+    env_extra: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Trains `config` (GRPO, or SFT with `algorithm` "sft") in a child process (`nproc` > 1: torchrun with
     that many ranks; `gpus`: its CUDA_VISIBLE_DEVICES); returns rank 0's metrics records, each stamped with
@@ -139,7 +140,7 @@ def run_child(
     if nproc > 1:  # as a user launches the split layout (torchrun ends its ranks when it is terminated)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
                str(free_port()), *cmd[1:]]  # fmt: skip
-    env = dict(os.environ)
+    env = dict(os.environ) | (env_extra or {})
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     if config.get("device") == "cpu":
@@ -379,6 +380,17 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
                 "speed_runs": {"k0": sync, f"k{args.staleness}": fast},
                 "speed_setup": setup_of(base, args, warm),
             }
+            if args.one_stream_arm:  # the same async run with the worker on the default stream (the A/B)
+                cfg["output_dir"] = str(work / f"speed_k{args.staleness}_one_stream")
+                recs = run_child(cfg, tiny=tiny, gpus=one_gpu, env_extra={"TOOLGYM_ASYNC_STREAM": "0"})
+                same = timed(
+                    recs, args.warmup, max_staleness=args.staleness,
+                    layout=f"thread, per {args.admission}, one CUDA stream",
+                )  # fmt: skip
+                out["speed_runs"][f"k{args.staleness}_one_stream"] = same
+                out["async_speedup_1gpu_one_stream"] = same["samples_per_s"] / max(
+                    sync["samples_per_s"], 1e-9
+                )
         if "speed2" in parts:
             cfg = dict(
                 base, max_staleness=args.staleness, rollout_ranks=1, output_dir=str(work / "speed_split")
@@ -491,18 +503,25 @@ def write_md(data: dict[str, Any], path: Path) -> None:
             "episodes trained per second of learner steps after the warm-up steps.",
             "",
             *policy_lines(data.get("speed_setup") or {}),
-            "| max_staleness | samples/s | step s (sd) | generate s | env s | learner wait s | searches / episode | "
-            "turns | success | staleness mean / max | IS masked |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| max_staleness | layout | samples/s | step s (sd) | generate s | env s | learner wait s | "
+            "searches / episode | turns | success | staleness mean / max | IS masked |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in sp.values():
             lines.append(
-                f"| {r['max_staleness']} | {r['samples_per_s']:.2f} | {_step(r)} | {r['generate_s']:.2f} | "
+                f"| {r['max_staleness']} | {r.get('layout', '-')} | {r['samples_per_s']:.2f} | {_step(r)} | "
+                f"{r['generate_s']:.2f} | "
                 f"{r['env_s']:.2f} | {r['rollout_wait_s']:.2f} | {_opt(r, 'tool_calls')} | {_opt(r, 'turns')} | "
                 f"{_opt(r, 'success')} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | "
                 f"{r['is_masked_fraction']:.4f} |"
             )
         lines += ["", f"**async_speedup_1gpu = {data['async_speedup_1gpu']:.2f}x** (goal >= 1.5x).", ""]
+        if "async_speedup_1gpu_one_stream" in data:
+            lines += [
+                f"The same asynchronous run with its worker on the default CUDA stream (`TOOLGYM_ASYNC_STREAM=0`, as "
+                f"before the worker got its own): {data['async_speedup_1gpu_one_stream']:.2f}x.",
+                "",
+            ]
     lines += ["## Two GPUs (`async_speedup_2gpu`)", ""]
     sp2 = data.get("speed2_runs")
     if sp2:
@@ -633,6 +652,10 @@ def main() -> int:
         help="speed: async_admission of the async runs",
     )
     p.add_argument("--learning-staleness", type=int, default=2)
+    p.add_argument(
+        "--one-stream-arm", action="store_true",
+        help="speed: also the asynchronous run with its worker on the default CUDA stream (TOOLGYM_ASYNC_STREAM=0)",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, default=20, help="speed: steps of each arm (timed: steps - warmup)")
     p.add_argument("--warmup", type=int, default=2, help="speed: first steps left out of the timing")
     p.add_argument("--prompts", type=int, default=16)
