@@ -8,7 +8,7 @@
 #                            it gets `--resume auto --time-limit-s S` right after its subcommand: it continues
 #                            from the checkpoint in its output_dir when there is one and stops at a step
 #                            boundary 30 s before the SIGTERM; a later flag of the same name wins)
-# Each job runs under `timeout` to the call's deadline (SIGTERM 75 s before the call's end: `toolgym train` and
+# Each job runs under `timeout` to the call's deadline (its seconds are in $JOB_SECONDS) (SIGTERM 75 s before the call's end: `toolgym train` and
 # `toolgym sft` finish their step and save, then exit 143; SIGKILL 45 s later); $OUT gets gpu.txt, one NAME.log tail each and
 # jobs.tar.gz (metrics, configs, summaries; no weights). A second call with the same JOBFILE continues.
 set -uo pipefail
@@ -46,7 +46,7 @@ while read -r gpu name cmd; do
   cmd=${cmd//"toolgym sft "/"toolgym sft --resume auto --time-limit-s $(( left > 60 ? left - 30 : 30 )) "}
   [ "$left" -lt 20 ] && { echo "$name: no time left" | tee -a "$out/gpu.txt"; continue; }
   echo "[$gpu] $name: $cmd" | tee -a "$out/gpu.txt"
-  ( cd /root/snap && CUDA_VISIBLE_DEVICES=$gpu timeout -k 45 "$left" bash -c "$cmd" >>"$RUNS/$name.log" 2>&1
+  ( cd /root/snap && JOB_SECONDS=$left CUDA_VISIBLE_DEVICES=$gpu timeout -k 45 "$left" bash -c "$cmd" >>"$RUNS/$name.log" 2>&1
     rc=$?; echo "$name rc=$rc" >>"$out/gpu.txt"; [ $rc = 0 ] && touch "$RUNS/$name.done" ) &
   pids+=($!)
 done <"$jobfile"

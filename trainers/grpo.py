@@ -95,6 +95,12 @@ def vocab_size(model: Any) -> int | None:
     return getattr(conf, "vocab_size", None)
 
 
+def seats_per_copy(cfg: GRPOConfig) -> int:
+    """The policy's sequences in flight per rollout copy: its learner seats in self-play (each seat of a game
+    is a sequence of its own; sized for one, the engine evicted and re-prefilled idle seats), else 1."""
+    return max(1, int(cfg.selfplay.get("learner_seats", 1))) if cfg.selfplay else 1
+
+
 def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:
     """Runs (or resumes) GRPO as configured; returns the last step's metrics."""
     cfg = checkpoint.resolve_resume(cfg)  # resume: auto -> whether output_dir holds a checkpoint
@@ -130,7 +136,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     # fsdp2: the model is sharded, the rollout gets a full copy
     policy, model = dist.hybrid(policy, cfg, device)
     policy = choose_engine(  # our decode engine (agents/engine) over the same live weights, or HFPolicy
-        policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget,
+        policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget * seats_per_copy(cfg),
         capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main, memory=cfg.engine_memory,
         servers=cfg.rollout_servers, weight_sync=cfg.weight_sync, sync_folder=cfg.weight_sync_folder, seed=cfg.seed,
     )  # fmt: skip
