@@ -126,3 +126,30 @@ def test_illegal_night_moves_fall_back_to_the_scripted_player() -> None:
         rules, weak, games=4, text_seats=3, candidates=2, seed=0, max_turns_per_seat=20, fallback=False
     )
     assert without["finished"] < 4 and without["discussion_turns"] < stats["discussion_turns"]
+
+
+def test_the_policy_proposer_on_our_engine_and_prompts_past_its_capacity(tmp_path: Path) -> None:
+    """engine=fast (what auto picks on CUDA) proposes through the engine; a prompt longer than the engine
+    holds gets an empty candidate (no speech, an illegal move: the fallback plays it) instead of an error."""
+    pytest.importorskip("torch")
+    from tests.trainers.conftest import tiny_model, tiny_tokenizer
+    from toolgym.agents.engine.engine_policy import EnginePolicy
+    from toolgym.trainers.lspo.loop import _policy, policy_proposer
+
+    tok = tiny_tokenizer()
+    model = tiny_model(len(tok))
+    model.config.max_position_embeddings = 4096
+    cfg = LSPOConfig(
+        games=2, text_seats=2, candidates=2, n_players=5, max_new_tokens=8, device="cpu", engine="fast"
+    )
+    policy, hf, max_prompt = _policy(model, tok, cfg)
+    assert isinstance(policy, EnginePolicy) and policy.model is hf.model and max_prompt == 4096 - 8 - 2
+    rules = WerewolfEnv(n_players=5, opponents="strong")
+    turns, stats = collect(
+        rules, policy_proposer(policy, 8, max_prompt), 2, 2, 2, seed=0, max_turns_per_seat=6
+    )
+    assert stats["games"] == 2.0 and turns and all(len(t.candidates) == 2 for t in turns)
+    short = policy_proposer(policy, 8, max_prompt=10)  # every prompt is longer: no generation at all
+    turns, _ = collect(rules, short, 2, 2, 2, seed=0, max_turns_per_seat=6)
+    assert all(c.text == "" and c.ids == [] for t in turns for c in t.candidates)
+    assert _policy(model, tok, LSPOConfig(device="cpu"))[2] is None  # auto on CPU: HF, no limit

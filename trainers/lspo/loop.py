@@ -94,12 +94,17 @@ class LSPOConfig:
     fallback: bool = True  # an illegal night move or vote of the policy: the strong scripted player's instead
     proposer: str = "policy"  # policy | scripted (CPU stand-in for the LLM's candidates)
     device: str = "auto"
+    # auto: our engine on CUDA (bf16, continuous batching over every table's prompts), HF generation elsewhere;
+    # hf | fast (as `toolgym train`'s engine). HF in fp32 made each collection round as slow as its longest turn
+    engine: str = "auto"
     seed: int = 0
     out: str = "runs/lspo"
 
     def validate(self) -> None:
         if self.proposer not in ("policy", "scripted"):
             raise ConfigError(f"proposer must be policy or scripted, got {self.proposer!r}")
+        if self.engine not in ("auto", "hf", "fast"):
+            raise ConfigError(f"engine must be auto, hf or fast, got {self.engine!r}")
         for name in (
             "iterations", "games", "text_seats", "candidates", "k", "k_public", "cfr_iterations", "max_turns_per_seat",
         ):  # fmt: skip
@@ -130,7 +135,10 @@ def scripted_proposer(rules: WerewolfEnv) -> Proposer:
     return propose
 
 
-def policy_proposer(policy: Any, max_new_tokens: int) -> Proposer:
+def policy_proposer(policy: Any, max_new_tokens: int, max_prompt: int | None = None) -> Proposer:
+    """Candidates sampled from `policy`. A prompt longer than `max_prompt` tokens (what the engine holds, less
+    the reply) gets an empty candidate: no speech, an illegal move (the fallback's, or the seat's turn spent),
+    as a model that ran out of context would do, instead of an error that loses the iteration."""
     from toolgym.agents.policy import SamplingParams
 
     renderer = policy.renderer
@@ -144,10 +152,14 @@ def policy_proposer(policy: Any, max_new_tokens: int) -> Proposer:
             prompts += [ids] * n
             owner += [b] * n
         sp = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=int(rng.integers(2**31)))
-        gens = policy.generate(prompts, sp)
+        fits = [i for i, p in enumerate(prompts) if max_prompt is None or len(p) <= max_prompt]
+        gens: list[Any] = [None] * len(prompts)
+        for i, g in zip(fits, policy.generate([prompts[i] for i in fits], sp) if fits else [], strict=True):
+            gens[i] = g
         out: list[list[Candidate]] = [[] for _ in batch]
         for b, g in zip(owner, gens, strict=True):
-            out[b].append(Candidate(renderer.decode(renderer.strip_stop(g.token_ids)), "", list(g.token_ids)))
+            ids = [] if g is None else list(g.token_ids)
+            out[b].append(Candidate(renderer.decode(renderer.strip_stop(ids)) if ids else "", "", ids))
         return out
 
     return propose
@@ -353,11 +365,11 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
         t0 = time.perf_counter()
         folder = out / f"iter_{it}"
         folder.mkdir(parents=True, exist_ok=True)
-        policy = _policy(current, tokenizer, cfg.device)
+        policy, hf, max_prompt = _policy(current, tokenizer, cfg)
         propose = (
             scripted_proposer(rules)
             if cfg.proposer == "scripted"
-            else policy_proposer(policy, cfg.max_new_tokens)
+            else policy_proposer(policy, cfg.max_new_tokens, max_prompt)
         )
         import torch
 
@@ -367,6 +379,10 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
                 cfg.max_turns_per_seat, cfg.fallback,
             )  # fmt: skip
         t_collect = time.perf_counter() - t0
+        if policy is not hf:  # the engine's KV cache and packed weights go back before DPO
+            del propose  # (its closure holds the engine too)
+            policy = hf
+            _free_gpu()
         speeches = [(t.role, c.speech) for t in turns for c in t.candidates if c.speech]
         if not speeches:
             raise ConfigError(f"iteration {it}: no candidate was a legal speech; SFT the policy first")
@@ -412,16 +428,42 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
     return summaries
 
 
-def _policy(model: Any, tokenizer: Any, device: str) -> Any:
+def _free_gpu() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+ENGINE_CAPACITY = (
+    8192  # tokens a sequence may hold in the engine (prompt + reply), at most the model's positions
+)
+
+
+def _policy(model: Any, tokenizer: Any, cfg: LSPOConfig) -> tuple[Any, Any, int | None]:
+    """The proposer's policy (`cfg.engine`: our engine on CUDA, bf16), the HF policy over the same model (what
+    DPO trains), and the longest prompt the proposer takes (None: no limit). The collection has the GPU to
+    itself: half its free memory for the KV cache, given back before DPO."""
+    from toolgym.agents.engine.select import choose_engine
     from toolgym.agents.hf import HFPolicy
     from toolgym.trainers.modeling import pick_device
 
-    dev = pick_device(device)
+    dev = pick_device(cfg.device)
     if isinstance(model, str):
         from toolgym.agents.hf import load_model
 
         model, tokenizer = load_model(model, device=str(dev), dtype="float32")
-    return HFPolicy(model.to(dev), tokenizer, batch_size=256)
+    hf = HFPolicy(model.to(dev), tokenizer, batch_size=256)
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None) or ENGINE_CAPACITY
+    capacity = min(int(positions), ENGINE_CAPACITY)
+    policy = choose_engine(
+        hf, cfg.engine, rows=cfg.games * cfg.text_seats * cfg.candidates, capacity=capacity, quiet=True,
+        memory=0.5, seed=cfg.seed,
+    )  # fmt: skip
+    return policy, hf, (None if policy is hf else capacity - cfg.max_new_tokens - 2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
