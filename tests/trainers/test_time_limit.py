@@ -1,0 +1,256 @@
+"""The time limit (`time_limit_s`, trainers/preemption.py) in-process, on a clock moved by hand: a run stopped by
+its limit and resumed with none ends bit for bit as a run never stopped (GRPO, PPO, SFT); its interplay with
+`save_every`, `eval_every`, `resume` (true and auto) and a limit already spent; the values a config may hold.
+Each step boundary (`Preemption.check`) moves the clock by `STEP_S`; nothing else does (preemption.py reads
+its own `time`, replaced here, so no other code sees a frozen clock)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.trainers.conftest import register_fake_env, tiny_model
+from tests.trainers.test_train import SMALL, records
+from toolgym.errors import ConfigError
+from toolgym.trainers import checkpoint, preemption
+from toolgym.trainers.config import parse_time_limit
+from toolgym.trainers.preemption import EXIT_SIGTERM, EXIT_TIME_LIMIT, Preempted, Preemption
+
+STEP_S = 10.0
+# Checks at 10, 20, 30 s (the first runs; then the next step is estimated at 12.5 s): 20 + 12.5 fits in 35,
+# 30 + 12.5 does not, so a 35 s limit stops after step 2.
+LIMIT_S = 35.0
+CALC = "toolgym/Calculator-v0"
+SFT_OPTS: dict[str, Any] = dict(
+    env_ids=[CALC], env_kwargs={"prompt_format": "text", "max_turns": 3}, episodes=4, batch_size=2, steps=4,
+    warmup_steps=2, pack_tokens=4096, lr=1e-2, device="cpu", tensorboard=False, progress=False,
+    eval_episodes=1, max_new_tokens=2,
+)  # fmt: skip
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ticking(monkeypatch: pytest.MonkeyPatch, step_s: float = STEP_S) -> Clock:
+    """preemption.py's clock, moved `step_s` at every step boundary (before the check reads it)."""
+    clock = Clock()
+    monkeypatch.setattr(preemption, "time", types.SimpleNamespace(monotonic=clock))
+    check = Preemption.check
+
+    def tick(self: Preemption, *args: Any, **kwargs: Any) -> None:
+        clock.now += step_s
+        check(self, *args, **kwargs)
+
+    monkeypatch.setattr(Preemption, "check", tick)
+    return clock
+
+
+def count_saves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The steps `checkpoint.save` writes, in order."""
+    saves: list[int] = []
+    save = checkpoint.save
+
+    def counted(folder: Path, modules: Any, optimizer: Any, progress: Any, *args: Any, **kw: Any) -> None:
+        saves.append(progress.step)
+        save(folder, modules, optimizer, progress, *args, **kw)
+
+    monkeypatch.setattr(checkpoint, "save", counted)
+    return saves
+
+
+def rl(algorithm: str, out: Path, tokenizer: Any, seed: int = 0, **kw: Any) -> Any:
+    from toolgym.trainers.grpo import GRPOConfig
+    from toolgym.trainers.grpo import train as train_grpo
+    from toolgym.trainers.ppo import PPOConfig
+    from toolgym.trainers.ppo import train as train_ppo
+
+    register_fake_env()
+    model = tiny_model(len(tokenizer), seed=seed)
+    opts = dict(SMALL, output_dir=str(out), **kw)
+    if algorithm == "grpo":
+        train_grpo(GRPOConfig(**opts), model, tokenizer)
+    else:
+        train_ppo(PPOConfig(**opts), model, tokenizer)
+    return model
+
+
+def same_weights(a: Any, b: Any) -> None:
+    for (n, p1), p2 in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(p1, p2), n
+
+
+def same_records(a: Path, b: Path) -> None:
+    ra, rb = records(a), records(b)
+    assert [r["step"] for r in ra] == [r["step"] for r in rb]
+    for x, y in zip(ra, rb, strict=True):
+        skip = ("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s")
+        assert {k: v for k, v in x.items() if not k.startswith(skip)} == {
+            k: v for k, v in y.items() if not k.startswith(skip)
+        }
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_a_run_stopped_by_its_time_limit_resumes_bit_for_bit(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch, algorithm: str
+) -> None:
+    straight = rl(algorithm, tmp_path / "straight", tokenizer, steps=4)
+    ticking(monkeypatch)
+    saves = count_saves(monkeypatch)
+    with pytest.raises(Preempted) as info:
+        rl(algorithm, tmp_path / "split", tokenizer, steps=4, time_limit_s=LIMIT_S)
+    assert info.value.step == 2 and info.value.exit_code == EXIT_TIME_LIMIT and info.value.signum is None
+    assert "time limit: stopped at step 2 (30 s gone of 35 s; the next step would take ~12 s)" in str(
+        info.value
+    )
+    assert saves == [2] and checkpoint.saved_step(tmp_path / "split" / "checkpoint") == 2
+    # no limit now, another initialisation: everything comes from the checkpoint
+    resumed = rl(algorithm, tmp_path / "split", tokenizer, seed=123, steps=4, resume=True)
+    same_weights(straight, resumed)
+    same_records(tmp_path / "straight", tmp_path / "split")
+
+
+def test_sft_stopped_by_its_time_limit_resumes_bit_for_bit(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolgym.trainers.sft import SFTConfig
+    from toolgym.trainers.sft import train as train_sft
+
+    def run(out: Path, seed: int = 0, **kw: Any) -> tuple[Any, dict[str, Any]]:
+        model = tiny_model(len(tokenizer), seed=seed)
+        return model, train_sft(SFTConfig(output_dir=str(out), **SFT_OPTS, **kw), model, tokenizer)
+
+    straight, s1 = run(tmp_path / "straight")
+    with monkeypatch.context() as m:
+        ticking(m)
+        with pytest.raises(Preempted) as info:
+            run(tmp_path / "split", time_limit_s="0:35")  # SLURM's MM:SS
+    assert info.value.step == 2 and info.value.exit_code == EXIT_TIME_LIMIT
+    assert not (tmp_path / "split" / "model").exists()
+    resumed, s2 = run(tmp_path / "split", seed=123, resume="auto")
+    same_weights(straight, resumed)
+    for key in ("success_before", "success_after", "trained_tokens", "steps"):
+        assert s1[key] == s2[key], key
+
+
+def test_the_limit_does_not_save_a_step_save_every_saved(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ticking(monkeypatch)
+    saves = count_saves(monkeypatch)
+    with pytest.raises(Preempted) as info:
+        rl("grpo", tmp_path, tokenizer, steps=4, save_every=2, time_limit_s=LIMIT_S)
+    assert info.value.step == 2 and saves == [2]  # the loop's save of step 2, not a second one
+    with pytest.raises(Preempted) as info:
+        rl("grpo", tmp_path / "b", tokenizer, steps=4, save_every=3, time_limit_s=LIMIT_S)
+    assert info.value.step == 2 and saves == [2, 2]  # step 2 was not due: the stop saved it
+
+
+def test_a_long_evaluation_counts_in_the_estimate(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval_every 1 with evaluations of 20 s: the step-1 cycle is 30 s (estimate 37.5 s), so a 60 s limit
+    stops after step 1 (without the evaluation it would run 4 steps)."""
+    from toolgym.trainers import grpo
+
+    clock = ticking(monkeypatch)
+    evaluate = grpo.evaluate
+
+    def slow(*args: Any, **kw: Any) -> dict[str, float]:
+        clock.now += 20
+        return evaluate(*args, **kw)
+
+    monkeypatch.setattr(grpo, "evaluate", slow)
+    with pytest.raises(Preempted) as info:
+        rl("grpo", tmp_path, tokenizer, steps=4, eval_every=1, eval_episodes=1, time_limit_s=60)
+    # (the step-0 evaluation comes before the first check: setup, not a step)
+    assert info.value.step == 1 and "the next step would take ~38 s" in str(info.value)
+
+
+def test_a_spent_limit_still_runs_one_step_and_a_resumed_run_checks_from_its_step(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A limit smaller than one step: every call (fresh, then resumed with `resume: auto` and the same limit)
+    makes one step and saves it; the first check of a resumed run is at the step it resumed from (nothing
+    saved twice)."""
+    ticking(monkeypatch)
+    saves = count_saves(monkeypatch)
+    for call in (1, 2, 3):
+        with pytest.raises(Preempted) as info:
+            rl("grpo", tmp_path, tokenizer, steps=4, time_limit_s=1, resume="auto")
+        assert info.value.step == call and info.value.exit_code == EXIT_TIME_LIMIT
+    assert saves == [1, 2, 3]
+    rl("grpo", tmp_path, tokenizer, steps=4, time_limit_s=1, resume="auto")  # step 4: the last one
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3, 4] and saves == [1, 2, 3, 4]
+
+
+def test_a_signal_and_the_clock_at_the_same_boundary_stop_as_the_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(preemption, "time", types.SimpleNamespace(monotonic=clock))
+    stop = Preemption(resumed=False, saved=lambda s: False, time_limit_s=5.0)
+    stop.check(None, 0, tmp_path, lambda: None)
+    clock.now += 100
+    stop.signum = signal.SIGTERM
+    with pytest.raises(Preempted) as info:
+        stop.check(None, 1, tmp_path, lambda: None)
+    assert info.value.exit_code == EXIT_SIGTERM
+
+
+# ----- the values a config may hold ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (None, None), ("", None), ("none", None), ("None", None), ("null", None), (0, None), ("0", None),
+        (0.0, None), ("0:00", None), (90, 90.0), (90.5, 90.5), ("90", 90.0), (" 90 ", 90.0), ("1.5", 1.5),
+        ("1:00", 60.0), ("90:00", 5400.0), ("1:30:00", 5400.0), ("1-00:00:00", 86400.0), ("2-12", 216000.0),
+        ("1-02:03", 93780.0),
+    ],
+)  # fmt: skip
+def test_time_limit_values(value: Any, seconds: float | None) -> None:
+    assert parse_time_limit(value) == seconds
+
+
+@pytest.mark.parametrize(
+    "value", ["-1", -1, -0.5, "abc", "1:2:3:4", "1-", "1h", "1:xx", True, False, float("nan"), "nan", "inf"]
+)
+def test_bad_time_limits_are_config_errors(value: Any) -> None:
+    with pytest.raises(ConfigError, match="time_limit_s"):
+        parse_time_limit(value)
+
+
+def test_yaml_forms_of_a_time_limit(tmp_path: Path) -> None:
+    """YAML reads ``1:30:00`` as a base-60 integer (5400) and ``1-00:00:00`` as text: the same seconds."""
+    import yaml
+
+    from toolgym.trainers.grpo import GRPOConfig
+
+    for text, seconds in (("5400", 5400.0), ("5400.5", 5400.5), ("1:30:00", 5400.0), ('"1:30:00"', 5400.0),
+                          ("1-00:00:00", 86400.0), ("null", None), ("0", None), ("none", None)):  # fmt: skip
+        raw = yaml.safe_load(f"time_limit_s: {text}")
+        cfg = GRPOConfig(env_ids=["x"], time_limit_s=raw["time_limit_s"])
+        assert cfg.time_limit_s == seconds and cfg.time_limit() == seconds, text
+        assert json.loads(json.dumps(cfg.to_dict()))["time_limit_s"] == seconds  # config.json
+
+
+def test_the_commands_take_the_flag_and_dpo_refuses_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from toolgym.cli import main
+
+    for args in (["train", "grpo"], ["train", "ppo"], ["sft"]):
+        assert main([*args, "--time-limit-s", "1-00:00:00", "--print-config"]) == 0
+        assert json.loads(capsys.readouterr().out)["time_limit_s"] == 86400.0
+    assert main(["train", "grpo", "--time-limit-s", "soon", "--print-config"]) == 2
+    assert "time_limit_s must be seconds" in capsys.readouterr().err
+    assert main(["dpo", "--time-limit-s", "60", "--data", "x.jsonl"]) == 2
+    assert "toolgym dpo keeps no checkpoint" in capsys.readouterr().err
