@@ -168,7 +168,14 @@ def _engine_like(policy: Any, frozen: Any) -> Any:
     # the two engines' sequences meet in one episode loop, which keys its turns in flight by sequence id:
     # the frozen engine numbers its own far from the learner's
     out.engine._ids = itertools.count(1 << 48)
+    # packed once: a weights version counts every optimizer step of the process, so the learner's update
+    # re-packed the frozen copy (the same values) and dropped its held caches every step
+    setattr(out, "refresh", _frozen_refresh)  # noqa: B010 (an instance's own method: mypy refuses assignment)
     return out
+
+
+def _frozen_refresh(force: bool = False) -> None:
+    """The frozen snapshot's ``refresh``: its weights never change, so its engine never re-packs."""
 
 
 class _BatchTurns:

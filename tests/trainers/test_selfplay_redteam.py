@@ -1,0 +1,297 @@
+"""Red-team tests of the paths the Werewolf GPU run takes, on CPU with ``engine: fast``: self-play's continuous
+loop over the learner's and the frozen seats' engines (frozen weights that never move, token-exact rows under
+early ends and garbage, engine faults, no engine left alive between runs) and LSPO's collection through our
+engine (two iterations end to end, DPO after the engine is gone, resume, determinism)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import toolgym  # noqa: E402,F401
+from tests.trainers.conftest import tiny_model, tiny_tokenizer  # noqa: E402
+from toolgym.agents.episode_loop import TurnFailed  # noqa: E402
+from toolgym.agents.policy import SamplingParams  # noqa: E402
+from toolgym.trainers.rollout import RolloutConfig, RolloutTask  # noqa: E402
+from toolgym.trainers.selfplay import SelfPlayRollout  # noqa: E402
+from toolgym.trainers.tree import env_error, flatten  # noqa: E402
+
+ENV = "toolgym/Werewolf-v0"
+SMALL = {"n_players": 5, "max_days": 2}
+PACKED = ("embed", "lm_head", "norm", "ln1", "ln2", "wqkv", "wo", "wgu", "wd")
+
+
+def _model(seed: int = 0) -> tuple[Any, Any]:
+    tok = tiny_tokenizer()
+    model = tiny_model(len(tok), seed=seed)
+    model.config.max_position_embeddings = 8192
+    return model, tok
+
+
+def _engine_policy(seed: int = 0, slots: int = 8) -> Any:
+    from toolgym.agents.engine.engine_policy import EnginePolicy
+
+    model, tok = _model(seed)
+    return EnginePolicy(model, tok, slots=slots, capacity=8192)
+
+
+def _greedy(policy: Any, prompts: list[list[int]]) -> list[list[int]]:
+    return [g.token_ids for g in policy.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))]
+
+
+def _grpo_cfg(tmp_path: Path, start: Path, **over: Any) -> Any:
+    from toolgym.trainers import grpo
+
+    kw: dict[str, Any] = dict(
+        env_ids=[ENV], env_kwargs=SMALL, model=str(start), steps=3, prompts_per_step=2, budget=2,
+        max_new_tokens=4, max_total_tokens=4000, lr=0.5, device="cpu", tensorboard=False, progress=False,
+        eval_every=0, eval_episodes=1, micro_batch_rows=4, output_dir=str(tmp_path / "run"), engine="fast",
+        save_every=1, filter_zero_variance=False, weight_decay=0.5,  # (decay moves a model that never wins)
+        selfplay={"learner_seats": 2, "frozen_seats": 1, "max_turns_per_seat": 3, "snapshot": "initial"},
+    )  # fmt: skip
+    kw.update(over)
+    return grpo.GRPOConfig(**kw)
+
+
+def _capture_rollers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    from toolgym.trainers import grpo
+
+    seen: list[Any] = []
+    original = grpo.SelfPlayRollout
+
+    def roller(*args: Any, **kwargs: Any) -> Any:
+        seen.append(original(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(grpo, "SelfPlayRollout", roller)
+    return seen
+
+
+# ----- the frozen seats never change ----------------------------------------------------------------------------
+def test_frozen_engine_plays_the_snapshot_through_training_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GRPO with a large learning rate moves the learner; the frozen engine's packed weights stay the
+    snapshot's bit for bit, its greedy answers are the snapshot's, it never packs from the learner (nor
+    re-packs at all), and a resumed run's frozen seats are the same snapshot (not the checkpoint)."""
+    from toolgym.agents.engine import weights as weights_mod
+    from toolgym.agents.engine.engine_policy import EnginePolicy
+    from toolgym.agents.hf import load_model
+    from toolgym.trainers import grpo
+
+    model, tok = _model()
+    start = tmp_path / "start"
+    model.save_pretrained(start)
+    tok.save_pretrained(start)
+    reference, _ = load_model(str(start), device="cpu", dtype="float32")
+    reference.config.max_position_embeddings = 8192
+    snap = EnginePolicy(reference, tok, slots=4, capacity=8192)
+    prompts = [tok.encode("system user aeiou"), tok.encode("assistant tool 2146 <tool_call>")]
+    want = _greedy(snap, prompts)
+
+    packs: list[tuple[int, bool]] = []  # (id of the model packed from, changed)
+    original = weights_mod.PackedWeights.refresh
+
+    def counting(self: Any, force: bool = False) -> bool:
+        changed = original(self, force)
+        packs.append((id(self.model), changed))
+        return changed
+
+    monkeypatch.setattr(weights_mod.PackedWeights, "refresh", counting)
+    seen = _capture_rollers(monkeypatch)
+    before = [p.detach().clone() for p in model.parameters()]
+    grpo.train(_grpo_cfg(tmp_path, start), model, tok)
+    (used,) = seen
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))  # it trained
+    frozen = used.frozen
+    assert isinstance(frozen, EnginePolicy) and frozen.model is not model
+    assert frozen.engine.stats.decode_tokens > 0  # the frozen seat played
+    for name in PACKED:
+        assert torch.equal(getattr(frozen.engine.weights, name), getattr(snap.engine.weights, name)), name
+    assert _greedy(frozen, prompts) == want
+    frozen_packs = [changed for mid, changed in packs if mid == id(frozen.model)]
+    assert frozen_packs.count(True) == 1, frozen_packs  # packed once, when built; never again
+    learner_packs = [changed for mid, changed in packs if mid == id(model)]
+    assert learner_packs.count(True) >= 3  # the learner's engine follows every update
+
+    # resume: 2 more steps from the checkpoint; the frozen seats still play the starting model
+    grpo.train(_grpo_cfg(tmp_path, start, steps=5, resume=True), model, tok)
+    resumed = seen[-1].frozen
+    assert len(seen) == 2 and resumed is not frozen
+    for name in PACKED:
+        assert torch.equal(getattr(resumed.engine.weights, name), getattr(snap.engine.weights, name)), name
+    assert _greedy(resumed, prompts) == want
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == 5
+
+
+# ----- rows are token-exact under the continuous loop ---------------------------------------------------------
+def _half_legal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two of three text-seat turns are replaced, for the table only, by the expert's legal move (a random
+    model never makes one, so its games never get past the first seat to move): the games go on, seats die,
+    tables end every way; the rows keep what was sampled (a seat's own answer is not in its news)."""
+    from toolgym.envs.multiagent.selfplay import SelfPlayTable
+
+    original = SelfPlayTable.act
+
+    def act(self: Any, seat: str, action: Any) -> None:
+        if (self.records[seat].turns + len(seat) + int(seat[1:])) % 3:
+            action = self.rules.expert_move_text(self.game, seat, self.rng)
+        original(self, seat, action)
+
+    monkeypatch.setattr(SelfPlayTable, "act", act)
+
+
+def _exact(rows: list[Any], model: Any) -> int:
+    """Every trained token's logprob, recomputed by ``model`` from its row's own context, is the sampled one."""
+    checked = 0
+    for row in rows:
+        ids = torch.tensor([row.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits.float()[0, :-1], -1)
+        want = logp.gather(-1, ids[0, 1:, None])[:, 0]
+        for t in range(1, len(row.token_ids)):
+            if row.loss_mask[t]:
+                assert abs(float(want[t - 1]) - row.logprobs[t]) < 1e-3, (
+                    t,
+                    float(want[t - 1]),
+                    row.logprobs[t],
+                )
+                checked += 1
+    return checked
+
+
+def test_rows_are_exact_when_tables_end_every_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both engines (the learner's with fewer slots than seats: evictions, held caches, forks of the copies'
+    common prompt), garbage turns (an observation and a penalty), seats killed before their first turn (no
+    row), tables ended by the token budget and by max_turns_per_seat, games played to their end: each trained
+    token's logprob is the learner's given its row, and the rollout's counters agree with the rows."""
+    _half_legal(monkeypatch)
+    live = _engine_policy(slots=4)
+    cfg = RolloutConfig(budget=3, max_new_tokens=6, max_total_tokens=1400)
+    options = {"learner_seats": 2, "frozen_seats": 1, "max_turns_per_seat": 5}
+    roller = SelfPlayRollout(live, cfg, SMALL, options)
+    try:
+        forest, stats = roller.run([RolloutTask(ENV, s) for s in range(6)], seed=0)
+        assert roller.timing["learner_steps"] > 0 and roller.timing["frozen_steps"] > 0
+        assert not live.engine.busy() and not roller.frozen.engine.busy()
+        eps = [t.nodes[leaf].info["episode"] for t in forest for leaf in t.leaves()]
+        ends = {e["truncation"] for e in eps}
+        assert {"token_budget", None} <= ends, ends  # (max_turns: the next test)
+        assert all(e["episode_reward"] == 0.0 for e in eps if e["truncation"] == "token_budget")
+        assert any(e["invalid_turns"] > 0 for e in eps)  # garbage turns were observations, not crashes
+        assert any(len(t.leaves()) < cfg.budget for t in forest)  # a seat out before its first turn
+        assert live.engine.stats.forked_tokens > 0  # the copies' common prompt was forked
+        rows = flatten(forest)
+        assert len(rows) == len(eps) and stats.generated_tokens == sum(sum(r.loss_mask) for r in rows)
+        assert _exact(rows, live.model) == stats.generated_tokens
+        assert stats.env_errors == 0
+    finally:
+        roller.close()
+
+
+def test_rows_are_exact_when_seats_run_out_of_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_turns_per_seat ends tables early (no side wins); the same exactness, a second run on the same
+    engines (held caches of the last run dropped or reused, never wrong)."""
+    _half_legal(monkeypatch)
+    live = _engine_policy(slots=16)
+    cfg = RolloutConfig(budget=2, max_new_tokens=5, max_total_tokens=3000)
+    roller = SelfPlayRollout(
+        live, cfg, SMALL, {"learner_seats": 2, "frozen_seats": 2, "max_turns_per_seat": 3}
+    )
+    try:
+        for seed in (0, 1):
+            forest, stats = roller.run([RolloutTask(ENV, s) for s in (3, 4, 5)], seed=seed)
+            eps = [t.nodes[leaf].info["episode"] for t in forest for leaf in t.leaves()]
+            assert "max_turns" in {e["truncation"] for e in eps}
+            assert all(not e["success"] for e in eps if e["truncated"])
+            rows = flatten(forest)
+            assert _exact(rows, live.model) == stats.generated_tokens > 0
+    finally:
+        roller.close()
+
+
+# ----- faults ---------------------------------------------------------------------------------------------------
+def _fail_once(engine: Any, at: int, error: type[Exception] = TurnFailed) -> dict[str, Any]:
+    """``engine.step`` raises ``error`` at its ``at``-th call (a ``TurnFailed`` takes a turn out of the batch
+    first, as a server backend does); what failed is recorded."""
+    original = engine.step
+    seen: dict[str, Any] = {"n": 0, "seq": None}
+
+    def step() -> list[Any]:
+        seen["n"] += 1
+        if seen["n"] == at:
+            if error is not TurnFailed:
+                raise error("injected engine fault")
+            seq = (engine.active or engine.queue)[0]
+            engine.cancel(seq)
+            exc = TurnFailed("injected: this turn is lost")
+            exc.seq = seen["seq"] = seq
+            raise exc
+        return original()
+
+    engine.step = step
+    return seen
+
+
+@pytest.mark.parametrize("which", ["frozen", "learner"])
+def test_a_failed_engine_turn_ends_only_its_table(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _half_legal(monkeypatch)
+    live = _engine_policy(slots=16)
+    cfg = RolloutConfig(budget=2, max_new_tokens=5, max_total_tokens=3000)
+    roller = SelfPlayRollout(
+        live, cfg, SMALL, {"learner_seats": 2, "frozen_seats": 1, "max_turns_per_seat": 4}
+    )
+    tasks = [RolloutTask(ENV, s) for s in (0, 1, 2)]
+    try:
+        engine = (roller.frozen if which == "frozen" else live).engine
+        seen = _fail_once(engine, at=12)
+        forest, stats = roller.run(tasks, seed=0)
+        assert seen["seq"] is not None  # the fault happened mid-run
+        lost = [(t, leaf) for t in forest for leaf in t.leaves() if env_error(t, leaf)]
+        # (one count a learner seat of the lost table: a seat whose first turn never came has no leaf)
+        assert lost and stats.env_errors == stats.server_errors == 2 >= len(lost)
+        lost_tables = {(t.meta["seed"], t.nodes[leaf].info["episode"]["tokens"]) for t, leaf in lost}
+        assert len({seed for seed, _ in lost_tables}) == 1  # one table's seats only
+        ok = [(t, x) for t in forest for x in t.leaves() if not env_error(t, x)]
+        assert len(ok) > len(lost) and all(
+            t.nodes[x].info["episode"]["truncation"] != "env_error" for t, x in ok
+        )
+        rows = flatten(forest)
+        assert len(rows) == len(ok) and _exact(rows, live.model) > 0
+        assert not live.engine.busy() and not roller.frozen.engine.busy()
+        again, stats2 = roller.run(tasks, seed=0)  # the engine is usable the next run
+        assert stats2.env_errors == 0 and flatten(again)
+    finally:
+        roller.close()
+
+
+def test_an_engine_error_without_a_turn_ends_the_run_and_leaves_the_engines_clean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An engine fault that names no turn (an InfrastructureError, a CUDA error) cannot be pinned on a table:
+    the run raises it; nothing is left queued or decoding in either engine and the next run plays."""
+    from toolgym.errors import InfrastructureError
+
+    _half_legal(monkeypatch)
+    live = _engine_policy(slots=16)
+    cfg = RolloutConfig(budget=2, max_new_tokens=5, max_total_tokens=3000)
+    roller = SelfPlayRollout(
+        live, cfg, SMALL, {"learner_seats": 2, "frozen_seats": 1, "max_turns_per_seat": 3}
+    )
+    tasks = [RolloutTask(ENV, s) for s in (0, 1)]
+    try:
+        _fail_once(roller.frozen.engine, at=5, error=InfrastructureError)
+        with pytest.raises(InfrastructureError):
+            roller.run(tasks, seed=0)
+        for eng in (live.engine, roller.frozen.engine):
+            assert not eng.busy() and not eng.queue and not eng.active
+        forest, stats = roller.run(tasks, seed=0)
+        assert flatten(forest) and stats.env_errors == 0
+    finally:
+        roller.close()
