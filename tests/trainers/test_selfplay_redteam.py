@@ -5,6 +5,7 @@ engine (two iterations end to end, DPO after the engine is gone, resume, determi
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -295,3 +296,103 @@ def test_an_engine_error_without_a_turn_ends_the_run_and_leaves_the_engines_clea
         assert flatten(forest) and stats.env_errors == 0
     finally:
         roller.close()
+
+
+# ----- memory: nothing of a run's engines outlives it -------------------------------------------------------------
+def _live(kind: type) -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+
+def test_engines_and_caches_do_not_outlive_their_grpo_run(tmp_path: Path) -> None:
+    """Three self-play GRPO runs in one process (the pipeline's units share one): after each, no engine, KV
+    cache or packed weights of it is left (on a GPU each held its KV cache's memory)."""
+    from toolgym.agents.engine.engine import Engine
+    from toolgym.agents.engine.kv_slots import KVCache
+    from toolgym.agents.engine.weights import PackedWeights
+    from toolgym.trainers import grpo
+
+    model, tok = _model()
+    start = tmp_path / "start"
+    model.save_pretrained(start)
+    tok.save_pretrained(start)
+    base = [_live(k) for k in (Engine, KVCache, PackedWeights)]
+    for run in range(3):
+        cfg = _grpo_cfg(tmp_path, start, steps=1, output_dir=str(tmp_path / f"run{run}"))
+        grpo.train(cfg, model, tok)
+        assert [_live(k) for k in (Engine, KVCache, PackedWeights)] == base, run
+
+
+# ----- LSPO's collection on our engine ------------------------------------------------------------------------
+def _lspo_run(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any]]:
+    """Two tiny LSPO iterations with the LLM proposer on engine=fast; (summaries, what each DPO call got:
+    its pairs' ids and the engines alive when it started)."""
+    from toolgym.agents.engine.engine import Engine
+    from toolgym.trainers import dpo
+    from toolgym.trainers.lspo.loop import LSPOConfig, run
+
+    calls: list[Any] = []
+    original = dpo.train
+
+    def train(cfg: Any, pairs: list[Any], *args: Any) -> Any:
+        calls.append(([(p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in pairs], _live(Engine)))
+        return original(cfg, pairs, *args)
+
+    monkeypatch.setattr(dpo, "train", train)
+    model, tok = _model()
+    model.config.max_position_embeddings = 4096
+    cfg = LSPOConfig(
+        iterations=2, games=2, text_seats=2, candidates=2, n_players=5, k=2, k_public=2, new_k=1,
+        cfr_iterations=200, latent_games=4, dpo_epochs=1, batch_size=4, lr=1e-3, max_new_tokens=8,
+        max_turns_per_seat=4, proposer="policy", engine="fast", device="cpu", out=str(tmp_path / name),
+    )  # fmt: skip
+    return run(cfg, model, tok), calls
+
+
+def test_lspo_on_our_engine_end_to_end_resume_and_determinism(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolgym.agents.engine.engine import Engine
+    from toolgym.trainers.lspo import loop
+
+    base = _live(Engine)
+    summaries, calls = _lspo_run(tmp_path, "a", monkeypatch)
+    assert [s["iteration"] for s in summaries] == [1, 2]
+    assert all(s["discussion_turns"] > 0 for s in summaries)
+    assert calls and all(engines == base for _, engines in calls)  # DPO starts with the engine gone
+    assert _live(Engine) == base
+    assert all((tmp_path / "a" / f"iter_{i}" / "summary.json").is_file() for i in (1, 2))
+    built: list[Any] = []
+    monkeypatch.setattr(loop, "_policy", lambda *a: built.append(a))  # a resumed run builds no policy
+    again, more = _lspo_run(tmp_path, "a", monkeypatch)
+    assert not built and not more and [s["pairs"] for s in again] == [s["pairs"] for s in summaries]
+    monkeypatch.undo()
+    twice, calls2 = _lspo_run(tmp_path, "b", monkeypatch)  # the same seed in a new folder: the same pairs
+    assert [p for p, _ in calls2] == [p for p, _ in calls]
+    assert [s["pairs"] for s in twice] == [s["pairs"] for s in summaries]
+
+
+def test_lspo_prompts_at_and_past_the_engines_capacity() -> None:
+    """A model of 900 positions: the engine holds 900 tokens, prompts up to 900 - max_new - 2 are proposed
+    for (one of exactly that length fills the slot to its last two positions), longer ones get an empty
+    candidate; the collection goes on and the engine ends idle."""
+    from toolgym.envs.werewolf.env import WerewolfEnv
+    from toolgym.trainers.lspo.loop import LSPOConfig, _policy, collect, policy_proposer
+
+    model, tok = _model()
+    model.config.max_position_embeddings = 900
+    cfg = LSPOConfig(
+        games=3, text_seats=2, candidates=2, n_players=5, max_new_tokens=8, device="cpu", engine="fast"
+    )
+    policy, _, max_prompt = _policy(model, tok, cfg)
+    assert policy.engine.cache.capacity == 900 and max_prompt == 890
+    rules = WerewolfEnv(n_players=5, opponents="strong")
+    turns, stats = collect(
+        rules, policy_proposer(policy, 8, max_prompt), 3, 2, 2, seed=0, max_turns_per_seat=6
+    )
+    cands = [c for t in turns for c in t.candidates]
+    assert stats["other_moves"] > 0 and not policy.engine.busy()
+    assert cands and all(c.ids == [] and c.text == "" for c in cands)  # (the discussions' prompts: > 890)
+    edge = [7] * max_prompt  # exactly the longest prompt taken: its reply fits
+    (g,) = policy.generate([edge], SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))
+    assert 1 <= len(g.token_ids) <= 8 and not policy.engine.busy()
