@@ -213,6 +213,8 @@ def test_rows_are_exact_when_seats_run_out_of_turns(monkeypatch: pytest.MonkeyPa
             assert all(not e["success"] for e in eps if e["truncated"])
             rows = flatten(forest)
             assert _exact(rows, live.model) == stats.generated_tokens > 0
+            if seed == 0:  # 12 learner seats in 16 slots: a seat's next turn prefills only its news
+                assert live.engine.stats.prefill_tokens < sum(len(r.token_ids) for r in rows)
     finally:
         roller.close()
 
@@ -396,3 +398,58 @@ def test_lspo_prompts_at_and_past_the_engines_capacity() -> None:
     edge = [7] * max_prompt  # exactly the longest prompt taken: its reply fits
     (g,) = policy.generate([edge], SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))
     assert 1 <= len(g.token_ids) <= 8 and not policy.engine.busy()
+
+
+# ----- the GPU job's path on CPU: the Werewolf pipeline with every engine "auto" taken as our engine --------------
+def test_the_werewolf_pipeline_with_auto_as_our_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """What `benchmarks/jobs/werewolf.txt` runs on a GPU, where `auto` is our engine: SFT -> evaluation (all
+    seeds in one engine batch) -> 2 LSPO iterations proposing through the engine -> evaluation -> self-play GRPO
+    with a frozen seat on its own engine -> evaluation, in one process and one call; no unit fails."""
+    import dataclasses
+    import json
+    import sys
+
+    from toolgym.agents.engine import select
+    from toolgym.trainers import grpo
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from werewolf_pipeline import QUICK, Pipeline
+
+    original = select.choose_engine
+
+    def fast(policy: Any, engine: str, **kwargs: Any) -> Any:
+        return original(policy, "fast" if engine == "auto" else engine, **kwargs)
+
+    monkeypatch.setattr(select, "choose_engine", fast)
+    monkeypatch.setattr(grpo, "choose_engine", fast)
+    model, tok = _model()
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    profile = dataclasses.replace(
+        QUICK, name="test", model=str(folder), max_total_tokens=6000, sft_episodes=2, lspo_iterations=2,
+        lspo_cfr_iterations=100, lspo_latent_games=10, frozen_seats=1, grpo_steps=2, grpo_save_every=1,
+        estimates={"sft": 1, "eval": 1, "selfplay": 1, "lspo": 1},
+    )  # fmt: skip
+    runs = tmp_path / "runs"
+    code = Pipeline(profile, runs, 900, tmp_path / "summary", str(tmp_path / "res"), baseline=None).run()
+    state = json.loads((runs / "pipeline.json").read_text())
+    errors = {n: u.get("error", "")[-600:] for n, u in state["units"].items() if u.get("failures")}
+    assert code == 0 and not errors, errors
+    for stage in ("sft", "lspo", "selfplay"):
+        assert (
+            json.loads((runs / "eval" / stage / "seed_0.json").read_text())["setup"]["policy"]
+            == "EnginePolicy"
+        )
+    assert json.loads((runs / "selfplay" / "done.json").read_text())["steps"] == 2
+    timings = [
+        json.loads(x.split("toolgym selfplay: ", 1)[1])
+        for x in capfd.readouterr().err.splitlines()
+        if "toolgym selfplay: " in x
+    ]
+    assert len(timings) == 2 and all(t["mode"] == "continuous" for t in timings)
+    assert any(
+        t["frozen_steps"] > 0 for t in timings
+    )  # (a random seat that keeps its turn can end a table first)
