@@ -67,7 +67,7 @@ from toolgym.trainers.loss import KL_SHAPING
 from toolgym.trainers.metrics_log import MetricsLog
 from toolgym.trainers.modeling import Reference, autocast, build_policy, make_optimizer, pick_device
 from toolgym.trainers.packing import compile_decoder, update_forward, use_compile, use_packing, use_share
-from toolgym.trainers.preemption import Preemption
+from toolgym.trainers.preemption import Preemption, announced
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.saved_rollouts import save_step
 from toolgym.trainers.selfplay import SelfPlayRollout
@@ -117,8 +117,13 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         layout = Layout.join(dist, cfg)
         if layout.rollout:
             resumed = bool(cfg.resume)
-            with Preemption(resumed, lambda s: True, doing="serving on until the learners have saved"):
-                return serve(cfg, layout, model, tokenizer)
+            doing = "serving on until the learners have saved"
+            with Preemption(resumed, lambda s: True, doing=doing, follow=True):
+                try:
+                    return serve(cfg, layout, model, tokenizer)
+                except Exception as exc:
+                    # the learners stopped (a signal, the time limit) and their connections closed: their code
+                    raise announced() or exc from exc
         dist = layout.learner_dist()
     if cfg.prompts_per_step % dist.world:
         raise ConfigError(

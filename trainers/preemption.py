@@ -40,6 +40,7 @@ and ``KillWait``; torchrun kills its workers 30 s after forwarding a signal).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -62,6 +63,7 @@ EXIT_TIME_LIMIT = 75  # EX_TEMPFAIL: stopped for its time limit with work left; 
 REPEAT_S = 1.0  # a SIGINT again within this many seconds is a copy of the first (torchrun forwards it)
 WINDOW = 3  # step cycles the time limit's estimate of the next step looks at
 SAFETY = 1.25  # the next step is estimated at this times the longest recent cycle (steps vary)
+STOP_FILE = "preempted.json"  # in output_dir after a stop: {"step", "exit_code", "signal", "reason"} (`note`)
 
 
 class Preempted(ToolgymError):
@@ -70,7 +72,7 @@ class Preempted(ToolgymError):
     `EXIT_TIME_LIMIT` (75)."""
 
     def __init__(self, step: int, folder: Path, signum: int | None, why: str = "") -> None:
-        self.step, self.folder, self.signum = step, folder, signum
+        self.step, self.folder, self.signum, self.why = step, folder, signum, why
         self.exit_code = EXIT_TIME_LIMIT if signum is None else 128 + signum
         head = (
             f"time limit: stopped at step {step} ({why})"
@@ -137,8 +139,12 @@ class Preemption:
         saved: Callable[[int], bool],
         doing: str = "finishing this step, then saving a checkpoint",
         time_limit_s: float | None = None,
+        follow: bool = False,
     ) -> None:
         self.resumed = resumed
+        # a process that never checks (the split layout's rollout ranks): a signal once the learners have
+        # announced their stop raises it, so this process ends with their code (torchrun's SIGTERM comes then)
+        self.follow = follow
         self.saved = saved
         self.doing = doing  # what the first signal's line says the process does now
         self.signum: int | None = None
@@ -160,6 +166,13 @@ class Preemption:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if isinstance(exc, Preempted) and under_torchrun():
+            # Saved and leaving: torchrun SIGTERMs the ranks still running once the first one exits, and a
+            # rank still closing its envs would then end with -15 instead of the stop's code (every rank must
+            # report the same). A later signal is ignored; torchrun's SIGKILL 30 s on is still the hard stop.
+            for s in (signal.SIGTERM, signal.SIGUSR1):
+                signal.signal(s, signal.SIG_IGN)
+            self._previous = {s: h for s, h in self._previous.items() if s == signal.SIGINT}
         self._restore()
 
     def _restore(self) -> None:
@@ -170,6 +183,8 @@ class Preemption:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         name = signal.Signals(signum).name
+        if self.follow and (stop := announced()) is not None:
+            raise stop  # (in the main thread, at its next bytecode: a wait on a lock or condition is left)
         if self.signum is None:
             self.signum, self._at = signum, now
             again = (
@@ -207,14 +222,16 @@ class Preemption:
         """Whether any rank got a signal or ran out of time (every rank must call it at the same point, once
         a step boundary: one all_reduce)."""
         self.out_of_time = self.out_of_time or (self._time_up() if self.signum is None else "")
-        # one number says both (a signal outweighs any count of clocks), so every rank stops the same way
-        flag = 1000.0 if self.signum is not None else 1.0 if self.out_of_time else 0.0
-        if dist is None or dist.world <= 1:
+        # one number says both, so every rank stops the same way: a clock counts 1, a signal world + 1 (more
+        # than every rank's clock together, at any world size: a fixed 1000 read 1000 clocks as a signal)
+        world = 1 if dist is None else int(dist.world)
+        flag = float(world + 1) if self.signum is not None else 1.0 if self.out_of_time else 0.0
+        if world <= 1:
             return flag > 0
         total = dist.sum(flag)
         if total == 0:
             return False
-        if total >= 1000 and self.signum is None:  # another rank's signal: stop as if SIGTERM came here
+        if total > world and self.signum is None:  # another rank's signal: stop as if SIGTERM came here
             self.signum = signal.SIGTERM
         elif not self.out_of_time:
             self.out_of_time = "another rank's clock says the next step would end past the limit"
@@ -225,15 +242,86 @@ class Preemption:
         `step` through `save` (rank 0; every rank when the model is sharded) unless it is on disk already,
         wait for every rank, and raise `Preempted`."""
         first, self._checked = not self._checked, True
+        main = dist is None or dist.main
+        if first and main:  # this run goes on: an earlier stop's note is stale (STOP_FILE)
+            with contextlib.suppress(OSError):
+                (folder.parent / STOP_FILE).unlink(missing_ok=True)
         if not self.requested(dist):
             return
         on_disk = (self.resumed and first) or (step > 0 and not first and self.saved(step))
-        main = dist is None or dist.main
         if not on_disk and (main or getattr(dist, "sharded", False)):
             save()
-        if dist is not None:
-            dist.barrier()  # rank 0's save is complete before any rank exits
         stop = Preempted(step, folder, self.signum, self.out_of_time)
+        if dist is not None:
+            if main:  # for processes outside `dist` (the split layout's rollout ranks): why the learners left
+                announce(stop)
+            dist.barrier()  # rank 0's save is complete before any rank exits
         if main:
+            note(stop)
             print(f"toolgym: {stop}", file=sys.stderr, flush=True)
         raise stop
+
+
+def note(stop: Preempted) -> None:
+    """``output_dir/preempted.json`` (`STOP_FILE`): the stop's step, exit code, signal and reason, for a requeue
+    script under torchrun, whose own exit code is 1 whatever code its ranks exit with. Removed at the first
+    step boundary of the next run (so a run that then finishes, or fails, leaves none)."""
+    record = {"step": stop.step, "exit_code": stop.exit_code, "signal": stop.signum, "reason": stop.why}
+    with contextlib.suppress(OSError):
+        (stop.folder.parent / STOP_FILE).write_text(json.dumps(record) + "\n")
+
+
+# ----- under torchrun: every rank ends with the stop's code ------------------------------------------------------
+STORE_KEY = "toolgym/preempted"  # in torchrun's rendezvous store: the learners' stop, as JSON
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def _store() -> Any:
+    """torchrun's key-value store (it lives in the launcher, so it outlasts the ranks), or None."""
+    try:
+        import torch.distributed as tdist
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store() if tdist.is_initialized() else None
+    except (
+        Exception
+    ):  # (no torch.distributed, or no store: the rollout ranks then end on the lost connection)
+        return None
+
+
+def announce(stop: Preempted) -> None:
+    """Writes `stop` where every process of the job can read it (`announced`)."""
+    store = _store()
+    if store is None:
+        return
+    with contextlib.suppress(Exception):
+        store.set(STORE_KEY, json.dumps([stop.step, str(stop.folder), stop.signum, stop.why]))
+
+
+def announced() -> Preempted | None:
+    """The stop another process of this job announced (without waiting), else None."""
+    store = _store()
+    if store is None:
+        return None
+    try:
+        if not store.check([STORE_KEY]):
+            return None
+        step, folder, signum, why = json.loads(store.get(STORE_KEY))
+    except Exception:
+        return None
+    return Preempted(int(step), Path(folder), signum, why)
+
+
+def exit_status(stop: Preempted) -> int:
+    """The command's exit code for `stop`. Under torchrun the process ends here, at once (`os._exit`, after
+    flushing): the trainer has saved and closed its envs, and what is left, the interpreter's teardown with
+    threads still blocked in collectives of a group whose peers are gone, aborts (SIGABRT) or hangs."""
+    if not under_torchrun():
+        return stop.exit_code
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(stop.exit_code)

@@ -6,6 +6,7 @@ its own `time`, replaced here, so no other code sees a frozen clock)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import types
@@ -254,3 +255,106 @@ def test_the_commands_take_the_flag_and_dpo_refuses_it(capsys: pytest.CaptureFix
     assert "time_limit_s must be seconds" in capsys.readouterr().err
     assert main(["dpo", "--time-limit-s", "60", "--data", "x.jsonl"]) == 2
     assert "toolgym dpo keeps no checkpoint" in capsys.readouterr().err
+
+
+def test_an_asynchronous_run_stops_for_time_and_its_worker_with_it(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """max_staleness 1 (the rollout worker thread runs a batch ahead): the limit stops the run after step 2, no
+    thread is left running, and the run resumes to its end."""
+    import threading
+
+    ticking(monkeypatch)
+    before = set(threading.enumerate())
+    with pytest.raises(Preempted) as info:
+        rl("grpo", tmp_path, tokenizer, steps=4, max_staleness=1, time_limit_s=LIMIT_S)
+    assert info.value.step == 2 and info.value.exit_code == EXIT_TIME_LIMIT
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert checkpoint.saved_step(tmp_path / "checkpoint") == 2
+    rl("grpo", tmp_path, tokenizer, steps=4, max_staleness=1, resume=True)
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3, 4]
+
+
+# ----- the ranks' agreement, the note for requeue scripts, the exit under torchrun -------------------------------
+class ManyRanks:
+    """`world` ranks as seen by rank 0: the other ranks add `others` to the all_reduce."""
+
+    def __init__(self, world: int, others: float) -> None:
+        self.world, self.others, self.main, self.sharded, self.rank = world, others, True, False, 0
+
+    def sum(self, value: float) -> float:
+        return value + self.others
+
+    def barrier(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("world", [2, 999, 1000, 5000])
+def test_every_ranks_clock_is_no_signal_at_any_world_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, world: int
+) -> None:
+    """A clock counts 1, a signal more than every clock together: with 1000 or more ranks all out of time the
+    stop is still the time limit's (75; a fixed 1000 for a signal read it as SIGTERM), and one other rank's
+    signal among them still wins (143)."""
+    clock = Clock()
+    monkeypatch.setattr(preemption, "time", types.SimpleNamespace(monotonic=clock))
+    clocks = float(world - 1)  # every other rank's clock says stop
+    for others, code in ((clocks, EXIT_TIME_LIMIT), (clocks - 1 + world + 1, EXIT_SIGTERM)):
+        stop = Preemption(resumed=False, saved=lambda s: False, time_limit_s=5.0)
+        stop.check(ManyRanks(world, 0.0), 0, tmp_path / "checkpoint", lambda: None)
+        clock.now += 10
+        with pytest.raises(Preempted) as info:
+            stop.check(ManyRanks(world, others), 1, tmp_path / "checkpoint", lambda: None)
+        assert info.value.exit_code == code
+
+
+def test_a_stop_leaves_a_note_the_next_run_removes(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoint"
+    stop = Preemption(resumed=False, saved=lambda s: False)
+    stop.signum = signal.SIGUSR1
+    with pytest.raises(Preempted):
+        stop.check(None, 0, folder, lambda: None)
+    note = json.loads((tmp_path / preemption.STOP_FILE).read_text())
+    assert note == {"step": 0, "exit_code": 138, "signal": int(signal.SIGUSR1), "reason": ""}
+    Preemption(resumed=True, saved=lambda s: False).check(None, 0, folder, lambda: None)
+    assert not (tmp_path / preemption.STOP_FILE).exists()  # the next run went on: the note is stale
+
+
+def test_under_torchrun_a_stopped_rank_ignores_the_launchers_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun SIGTERMs the ranks still running once one exits: a rank that stopped keeps its code."""
+    before = {s: signal.getsignal(s) for s in preemption.SIGNALS}
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    try:
+        with pytest.raises(Preempted), Preemption(resumed=False, saved=lambda s: False) as stop:
+            stop.signum = signal.SIGTERM
+            stop.check(None, 0, tmp_path / "checkpoint", lambda: None)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN == signal.getsignal(signal.SIGUSR1)
+        assert signal.getsignal(signal.SIGINT) == before[signal.SIGINT]
+        with Preemption(resumed=False, saved=lambda s: False):  # no stop: every handler restored
+            pass
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    with Preemption(resumed=False, saved=lambda s: False), contextlib.suppress(Preempted):
+        raise Preempted(0, tmp_path, None)
+    assert {s: signal.getsignal(s) for s in preemption.SIGNALS} == before  # off torchrun: restored
+
+
+def test_a_follower_leaves_with_the_stop_the_learners_announced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The split layout's rollout rank: a signal before the learners' stop only sets the flag (it serves on);
+    one after it raises their stop (time limit: 75), whatever the signal."""
+    said: list[Preempted] = []
+    monkeypatch.setattr(preemption, "announced", lambda: said[0] if said else None)
+    stop = Preemption(resumed=False, saved=lambda s: False, follow=True)
+    stop._handle(signal.SIGTERM, None)
+    assert stop.signum == signal.SIGTERM
+    said.append(Preempted(3, tmp_path, None, "30 s gone of 35 s"))
+    with pytest.raises(Preempted) as info:
+        stop._handle(signal.SIGTERM, None)
+    assert info.value.exit_code == EXIT_TIME_LIMIT and info.value.step == 3
+    assert preemption.exit_status(info.value) == EXIT_TIME_LIMIT  # off torchrun: the code, no exit

@@ -245,7 +245,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     require("torch", why="toolgym train needs torch and transformers")
     require("transformers", why="toolgym train needs torch and transformers")
-    from toolgym.trainers.preemption import Preempted
+    from toolgym.trainers.preemption import Preempted, exit_status
 
     try:
         if algorithm == "grpo":
@@ -257,7 +257,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
             metrics = train_ppo(cfg)
     except Preempted as stop:  # SIGTERM/SIGINT: the loop saved its checkpoint and printed where
-        return stop.exit_code
+        return exit_status(stop)  # (under torchrun: exits here, every rank with this code)
     keys = (
         "charts/episode_reward",
         "charts/success",
