@@ -4,8 +4,8 @@ boundary with a checkpoint of its last completed step, in the format `resume` re
 the same command again: it continues when the checkpoint is there, else starts fresh).
 
 The first signal only sets a flag; the loop calls `Preemption.check` at the top of every step. There all
-ranks sum their flags (one all_reduce of one number under torchrun), so a rank that alone got the signal
-stops the others at the same step and every rank takes part in the save (a sharded DCP save needs all of
+ranks sum their flags (one all_reduce of one number under torchrun: a clock counts 1, a signal world + 1),
+so a rank that alone got the signal stops the others at the same step and every rank takes part in the save (a sharded DCP save needs all of
 them; a rank that stopped alone would leave the others blocked in the next collective). Rank 0 (every rank
 under fsdp2) writes the checkpoint unless the one on disk already holds that step, the ranks meet at a
 barrier (so torchrun does not tear rank 0 down mid-save), rank 0 prints
@@ -31,6 +31,14 @@ included), and when that would end past the limit the run saves, prints
 ``time limit: stopped at step N …`` and exits `EXIT_TIME_LIMIT` (75, "try again": resume continues). The
 first step of each process always runs (a requeued job makes progress every call). The clock starts when
 the trainer starts (model loading before it not counted).
+
+Every stop writes ``output_dir/preempted.json`` (`note`; the next run removes it at its first step boundary):
+under torchrun the launcher exits 1 whatever its ranks exit with, so a requeue script reads the note. Under
+torchrun each rank ends with the stop's code: a stopped rank ignores the SIGTERM torchrun sends the ranks
+still running once the first one exits, and the command ends it with ``os._exit`` after the save
+(`exit_status`: the teardown, with threads blocked in collectives whose peers are gone, aborted). The split
+layout's rollout ranks never check: learner 0 writes its stop into torchrun's store (`announce`) and a rollout
+rank raises it (`announced`) when its connection to the learners breaks or a signal comes after it.
 
 The step in progress when the signal arrives is finished, not abandoned: its rollouts and update run to
 the end, so the stop takes up to a step plus a save (give SLURM that much: ``#SBATCH --signal=TERM@120``
