@@ -412,6 +412,7 @@ def test_the_werewolf_pipeline_with_auto_as_our_engine(
     import sys
 
     from toolgym.agents.engine import select
+    from toolgym.agents.engine.engine import Engine
     from toolgym.trainers import grpo
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -434,6 +435,7 @@ def test_the_werewolf_pipeline_with_auto_as_our_engine(
         estimates={"sft": 1, "eval": 1, "selfplay": 1, "lspo": 1},
     )  # fmt: skip
     runs = tmp_path / "runs"
+    base = _live(Engine)
     code = Pipeline(profile, runs, 900, tmp_path / "summary", str(tmp_path / "res"), baseline=None).run()
     state = json.loads((runs / "pipeline.json").read_text())
     errors = {n: u.get("error", "")[-600:] for n, u in state["units"].items() if u.get("failures")}
@@ -450,6 +452,6 @@ def test_the_werewolf_pipeline_with_auto_as_our_engine(
         if "toolgym selfplay: " in x
     ]
     assert len(timings) == 2 and all(t["mode"] == "continuous" for t in timings)
-    assert any(
-        t["frozen_steps"] > 0 for t in timings
-    )  # (a random seat that keeps its turn can end a table first)
+    # (a random seat that keeps its turn can end a table before the frozen seat's first turn)
+    assert any(t["frozen_steps"] > 0 for t in timings)
+    assert _live(Engine) == base  # every unit's engines went with the unit
