@@ -455,3 +455,31 @@ def test_the_werewolf_pipeline_with_auto_as_our_engine(
     # (a random seat that keeps its turn can end a table before the frozen seat's first turn)
     assert any(t["frozen_steps"] > 0 for t in timings)
     assert _live(Engine) == base  # every unit's engines went with the unit
+
+
+def test_both_engines_in_bf16_the_gpu_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's engine dtype on CPU: the learner's engine in bf16 gives the frozen one bf16 too; the loop runs
+    and the rows' logprobs are the fp32 model's within bf16's error (the trainer's IS weights absorb it)."""
+    from toolgym.agents.engine.engine_policy import EnginePolicy
+
+    _half_legal(monkeypatch)
+    model, tok = _model()
+    live = EnginePolicy(model, tok, slots=8, capacity=8192, engine_dtype=torch.bfloat16)
+    cfg = RolloutConfig(budget=2, max_new_tokens=5, max_total_tokens=3000)
+    roller = SelfPlayRollout(
+        live, cfg, SMALL, {"learner_seats": 2, "frozen_seats": 1, "max_turns_per_seat": 4}
+    )
+    try:
+        assert roller.frozen.engine.weights.wqkv.dtype == torch.bfloat16
+        forest, _ = roller.run([RolloutTask(ENV, s) for s in (0, 1, 2)], seed=0)
+        assert roller.timing["frozen_steps"] > 0
+        for row in flatten(forest):
+            ids = torch.tensor([row.token_ids])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits.float()[0, :-1], -1)
+            want = logp.gather(-1, ids[0, 1:, None])[:, 0]
+            got = torch.tensor(row.logprobs[1:])
+            mask = torch.tensor(row.loss_mask[1:], dtype=torch.bool)
+            assert mask.any() and float((want - got)[mask].abs().max()) < 0.05
+    finally:
+        roller.close()
