@@ -175,8 +175,9 @@ def test_a_second_ctrl_c_stops_at_once_and_a_second_sigterm_does_not(site: Path,
     for first, second, code in (
         (signal.SIGTERM, signal.SIGTERM, EXIT_SIGTERM),
         (signal.SIGINT, signal.SIGINT, 130),
+        (signal.SIGTERM, signal.SIGINT, 130),  # a person at the terminal after the scheduler's SIGTERM
     ):
-        out = tmp_path / f"run{first}"
+        out = tmp_path / f"run{first}-{second}"
         args = ["train", "grpo", *TRAIN, "--budget", "2", "--steps", "3", "--output-dir", str(out)]
         with start(site, args, 1.0) as proc:
             wait_for_step(out, 1, proc, timeout=180)  # (step 1 logged: its first signal comes inside step 2)
