@@ -70,7 +70,7 @@ from toolgym.trainers.packing import compile_decoder, update_forward, use_compil
 from toolgym.trainers.preemption import Preemption, announced
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.saved_rollouts import save_step
-from toolgym.trainers.selfplay import SelfPlayRollout
+from toolgym.trainers.selfplay import SelfPlayConfig, SelfPlayRollout
 from toolgym.trainers.tree import RolloutTree, Row
 
 __all__ = [
@@ -98,7 +98,8 @@ def vocab_size(model: Any) -> int | None:
 def seats_per_copy(cfg: GRPOConfig) -> int:
     """The policy's sequences in flight per rollout copy: its learner seats in self-play (each seat of a game
     is a sequence of its own; sized for one, the engine evicted and re-prefilled idle seats), else 1."""
-    return max(1, int(cfg.selfplay.get("learner_seats", 1))) if cfg.selfplay else 1
+    # (the selfplay options' own default, 2, when the config leaves learner_seats out: was 1)
+    return SelfPlayConfig.from_dict(cfg.selfplay).learner_seats if cfg.selfplay else 1
 
 
 def train(cfg: GRPOConfig, model: Any = None, tokenizer: Any = None) -> dict[str, float]:

@@ -483,3 +483,16 @@ def test_both_engines_in_bf16_the_gpu_dtype(monkeypatch: pytest.MonkeyPatch) -> 
             assert mask.any() and float((want - got)[mask].abs().max()) < 0.05
     finally:
         roller.close()
+
+
+def test_the_learner_engine_is_sized_for_the_default_learner_seats() -> None:
+    """A selfplay config without learner_seats plays 2 learner seats a game (SelfPlayConfig's default): the
+    engine is sized for 2 sequences a copy (it was sized for 1: evictions and re-prefills of idle seats)."""
+    from toolgym.trainers import grpo
+
+    cfg = grpo.GRPOConfig(env_ids=[ENV], selfplay={"frozen_seats": 1}, device="cpu")
+    assert grpo.seats_per_copy(cfg) == 2
+    assert (
+        grpo.seats_per_copy(grpo.GRPOConfig(env_ids=[ENV], selfplay={"learner_seats": 3}, device="cpu")) == 3
+    )
+    assert grpo.seats_per_copy(grpo.GRPOConfig(env_ids=[ENV], device="cpu")) == 1
