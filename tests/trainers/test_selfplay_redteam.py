@@ -496,3 +496,65 @@ def test_the_learner_engine_is_sized_for_the_default_learner_seats() -> None:
         grpo.seats_per_copy(grpo.GRPOConfig(env_ids=[ENV], selfplay={"learner_seats": 3}, device="cpu")) == 3
     )
     assert grpo.seats_per_copy(grpo.GRPOConfig(env_ids=[ENV], device="cpu")) == 1
+
+
+# ----- the GPU path itself (skipped without CUDA; a few seconds on the device) ----------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and bf16 engines: the device's path")
+def test_cuda_two_engines_with_graphs_in_one_loop_and_a_fused_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA both engines are bf16 with CUDA graphs (captured mid-loop, each its own pool and generator)
+    and Triton decode kernels (head_dim 16); two rollouts with a fused AdamW step between them (it bumps no
+    parameter version): rows within bf16's error of the fp32 model, the learner's engine re-packed, the
+    frozen one's weights and greedy answers unchanged."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from toolgym.agents.engine.engine_policy import EnginePolicy
+
+    _half_legal(monkeypatch)
+    tok: Any = tiny_tokenizer()
+    torch.manual_seed(0)
+    conf = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=8192, tie_word_embeddings=False,
+    )  # fmt: skip
+    model: Any = LlamaForCausalLM(conf)
+    model = model.to("cuda")
+    live = EnginePolicy(model, tok, slots=16, capacity=8192)
+    assert live.engine.cuda_graphs and live.engine.dtype == torch.bfloat16
+    cfg = RolloutConfig(budget=2, max_new_tokens=6, max_total_tokens=3000)
+    roller = SelfPlayRollout(
+        live, cfg, SMALL, {"learner_seats": 2, "frozen_seats": 1, "max_turns_per_seat": 4}
+    )
+    frozen = roller.frozen
+    assert frozen.engine.cuda_graphs and frozen.engine.dtype == torch.bfloat16
+    packed = {n: getattr(frozen.engine.weights, n).clone() for n in PACKED}
+    prompts = [tok.encode("system user aeiou"), tok.encode("assistant tool 2146 <tool_call>")]
+    want = _greedy(frozen, prompts)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+    try:
+        for step in range(2):
+            forest, stats = roller.run([RolloutTask(ENV, s) for s in (0, 1, 2)], seed=step)
+            assert roller.timing["frozen_steps"] > 0 and roller.timing["learner_steps"] > 0
+            assert not live.engine.busy() and not frozen.engine.busy() and stats.env_errors == 0
+            rows = flatten(forest)
+            assert rows
+            for row in rows:
+                ids = torch.tensor([row.token_ids], device="cuda")
+                with torch.no_grad():
+                    logp = torch.log_softmax(model(ids).logits.float()[0, :-1], -1)
+                got = logp.gather(-1, ids[0, 1:, None])[:, 0].cpu()
+                sampled = torch.tensor(row.logprobs[1:])
+                mask = torch.tensor(row.loss_mask[1:], dtype=torch.bool)
+                assert float((got - sampled)[mask].abs().max()) < 0.1
+            loss = model(torch.tensor([rows[0].token_ids], device="cuda")).logits.float().pow(2).mean()
+            loss.backward()
+            opt.step()  # (fused: the parameters' versions do not move; the step counter does)
+            opt.zero_grad()
+        assert live.engine.stats.graphs > 0 and frozen.engine.stats.graphs > 0
+        live.refresh()
+        q = model.model.layers[0].self_attn.q_proj.weight
+        assert torch.equal(live.engine.weights.wqkv[0, : q.shape[0]], q.detach().to(torch.bfloat16))
+        for name in PACKED:
+            assert torch.equal(getattr(frozen.engine.weights, name), packed[name]), name
+        assert _greedy(frozen, prompts) == want
+    finally:
+        roller.close()
