@@ -67,7 +67,7 @@ from toolgym.trainers.loss import KL_SHAPING
 from toolgym.trainers.metrics_log import MetricsLog
 from toolgym.trainers.modeling import Reference, autocast, build_policy, make_optimizer, pick_device
 from toolgym.trainers.packing import compile_decoder, update_forward, use_compile, use_packing, use_share
-from toolgym.trainers.preemption import Preemption, announced
+from toolgym.trainers.preemption import Preemption, announced, heavy_steps
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.saved_rollouts import save_step
 from toolgym.trainers.selfplay import SelfPlayConfig, SelfPlayRollout
@@ -132,7 +132,12 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         )
     # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
     stop = cleanup.enter_context(
-        Preemption(bool(cfg.resume), lambda s: checkpoint.due(cfg, s), time_limit_s=cfg.time_limit())
+        Preemption(
+            bool(cfg.resume),
+            lambda s: checkpoint.due(cfg, s),
+            time_limit_s=cfg.time_limit(),
+            heavy=heavy_steps(cfg),
+        )
     )
     if dist.main:
         warn_inert(cfg)

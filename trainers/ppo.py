@@ -59,7 +59,7 @@ from toolgym.trainers.modeling import (
     value_head,
 )
 from toolgym.trainers.ppo_config import PPOConfig  # the config (no torch); re-exported here
-from toolgym.trainers.preemption import Preemption
+from toolgym.trainers.preemption import Preemption, heavy_steps
 from toolgym.trainers.rollout import RolloutConfig, TreeRollout
 from toolgym.trainers.tree import flatten, leaf_rewards
 
@@ -80,7 +80,12 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
     loss_cfg = cfg.loss_config()
     # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
     stop = cleanup.enter_context(
-        Preemption(bool(cfg.resume), lambda s: checkpoint.due(cfg, s), time_limit_s=cfg.time_limit())
+        Preemption(
+            bool(cfg.resume),
+            lambda s: checkpoint.due(cfg, s),
+            time_limit_s=cfg.time_limit(),
+            heavy=heavy_steps(cfg),
+        )
     )
     warn_inert(cfg)
     rollout_cfg = RolloutConfig(

@@ -24,11 +24,11 @@ hard stop; counting a second one as "stop now" lost the save it was waiting for.
 keeps its last complete save: saves are written aside and renamed, and `checkpoint.load` reads the
 previous one when a stop fell between the two renames.
 
-A time limit (``time_limit_s``, ``--time-limit 1:55:00``: seconds or SLURM's [D-]HH:MM[:SS]) stops the run the
-same way, before the budget runs out rather than after a signal: at each step boundary the next step is
+A time limit (``time_limit_s``, ``--time-limit-s 1:55:00``: seconds or SLURM's [D-]HH:MM[:SS]) stops the run
+the same way, before the budget runs out rather than after a signal: at each step boundary the next step is
 estimated as `SAFETY` times the longest of the last `WINDOW` step cycles (evaluations and periodic saves
-included), and when that would end past the limit the run saves, prints
-``time limit: stopped at step N …`` and exits `EXIT_TIME_LIMIT` (75, "try again": resume continues). The
+included; a step with an evaluation or a save due, `heavy`, at least as long as the last such one), and when
+that would end past the limit the run saves, prints ``time limit: stopped at step N …`` and exits `EXIT_TIME_LIMIT` (75, "try again": resume continues). The
 first step of each process always runs (a requeued job makes progress every call). The clock starts when
 the trainer starts (model loading before it not counted).
 
@@ -148,6 +148,7 @@ class Preemption:
         doing: str = "finishing this step, then saving a checkpoint",
         time_limit_s: float | None = None,
         follow: bool = False,
+        heavy: Callable[[int], bool] | None = None,
     ) -> None:
         self.resumed = resumed
         # a process that never checks (the split layout's rollout ranks): a signal once the learners have
@@ -163,6 +164,10 @@ class Preemption:
         self._start = time.monotonic()
         self._last_check: float | None = None
         self._cycles: list[float] = []  # the last WINDOW step cycles, seconds
+        # whether step s ends with periodic work (an evaluation, a save): such a step is estimated by the last
+        # one like it too, not only by the last WINDOW (with eval_every > WINDOW they hold no evaluation)
+        self.heavy = heavy or (lambda s: False)
+        self._heavy_cycle = 0.0
         self.out_of_time = ""  # why the time limit stops the run (empty: it does not)
 
     def __enter__(self) -> Preemption:
@@ -211,25 +216,28 @@ class Preemption:
         # at once: no unwinding (the episode loop would wait for its env calls, the rollout worker for its batch)
         os._exit(128 + signum)
 
-    def _time_up(self) -> str:
-        """Why the next step would end past the time limit ("" when it would not, or there is none). Called
-        once per step boundary: it books the cycle since the last call."""
+    def _time_up(self, step: int) -> str:
+        """Why the next step (`step` + 1) would end past the time limit ("" when it would not, or there is
+        none). Called once per step boundary: it books the cycle since the last call (that of `step`)."""
         now = time.monotonic()
         if self._last_check is not None:
-            self._cycles = [*self._cycles, now - self._last_check][-WINDOW:]
+            cycle = now - self._last_check
+            self._cycles = [*self._cycles, cycle][-WINDOW:]
+            if self.heavy(step):
+                self._heavy_cycle = cycle
         self._last_check = now
         if self.time_limit_s is None or not self._cycles:
             return ""  # the first step always runs: every call of a requeued job makes progress
         elapsed = now - self._start
-        nxt = SAFETY * max(self._cycles)
+        nxt = SAFETY * max([*self._cycles, self._heavy_cycle if self.heavy(step + 1) else 0.0])
         if elapsed + nxt > self.time_limit_s:
             return f"{elapsed:.0f} s gone of {self.time_limit_s:.0f} s; the next step would take ~{nxt:.0f} s"
         return ""
 
-    def requested(self, dist: Any = None) -> bool:
+    def requested(self, dist: Any = None, step: int = 0) -> bool:
         """Whether any rank got a signal or ran out of time (every rank must call it at the same point, once
-        a step boundary: one all_reduce)."""
-        self.out_of_time = self.out_of_time or (self._time_up() if self.signum is None else "")
+        a step boundary, `step` steps done: one all_reduce)."""
+        self.out_of_time = self.out_of_time or (self._time_up(step) if self.signum is None else "")
         # one number says both, so every rank stops the same way: a clock counts 1, a signal world + 1 (more
         # than every rank's clock together, at any world size: a fixed 1000 read 1000 clocks as a signal)
         world = 1 if dist is None else int(dist.world)
@@ -254,7 +262,7 @@ class Preemption:
         if first and main:  # this run goes on: an earlier stop's note is stale (STOP_FILE)
             with contextlib.suppress(OSError):
                 (folder.parent / STOP_FILE).unlink(missing_ok=True)
-        if not self.requested(dist):
+        if not self.requested(dist, step):
             return
         on_disk = (self.resumed and first) or (step > 0 and not first and self.saved(step))
         if not on_disk and (main or getattr(dist, "sharded", False)):
@@ -268,6 +276,17 @@ class Preemption:
             note(stop)
             print(f"toolgym: {stop}", file=sys.stderr, flush=True)
         raise stop
+
+
+def heavy_steps(cfg: Any) -> Callable[[int], bool]:
+    """`Preemption`'s `heavy` for a run config: the steps that end with an evaluation (`eval_every`, the last
+    step) or a checkpoint save (`save_every`)."""
+
+    def heavy(step: int) -> bool:
+        every = [getattr(cfg, "eval_every", 0), getattr(cfg, "save_every", 0)]
+        return step == getattr(cfg, "steps", -1) or any(n and step % n == 0 for n in every)
+
+    return heavy
 
 
 def note(stop: Preempted) -> None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
 from toolgym.trainers.config import DataConfig
-from toolgym.trainers.preemption import Preemption
+from toolgym.trainers.preemption import Preemption, heavy_steps
 
 if TYPE_CHECKING:
     import torch
@@ -312,7 +312,10 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     from toolgym.trainers.checkpoint import resolve_resume
 
     cfg = resolve_resume(cfg)  # resume: auto -> whether output_dir holds a checkpoint
-    with Preemption(bool(cfg.resume), lambda step: _saves(cfg, step), time_limit_s=cfg.time_limit()) as stop:
+    limit = cfg.time_limit()
+    with Preemption(
+        bool(cfg.resume), lambda s: _saves(cfg, s), time_limit_s=limit, heavy=heavy_steps(cfg)
+    ) as stop:
         return _train(cfg, model, tokenizer, stop)
 
 

@@ -358,3 +358,33 @@ def test_a_follower_leaves_with_the_stop_the_learners_announced(
         stop._handle(signal.SIGTERM, None)
     assert info.value.exit_code == EXIT_TIME_LIMIT and info.value.step == 3
     assert preemption.exit_status(info.value) == EXIT_TIME_LIMIT  # off torchrun: the code, no exit
+
+
+def test_a_step_with_an_evaluation_due_is_estimated_by_the_last_one(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval_every 5 (more than the estimate's window of 3 steps) with evaluations of 60 s: steps 6-8 forget
+    step 5's 70 s cycle, yet step 10 evaluates again. Before step 10 (160 s gone) the estimate is 87.5 s, not
+    12.5 s, so a 228 s limit stops after step 9 instead of running step 10 to 230 s."""
+    from toolgym.trainers import grpo
+
+    clock = ticking(monkeypatch)
+    evaluate, calls = grpo.evaluate, []
+
+    def slow(*args: Any, **kw: Any) -> dict[str, float]:
+        calls.append(1)
+        clock.now += 60 if len(calls) > 1 else 0  # (the step-0 evaluation is setup: before the first check)
+        return evaluate(*args, **kw)
+
+    monkeypatch.setattr(grpo, "evaluate", slow)
+    with pytest.raises(Preempted) as info:
+        rl("grpo", tmp_path, tokenizer, steps=11, eval_every=5, eval_episodes=1, time_limit_s=228)
+    assert info.value.step == 9 and "160 s gone of 228 s; the next step would take ~88 s" in str(info.value)
+
+
+def test_heavy_steps_are_the_evaluated_and_saved_ones() -> None:
+    from toolgym.trainers.grpo import GRPOConfig
+
+    heavy = preemption.heavy_steps(GRPOConfig(env_ids=["x"], steps=12, eval_every=5, save_every=4))
+    assert [s for s in range(1, 13) if heavy(s)] == [4, 5, 8, 10, 12]
+    assert not any(map(preemption.heavy_steps(types.SimpleNamespace()), range(1, 9)))
