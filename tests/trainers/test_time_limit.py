@@ -388,3 +388,31 @@ def test_heavy_steps_are_the_evaluated_and_saved_ones() -> None:
     heavy = preemption.heavy_steps(GRPOConfig(env_ids=["x"], steps=12, eval_every=5, save_every=4))
     assert [s for s in range(1, 13) if heavy(s)] == [4, 5, 8, 10, 12]
     assert not any(map(preemption.heavy_steps(types.SimpleNamespace()), range(1, 9)))
+
+
+def test_ctrl_c_then_a_machines_sigterm_saves_and_says_sigint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A person's Ctrl-C, then the scheduler's SIGTERM (or torchrun forwarding it): no escalation, the save
+    happens and the code is the first signal's (130)."""
+    exits: list[int] = []
+    monkeypatch.setattr(preemption.os, "_exit", exits.append)
+    monkeypatch.setattr(preemption, "REPEAT_S", 0.0)
+    saves: list[int] = []
+    with Preemption(resumed=False, saved=lambda s: False) as stop:
+        stop._handle(signal.SIGINT, None)
+        stop._handle(signal.SIGTERM, None)
+        stop._handle(signal.SIGUSR1, None)
+        with pytest.raises(Preempted) as info:
+            stop.check(None, 4, tmp_path / "checkpoint", lambda: saves.append(4))
+    assert exits == [] and saves == [4] and info.value.exit_code == 130
+
+
+def test_the_resume_hint_under_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setattr(
+        sys, "argv", ["toolgym", "train", "grpo", "--time-limit-s", "1:00", "--resume", "auto"]
+    )
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert preemption.resume_command() == "torchrun ... -m toolgym train grpo --time-limit-s 1:00 --resume"
