@@ -347,6 +347,8 @@ def _train(cfg: SFTConfig, model: Any, tokenizer: Any, stop: Preemption) -> dict
     )
     seqs = [conversation_tokens(m, t, renderer) for m, t in convs]
     steps = cfg.steps or max(1, math.ceil(cfg.epochs * len(seqs) / cfg.batch_size))
+    heavy = stop.heavy  # the last step evaluates: with `epochs` its number is known only now
+    stop.heavy = lambda s: s == steps or heavy(s)
     out = Path(cfg.output_dir)
     fingerprint = data_fingerprint(seqs)
     # optimizer, schedule and data order, then the checkpoint's state into them (before anything draws)
