@@ -124,7 +124,10 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
                     return serve(cfg, layout, model, tokenizer)
                 except Exception as exc:
                     # the learners stopped (a signal, the time limit) and their connections closed: their code
-                    raise announced() or exc from exc
+                    stopped = announced()
+                    if stopped is None:
+                        raise
+                    raise stopped from exc
         dist = layout.learner_dist()
     if cfg.prompts_per_step % dist.world:
         raise ConfigError(
