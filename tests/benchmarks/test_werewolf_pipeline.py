@@ -93,7 +93,8 @@ def test_every_stage_end_to_end_and_a_second_call_continues(tiny_folder: Path, t
 def test_a_unit_that_does_not_fit_is_not_started(tmp_path: Path) -> None:
     profile = dataclasses.replace(QUICK, name="test", model="unused", margin_s=1.0)
     pipe = Pipeline(profile, tmp_path / "runs", 30, None, str(tmp_path / "res"), baseline=None)
-    assert pipe.run() == EXIT_MORE  # sft's estimate (60 s, x1.25 before one was measured) does not fit in 30 s
+    # sft's estimate (60 s, x1.25 before one was measured) does not fit in 30 s
+    assert pipe.run() == EXIT_MORE
     call = json.loads((tmp_path / "runs" / "pipeline.json").read_text())["calls"][0]
     assert call["ran"] == [] and call["stopped"].startswith("sft: estimate 75 s")
 
