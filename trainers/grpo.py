@@ -49,7 +49,7 @@ import torch
 
 from toolgym.agents.engine.select import choose_engine
 from toolgym.errors import ConfigError
-from toolgym.trainers import checkpoint
+from toolgym.trainers import checkpoint, preemption
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import NodeAdv
 from toolgym.trainers.async_rollout import AsyncRollout, actor_policy, async_metrics
@@ -67,7 +67,7 @@ from toolgym.trainers.loss import KL_SHAPING
 from toolgym.trainers.metrics_log import MetricsLog
 from toolgym.trainers.modeling import Reference, autocast, build_policy, make_optimizer, pick_device
 from toolgym.trainers.packing import compile_decoder, update_forward, use_compile, use_packing, use_share
-from toolgym.trainers.preemption import Preemption, announced, heavy_steps
+from toolgym.trainers.preemption import Preemption, announced
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.saved_rollouts import save_step
 from toolgym.trainers.selfplay import SelfPlayConfig, SelfPlayRollout
@@ -134,14 +134,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
             f"prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {dist.world} ranks"
         )
     # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
-    stop = cleanup.enter_context(
-        Preemption(
-            bool(cfg.resume),
-            lambda s: checkpoint.due(cfg, s),
-            time_limit_s=cfg.time_limit(),
-            heavy=heavy_steps(cfg),
-        )
-    )
+    stop = cleanup.enter_context(preemption.for_run(cfg, lambda s: checkpoint.due(cfg, s)))
     if dist.main:
         warn_inert(cfg)
     device = pick_device(dist.device_name(cfg.device), cfg.threads)

@@ -39,7 +39,7 @@ import torch
 
 from toolgym.agents.engine.select import choose_engine
 from toolgym.errors import ConfigError
-from toolgym.trainers import checkpoint
+from toolgym.trainers import checkpoint, preemption
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards, turn_gae
 from toolgym.trainers.batch import TrainBatch, collate, final_values, forward, micro_batches
@@ -59,7 +59,6 @@ from toolgym.trainers.modeling import (
     value_head,
 )
 from toolgym.trainers.ppo_config import PPOConfig  # the config (no torch); re-exported here
-from toolgym.trainers.preemption import Preemption, heavy_steps
 from toolgym.trainers.rollout import RolloutConfig, TreeRollout
 from toolgym.trainers.tree import flatten, leaf_rewards
 
@@ -79,14 +78,7 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
         raise ConfigError("PPO runs in one process; for torchrun data parallel use `toolgym train grpo`")
     loss_cfg = cfg.loss_config()
     # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
-    stop = cleanup.enter_context(
-        Preemption(
-            bool(cfg.resume),
-            lambda s: checkpoint.due(cfg, s),
-            time_limit_s=cfg.time_limit(),
-            heavy=heavy_steps(cfg),
-        )
-    )
+    stop = cleanup.enter_context(preemption.for_run(cfg, lambda s: checkpoint.due(cfg, s)))
     warn_inert(cfg)
     rollout_cfg = RolloutConfig(
         budget=cfg.budget, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,

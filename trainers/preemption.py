@@ -278,6 +278,12 @@ class Preemption:
         raise stop
 
 
+def for_run(cfg: Any, saved: Callable[[int], bool]) -> Preemption:
+    """The handlers of a trainer's run config (`toolgym train`, `toolgym sft`): resumed or not, its time limit,
+    its heavy steps; `saved(step)`: whether the loop itself writes the checkpoint after `step`."""
+    return Preemption(bool(cfg.resume), saved, time_limit_s=cfg.time_limit(), heavy=heavy_steps(cfg))
+
+
 def heavy_steps(cfg: Any) -> Callable[[int], bool]:
     """`Preemption`'s `heavy` for a run config: the steps that end with an evaluation (`eval_every`, the last
     step) or a checkpoint save (`save_every`)."""

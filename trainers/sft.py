@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgym.errors import ConfigError
+from toolgym.trainers import preemption
 from toolgym.trainers.config import DataConfig
-from toolgym.trainers.preemption import Preemption, heavy_steps
+from toolgym.trainers.preemption import Preemption
 
 if TYPE_CHECKING:
     import torch
@@ -312,10 +313,7 @@ def train(cfg: SFTConfig, model: Any = None, tokenizer: Any = None) -> dict[str,
     from toolgym.trainers.checkpoint import resolve_resume
 
     cfg = resolve_resume(cfg)  # resume: auto -> whether output_dir holds a checkpoint
-    limit = cfg.time_limit()
-    with Preemption(
-        bool(cfg.resume), lambda s: _saves(cfg, s), time_limit_s=limit, heavy=heavy_steps(cfg)
-    ) as stop:
+    with preemption.for_run(cfg, lambda s: _saves(cfg, s)) as stop:
         return _train(cfg, model, tokenizer, stop)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.testing_env import VOWEL_COUNT, register
@@ -70,3 +72,39 @@ def tiny_model(vocab: int, seed: int = 0) -> object:
 @pytest.fixture(scope="session")
 def tokenizer() -> object:
     return tiny_tokenizer()
+
+
+def capture_selfplay_rollers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The `SelfPlayRollout`s `grpo.train` builds from now on (for tests that look inside them afterwards)."""
+    from toolgym.trainers import grpo
+
+    seen: list[Any] = []
+    original = grpo.SelfPlayRollout
+
+    def roller(*args: Any, **kwargs: Any) -> Any:
+        seen.append(original(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(grpo, "SelfPlayRollout", roller)
+    return seen
+
+
+def rows_exact(rows: list[Any], model: Any) -> int:
+    """Every trained token's logprob, recomputed by ``model`` from its row's own context, is the sampled one."""
+    import torch
+
+    checked = 0
+    for row in rows:
+        ids = torch.tensor([row.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits.float()[0, :-1], -1)
+        want = logp.gather(-1, ids[0, 1:, None])[:, 0]
+        for t in range(1, len(row.token_ids)):
+            if row.loss_mask[t]:
+                assert abs(float(want[t - 1]) - row.logprobs[t]) < 1e-3, (
+                    t,
+                    float(want[t - 1]),
+                    row.logprobs[t],
+                )
+                checked += 1
+    return checked

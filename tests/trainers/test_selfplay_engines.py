@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import toolgym  # noqa: E402,F401
-from tests.trainers.conftest import tiny_model, tiny_tokenizer  # noqa: E402
+from tests.trainers.conftest import capture_selfplay_rollers, rows_exact, tiny_model, tiny_tokenizer  # noqa: E402
 from toolgym.agents.episode_loop import TurnFailed  # noqa: E402
 from toolgym.agents.hf import HFPolicy  # noqa: E402
 from toolgym.trainers.rollout import RolloutConfig, RolloutTask  # noqa: E402
@@ -61,15 +61,7 @@ def test_continuous_tables_with_frozen_seats_and_exact_rows() -> None:
         assert not live.engine.busy() and not roller.frozen.engine.busy()
         rows = flatten(forest)
         assert rows and stats.generated_tokens == sum(sum(r.loss_mask) for r in rows)
-        model = live.model
-        for row in rows:  # the learner's logprob of each trained token, recomputed from the row's own context
-            ids = torch.tensor([row.token_ids])
-            with torch.no_grad():
-                logp = torch.log_softmax(model(ids).logits.float()[0, :-1], -1)
-            want = logp.gather(-1, ids[0, 1:, None])[:, 0]
-            for t in range(1, len(row.token_ids)):
-                if row.loss_mask[t]:
-                    assert abs(float(want[t - 1]) - row.logprobs[t]) < 1e-3
+        assert rows_exact(rows, live.model)  # each trained token's logprob, recomputed from its row's context
         again, _ = roller.run([RolloutTask(ENV, 2)], seed=1)  # the engines are reusable the next step
         assert flatten(again)
     finally:
@@ -123,14 +115,7 @@ def test_grpo_on_our_engine_with_a_frozen_engine_seat(tmp_path: Any, monkeypatch
         eval_episodes=1, micro_batch_rows=4, output_dir=str(tmp_path / "run"), engine="fast", time_limit_s=600,
         selfplay={"learner_seats": 2, "frozen_seats": 1, "max_turns_per_seat": 3, "snapshot": str(snapshot)},
     )  # fmt: skip
-    seen: list[Any] = []
-    original = grpo.SelfPlayRollout
-
-    def roller(*args: Any, **kwargs: Any) -> Any:
-        seen.append(original(*args, **kwargs))
-        return seen[-1]
-
-    monkeypatch.setattr(grpo, "SelfPlayRollout", roller)
+    seen = capture_selfplay_rollers(monkeypatch)
     metrics = grpo.train(cfg, model, tok)
     assert metrics["rollout/episodes"] > 0 and (tmp_path / "run" / "checkpoint" / "model.pt").is_file()
     (used,) = seen

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import toolgym  # noqa: E402,F401
-from tests.trainers.conftest import tiny_model, tiny_tokenizer  # noqa: E402
+from tests.trainers.conftest import capture_selfplay_rollers, rows_exact, tiny_model, tiny_tokenizer  # noqa: E402
 from toolgym.agents.episode_loop import TurnFailed  # noqa: E402
 from toolgym.agents.policy import SamplingParams  # noqa: E402
 from toolgym.trainers.rollout import RolloutConfig, RolloutTask  # noqa: E402
@@ -59,20 +59,6 @@ def _grpo_cfg(tmp_path: Path, start: Path, **over: Any) -> Any:
     return grpo.GRPOConfig(**kw)
 
 
-def _capture_rollers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    from toolgym.trainers import grpo
-
-    seen: list[Any] = []
-    original = grpo.SelfPlayRollout
-
-    def roller(*args: Any, **kwargs: Any) -> Any:
-        seen.append(original(*args, **kwargs))
-        return seen[-1]
-
-    monkeypatch.setattr(grpo, "SelfPlayRollout", roller)
-    return seen
-
-
 # ----- the frozen seats never change ----------------------------------------------------------------------------
 def test_frozen_engine_plays_the_snapshot_through_training_and_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -104,7 +90,7 @@ def test_frozen_engine_plays_the_snapshot_through_training_and_resume(
         return changed
 
     monkeypatch.setattr(weights_mod.PackedWeights, "refresh", counting)
-    seen = _capture_rollers(monkeypatch)
+    seen = capture_selfplay_rollers(monkeypatch)
     before = [p.detach().clone() for p in model.parameters()]
     grpo.train(_grpo_cfg(tmp_path, start), model, tok)
     (used,) = seen
@@ -148,25 +134,6 @@ def _half_legal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SelfPlayTable, "act", act)
 
 
-def _exact(rows: list[Any], model: Any) -> int:
-    """Every trained token's logprob, recomputed by ``model`` from its row's own context, is the sampled one."""
-    checked = 0
-    for row in rows:
-        ids = torch.tensor([row.token_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits.float()[0, :-1], -1)
-        want = logp.gather(-1, ids[0, 1:, None])[:, 0]
-        for t in range(1, len(row.token_ids)):
-            if row.loss_mask[t]:
-                assert abs(float(want[t - 1]) - row.logprobs[t]) < 1e-3, (
-                    t,
-                    float(want[t - 1]),
-                    row.logprobs[t],
-                )
-                checked += 1
-    return checked
-
-
 def test_rows_are_exact_when_tables_end_every_way(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both engines (the learner's with fewer slots than seats: evictions, held caches, forks of the copies'
     common prompt), garbage turns (an observation and a penalty), seats killed before their first turn (no
@@ -190,7 +157,7 @@ def test_rows_are_exact_when_tables_end_every_way(monkeypatch: pytest.MonkeyPatc
         assert live.engine.stats.forked_tokens > 0  # the copies' common prompt was forked
         rows = flatten(forest)
         assert len(rows) == len(eps) and stats.generated_tokens == sum(sum(r.loss_mask) for r in rows)
-        assert _exact(rows, live.model) == stats.generated_tokens
+        assert rows_exact(rows, live.model) == stats.generated_tokens
         assert stats.env_errors == 0
     finally:
         roller.close()
@@ -212,7 +179,7 @@ def test_rows_are_exact_when_seats_run_out_of_turns(monkeypatch: pytest.MonkeyPa
             assert "max_turns" in {e["truncation"] for e in eps}
             assert all(not e["success"] for e in eps if e["truncated"])
             rows = flatten(forest)
-            assert _exact(rows, live.model) == stats.generated_tokens > 0
+            assert rows_exact(rows, live.model) == stats.generated_tokens > 0
             if seed == 0:  # 12 learner seats in 16 slots: a seat's next turn prefills only its news
                 assert live.engine.stats.prefill_tokens < sum(len(r.token_ids) for r in rows)
     finally:
@@ -266,7 +233,7 @@ def test_a_failed_engine_turn_ends_only_its_table(which: str, monkeypatch: pytes
             t.nodes[x].info["episode"]["truncation"] != "env_error" for t, x in ok
         )
         rows = flatten(forest)
-        assert len(rows) == len(ok) and _exact(rows, live.model) > 0
+        assert len(rows) == len(ok) and rows_exact(rows, live.model) > 0
         assert not live.engine.busy() and not roller.frozen.engine.busy()
         again, stats2 = roller.run(tasks, seed=0)  # the engine is usable the next run
         assert stats2.env_errors == 0 and flatten(again)
