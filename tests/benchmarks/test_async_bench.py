@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests import processes
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "async.py"
 
 
@@ -66,7 +68,9 @@ def test_report_and_merge_read_results_from_before_the_warm_start(tmp_path: Path
     )
     md = out.with_suffix(".md").read_text()
     assert "the untrained model (no warm start)" in md
-    assert "| 0 | 30.89 | 4.14 | 1.97 | 0.09 | 0.00 | 0.01 | 3.92 | - |" in md  # no sd, no success: "-"
+    assert (
+        "| 0 | sync | 30.89 | 4.14 | 1.97 | 0.09 | 0.00 | 0.01 | 3.92 | - |" in md
+    )  # no sd, no success: "-"
     assert "async_speedup_1gpu = 1.39x" in md
     subprocess.run(
         [sys.executable, str(SCRIPT), "--report", "--out", str(out)], check=True, capture_output=True
@@ -148,7 +152,8 @@ def test_quick_speed_then_speed2_reuse_one_warm_start(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     work, out = tmp_path / "work", tmp_path / "res" / "async"
     base = [sys.executable, str(SCRIPT), "--quick", "--work", str(work), "--out", str(out)]
-    subprocess.run([*base, "--part", "speed"], check=True, capture_output=True, timeout=900)
+    done = processes.run([*base, "--part", "speed"], 900)
+    assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.with_suffix(".json").read_text())
     warm = data["speed_setup"]["warm_start"]
     assert warm["model"] == str(work / "warm_start" / "model") and not warm["reused"]
@@ -159,9 +164,9 @@ def test_quick_speed_then_speed2_reuse_one_warm_start(tmp_path: Path) -> None:
     assert json.loads((work / "speed_k0" / "config.json").read_text())["model"] == warm["model"]
     sft_model = (work / "warm_start" / "model" / "config.json").stat().st_mtime
 
-    subprocess.run(  # (through the slow proxy: the env's searches reach the retriever through it)
-        [*base, "--part", "speed2", "--tool-latency-s", "0.01"], check=True, capture_output=True, timeout=900
-    )
+    # (through the slow proxy: the env's searches reach the retriever through it)
+    done = processes.run([*base, "--part", "speed2", "--tool-latency-s", "0.01"], 900)
+    assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["speed2_setup"]["warm_start"]["reused"] and data["speed2_setup"]["tool_latency_s"] == 0.01
     assert (work / "warm_start" / "model" / "config.json").stat().st_mtime == sft_model
