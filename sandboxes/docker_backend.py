@@ -153,11 +153,36 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
     }
 
 
+_reaped = threading.Event()
+
+
+def reap_orphans() -> int:
+    """Removes this host's sandbox containers whose owning process is gone (one killed with its pool:
+    SIGKILL, ``os._exit``, a Ray env worker that died; a clean exit removes its own); returns how many.
+    Other hosts' containers on a shared daemon are theirs: their owners' pids mean nothing here."""
+    n = 0
+    host = socket.gethostname()
+    for c in client().containers.list(all=True, filters={"label": LABEL}):
+        owner_host, _, pid = str(c.labels.get(OWNER, ":")).partition(":")
+        if owner_host != host or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        with contextlib.suppress(Exception):
+            c.remove(force=True)
+            n += 1
+    return n
+
+
 class DockerSandbox(Sandbox):
     backend = "docker"
 
     def __init__(self, limits: Limits) -> None:
         super().__init__(limits)
+        if not _reaped.is_set():  # once a process: what crashed runs before it left on this host
+            _reaped.set()
+            with contextlib.suppress(
+                Exception
+            ):  # (a daemon that does not answer fails the first box, clearly)
+                reap_orphans()
         self._prefix = f"toolgym-{uuid.uuid4().hex[:8]}"
         self._n = 0
 

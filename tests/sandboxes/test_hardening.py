@@ -620,3 +620,42 @@ def test_a_supervisor_stopped_by_the_host_is_sandbox_error(docker_sb: Sandbox) -
     res = docker_sb.run("import os\nos.execvp('sleep', ['sleep-marker', '30'])", timeout=1)
     assert res.status == "sandbox_error", res
     assert docker_sb.run("print(5)", timeout=T).stdout == "5\n"
+
+
+@pytest.mark.bound(60)
+def test_a_new_sandbox_reaps_this_hosts_orphans_and_leaves_other_hosts(
+    docker_sb: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed with its pool (SIGKILL, os._exit, a dead Ray worker) leaves its containers: the next
+    sandbox made on this host removes those whose owner is gone, once a process; a live owner's and another
+    host's (a shared daemon) stay."""
+    import os
+    import socket
+    import sys
+
+    from tests import processes
+    from toolgym.sandboxes import docker_backend
+    from toolgym.sandboxes.docker_backend import LABEL, OWNER, DockerSandbox, client
+
+    dead = processes.run([sys.executable, "-c", "import os; print(os.getpid())"], timeout=30)
+    gone_pid = int(dead.stdout.strip())
+    host = socket.gethostname()
+    made = {}
+    for name, owner in (("orphan", f"{host}:{gone_pid}"), ("live", f"{host}:{os.getpid()}"),
+                        ("elsewhere", "other-host:1")):  # fmt: skip
+        made[name] = client().containers.run(
+            docker_sb.limits.image, ["sleep", "600"], detach=True, labels={LABEL: "1", OWNER: owner},
+            network_mode="none", user="65534:65534",
+        )  # fmt: skip
+    try:
+        monkeypatch.setattr(docker_backend, "_reaped", docker_backend.threading.Event())
+        DockerSandbox(docker_sb.limits)
+        left = {c.id for c in client().containers.list(all=True, filters={"label": LABEL})}
+        assert made["orphan"].id not in left
+        assert made["live"].id in left and made["elsewhere"].id in left
+        DockerSandbox(docker_sb.limits)  # once a process: no second sweep
+        assert docker_backend._reaped.is_set()
+    finally:
+        for c in made.values():
+            with contextlib.suppress(Exception):
+                c.remove(force=True)
