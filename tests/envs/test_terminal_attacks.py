@@ -139,6 +139,12 @@ def test_attack_leaves_a_working_shell_and_an_honest_reward(probe, name):
     t0 = time.monotonic()
     outputs = [step(probe, shell(command)) for command in commands]
     after = step(probe, shell("echo alive-$UID"))  # (builtins only: no PATH needed)
+    if "ran past the 3 s limit" in after:
+        # what the attack left running (a fork bomb's background pipelines) may starve the agent's own next
+        # command on a loaded machine: that command times out, an observation, and its timeout kills the
+        # session's leftovers; the shell must work from then on (CI: once in three full runs under load)
+        outputs.append(after)
+        after = step(probe, shell("echo alive-$UID"))
     uid = probe.unwrapped._box.uid  # (the container's own, leased)
     assert f"alive-{uid}\n" in after and "[exit code 0]" in after, (outputs, after)
     assert time.monotonic() - t0 < 40, outputs
