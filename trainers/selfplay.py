@@ -37,8 +37,12 @@ group). ``roller.timing`` holds the last run's split (engine steps and seconds p
 policy in rounds); ``TOOLGYM_SELFPLAY_TIMING=1`` prints it on stderr after every run.
 
 A turn no rollout server answered (``TurnFailed``, a ``VLLMPolicy`` on servers) fails only its table: that
-game ends there and every learner seat of it is an ``env_error`` (no row, not scored; counted in
-``rollout/env_errors`` and ``rollout/server_errors``, one a learner seat); the other tables go on. A seat
+game ends there and each learner seat of it with a path there (it took a turn, or the lost turn was its
+own: an empty last turn, as ``TreeRollout`` ends a lost turn's path) is an ``env_error`` leaf (no row, not
+scored); the other tables go on. ``rollout/env_errors`` and ``rollout/server_errors`` count exactly those
+leaves, one per learner path the fault ended (``TreeRollout``'s unit: a path); a learner seat never asked for
+a turn in that table (out of the game, or its turn had not come) has no path there and is not counted, so a
+frozen seat's lost turn before any learner turn counts 0. A seat
 prompt that does not fit the engine (no room for one token) ends its table as ``token_budget``, as a prompt
 past ``max_total_tokens`` does (the model's own length, not an infrastructure fault).
 """
@@ -391,6 +395,13 @@ class _Seat:
     last_gen: list[int] = field(default_factory=list)
     turns: int = 0
     truncated: bool = False
+    lost_turn: bool = False  # its turn was the one no rollout server answered (its path ends there)
+
+
+def _has_path(seat: _Seat) -> bool:
+    """Whether the seat is a leaf of its group in this copy: it took a turn or its turn was lost to a fault (a
+    seat out of the game, or whose table ended, before it was asked for a turn has no path and no row)."""
+    return seat.turns > 0 or seat.lost_turn
 
 
 def _version(snapshot: str, initial: str | None) -> str:
@@ -503,8 +514,8 @@ class SelfPlayRollout:
             "TOOLGYM_SELFPLAY_TIMING"
         ):  # (the Werewolf pipeline's GPU runs: where the time goes)
             print(f"toolgym selfplay: {json.dumps(self.timing)}", file=sys.stderr, flush=True)
-        for ti in lost:  # each learner seat of a lost table is a path ended by the fault (its row is dropped)
-            n = sum(1 for s in tables[ti].text_seats if seats[(ti, s)].learner)
+        for ti in lost:  # the learner paths the fault ended: each an env_error leaf (its row is dropped)
+            n = sum(1 for s in tables[ti].text_seats if seats[(ti, s)].learner and _has_path(seats[(ti, s)]))
             stats.env_errors += n
             stats.server_errors += n
         trees = [
@@ -537,6 +548,9 @@ class SelfPlayRollout:
                     self._abandon(table, ti, seats)
                 else:
                     lost[ti] = g.error
+                    if seat.learner:  # its path ends at an empty turn, as a lost turn does in TreeRollout
+                        seat.lost_turn = True
+                        seat.pieces.append(("model", [], [], ""))
                 return
             t_env = time.perf_counter()
             seat.ids += list(g.token_ids)
@@ -582,7 +596,7 @@ class SelfPlayRollout:
         lost: dict[int, str] | None = None,
     ) -> RolloutTree:
         """One group: the seat ``name`` in each copy of the deal, as the leaves of one tree."""
-        idx = [ti for ti in idx if seats[(ti, name)].turns > 0]  # a seat out before its first turn: no row
+        idx = [ti for ti in idx if _has_path(seats[(ti, name)])]
         firsts = [seats[(ti, name)].pieces[0][1] for ti in idx]
         common = firsts[0] if firsts else []
         for f in firsts[1:]:
