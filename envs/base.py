@@ -41,7 +41,7 @@ from toolgym.envs.records import CommandOutcome, ParsedAction, Task
 from toolgym.envs.spaces import ActionText, Messages
 from toolgym.errors import ConfigError, EnvStateError, EpisodeOverError, InfrastructureError
 from toolgym.messages import Message, ToolCall
-from toolgym.parsing import ActionFormat, ParseResult, parse_action
+from toolgym.parsing import ActionFormat, ParseResult, clean_text, parse_action
 from toolgym.rewards.extract import lenient_answer
 from toolgym.tools import Tool, ToolSpec
 
@@ -59,6 +59,14 @@ _BOOKKEEPING = frozenset((
 def _copy_episode(episode: Any) -> Any:
     clone = getattr(episode, "clone", None)  # a family's fast copy; everything else is copied deeply
     return clone() if callable(clone) else copy.deepcopy(episode)
+
+
+def _valid_text(message: Message) -> Message:
+    """``message`` with lone surrogates in its text replaced (``clean_text``): whatever a tool echoes, the
+    trainer's tokenizer, a JSONL writer and an OpenAI client must be able to encode the observation."""
+    if isinstance(message.content, str) and clean_text(message.content) is not message.content:
+        return message.model_copy(update={"content": clean_text(message.content)})
+    return message
 
 
 def _whitespace_tokens(text: str) -> int:
@@ -391,6 +399,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
                 truncation, infra_error = "env_error", str(exc)
                 obs = []
             reward = float(sum(components.values())) if infra_error is None else 0.0
+            obs = [_valid_text(m) for m in obs]
             self._transcript.extend(obs)
             if not terminated and truncation is None:
                 if self._turn >= self.max_turns:

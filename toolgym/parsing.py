@@ -42,6 +42,29 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.S)
 ANSWER_TOOL = "answer"
 MAX_ACTION_CHARS = 200_000
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD. A JSON escape such as ``\\ud800`` in a tool call
+    decodes to one, and no UTF-8 encoder takes it: an echo of it in an observation made the trainer's
+    tokenizer raise (a crash of the run), and an MCP server's stdio writer die (an env_error).
+
+    >>> clean_text("a\\ud800b") == "a\\ufffdb"
+    True
+    """
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def _clean(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string cleaned by ``clean_text``."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,14 @@ class ParseResult:
         return Message(role="assistant", content=self.text, tool_calls=self.tool_calls or None)
 
 
+def _clean_call(call: ToolCall) -> ToolCall:
+    """``call`` itself, or a copy without lone surrogates (``clean_text``)."""
+    args = _clean(call.arguments)
+    if args == call.arguments and clean_text(call.name) == call.name and clean_text(call.id) == call.id:
+        return call
+    return ToolCall(id=clean_text(call.id), name=clean_text(call.name), arguments=args)
+
+
 def _fail(text: str, kind: ErrorKind, error: str, message: Message | None = None) -> ParseResult:
     return ParseResult(text=text, error=error, error_kind=kind, message=message)
 
@@ -80,6 +111,11 @@ def _validate_calls(
 ) -> ParseResult:
     """Check names and arguments, split off the answer tool, and enforce one kind of action per turn."""
     specs = {t.name: t for t in tools or ()}
+    cleaned = [_clean_call(c) for c in calls]
+    if any(a is not b for a, b in zip(cleaned, calls, strict=True)):  # the model's JSON escapes: clean_text
+        calls = cleaned
+        if message is not None:
+            message = message.model_copy(update={"tool_calls": tuple(calls)})
     answers: list[str] = []
     real: list[ToolCall] = []
     for call in calls:
@@ -239,6 +275,8 @@ def parse_action(
     'no_action'
     """
     try:
+        if isinstance(action, dict):
+            action = _clean(action)
         if isinstance(action, (Message, dict)):
             if fmt == "command":
                 msg = Message.from_dict(action)
@@ -252,8 +290,11 @@ def parse_action(
             )
         if len(action) > MAX_ACTION_CHARS:
             return _fail(
-                action[:2000], "too_long", f"the reply is longer than {MAX_ACTION_CHARS} characters."
+                clean_text(action[:2000]),
+                "too_long",
+                f"the reply is longer than {MAX_ACTION_CHARS} characters.",
             )
+        action = clean_text(action)
         if fmt == "command":
             return parse_command(action)
         if fmt == "tags":
@@ -261,7 +302,9 @@ def parse_action(
         return parse_hermes(action, tools, first_id)
     except Exception as exc:  # the contract: bad input never escapes as an exception
         return _fail(
-            str(action)[:2000], "bad_message", f"the reply could not be read ({exc.__class__.__name__})."
+            clean_text(str(action)[:2000]),
+            "bad_message",
+            f"the reply could not be read ({exc.__class__.__name__}).",
         )
 
 

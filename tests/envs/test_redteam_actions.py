@@ -1,0 +1,96 @@
+"""Red team: model actions against the envs' own machinery (not the sandboxes: tests/sandboxes/, nor the
+terminal: tests/envs/test_terminal_attacks.py). The rule (README, "Environments"): a malformed action is an
+observation and a penalty, never a crash; nothing the model's text can do may end as an env_error, run past
+the step's limits or reach the next episode.
+
+What is attacked here:
+- lone surrogates through JSON escapes (``"\\ud800"``) in tool names, arguments and structured messages: an
+  echo of one in an observation made the trainer's tokenizer raise (a crash of the training run, outside the
+  env call), and one in an MCP tool's arguments killed the MCP server's stdio writer (an env_error, and every
+  later call of the env failed too);
+- answers that reasoning-gym's verifiers ``eval`` (``sympy.parse_expr``, ``eval``): they ran the model's text
+  as Python in the trainer's process, and an exponent tower hung the step.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+import toolgym  # noqa: F401  (registers the ids)
+from toolgym.envs.base import tool_env
+from toolgym.parsing import parse_action
+
+SURROGATE = "\\ud800"  # a JSON escape: json.loads makes a lone surrogate of it
+
+
+def _encodable(messages: list[dict[str, Any]]) -> None:
+    """What a tokenizer, a JSONL writer and an OpenAI client need of every observation: valid UTF-8."""
+    json.dumps(messages, ensure_ascii=False).encode("utf-8")
+
+
+def _surrogate_actions(env: Any) -> list[Any]:
+    specs = tool_env(env).tool_specs
+    name = specs[0].name if specs else "x"
+    props = list(specs[0].parameters.get("properties", {})) if specs else ["x"]
+    args = "{" + ", ".join(f'"{p}": "a{SURROGATE}b"' for p in props) + "}"
+    return [
+        '<tool_call>{"name": "nope' + SURROGATE + '", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "' + name + '", "arguments": ' + args + "}</tool_call>",
+        '<tool_call>{"name": "' + name + '", "arguments": {"zz' + SURROGATE + '": 1}}</tool_call>',
+        '<tool_call>{"name": "answer", "arguments": {"answer": "4' + SURROGATE + '"}}</tool_call>',
+        "<answer>4\ud800</answer>",
+        {
+            "role": "assistant",
+            "content": "x\udcff",
+            "tool_calls": [{"id": "c\ud800", "function": {"name": name, "arguments": args}}],
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    "env_id",
+    [
+        "toolgym/Calculator-v0",
+        "toolgym/FreeQA-v0",
+        "toolgym/Search-v0",
+        "toolgym/MCP-v0",
+        "toolgym/Werewolf-v0",
+        "toolgym/ReasoningGym-v0",
+    ],
+)
+def test_lone_surrogates_in_actions_never_reach_an_observation_or_a_tool(env_id: str) -> None:
+    env = gym.make(env_id)
+    try:
+        for action in _surrogate_actions(env):
+            env.reset(seed=0)
+            obs, _, _, _, info = env.step(action)
+            assert info.get("truncation") != "env_error", (action, info.get("infra_error"))
+            _encodable(obs)
+            _encodable(tool_env(env).transcript)
+        # the env still works afterwards (an MCP server whose writer died failed every later call)
+        env.reset(seed=0)
+        obs, _, _, _, info = env.step(tool_env(env).expert_action())
+        assert info.get("truncation") != "env_error", info.get("infra_error")
+    finally:
+        env.close()
+
+
+def test_parsed_calls_and_messages_carry_no_lone_surrogate() -> None:
+    parsed = parse_action(
+        '<tool_call>{"name": "f' + SURROGATE + '", "arguments": {"a": ["' + SURROGATE + '"]}}</tool_call>'
+    )
+    assert parsed.ok and parsed.tool_calls[0].name == "f\ufffd"
+    assert parsed.tool_calls[0].arguments == {"a": ["\ufffd"]}
+    msg = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "f", "arguments": '{"a": "' + SURROGATE + '"}'}}],
+    }
+    parsed = parse_action(msg)
+    assert parsed.tool_calls[0].arguments == {"a": "\ufffd"}
+    _encodable([parsed.assistant_message().to_dict()])
+    assert parse_action("<answer>\ud800</answer>").answer == "\ufffd"
