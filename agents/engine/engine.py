@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from toolgym.agents.engine.kv_slots import KVCache
-from toolgym.agents.engine.model import decode_torch, decode_triton, prefill
+from toolgym.agents.engine.model import decode_torch, decode_triton, prefill, prefill_mode
 from toolgym.agents.engine.sampling import SampleMode, sample
 from toolgym.agents.engine.scheduler import Scheduler
 from toolgym.agents.engine.seq import EngineStats, Seq, State
@@ -60,9 +60,10 @@ class ModelRunner:
 
     def __init__(
         self, model: Any, *, slots: int, capacity: int, device: torch.device, dtype: torch.dtype,
-        cuda_graphs: bool | None, kernels: bool | None, stats: EngineStats,
+        cuda_graphs: bool | None, kernels: bool | None, stats: EngineStats, prefill: str | None = None,
     ) -> None:  # fmt: skip
         self.device = device
+        self.prefill_mode = prefill_mode(prefill)  # "varlen" or "padded" (model.py)
         cuda = device.type == "cuda"
         self.dtype = dtype
         self.weights = PackedWeights(model, device, dtype)
@@ -91,7 +92,8 @@ class ModelRunner:
     def prefill(self, batch: list[Seq]) -> Iterator[Sampled]:
         """Run each sequence's uncached ids into its slot, then sample its first token: (rows, tokens,
         logprobs, entropies or None) per sampling mode, each ``[1, rows]``."""
-        logits = prefill(self.weights, self.cache, [(s.slot, s.kv, s.ids[s.kv :]) for s in batch])  # type: ignore[misc]
+        seqs = [(s.slot, s.kv, s.ids[s.kv :]) for s in batch]
+        logits = prefill(self.weights, self.cache, seqs, mode=self.prefill_mode, kernels=self.kernels)  # type: ignore[arg-type]
         assert logits is not None
         self.stats.prefill_tokens += sum(len(s.ids) - s.kv for s in batch)
         for s in batch:
@@ -108,7 +110,8 @@ class ModelRunner:
         """Cache ``seq.ids[:n]`` for each (seq, n) without sampling, 64 sequences a pass."""
         for i in range(0, len(todo), 64):
             part = todo[i : i + 64]
-            prefill(self.weights, self.cache, [(s.slot, s.kv, s.ids[s.kv : n]) for s, n in part], False)  # type: ignore[misc]
+            seqs = [(s.slot, s.kv, s.ids[s.kv : n]) for s, n in part]
+            prefill(self.weights, self.cache, seqs, False, mode=self.prefill_mode, kernels=self.kernels)  # type: ignore[arg-type]
             for s, n in part:
                 self.stats.prefill_tokens += n - s.kv
                 s.kv = n
@@ -257,6 +260,7 @@ class Engine:
     dtype = _Part("runner")
     generator = _Part("runner")
     kernels = _Part("runner")
+    prefill_mode = _Part("runner")
     cuda_graphs = _Part("runner")
     buckets = _Part("runner")
 
@@ -273,6 +277,7 @@ class Engine:
         cuda_graphs: bool | None = None,
         kernels: bool | None = None,
         prefill_tokens: int = 32768,
+        prefill: str | None = None,
     ) -> None:
         dev = torch.device(device if device is not None else next(model.parameters()).device)
         cuda = dev.type == "cuda"
@@ -280,7 +285,7 @@ class Engine:
         self.runner = ModelRunner(
             model, slots=slots, capacity=capacity, device=dev,
             dtype=dtype or (torch.bfloat16 if cuda else torch.float32), cuda_graphs=cuda_graphs,
-            kernels=kernels, stats=self.stats,
+            kernels=kernels, stats=self.stats, prefill=prefill,
         )  # fmt: skip
         self.scheduler = Scheduler(
             self.runner.cache, stop_ids=stop_ids, decode_text=decode_text, prefill_tokens=prefill_tokens,

@@ -13,6 +13,10 @@
   v1 was faster at every shape (benchmarks/results/decode_attn.md: 0.82 of the bandwidth at B=256 vs 0.77),
   so v2 stays opt-in.
 - ``silu_mul``: the gated MLP's ``silu(gate) * up``.
+- ``prefill_attention``: the varlen prefill's attention: the packed new tokens of several sequences, each
+  against its own slot up to its position (causal; what was cached before the pass included), one program per
+  (query head, block of a sequence's new tokens), flash-attention style (online softmax over key tiles, only
+  the tiles at the diagonal masked). K/V are read from the cache the pass just wrote: no packed K/V copies.
 """
 
 from __future__ import annotations
@@ -386,3 +390,84 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     BLOCK = 1024
     _silu_mul_kernel[(B, triton.cdiv(n, BLOCK))](gu, y, n, BLOCK=BLOCK, num_warps=4)
     return y
+
+
+@triton.jit
+def _prefill_attn_kernel(
+    Q, KC, VC, OUT, BSEQ, BOFF, CU, START, SLOT, qk_scale,
+    s_kslot, s_khead, s_kt,
+    H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    head = tl.program_id(0)  # the query heads of one block are neighbours: they share its K/V in L2
+    blk = tl.program_id(1)
+    kvh = head // G
+    b = tl.load(BSEQ + blk)
+    off = tl.load(BOFF + blk)  # the block's first new token, within its sequence
+    q0 = tl.load(CU + b)
+    n = tl.load(CU + b + 1) - q0
+    start = tl.load(START + b)  # positions cached before this pass
+    slot = tl.load(SLOT + b).to(tl.int64)
+    i = tl.arange(0, BM)
+    d = tl.arange(0, D)
+    qm = (off + i) < n
+    rows = (q0 + off + i).to(tl.int64)
+    q = tl.load(Q + rows[:, None] * (H * D) + head * D + d[None, :], mask=qm[:, None], other=0.0)
+    qpos = start + off + i  # absolute positions (rows past n: discarded, but still see key start + off)
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    kp = KC + slot * s_kslot + kvh * s_khead
+    vp = VC + slot * s_kslot + kvh * s_khead
+    first = start + off
+    full = (first // BN) * BN  # keys below the block's first position are seen by every query of it
+    hi = tl.minimum(first + BM, start + n)  # one past the last key any (real) query of the block sees
+    for s0 in range(0, full, BN):
+        t = s0 + tl.arange(0, BN)
+        kt = tl.load(kp + t[None, :].to(tl.int64) * s_kt + d[:, None])  # [D, BN]
+        s = tl.dot(q, kt) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(vp + t[:, None].to(tl.int64) * s_kt + d[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    for s0 in range(full, hi, BN):  # the diagonal: key t is seen by the queries at t or later
+        t = s0 + tl.arange(0, BN)
+        tm = t < hi
+        kt = tl.load(kp + t[None, :].to(tl.int64) * s_kt + d[:, None], mask=tm[None, :], other=0.0)
+        s = tl.dot(q, kt) * qk_scale
+        s = tl.where((t[None, :] <= qpos[:, None]) & tm[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key `full` <= first is seen by every row
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(vp + t[:, None].to(tl.int64) * s_kt + d[None, :], mask=tm[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(
+        OUT + rows[:, None] * (H * D) + head * D + d[None, :], out.to(OUT.dtype.element_ty), mask=qm[:, None]
+    )
+
+
+def prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu: torch.Tensor, starts: torch.Tensor,
+    slots: torch.Tensor, blk_seq: torch.Tensor, blk_off: torch.Tensor, block: int = 64, block_n: int = 64,
+) -> torch.Tensor:  # fmt: skip
+    """q [N, H, D]: the packed new tokens of B sequences (sequence b's at ``cu[b]:cu[b + 1]``, at positions
+    ``starts[b]…``), each against ``cache[slots[b], :, :its position + 1]`` ([S, Hkv, T, D], already holding
+    the new K/V); returns [N, H, D]. ``blk_seq``/``blk_off``: one entry per ``block`` new tokens of a
+    sequence (``PrefillPlan``). ``block``, ``block_n``: query and key tile sizes (>= 16, powers of two)."""
+    _, H, D = q.shape
+    hkv = k_cache.shape[1]
+    out = torch.empty_like(q)
+    if blk_seq.numel() == 0:
+        return out
+    qk_scale = D**-0.5 * 1.4426950408889634  # log2(e): the kernel's softmax is base 2
+    _prefill_attn_kernel[(H, blk_seq.shape[0])](
+        q, k_cache, v_cache, out, blk_seq, blk_off, cu, starts, slots, qk_scale,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        H=H, G=H // hkv, D=D, BM=block, BN=block_n, num_warps=4, num_stages=2,
+    )  # fmt: skip
+    return out

@@ -121,3 +121,67 @@ def test_decode_step_matches_torch(version: str, monkeypatch: pytest.MonkeyPatch
     # both steps end in bf16 logits that round differently: allow two bf16 steps of the value (2^-7 relative;
     # an H200 gave 0.00195), not a fixed 1e-3 that only logits below ~0.25 can meet
     assert ((got - want).abs() <= 1e-3 + want.abs() * 2.0**-7).all()
+
+
+PREFILL_CASES = [  # (H, Hkv, [(cached before, new tokens)], block): SmolLM2's group, MHA, blocks of 16 and 64
+    (9, 3, [(0, 1), (0, 37), (20, 50), (63, 1), (0, 64), (5, 17)], 16),
+    (4, 4, [(100, 30), (0, 90), (1, 16)], 32),
+    (6, 2, [(0, 70), (35, 35), (0, 5)], 64),
+]
+
+
+@pytest.mark.parametrize(("H", "hkv", "runs", "block"), PREFILL_CASES)
+def test_prefill_attention_matches_torch(H: int, hkv: int, runs: list[tuple[int, int]], block: int) -> None:
+    """The varlen prefill attention against the plain-torch varlen attention (one SDPA call a sequence)."""
+    from toolgym.agents.engine.model import PrefillPlan, _attend_varlen
+
+    g = torch.Generator().manual_seed(0)
+    S, cap, D = len(runs) + 2, 160, 64
+    kc = torch.randn(S, hkv, cap, D, generator=g).to(DEVICE, DTYPE)
+    vc = torch.randn(S, hkv, cap, D, generator=g).to(DEVICE, DTYPE)
+    slots = torch.randperm(S, generator=g)[: len(runs)].tolist()
+    plan = PrefillPlan.build(
+        [(sl, st, [1] * n) for sl, (st, n) in zip(slots, runs, strict=True)], torch.device(DEVICE), block
+    )
+    q = torch.randn(int(plan.cu[-1]), H, D, generator=g).to(DEVICE, DTYPE)
+    got = K.prefill_attention(
+        q, kc, vc, plan.cu, plan.starts, plan.slots, plan.blk_seq, plan.blk_off, block, min(block, 32)
+    )  # (key tiles of 16 or 32: several whole tiles before the diagonal)
+    want = _attend_varlen(q.float(), kc.float(), vc.float(), plan)
+    assert (got.float() - want).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fresh", "prefix_hit"])
+def test_prefill_pass_matches_torch(split: bool) -> None:
+    """The whole Triton varlen prefill (the call site in model.py) against the plain-torch varlen pass: the
+    same logits and the same K/V in the slots, with GQA, mixed lengths and (``split``) cached prefixes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from toolgym.agents.engine import Engine
+    from toolgym.agents.engine.model import prefill
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=192, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval().to(DEVICE)
+    ids = [[(7 * i + j) % 60 + 1 for j in range(n)] for i, n in enumerate((5, 40, 70, 1, 66))]
+    cut = [n // 2 if split else 0 for n in map(len, ids)]
+    out = {}
+    for kernels in (False, True):
+        eng = Engine(model, slots=len(ids), capacity=96, cuda_graphs=False, kernels=False)
+        w, cache = eng.weights, eng.cache
+        first = [(i, 0, x[:c]) for i, (x, c) in enumerate(zip(ids, cut, strict=True)) if c > 0]
+        if first:
+            prefill(w, cache, first, False, mode="varlen", kernels=kernels)
+        rest = [(i, c, x[c:]) for i, (x, c) in enumerate(zip(ids, cut, strict=True))]
+        out[kernels] = (
+            prefill(w, cache, rest, mode="varlen", kernels=kernels),
+            cache.k.clone(),
+            cache.v.clone(),
+        )
+    (want, kw, vw), (got, kg, vg) = out[False], out[True]
+    assert got is not None and want is not None
+    assert ((got - want).abs() <= 1e-3 + want.abs() * 2.0**-7).all()  # (bf16 on a GPU: see above)
+    assert (kg.float() - kw.float()).abs().max().item() < TOL and (vg.float() - vw.float()).abs().max() < TOL

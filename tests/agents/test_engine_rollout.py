@@ -156,9 +156,9 @@ def test_first_turns_of_all_trees_prefill_in_one_pass(
     passes: list[int] = []
     real = engine_mod.prefill
 
-    def counted(w: Any, cache: Any, seqs: Any, want_logits: bool = True) -> Any:
+    def counted(w: Any, cache: Any, seqs: Any, want_logits: bool = True, **kw: Any) -> Any:
         passes.append(len(seqs))
-        return real(w, cache, seqs, want_logits)
+        return real(w, cache, seqs, want_logits, **kw)
 
     monkeypatch.setattr(engine_mod, "prefill", counted)
     roller = TreeRollout(policy, arpo(), cfg, {**ENV_KW, "max_turns": 1}, continuous=True, env_workers=2)
