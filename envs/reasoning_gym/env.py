@@ -10,6 +10,7 @@ from toolgym.envs.coding.interpreter import Interpreter, InterpreterEnv, render,
 from toolgym.envs.reasoning_gym import class_name, read_catalog, working_tasks
 from toolgym.envs.reasoning_gym.expert import expert_action
 from toolgym.envs.reasoning_gym.tasks import dataset, registry_names
+from toolgym.envs.reasoning_gym.verify import guarded, score_in_child
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.sandboxes import Sandbox
 from toolgym.tools import Tool
@@ -187,12 +188,17 @@ class ReasoningGymEnv(InterpreterEnv):
 
     def check_answer(self, answer: str) -> dict[str, float]:
         data = self.task.data
-        try:
-            score = dataset(data["task"], self.task_config, self.size).score_answer(answer, data["entry"])
-            score = float(score or 0.0)
-        except Exception:  # a verifier that chokes on the model's text scores it 0 (the text was the model's)
-            score = 0.0
-        return {"correct": score}
+        verifier = dataset(data["task"], self.task_config, self.size)
+
+        def score() -> float:
+            try:
+                with guarded(verifier):  # several verifiers eval the answer (verify.py)
+                    return float(verifier.score_answer(answer, data["entry"]) or 0.0)
+            except Exception:  # a verifier that chokes on the model's text: 0 (the text was the model's)
+                return 0.0
+
+        # in a child killed at the deadline: some verifiers take hours on a crafted number (verify.py)
+        return {"correct": score_in_child(score)}
 
     def expert_action(self) -> str:
         """The dataset's gold answer (printed with the python tool first when it is on)."""

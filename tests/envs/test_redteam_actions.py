@@ -15,6 +15,8 @@ What is attacked here:
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -94,3 +96,54 @@ def test_parsed_calls_and_messages_carry_no_lone_surrogate() -> None:
     assert parsed.tool_calls[0].arguments == {"a": "\ufffd"}
     _encodable([parsed.assistant_message().to_dict()])
     assert parse_action("<answer>\ud800</answer>").answer == "\ufffd"
+
+
+RG_EVAL = [
+    "puzzle24", "countdown", "simple_integration", "intermediate_integration", "polynomial_multiplication",
+    "n_queens", "binary_matrix", "spiral_matrix", "string_insertion",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("task", RG_EVAL)
+def test_reasoning_gym_verifiers_never_run_the_answer_as_code(task: str, tmp_path: Path) -> None:
+    env = gym.make(f"toolgym/ReasoningGym-{task}-v0")
+    marks = [tmp_path / f"{task}-{i}" for i in range(4)]
+    answers = [
+        f"__import__('pathlib').Path({str(marks[0])!r}).write_text('x')",
+        f"open({str(marks[1])!r}, 'w').write('x')",
+        f"exec('open({str(marks[2])!r}, \"w\")')",
+        f"sympify(\"open('{marks[3]}', 'w')\")",
+    ]
+    for text in answers:
+        env.reset(seed=0)
+        _, reward, terminated, _, info = env.step(f"<answer>{text}</answer>")
+        assert terminated and info.get("truncation") is None and reward < 0.5
+    assert not any(m.exists() for m in marks)
+    # the guard keeps honest answers: the expert's still score
+    if tool_env(env).expert_success_rate > 0:
+        env.reset(seed=0)
+        _, reward, _, _, info = env.step(tool_env(env).expert_action())
+        assert info["success"], reward
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("task", "answer"),
+    [("coin_flip", "1e999999999"), ("puzzle24", "9**9**9**9"), ("binary_matrix", "9**9**9**9")],
+)
+def test_reasoning_gym_verifiers_that_would_hang_are_stopped(
+    task: str, answer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolgym.envs.reasoning_gym import verify
+
+    monkeypatch.setattr(verify, "VERIFY_TIMEOUT_S", 1.0)
+    env = gym.make(f"toolgym/ReasoningGym-{task}-v0")
+    env.reset(seed=0)
+    t0 = time.monotonic()
+    _, reward, terminated, _, info = env.step(f"<answer>{answer}</answer>")
+    assert time.monotonic() - t0 < 5.0
+    assert terminated and info.get("truncation") is None and reward < 0.5
+    env.reset(seed=0)  # the env goes on
+    _, _, _, _, info = env.step(tool_env(env).expert_action())
+    assert info["success"]
+    env.close()
