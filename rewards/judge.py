@@ -353,10 +353,16 @@ def judge_answer(j: Judge, question: str, answer: str, reference: Any = None) ->
     failed (the episode then ends as ``env_error`` and is never scored as the model's failure)."""
     from toolgym.errors import InfrastructureError
 
-    value = j.grade([answer], question=[question], reference=[reference])[0].value
-    if value is None:
+    verdict = j.grade([answer], question=[question], reference=[reference])[0]
+    if verdict.value is None and verdict.reply:
+        # the judge answered, with no readable verdict on this answer however often it was asked: the answer's
+        # doing (text written to derail a judge) as far as anyone can tell, so a wrong answer, never an env_error
+        # (the episode would leave the batch unscored: a way out of a low reward the policy could learn)
+        count("judge/no_verdict_answers")
+        return 0.0
+    if verdict.value is None:
         raise InfrastructureError(f"the judge at {j.base_url} gave no verdict after {j.retries} retries")
-    return value
+    return verdict.value
 
 
 # ----- helpers ---------------------------------------------------------------------------------------------
