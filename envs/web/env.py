@@ -63,12 +63,17 @@ def parse_command(text: str) -> tuple[str, tuple[Any, ...]] | str:
     else:
         try:
             value = ast.literal_eval(f"({inner},)") if inner.strip() else ()
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # TypeError: {[1]: 2}
             return f"cannot read the arguments of {name}({inner[:60]})"
         args = tuple(value) if isinstance(value, tuple) else (value,)
     low, high = _ARITY[name]
     if not low <= len(args) <= high:
         return f"{name} takes {low}{'' if low == high else f' to {high}'} argument(s), got {len(args)}"
+    # the page takes numbers and text (a complex number or a set made json.dumps and float() raise in the step)
+    if not all(a is None or isinstance(a, (int, float, str)) for a in args):
+        return f"the arguments of {name} are numbers or quoted text"
+    if name == "click_xy" and not all(isinstance(a, (int, float)) for a in args):
+        return "click_xy takes two numbers"
     return name, args
 
 

@@ -147,3 +147,36 @@ def test_reasoning_gym_verifiers_that_would_hang_are_stopped(
     _, _, _, _, info = env.step(tool_env(env).expert_action())
     assert info["success"]
     env.close()
+
+
+WEB_BAD_ARGS = [
+    "click({[1]: 2})",
+    "type(1, {{}})",
+    "click((1+2j))",
+    "type((1+2j), 'a')",
+    "scroll('up', 1+2j)",
+    "select('x', 1j)",
+    'click_xy("a", 1)',
+    "click_xy([1], 2)",
+    "type(1, [1])",
+]
+
+
+@pytest.mark.parametrize("command", WEB_BAD_ARGS)
+def test_web_commands_with_unusable_arguments_are_error_texts(command: str) -> None:
+    from toolgym.envs.web.env import parse_command
+
+    assert isinstance(parse_command(command), str)  # (a set key, a complex number: TypeError in the step)
+
+
+def test_web_commands_with_unusable_arguments_are_observations_in_a_real_browser() -> None:
+    pytest.importorskip("playwright")
+    env = gym.make("toolgym/MiniWoB-click-button-v0")
+    try:
+        env.reset(seed=0)
+        for command in WEB_BAD_ARGS:
+            obs, _, terminated, truncated, info = env.step(command)
+            assert not (terminated or truncated), (command, info)
+            assert info["invalid_action"] and obs[0]["content"].startswith("Invalid action"), command
+    finally:
+        env.close()
