@@ -70,7 +70,7 @@ from toolgym.trainers.packing import compile_decoder, update_forward, use_compil
 from toolgym.trainers.preemption import Preemption, announced
 from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.saved_rollouts import save_step
-from toolgym.trainers.selfplay import SelfPlayConfig, SelfPlayRollout
+from toolgym.trainers.selfplay import SelfPlayConfig, SelfPlayRollout, learner_engine_memory
 from toolgym.trainers.tree import RolloutTree, Row
 
 __all__ = [
@@ -144,7 +144,8 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     policy, model = dist.hybrid(policy, cfg, device)
     policy = choose_engine(  # our decode engine (agents/engine) over the same live weights, or HFPolicy
         policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget * seats_per_copy(cfg),
-        capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main, memory=cfg.engine_memory,
+        capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main,
+        memory=learner_engine_memory(cfg.selfplay, cfg.engine, cfg.engine_memory),  # (frozen seats: a share)
         servers=cfg.rollout_servers, weight_sync=cfg.weight_sync, sync_folder=cfg.weight_sync_folder, seed=cfg.seed,
     )  # fmt: skip
     branch = cfg.branch_policy(vocab_size(model))
@@ -187,7 +188,14 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     if cfg.selfplay and (cfg.max_staleness or layout is not None):
         raise ConfigError("selfplay with max_staleness > 0 is not supported yet: self-play rolls out in step")
     roller: TreeRollout | SelfPlayRollout = (
-        SelfPlayRollout(rollout_policy, rollout_cfg, cfg.env_kwargs, cfg.selfplay, initial=cfg.model)  # seats
+        SelfPlayRollout(  # seats
+            rollout_policy,
+            rollout_cfg,
+            cfg.env_kwargs,
+            cfg.selfplay,
+            initial=cfg.model,
+            engine_memory=cfg.engine_memory,
+        )
         if cfg.selfplay
         else TreeRollout(
             rollout_policy, branch, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_backend()

@@ -25,9 +25,10 @@ for each turn the generated ids, the template's end of turn and the new messages
 prompt), so the rows are exactly what was sampled. Each table is an episode of the episode loop
 (agents/episode_loop.py) asking for one seat's turn at a time. When every seat's policy has an engine (the
 learner an ``EnginePolicy``: the frozen snapshot then gets an ``EnginePolicy`` of its own, the learner's
-slots, capacity and engine dtype, bf16 on CUDA), the loop runs continuously over both engines: a turn enters
-its policy's engine when its table asks and leaves it the step it ends, so no table waits for another and
-the frozen seats decode beside the learner's (in rounds every table waited for the learner's call, then
+slots, capacity and engine dtype, bf16 on CUDA; the two KV caches share the run's ``engine_memory``, the
+learner's built with ``learner_engine_memory`` and the frozen one's slots capped to what is left), the loop
+runs continuously over both engines: a turn enters its policy's engine when its table asks and leaves it the
+step it ends, so no table waits for another and the frozen seats decode beside the learner's (in rounds every table waited for the learner's call, then
 for the frozen seats' fp32 HF call, each as long as its longest turn). Otherwise it plays in rounds: one
 ``generate`` call per round for the learner seats of all tables and one for the frozen seats. A seat whose
 next prompt would pass ``max_total_tokens`` ends the game for its table: every learner seat of it is
@@ -126,9 +127,54 @@ def choose_seats(game: Any, cfg: SelfPlayConfig, rng: np.random.Generator) -> tu
     return learners, frozen
 
 
-def load_snapshot(policy: Any, snapshot: str, initial: str | None = None) -> Any:
+def learner_engine_memory(options: dict[str, Any] | None, engine: str, memory: float) -> float:
+    """The share of free GPU memory the learner's engine takes of the run's ``engine_memory``: with frozen
+    seats on our engine the two engines' KV caches split it in proportion to the seats each serves per copy
+    (the frozen engine is sized from what the learner's left, ``_frozen_slots``); else all of it (HF or vLLM
+    learners give the frozen snapshot an ``HFPolicy``, which reserves no KV cache)."""
+    if not options or engine not in ("auto", "fast"):
+        return memory
+    cfg = SelfPlayConfig.from_dict(options)
+    return memory * cfg.learner_seats / (cfg.learner_seats + cfg.frozen_seats)
+
+
+def _free_bytes(device: Any) -> int | None:
+    """Free memory of a CUDA device (None elsewhere: a CPU engine's cache is not budgeted)."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def _frozen_slots(
+    slots: int, capacity: int, per_token: int, learner_bytes: int, free: int | None, memory: float
+) -> int:
+    """Slots of the frozen engine: the learner's ``slots``, capped so that both engines' KV caches together
+    take at most ``memory`` of the GPU memory free when the learner's was made (``free`` now plus the
+    learner's ``learner_bytes``; what was allocated since only lowers it). A cache holds one scratch slot
+    beyond its slots (kv_slots.py). ``free`` None (CPU): the learner's slots. A ``ConfigError`` when not one
+    sequence of ``capacity`` tokens fits in what the learner's cache left."""
+    if free is None:
+        return slots
+    per_slot = capacity * per_token
+    left = int(memory * (free + learner_bytes)) - learner_bytes
+    fit = left // per_slot - 1
+    if fit < 1:
+        gb = 1e9
+        raise ConfigError(
+            f"selfplay: the frozen seats' engine does not fit in engine_memory={memory:.3g}: the learner's KV "
+            f"cache takes {learner_bytes / gb:.2f} GB of {memory * (free + learner_bytes) / gb:.2f} GB, and one "
+            f"sequence of {capacity} tokens (+ a scratch slot) needs {2 * per_slot / gb:.2f} GB; raise "
+            "engine_memory, lower max_total_tokens, or play without frozen_seats"
+        )
+    return min(slots, fit)
+
+
+def load_snapshot(policy: Any, snapshot: str, initial: str | None = None, memory: float = 1 / 3) -> Any:
     """A frozen copy of ``policy`` (its model, renderer and tokenizer) with the snapshot's weights;
-    ``snapshot == "initial"`` with ``initial`` (a model name or folder) loads that model, not the live weights."""
+    ``snapshot == "initial"`` with ``initial`` (a model name or folder) loads that model, not the live weights.
+    On our engine its KV cache and the learner's take at most ``memory`` of free GPU memory (``_frozen_slots``)."""
     import torch
 
     from toolgym.agents.hf import HFPolicy, load_model
@@ -150,22 +196,27 @@ def load_snapshot(policy: Any, snapshot: str, initial: str | None = None) -> Any
     else:
         raise ConfigError(f"selfplay.snapshot {snapshot!r} holds neither model.pt nor config.json")
     frozen = frozen.to(device).eval().requires_grad_(False)
-    return _engine_like(policy, frozen) or HFPolicy(frozen, policy.tokenizer, batch_size=256)
+    return _engine_like(policy, frozen, memory) or HFPolicy(frozen, policy.tokenizer, batch_size=256)
 
 
-def _engine_like(policy: Any, frozen: Any) -> Any:
+def _engine_like(policy: Any, frozen: Any, memory: float = 1 / 3) -> Any:
     """An ``EnginePolicy`` over ``frozen`` shaped like the learner's (its slots, capacity and engine dtype:
-    bf16 on CUDA), or None when the learner is not one (HF, vLLM) or the engine cannot run the model. The
+    bf16 on CUDA; on CUDA fewer slots where the two KV caches would pass ``memory``, ``_frozen_slots``), or
+    None when the learner is not one (HF, vLLM) or the engine cannot run the model. The
     frozen seats then decode as fast as the learner's (with ``HFPolicy`` in fp32 each of their turns cost
     the GPU run most of its rollout time) and run in the same continuous batch (``SelfPlayRollout.run``)."""
     from toolgym.agents.engine.engine_policy import EnginePolicy
-    from toolgym.agents.engine.weights import unsupported
+    from toolgym.agents.engine.weights import shape_of, unsupported
 
     if not isinstance(policy, EnginePolicy) or unsupported(frozen) is not None:
         return None
     eng = policy.engine
+    slots = _frozen_slots(
+        eng.cache.slots, eng.cache.capacity, shape_of(frozen).kv_bytes_per_token(eng.dtype),
+        eng.cache.nbytes(), _free_bytes(eng.device), memory,
+    )  # fmt: skip
     out = EnginePolicy(
-        frozen, policy.tokenizer, slots=eng.cache.slots, capacity=eng.cache.capacity, engine_dtype=eng.dtype,
+        frozen, policy.tokenizer, slots=slots, capacity=eng.cache.capacity, engine_dtype=eng.dtype,
         chat_template=policy.renderer.chat_template, tool_role=policy.renderer.tool_role,
         cuda_graphs=eng.cuda_graphs,
     )  # fmt: skip
@@ -431,14 +482,17 @@ class SelfPlayRollout:
         env_kwargs: dict[str, Any] | None,
         options: dict[str, Any] | SelfPlayConfig,
         initial: str | None = None,
+        engine_memory: float = 1 / 3,
     ) -> None:
         self.policy = policy
         self.renderer = policy.renderer
         self.cfg = cfg
         self.env_kwargs = dict(env_kwargs or {})
         self.options = options if isinstance(options, SelfPlayConfig) else SelfPlayConfig.from_dict(options)
-        self.frozen = (
-            load_snapshot(policy, self.options.snapshot, initial) if self.options.frozen_seats else None
+        self.frozen = (  # (engine_memory: the run's, the learner's engine built with learner_engine_memory)
+            load_snapshot(policy, self.options.snapshot, initial, engine_memory)
+            if self.options.frozen_seats
+            else None
         )
         self.snapshot_version = _version(self.options.snapshot, initial) if self.frozen is not None else ""
         self._rules: dict[str, Any] = {}

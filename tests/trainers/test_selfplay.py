@@ -162,11 +162,13 @@ def test_grpo_step_through_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     seen: list[Any] = []
 
     def roller(
-        policy: Any, cfg: RolloutConfig, env_kwargs: dict[str, Any], options: Any, initial: str | None = None
-    ) -> Any:
+        policy: Any, cfg: RolloutConfig, env_kwargs: dict[str, Any], options: Any, initial: str | None = None,
+        engine_memory: float = 1 / 3,
+    ) -> Any:  # fmt: skip
         # the rule policy plays (same tokenizer): games end with wins and losses, so the advantages are not 0
         # the hook names the run's starting model: a resumed run's "initial" snapshot is that, not the checkpoint
-        assert initial
+        # and the run's engine_memory (the frozen engine's budget)
+        assert initial and engine_memory == 0.25
         seen.append(options)
         return SelfPlayRollout(RulePolicy(), cfg, env_kwargs, options)
 
@@ -178,7 +180,7 @@ def test_grpo_step_through_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     cfg = grpo.GRPOConfig(
         env_ids=[ENV], env_kwargs=SMALL, steps=1, prompts_per_step=2, budget=3, max_new_tokens=4,
         max_total_tokens=4000, lr=1e-2, device="cpu", tensorboard=False, progress=False, eval_every=0,
-        eval_episodes=1, micro_batch_rows=4, output_dir=str(tmp_path), selfplay=cfg_selfplay,
+        eval_episodes=1, micro_batch_rows=4, output_dir=str(tmp_path), selfplay=cfg_selfplay, engine_memory=0.25,
     )  # fmt: skip
     before = [p.detach().clone() for p in model.parameters()]
     metrics = grpo.train(cfg, model, tok)
