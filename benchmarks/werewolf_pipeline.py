@@ -524,20 +524,9 @@ class Pipeline:
             print(f"[werewolf pipeline] {unit.name} failed: {exc!r}", flush=True)
             return "error"
         finally:
-            self._cleanup()
+            from toolgym.trainers.gpu_memory import free_gpu_memory
 
-    @staticmethod
-    def _cleanup() -> None:
-        import gc
-
-        gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
+            free_gpu_memory()  # the unit's models and engines go before the next unit's
 
     @contextmanager
     def _watchdog(self, after_s: float) -> Iterator[None]:

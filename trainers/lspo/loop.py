@@ -37,6 +37,7 @@ from toolgym.envs.werewolf.env import WerewolfEnv
 from toolgym.envs.werewolf.expert import move_text
 from toolgym.envs.werewolf.rules import WerewolfGame
 from toolgym.errors import ConfigError
+from toolgym.trainers.gpu_memory import free_gpu_memory
 from toolgym.trainers.lspo.cfr import RegretTable, outcome_sampling
 from toolgym.trainers.lspo.game import LatentWerewolf, info_parts, key_of, play_latent, realise
 from toolgym.trainers.lspo.space import LatentSpace
@@ -382,7 +383,7 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
         if policy is not hf:  # the engine's KV cache and packed weights go back before DPO
             del propose  # (its closure holds the engine too)
             policy = hf
-            _free_gpu()
+            free_gpu_memory()
         speeches = [(t.role, c.speech) for t in turns for c in t.candidates if c.speech]
         if not speeches:
             raise ConfigError(f"iteration {it}: no candidate was a legal speech; SFT the policy first")
@@ -426,16 +427,6 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
         json.dumps({"config": asdict(cfg), "iterations": summaries}, indent=2, default=str)
     )
     return summaries
-
-
-def _free_gpu() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 ENGINE_CAPACITY = (
