@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -156,20 +157,41 @@ def container_kwargs(lim: Limits, name: str) -> dict[str, Any]:
 _reaped = threading.Event()
 
 
-def reap_orphans() -> int:
-    """Removes this host's sandbox containers whose owning process is gone (one killed with its pool:
-    SIGKILL, ``os._exit``, a Ray env worker that died; a clean exit removes its own); returns how many.
-    Other hosts' containers on a shared daemon are theirs: their owners' pids mean nothing here."""
-    n = 0
+@dataclass
+class Removed:
+    """What ``remove_orphans`` did: containers removed and other hosts' containers left, each by owner host
+    ("?": a container with no owner label)."""
+
+    by_host: dict[str, int] = field(default_factory=dict)
+    left_by_host: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_host.values())
+
+
+def remove_orphans(all_hosts: bool = False) -> Removed:
+    """Removes the sandbox containers whose owning process is gone: this host's whose owner pid runs no more
+    (one killed with its pool: SIGKILL, ``os._exit``, a Ray env worker that died; a clean exit removes its
+    own). Other hosts' containers on a shared daemon, and those with no owner label, are left (and counted):
+    their pids mean nothing here, so nothing here can tell their owners are dead. ``all_hosts`` removes them
+    too, for a person who knows those hosts' runs are over. A live owner's container on this host always
+    stays."""
+    out = Removed()
     host = socket.gethostname()
     for c in client().containers.list(all=True, filters={"label": LABEL}):
         owner_host, _, pid = str(c.labels.get(OWNER, ":")).partition(":")
-        if owner_host != host or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+        here = owner_host == host and pid.isdigit()
+        if here and os.path.exists(f"/proc/{pid}"):
+            continue  # a live pool's container
+        key = owner_host or "?"
+        if not here and not all_hosts:
+            out.left_by_host[key] = out.left_by_host.get(key, 0) + 1
             continue
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # (gone meanwhile: another sweep removed it)
             c.remove(force=True)
-            n += 1
-    return n
+            out.by_host[key] = out.by_host.get(key, 0) + 1
+    return out
 
 
 class DockerSandbox(Sandbox):
@@ -182,7 +204,7 @@ class DockerSandbox(Sandbox):
             with contextlib.suppress(
                 Exception
             ):  # (a daemon that does not answer fails the first box, clearly)
-                reap_orphans()
+                remove_orphans()
         self._prefix = f"toolgym-{uuid.uuid4().hex[:8]}"
         self._n = 0
 
@@ -282,19 +304,3 @@ class DockerSandbox(Sandbox):
                 box.destroy()
                 raise InfrastructureError(f"the sandbox supervisor in {name} did not answer")
         return box
-
-
-def remove_leftovers() -> int:
-    """Removes sandbox containers whose owning process (on this host) is gone; returns how many."""
-    n = 0
-    host = socket.gethostname()
-    for c in client().containers.list(all=True, filters={"label": LABEL}):
-        owner_host, _, pid = str(c.labels.get(OWNER, ":")).partition(":")
-        if owner_host == host and pid.isdigit() and os.path.exists(f"/proc/{pid}"):
-            continue  # a live pool's container
-        try:
-            c.remove(force=True)
-            n += 1
-        except Exception:
-            pass
-    return n

@@ -578,24 +578,54 @@ def test_discarded_boxes_are_removed_before_the_program_exits(docker_sb: Sandbox
     assert not client().containers.list(all=True, filters={"name": prefix}), out.stderr[-2000:]
 
 
-@pytest.mark.bound(60)
-def test_doctor_prune_removes_strays_by_label(docker_sb: Sandbox) -> None:
-    from toolgym.sandboxes.docker_backend import LABEL, OWNER, client, remove_leftovers
+@pytest.mark.bound(90)
+def test_doctor_prune_removes_this_hosts_orphans_and_all_hosts_the_rest(
+    docker_sb: Sandbox, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``doctor --prune`` removes this host's containers whose owner is gone and leaves other hosts' on a
+    shared daemon (their pids mean nothing here; was: removed them too) and unlabelled ones, saying how many
+    of which host it left; ``--prune --all-hosts`` removes those as well, saying how many of which host. A
+    live owner's container stays either way."""
+    import os
+    import re
+    import socket
+    import sys
 
-    stray = client().containers.run(
-        docker_sb.limits.image,
-        ["sleep", "600"],
-        detach=True,
-        labels={LABEL: "1", OWNER: "gone-host:1"},
-        network_mode="none",
-        user="65534:65534",
-    )
+    from tests import processes
+    from toolgym.cli.sandbox import _prune
+    from toolgym.sandboxes.docker_backend import LABEL, OWNER, client
+
+    dead = processes.run([sys.executable, "-c", "import os; print(os.getpid())"], timeout=30)
+    host = socket.gethostname()
+    other = f"gone-host-{os.getpid()}"
+    made = {}
+    for name, labels in (("orphan", {OWNER: f"{host}:{dead.stdout.strip()}"}), ("live", {OWNER: f"{host}:{os.getpid()}"}),
+                         ("elsewhere", {OWNER: f"{other}:1"}), ("elsewhere2", {OWNER: f"{other}:{os.getpid()}"}),
+                         ("unlabelled", {})):  # fmt: skip
+        made[name] = client().containers.run(
+            docker_sb.limits.image, ["sleep", "600"], detach=True, labels={LABEL: "1", **labels},
+            network_mode="none", user="65534:65534",
+        )  # fmt: skip
+
+    def left() -> set[str]:
+        ids = {c.id for c in client().containers.list(all=True, filters={"label": LABEL})}
+        return {name for name, c in made.items() if c.id in ids}
+
     try:
-        assert remove_leftovers() >= 1
-        assert not client().containers.list(all=True, filters={"id": stray.id})
+        _prune(all_hosts=False)
+        out = capsys.readouterr().out
+        assert left() == {"live", "elsewhere", "elsewhere2", "unlabelled"}
+        assert re.search(rf"of this host \({host}\) whose owner process is gone: \d+ of {host}\n", out), out
+        assert f"2 of {other}" in out and re.search(r"\d+ of \?", out) and "--all-hosts" in out, out
+        _prune(all_hosts=True)
+        out = capsys.readouterr().out
+        assert left() == {"live"}
+        assert f"2 of {other}" in out and re.search(r"\d+ of \?", out) and f"of {host}" not in out, out
+        assert "\nleft " not in out and "container(s) of other hosts" not in out, out
     finally:
-        with contextlib.suppress(Exception):
-            stray.remove(force=True)
+        for c in made.values():
+            with contextlib.suppress(Exception):
+                c.remove(force=True)
 
 
 @pytest.mark.bound(60)

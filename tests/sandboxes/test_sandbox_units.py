@@ -61,6 +61,18 @@ def test_cli_registers_build_and_doctor() -> None:
     assert parser.parse_args(["sandbox", "doctor"]).func.__name__ == "cmd_doctor"
     assert parser.parse_args(["sandbox", "doctor", "--prune"]).prune
     assert parser.parse_args(["sandbox", "doctor", "--clean"]).prune  # the older name
+    args = parser.parse_args(["sandbox", "doctor", "--prune", "--all-hosts"])
+    assert args.prune and args.all_hosts
+    assert not parser.parse_args(["sandbox", "doctor", "--prune"]).all_hosts  # this host's only by default
+
+
+def test_doctor_all_hosts_without_prune_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--all-hosts`` only widens ``--prune``: alone it is a usage error before anything is checked."""
+    from toolgym.cli import build_parser
+
+    args = build_parser().parse_args(["sandbox", "doctor", "--all-hosts"])
+    assert args.func(args) == 2
+    assert "--all-hosts goes with --prune" in capsys.readouterr().out
 
 
 def test_importing_toolgym_does_not_import_docker() -> None:

@@ -28,7 +28,13 @@ def register(subparsers: Any) -> None:
         "--clean",
         dest="prune",
         action="store_true",
-        help="remove containers labelled toolgym.sandbox whose owning process is gone",
+        help="remove this host's containers labelled toolgym.sandbox whose owning process is gone",
+    )
+    d.add_argument(
+        "--all-hosts",
+        action="store_true",
+        help="with --prune: also remove other hosts' sandbox containers on this daemon (and unlabelled ones); "
+        "their owners cannot be checked from here, so only when you know those hosts' runs are over",
     )
     d.set_defaults(func=cmd_doctor)
     p.set_defaults(func=lambda args: p.print_help() or 2)
@@ -46,6 +52,32 @@ def _check(name: str, ok: bool, detail: str, todo: str = "") -> dict[str, Any]:
     return {"check": name, "ok": ok, "detail": detail, "todo": "" if ok else todo}
 
 
+def _by_host(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} of {host}" for host, n in sorted(counts.items()))
+
+
+def _prune(all_hosts: bool) -> None:
+    """``--prune``: this host's containers whose owner is gone; ``--all-hosts``: every host's (not a live one
+    of this host); says how many of which host it removed and what it left."""
+    import socket
+
+    from toolgym.sandboxes.docker_backend import remove_orphans
+
+    done = remove_orphans(all_hosts=all_hosts)
+    what = (
+        "of any host, all but this host's live ones"
+        if all_hosts
+        else f"of this host ({socket.gethostname()}) whose owner process is gone"
+    )
+    detail = f": {_by_host(done.by_host)}" if done.by_host else ""
+    print(f"removed {done.total} leftover sandbox container(s) {what}{detail}")
+    if done.left_by_host:
+        print(
+            f"left {sum(done.left_by_host.values())} container(s) of other hosts ({_by_host(done.left_by_host)}): "
+            "their owners cannot be checked from here; `--prune --all-hosts` removes them once those runs are over"
+        )
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     import time
 
@@ -53,13 +85,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from toolgym.sandboxes.factory import get_sandbox
     from toolgym.sandboxes.process_backend import process_problem
 
+    all_hosts = bool(getattr(args, "all_hosts", False))  # (callers building a Namespace may leave it out)
+    if all_hosts and not args.prune:
+        print("--all-hosts goes with --prune")
+        return 2
     checks = []
     problem = docker_problem(args.image)
     pproblem = process_problem()
     if args.prune and problem is None:
-        from toolgym.sandboxes.docker_backend import remove_leftovers
-
-        print(f"removed {remove_leftovers()} leftover sandbox container(s)")
+        _prune(all_hosts)
     checks.append(
         _check(
             "docker backend",
