@@ -7,12 +7,18 @@ whole call (prefill included), as the anchors are timed; ours also reports the d
 Also: a 1k-token prefix forked into 8 children vs prefilling the 8 again (``fork_speedup``), greedy ids
 of the engine vs HF on the same prompts, the Triton step vs the plain-torch step, and a kernel profile.
 
+The prefill A/B: ``ours`` runs the engine's default prefill (``TOOLGYM_PREFILL``, else ``varlen``); at the
+batch sizes of ``--prefill-ab`` a row also runs ``ours_padded`` (the earlier padded prefill) in the same
+process, and on a GPU ``prefill_check`` compares the logits of the three prefill paths (Triton varlen,
+torch varlen, padded) with prefix-cache hits.
+
     python benchmarks/generation.py [--models smollm2-135m,qwen2.5-0.5b] [--batch 1,16,64,256]
-        [--static 1,256] [--out benchmarks/results/generation]
+        [--static 1,256] [--prefill-ab 256] [--out benchmarks/results/generation]
     python benchmarks/generation.py --smoke   # tiny shape on CPU: checks the script runs
 
-Writes ``OUT.md`` and ``OUT.json`` (keys: gpu, roofline_fraction_b256, speedup_vs_hf_static_b256,
-ms_per_token_b1, fork_speedup, per-row numbers and peak memory).
+Writes ``OUT.md`` and ``OUT.json`` (keys: gpu, roofline_fraction_b256, roofline_fraction_b256_e2e (and
+``_padded``: the same with the padded prefill), prefill_s_b256, speedup_vs_hf_static_b256, ms_per_token_b1,
+fork_speedup, per-row numbers and peak memory).
 """
 
 from __future__ import annotations
@@ -100,16 +106,19 @@ def prompts(B: int, P: int, vocab: int, seed: int) -> torch.Tensor:
 
 
 # ----- ours ------------------------------------------------------------------------------------------------
-def run_ours(model: Any, ids: torch.Tensor, new: int, repeats: int) -> dict[str, float]:
+def run_ours(
+    model: Any, ids: torch.Tensor, new: int, repeats: int, prefill: str | None = None
+) -> dict[str, Any]:
+    """Our engine on ``ids`` (``prefill``: the engine's prefill, default ``TOOLGYM_PREFILL`` / varlen)."""
     from toolgym.agents.engine import Engine
     from toolgym.agents.engine.sampling import SampleMode
 
     B, P = ids.shape
     peak_reset()
-    eng = Engine(model, slots=B, capacity=P + new + 8)
+    eng = Engine(model, slots=B, capacity=P + new + 8, prefill=prefill)
     mode = SampleMode(temperature=1.0)
     rows = ids.tolist()
-    best: dict[str, float] = {}
+    best: dict[str, Any] = {}
     for rep in range(repeats + 1):  # the first run captures the graphs
         seqs = [eng.new(r) for r in rows]
         for s in seqs:
@@ -139,6 +148,7 @@ def run_ours(model: Any, ids: torch.Tensor, new: int, repeats: int) -> dict[str,
             best = cur
     best["peak_gb"] = peak_gb()
     best["kv_gb"] = eng.cache.nbytes() / 1e9
+    best["prefill"] = eng.prefill_mode
     del eng
     return best
 
@@ -254,6 +264,36 @@ def kernel_check(model: Any) -> dict[str, float]:
     return out
 
 
+def prefill_check(model: Any) -> dict[str, Any]:
+    """Last-token logits of the Triton varlen prefill and of the padded one against the plain-torch varlen
+    pass (relative L2 error), 8 sequences of mixed lengths, half of them continuing a cached prefix."""
+    from toolgym.agents.engine import Engine
+    from toolgym.agents.engine.model import prefill
+
+    vocab = model.config.vocab_size
+    lens = [1, 7, 64, 65, 300, 511, 700, 960]
+    ids = prompts(1, sum(lens), vocab, 13)[0].tolist()
+    seqs, a = [], 0
+    for n in lens:
+        seqs.append(ids[a : a + n])
+        a += n
+    cut = [n // 2 if i % 2 else 0 for i, n in enumerate(lens)]
+    out: dict[str, Any] = {}
+    for name, mode, kern in (
+        ("torch", "varlen", False),
+        ("triton", "varlen", True),
+        ("padded", "padded", False),
+    ):
+        eng = Engine(model, slots=len(lens), capacity=1024, cuda_graphs=False)
+        first = [(i, 0, x[:c]) for i, (x, c) in enumerate(zip(seqs, cut, strict=True)) if c > 0]
+        prefill(eng.weights, eng.cache, first, False, mode=mode, kernels=kern)
+        rest = [(i, c, x[c:]) for i, (x, c) in enumerate(zip(seqs, cut, strict=True))]
+        out[name] = prefill(eng.weights, eng.cache, rest, mode=mode, kernels=kern)
+        del eng
+    ref = out.pop("torch")
+    return {f"prefill_{k}_rel_err": float((v - ref).norm() / ref.norm()) for k, v in out.items()}
+
+
 def profile_step(model: Any, B: int, P: int) -> list[tuple[str, float]]:
     """Top kernels of eager Triton decode steps at batch B (CUDA time share)."""
     from torch.profiler import ProfilerActivity, profile
@@ -325,13 +365,16 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=960)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--prefill-ab", default="256", help="batch sizes that also run our engine with the padded prefill"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU: checks the script runs")
     ap.add_argument("--out", default="benchmarks/results/generation")
     args = ap.parse_args()
     if args.smoke:  # numbers mean nothing: every code path once, in seconds
         args.models, args.static_models, args.batch, args.dynamic = "tiny", "tiny", "1,4", "1,4"
         args.static = "" if not torch.cuda.is_available() else "4"
-        args.prompt, args.new, args.repeats = 48, 8, 1
+        args.prompt, args.new, args.repeats, args.prefill_ab = 48, 8, 1, "4"
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -340,6 +383,7 @@ def main() -> None:
     batches = [int(b) for b in args.batch.split(",")]
     statics = [int(b) for b in args.static.split(",") if b]
     dynamics = [int(b) for b in args.dynamic.split(",") if b]
+    abs_ = [int(b) for b in args.prefill_ab.split(",") if b]
     P, N = args.prompt, args.new
     ctx = P + N / 2
     result: dict[str, Any] = {
@@ -359,6 +403,7 @@ def main() -> None:
         result[name] = extras
         if cuda:
             extras |= guarded(kernel_check, model) or {}
+            extras |= guarded(prefill_check, model) or {}
         extras |= guarded(greedy_check, model, vocab) or {}
         extras |= guarded(fork_bench, model, 1024, 8) or {}
         print(name, extras, flush=True)
@@ -366,6 +411,8 @@ def main() -> None:
             ids = prompts(B, P, vocab, B)
             row: dict[str, Any] = {"model": name, "B": B, "roofline_tok_s": roofline(name, B, ctx, bw, peak)}
             row["ours"] = guarded(run_ours, model, ids, N, args.repeats)
+            if B in abs_:
+                row["ours_padded"] = guarded(run_ours, model, ids, N, args.repeats, "padded")
             if B in dynamics:
                 row["hf_dynamic"] = guarded(run_hf, model, ids, N, False, 1)
             if B in statics and name in args.static_models.split(","):
@@ -389,6 +436,11 @@ def main() -> None:
         if r256 is not None:
             result["roofline_fraction_b256"] = r256["ours"]["decode_tok_s"] / r256["roofline_tok_s"]
             result["roofline_fraction_b256_e2e"] = r256["ours"]["tok_s"] / r256["roofline_tok_s"]
+            result["prefill_s_b256"] = r256["ours"]["prefill_s"]
+            if "tok_s" in r256.get("ours_padded", {}):
+                padded = r256["ours_padded"]
+                result["roofline_fraction_b256_e2e_padded"] = padded["tok_s"] / r256["roofline_tok_s"]
+                result["prefill_s_b256_padded"] = padded["prefill_s"]
             if "hf_static_compile" in r256:
                 result["speedup_vs_hf_static_b256"] = (
                     r256["ours"]["tok_s"] / r256["hf_static_compile"]["tok_s"]
@@ -411,8 +463,8 @@ def main() -> None:
         f"Prompt {P} + {N} sampled tokens (temperature 1, no early stop), random weights in the model's shape, bf16.",
         f"Roofline: step = max(bytes / {bw / 1e12:.2f} TB/s, FLOPs / {peak / 1e12:.0f} TFLOP/s), mean context {ctx:.0f}.",
         "",
-        "| model | B | ours tok/s (e2e) | ours decode tok/s | ms/step | HF dynamic | HF static+compile | roofline | ours decode / roofline | peak GB ours / dyn / static |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| model | B | ours tok/s (e2e) | ours decode tok/s | ms/step | prefill s (+1st step) | HF dynamic | HF static+compile | roofline | ours decode / roofline | peak GB ours / dyn / static |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]  # fmt: skip
     for r in result["rows"]:
         o = r["ours"]
@@ -424,12 +476,21 @@ def main() -> None:
         st = st if st and "error" not in st else None
         lines.append(
             f"| {r['model']} | {r['B']} | {o['tok_s']:,.0f} | {o['decode_tok_s']:,.0f} | {o['ms_per_step']:.2f} | "
+            f"{o['prefill_s']:.3f} | "
             f"{dyn['tok_s'] if dyn else float('nan'):,.0f} | {st['tok_s'] if st else float('nan'):,.0f} | "
             f"{r['roofline_tok_s']:,.0f} | {o['decode_tok_s'] / r['roofline_tok_s']:.2f} | "
             f"{o['peak_gb']:.2f} / {dyn['peak_gb'] if dyn else float('nan'):.2f} / {st['peak_gb'] if st else float('nan'):.2f} |"
         )
+        pad = r.get("ours_padded")
+        if pad and "error" not in pad:
+            lines.append(
+                f"| {r['model']} (padded prefill) | {r['B']} | {pad['tok_s']:,.0f} | {pad['decode_tok_s']:,.0f} | "
+                f"{pad['ms_per_step']:.2f} | {pad['prefill_s']:.3f} | | | {r['roofline_tok_s']:,.0f} | "
+                f"{pad['decode_tok_s'] / r['roofline_tok_s']:.2f} | {pad['peak_gb']:.2f} |"
+            )
     lines += ["", "Headline (first model):", ""]
-    for k in ("roofline_fraction_b256", "roofline_fraction_b256_e2e", "speedup_vs_hf_static_b256",
+    for k in ("roofline_fraction_b256", "roofline_fraction_b256_e2e", "roofline_fraction_b256_e2e_padded",
+              "prefill_s_b256", "prefill_s_b256_padded", "speedup_vs_hf_static_b256",
               "speedup_vs_hf_dynamic_b256", "ms_per_token_b1", "fork_speedup"):  # fmt: skip
         if k in result:
             lines.append(f"- `{k}`: {result[k]:.3f}")

@@ -102,8 +102,11 @@ class ModelRunner:
         for i, s in enumerate(batch):
             groups.setdefault(s.mode, []).append(i)
         for mode, rows in groups.items():
-            idx = torch.tensor(rows, device=self.device)
-            tok, lp, ent = sample(logits[idx], mode, self.generator)
+            # (a blocking copy would wait for the pass: the host could not build the next one meanwhile)
+            part = (
+                logits if len(groups) == 1 else logits[torch.tensor(rows).to(self.device, non_blocking=True)]
+            )
+            tok, lp, ent = sample(part, mode, self.generator)
             yield [batch[r] for r in rows], tok[None], lp[None], ent[None] if ent is not None else None
 
     def cache_only(self, todo: list[tuple[Seq, int]]) -> None:
@@ -403,9 +406,13 @@ class Engine:
         """Eager prefill passes for ``admitted`` newcomers, each sampling its first token."""
         t0 = time.perf_counter()
         done: list[Seq] = []
-        for batch in self.scheduler.prefill_batches(admitted):
-            for rows, tok, lp, ent in self.runner.prefill(batch):
-                done += self.scheduler.record(rows, tok, lp, ent)
+        # every pass is launched before the first samples are read (a host sync): the host builds the next
+        # pass's indices while the device runs the last one
+        sampled = [
+            out for batch in self.scheduler.prefill_batches(admitted) for out in self.runner.prefill(batch)
+        ]
+        for rows, tok, lp, ent in sampled:
+            done += self.scheduler.record(rows, tok, lp, ent)
         self.runner.sync()
         self.stats.prefill_s += time.perf_counter() - t0
         return done

@@ -402,10 +402,10 @@ def _prefill_attn_kernel(
     blk = tl.program_id(1)
     kvh = head // G
     b = tl.load(BSEQ + blk)
-    off = tl.load(BOFF + blk)  # the block's first new token, within its sequence
+    off = tl.load(BOFF + blk).to(tl.int32)  # the block's first new token, within its sequence
     q0 = tl.load(CU + b)
-    n = tl.load(CU + b + 1) - q0
-    start = tl.load(START + b)  # positions cached before this pass
+    n = (tl.load(CU + b + 1) - q0).to(tl.int32)
+    start = tl.load(START + b).to(tl.int32)  # positions cached before this pass (int32: < capacity)
     slot = tl.load(SLOT + b).to(tl.int64)
     i = tl.arange(0, BM)
     d = tl.arange(0, D)
@@ -423,7 +423,7 @@ def _prefill_attn_kernel(
     hi = tl.minimum(first + BM, start + n)  # one past the last key any (real) query of the block sees
     for s0 in range(0, full, BN):
         t = s0 + tl.arange(0, BN)
-        kt = tl.load(kp + t[None, :].to(tl.int64) * s_kt + d[:, None])  # [D, BN]
+        kt = tl.load(kp + t[None, :].to(tl.int64) * s_kt + d[:, None])  # [D, BN] (64-bit: long slots)
         s = tl.dot(q, kt) * qk_scale
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])

@@ -183,5 +183,10 @@ def test_prefill_pass_matches_torch(split: bool) -> None:
         )
     (want, kw, vw), (got, kg, vg) = out[False], out[True]
     assert got is not None and want is not None
-    assert ((got - want).abs() <= 1e-3 + want.abs() * 2.0**-7).all()  # (bf16 on a GPU: see above)
-    assert (kg.float() - kw.float()).abs().max().item() < TOL and (vg.float() - vw.float()).abs().max() < TOL
+    for a, b in ((got, want), (kg, kw), (vg, vw)):
+        a, b = a.float(), b.float()
+        if DEVICE == "cpu":  # float32: the same sums in another order
+            assert (a - b).abs().max().item() < 1e-4
+        else:  # bf16: the fused kernels round at other points than the torch ops (a bf16 step apart here and
+            # there, and each layer carries it on), so the whole tensors are compared
+            assert ((a - b).norm() / b.norm()).item() < 2e-2
