@@ -17,6 +17,8 @@ the prefill and decode passes; the ``Engine`` is the sequence-level API, and its
 
 On CUDA the decode step (Triton kernels + sampling) is captured in one CUDA graph per (batch bucket,
 sampling mode); padding rows of a bucket write into a scratch slot. On CPU it runs eagerly in plain torch.
+The eager prefill is varlen (packed, no padding; Triton kernels on CUDA) unless ``prefill="padded"`` (or
+``TOOLGYM_PREFILL=padded``) selects the earlier padded pass for A/B runs (model.py).
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def prefill_triton(
     w: PackedWeights, cache: KVCache, plan: PrefillPlan, want_logits: bool = True
 ) -> torch.Tensor | None:
     """The varlen prefill with the Triton kernels (the decode step's, plus ``prefill_attention``): per layer
-    3 GEMMs and 5 kernels over all new tokens of the pass. The plan needs its block table
+    4 GEMMs and 5 kernels over all new tokens of the pass. The plan needs its block table
     (``PrefillPlan.build(..., block > 0)``)."""
     assert plan.block > 0, "the Triton prefill needs the plan's block table"
     from toolgym.agents.engine import kernels as K
