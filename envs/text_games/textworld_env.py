@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -17,6 +18,7 @@ from toolgym.optional import require
 LEVELS = {1: (2, 4, 2), 2: (4, 8, 3), 3: (6, 12, 4), 4: (8, 16, 6), 5: (10, 20, 8)}
 _BANNER_END = re.compile(r"^.*\$\$.*$", re.M)
 _PROMPT = re.compile(r"\n\s*>[^\n]*$")  # the Z-machine's input prompt (and status line) after each answer
+_INTERPRETER_VERB = re.compile(r"\s*(save|restore|script|unscript|transcript|noscript)\b", re.I)
 
 
 def _textworld() -> Any:
@@ -138,6 +140,11 @@ class TextWorldEnv(EngineEnv):
         return f"textworld-d{self.difficulty}-{seed}", intro, first
 
     def _step(self, command: str) -> EngineState:
+        if "\\" in command or _INTERPRETER_VERB.match(command):
+            # the interpreter's own commands, not the game's: a line starting with a backslash is a dumb-frotz
+            # command that then waits for input forever (the step hung); save, restore and script write and read
+            # files in the trainer's folder (a save restored in a later episode of the same game)
+            return dataclasses.replace(self.episode.state, observation="That command is not available here.")
         state, _, _ = self._game.step(command)
         return self._state_of(state)
 

@@ -15,6 +15,7 @@ What is attacked here:
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -178,5 +179,34 @@ def test_web_commands_with_unusable_arguments_are_observations_in_a_real_browser
             obs, _, terminated, truncated, info = env.step(command)
             assert not (terminated or truncated), (command, info)
             assert info["invalid_action"] and obs[0]["content"].startswith("Invalid action"), command
+    finally:
+        env.close()
+
+
+def _step_within(env: Any, action: str, limit_s: float) -> tuple[Any, ...]:
+    """``env.step(action)``, failing the test (not hanging it) when it takes longer than ``limit_s``."""
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(env.step(action)), daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    assert out, f"{action!r}: the step did not return within {limit_s} s"
+    return out[0]
+
+
+def test_textworld_interpreter_commands_neither_hang_nor_touch_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("textworld")
+    monkeypatch.chdir(tmp_path)  # where the Z-machine wrote its save and transcript files
+    env = gym.make("toolgym/TextWorld-v0")
+    try:
+        for command in ["\\q", "\\boxed{1}", "\\help", "save", "script", "restore", "look \\n"]:
+            env.reset(seed=1)
+            obs, _, terminated, truncated, info = _step_within(env, command, 20.0)
+            assert not (terminated or truncated), (command, info)
+            assert "not available" in obs[0]["content"], command
+            _, _, _, _, info = _step_within(env, "look", 20.0)  # the game goes on
+            assert info.get("truncation") != "env_error"
+        assert list(tmp_path.iterdir()) == []
     finally:
         env.close()
