@@ -7,7 +7,8 @@ sampled (what ``Engine.step`` does before the first decode step). Random weights
         [--prefix 0] [--calls 3] [--out benchmarks/results/prefill_ab]
     python benchmarks/prefill_ab.py --smoke   # tiny shape on CPU: checks the script runs
 
-``--prefix N``: every prompt continues N cached tokens (a prefix-cache hit). Prints and writes (``--out``)
+``--prefix N``: every prompt continues N cached tokens (a prefix-cache hit). ``--sweep "bm=64,bn=64;bm=128,
+warps=8"``: the varlen pass again under each ``TOOLGYM_PREFILL_ATTN`` launch config. Prints and writes (``--out``)
 per mode: best seconds of a whole prefill, new tokens/s, and achieved TFLOP/s of the matmuls (linear layers
 and causal attention; the LM head runs on the last token only).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -75,6 +77,11 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=0)
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--no-kernels", action="store_true", help="the varlen pass in plain torch on a GPU too")
+    ap.add_argument(
+        "--sweep",
+        default="",
+        help="';'-separated TOOLGYM_PREFILL_ATTN configs to time the varlen pass with too",
+    )
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -102,6 +109,12 @@ def main() -> None:
         res[mode] = {"s": s, "tok_s": sum(lens) / s, "tflop_s": work / s / 1e12}
         print(mode, json.dumps(res[mode]), flush=True)
     res["speedup"] = res["padded"]["s"] / res["varlen"]["s"]
+    for cfg in filter(None, args.sweep.split(";")):  # the attention's launch (kernels.PrefillAttnConfig)
+        os.environ["TOOLGYM_PREFILL_ATTN"] = cfg
+        sec = time_mode(model, ids, args.prefix, "varlen", kern, args.calls)
+        res[f"varlen[{cfg}]"] = {"s": sec, "tok_s": sum(lens) / sec, "tflop_s": work / sec / 1e12}
+        print(cfg, json.dumps(res[f"varlen[{cfg}]"]), flush=True)
+    os.environ.pop("TOOLGYM_PREFILL_ATTN", None)
     print(json.dumps(res))
     if args.out:
         Path(args.out).with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")

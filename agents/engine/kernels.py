@@ -33,7 +33,7 @@ import triton.language as tl
 
 @triton.jit
 def _add_rms_kernel(X, Dlt, W, Y, n, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # (a prefill's rows x width can pass 2^31)
     cols = tl.arange(0, BLOCK)
     m = cols < n
     x = tl.load(X + row * n + cols, mask=m, other=0.0).to(tl.float32)
@@ -65,7 +65,7 @@ def _rope_kv_kernel(
     s_kslot, s_khead, s_kt,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, HP: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # (a prefill's rows x width can pass 2^31)
     pos = tl.load(POS + row)
     slot = tl.load(SLOT + row)
     d = tl.arange(0, HALF)
@@ -373,7 +373,7 @@ def decode_attention_v2(
 
 @triton.jit
 def _silu_mul_kernel(GU, Y, n, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # (a prefill's rows x width can pass 2^31)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < n
     gate = tl.load(GU + row * 2 * n + col, mask=m, other=0.0).to(tl.float32)
@@ -451,14 +451,34 @@ def _prefill_attn_kernel(
     )
 
 
+@dataclass(frozen=True)
+class PrefillAttnConfig:
+    """A ``prefill_attention`` launch: ``bm`` new tokens a program (the plan's block), ``bn`` keys a tile,
+    ``warps``, ``stages`` (K/V tiles in flight). Powers of two, ``bm``/``bn`` >= 16."""
+
+    bm: int = 64
+    bn: int = 64
+    warps: int = 4
+    stages: int = 2
+
+    @staticmethod
+    def current() -> PrefillAttnConfig:
+        """``TOOLGYM_PREFILL_ATTN`` (``"bm=128,bn=64,warps=8,stages=2"``; missing keys keep the defaults,
+        read at each pass: for timing sweeps), else the defaults."""
+        text = os.environ.get("TOOLGYM_PREFILL_ATTN", "")
+        kv = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
+        return PrefillAttnConfig(**{k: int(v) for k, v in kv.items()})
+
+
 def prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu: torch.Tensor, starts: torch.Tensor,
-    slots: torch.Tensor, blk_seq: torch.Tensor, blk_off: torch.Tensor, block: int = 64, block_n: int = 64,
+    slots: torch.Tensor, blk_seq: torch.Tensor, blk_off: torch.Tensor, config: PrefillAttnConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """q [N, H, D]: the packed new tokens of B sequences (sequence b's at ``cu[b]:cu[b + 1]``, at positions
     ``starts[b]…``), each against ``cache[slots[b], :, :its position + 1]`` ([S, Hkv, T, D], already holding
     the new K/V); returns [N, H, D]. ``blk_seq``/``blk_off``: one entry per ``block`` new tokens of a
-    sequence (``PrefillPlan``). ``block``, ``block_n``: query and key tile sizes (>= 16, powers of two)."""
+    sequence (``PrefillPlan``) of ``config.bm`` new tokens."""
+    cfg = config or PrefillAttnConfig()
     _, H, D = q.shape
     hkv = k_cache.shape[1]
     out = torch.empty_like(q)
@@ -468,6 +488,6 @@ def prefill_attention(
     _prefill_attn_kernel[(H, blk_seq.shape[0])](
         q, k_cache, v_cache, out, blk_seq, blk_off, cu, starts, slots, qk_scale,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        H=H, G=H // hkv, D=D, BM=block, BN=block_n, num_warps=4, num_stages=2,
+        H=H, G=H // hkv, D=D, BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
     return out

@@ -32,7 +32,6 @@ from toolgym.agents.engine.weights import PackedWeights
 from toolgym.errors import ConfigError
 
 PREFILL_MODES = ("varlen", "padded")
-PREFILL_BLOCK = 64  # query tokens a program of the Triton prefill attention (its block table's unit)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -75,10 +74,12 @@ def prefill(
     module docstring; ``kernels``: the Triton varlen pass (CUDA)."""
     if prefill_mode(mode) == "padded":
         return prefill_padded(w, cache, seqs, want_logits)
-    plan = PrefillPlan.build(seqs, w.device, PREFILL_BLOCK if kernels else 0)
     if kernels:
-        return prefill_triton(w, cache, plan, want_logits)
-    return prefill_varlen(w, cache, plan, want_logits)
+        from toolgym.agents.engine import kernels as K
+
+        cfg = K.PrefillAttnConfig.current()
+        return prefill_triton(w, cache, PrefillPlan.build(seqs, w.device, cfg.bm), want_logits, cfg)
+    return prefill_varlen(w, cache, PrefillPlan.build(seqs, w.device), want_logits)
 
 
 @dataclass
@@ -134,8 +135,15 @@ class PrefillPlan:
         else:
             blk_seq = blk_off = torch.zeros(0, dtype=torch.long)
         parts = [tokens, pos, slots[row], cu, starts, slots, blk_seq, blk_off]
-        flat = torch.cat(parts).to(device, non_blocking=True)  # one host-to-device copy
-        tok, pos_d, slot_d, cu_d, starts_d, slots_d, bseq, boff = flat.split([p.numel() for p in parts])
+        # each part starts 16-byte aligned in the one buffer (an even number of int64 before it): Triton
+        # compiles a kernel per alignment of its pointer arguments
+        sizes = [p.numel() + p.numel() % 2 for p in parts]
+        flat = torch.cat([F.pad(p, (0, z - p.numel())) for p, z in zip(parts, sizes, strict=True)])
+        if device.type == "cuda":  # pinned: the copy is queued behind the running pass, the host goes on
+            flat = flat.pin_memory()
+        flat = flat.to(device, non_blocking=True)  # one host-to-device copy
+        views = [v[: p.numel()] for v, p in zip(flat.split(sizes), parts, strict=True)]
+        tok, pos_d, slot_d, cu_d, starts_d, slots_d, bseq, boff = views
         return PrefillPlan(
             tok, pos_d, slot_d, cu_d, starts_d, slots_d, bseq, boff, lens_l, starts_l, slots_l, block
         )
@@ -195,14 +203,16 @@ def prefill_varlen(
 
 
 def prefill_triton(
-    w: PackedWeights, cache: KVCache, plan: PrefillPlan, want_logits: bool = True
+    w: PackedWeights, cache: KVCache, plan: PrefillPlan, want_logits: bool = True, config: Any = None
 ) -> torch.Tensor | None:
     """The varlen prefill with the Triton kernels (the decode step's, plus ``prefill_attention``): per layer
     4 GEMMs and 5 kernels over all new tokens of the pass. The plan needs its block table
-    (``PrefillPlan.build(..., block > 0)``)."""
-    assert plan.block > 0, "the Triton prefill needs the plan's block table"
+    (``PrefillPlan.build(..., block > 0)``) of the attention's ``config`` (``kernels.PrefillAttnConfig``,
+    default: its ``bm`` is the plan's block)."""
     from toolgym.agents.engine import kernels as K
 
+    cfg = config or K.PrefillAttnConfig(bm=plan.block)
+    assert plan.block == cfg.bm, "the plan's block table is of the attention's query blocks"
     s = w.shape
     x = w.embed[plan.tokens]  # [N, hidden] (a copy: the norms add into it in place)
     h = K.add_rms_norm(x, None, w.ln1[0], s.eps)
@@ -215,9 +225,7 @@ def prefill_triton(
         q = K.rope_kv_write(
             qkv, cache.cos, cache.sin, plan.pos, plan.slot, kc, vc, s.heads, s.kv_heads, s.head_dim
         )
-        o = K.prefill_attention(
-            q, kc, vc, plan.cu, plan.starts, plan.slots, plan.blk_seq, plan.blk_off, plan.block
-        )
+        o = K.prefill_attention(q, kc, vc, plan.cu, plan.starts, plan.slots, plan.blk_seq, plan.blk_off, cfg)
         attn = _linear(o.view(o.shape[0], -1), w.wo[layer], _bias(w.bo, layer))
         h = K.add_rms_norm(x, attn, w.ln2[layer], s.eps)
         gu = _linear(h, w.wgu[layer], _bias(w.bgu, layer))

@@ -144,17 +144,21 @@ def test_prefill_attention_matches_torch(H: int, hkv: int, runs: list[tuple[int,
         [(sl, st, [1] * n) for sl, (st, n) in zip(slots, runs, strict=True)], torch.device(DEVICE), block
     )
     q = torch.randn(int(plan.cu[-1]), H, D, generator=g).to(DEVICE, DTYPE)
-    got = K.prefill_attention(
-        q, kc, vc, plan.cu, plan.starts, plan.slots, plan.blk_seq, plan.blk_off, block, min(block, 32)
-    )  # (key tiles of 16 or 32: several whole tiles before the diagonal)
+    cfg = K.PrefillAttnConfig(
+        bm=block, bn=min(block, 32)
+    )  # key tiles of 16 or 32: several before the diagonal
+    got = K.prefill_attention(q, kc, vc, plan.cu, plan.starts, plan.slots, plan.blk_seq, plan.blk_off, cfg)
     want = _attend_varlen(q.float(), kc.float(), vc.float(), plan)
     assert (got.float() - want).abs().max().item() < TOL
 
 
+@pytest.mark.parametrize("attn", ["", "bm=16,bn=32,warps=2,stages=1"], ids=["default", "env_cfg"])
 @pytest.mark.parametrize("split", [False, True], ids=["fresh", "prefix_hit"])
-def test_prefill_pass_matches_torch(split: bool) -> None:
+def test_prefill_pass_matches_torch(split: bool, attn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole Triton varlen prefill (the call site in model.py) against the plain-torch varlen pass: the
-    same logits and the same K/V in the slots, with GQA, mixed lengths and (``split``) cached prefixes."""
+    same logits and the same K/V in the slots, with GQA, mixed lengths and (``split``) cached prefixes;
+    ``TOOLGYM_PREFILL_ATTN`` sets the attention's launch (and the plan's blocks)."""
+    monkeypatch.setenv("TOOLGYM_PREFILL_ATTN", attn)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from toolgym.agents.engine import Engine
