@@ -253,6 +253,7 @@ class Engine:
     idle = _Part("scheduler")
     admit_wait = _Part("scheduler")
     inline_prefill = _Part("scheduler")
+    prefill_chunk = _Part("scheduler")
     block = _Part("scheduler")
     prefill_tokens = _Part("scheduler")
     stop_ids = _Part("scheduler")
@@ -410,8 +411,13 @@ class Engine:
         done: list[Seq] = []
         # every pass is launched before the first samples are read (a host sync): the host builds the next
         # pass's indices while the device runs the last one
+        todo = self.scheduler.chunk(admitted)
+        part = [(s, n) for s, n in todo if n < len(s.ids)]  # chunks of prompts that go on at a later step
+        if part:
+            self.runner.cache_only(part)
+        whole = [s for s, n in todo if n == len(s.ids)]
         sampled = [
-            out for batch in self.scheduler.prefill_batches(admitted) for out in self.runner.prefill(batch)
+            out for batch in self.scheduler.prefill_batches(whole) for out in self.runner.prefill(batch)
         ]
         for rows, tok, lp, ent in sampled:
             done += self.scheduler.record(rows, tok, lp, ent)

@@ -37,6 +37,11 @@ class Scheduler:
         # as extra rows of the decode step (each row reads its slot up to its own position, so rows of one
         # sequence are causal) instead of an eager prefill pass of ~50 launches a layer; 0: always prefill
         self.inline_prefill = 64
+        # new tokens the eager prefill of one step takes at most (0: every admitted prompt whole): a long
+        # prompt then prefills in chunks over several steps, each followed by the active rows' decode step,
+        # so they do not wait out the whole prefill (chunked prefill; the varlen pass continues a slot's
+        # cached prefix, so a chunk is a pass like any other)
+        self.prefill_chunk = 0
         # decode steps run back to back between host syncs when nothing waits to join (each step's sampled
         # ids feed the next on the device; the host reads the block once and ends rows at their first stop):
         # a GPU step is then not held up by the host's bookkeeping and a device-to-host sync for every token.
@@ -164,6 +169,31 @@ class Scheduler:
             total += n
         if batch:
             yield batch
+
+    def chunk(self, seqs: list[Seq]) -> list[tuple[Seq, int]]:
+        """This step's eager prefill of ``seqs``: (seq, cache up to) within ``prefill_chunk`` new tokens (all
+        of them when 0); ``upto == len(seq.ids)``: whole, its first token is sampled. A sequence cut short or
+        left out goes back to the front of the queue (with its slot and what is cached) for a later step."""
+        for s in seqs:
+            s.kv = min(s.kv, len(s.ids) - 1)  # at least the last token runs: its logits start the turn
+        if self.prefill_chunk <= 0:
+            return [(s, len(s.ids)) for s in seqs]
+        budget = self.prefill_chunk
+        run: list[tuple[Seq, int]] = []
+        later: list[Seq] = []
+        for s in seqs:
+            n = len(s.ids) - s.kv
+            if budget <= 0:
+                later.append(s)
+            elif n <= budget:
+                run.append((s, len(s.ids)))
+                budget -= n
+            else:  # (kv + budget < len(ids): the last token stays for the pass that samples)
+                run.append((s, s.kv + budget))
+                later.append(s)
+                budget = 0
+        self.queue[:0] = later
+        return run
 
     def block_len(self, inline: bool) -> int:
         """Decode steps the next block may take: one when a newcomer runs inline or waits to join (it would

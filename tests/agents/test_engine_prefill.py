@@ -135,3 +135,40 @@ def test_the_mode_comes_from_the_option_or_the_environment(monkeypatch: pytest.M
         Engine(model, slots=1, capacity=32)
     monkeypatch.delenv("TOOLGYM_PREFILL")
     assert Engine(model, slots=1, capacity=32).prefill_mode == "varlen"
+
+
+def test_chunked_prefill_lets_decode_rows_go_on_and_changes_no_token() -> None:
+    model = gqa_llama(seed=4)
+    greedy = SampleMode(temperature=0)
+    short, long = prompts([6, 150], seed=8)
+
+    def run(chunk: int) -> tuple[list[list[int]], int]:
+        """(both rows' tokens, decode steps of the first row while the second one's prompt prefilled)"""
+        eng = Engine(model, slots=2, capacity=200, cuda_graphs=False)
+        eng.prefill_chunk = chunk
+        first = eng.new(short)
+        eng.submit(first, greedy, 12)
+        eng.step()  # `first` decodes from here on
+        late = eng.new(long)
+        eng.submit(late, greedy, 4)
+        before = len(first.out)
+        while late.state == "queued":
+            eng.step()
+        during = len(first.out) - before
+        eng.run()
+        return [first.out, late.out], during
+
+    (plain, during_plain), (chunked, during) = run(0), run(32)
+    assert during_plain == 1  # the 150-token prompt in one pass, then one decode step
+    assert during == 5  # chunks of 32 over 4 steps, the last 22 as rows of the 5th decode step (inline)
+    assert chunked == plain
+    with torch.no_grad():
+        for prompt, out in zip((short, long), chunked, strict=True):
+            ref = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=len(out),
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            assert out == ref[0, len(prompt) :].tolist()

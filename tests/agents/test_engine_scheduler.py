@@ -84,3 +84,20 @@ def test_a_block_stops_short_of_every_rows_allowance() -> None:
     sch.record([a, b], torch.tensor([[5, 5]]), torch.tensor([[-1.0, -1.0]]), None)  # both go on
     assert sch.block_len(inline=False) == 2  # b has 2 tokens left
     assert sch.block_len(inline=True) == 1  # a newcomer decodes inline: one step
+
+
+def test_chunked_prefill_takes_the_step_budget_and_requeues_the_rest() -> None:
+    sch = make(slots=4, capacity=128)
+    a, b, c = Seq(0, list(range(1, 11))), Seq(1, list(range(1, 31))), Seq(2, [4, 5])
+    waiting = Seq(3, [6, 7])
+    sch.queue = [waiting]
+    assert sch.chunk([a, b, c]) == [(a, 10), (b, 30), (c, 2)]  # off (0): every prompt whole
+    sch.prefill_chunk = 20
+    # a whole (10), b cut at 10 of its 30, c left for a later step; both go back before what was queued
+    assert sch.chunk([a, b, c]) == [(a, 10), (b, 10)]
+    assert sch.queue == [b, c, waiting]
+    b.kv = 10
+    assert sch.chunk([b]) == [(b, 30)]  # its remaining 20 fit
+    d = Seq(4, list(range(1, 41)))
+    d.kv = 39  # all but the last token cached: the last one still runs
+    assert sch.chunk([d]) == [(d, 40)]
