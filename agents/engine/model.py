@@ -74,6 +74,8 @@ def prefill(
     module docstring; ``kernels``: the Triton varlen pass (CUDA)."""
     if prefill_mode(mode) == "padded":
         return prefill_padded(w, cache, seqs, want_logits)
+    if not seqs:
+        return w.embed.new_zeros((0, w.lm_head.shape[0]), dtype=torch.float32) if want_logits else None
     if kernels:
         from toolgym.agents.engine import kernels as K
 
@@ -110,7 +112,7 @@ class PrefillPlan:
         lens_l = [len(ids) for _, _, ids in seqs]
         starts_l = [st for _, st, _ in seqs]
         slots_l = [sl for sl, _, _ in seqs]
-        if min(lens_l, default=0) < 1:
+        if min(lens_l, default=1) < 1:
             raise ConfigError("every prefilled sequence needs at least one new token")
         B = len(seqs)
         lens = torch.tensor(lens_l)

@@ -123,6 +123,9 @@ def test_plan_indices() -> None:
     assert blocks == [(2, 8), (2, 4), (1, 0), (2, 0), (0, 0)]
     with pytest.raises(ConfigError, match="at least one new token"):
         PrefillPlan.build([(0, 0, [])], torch.device("cpu"))
+    eng = Engine(gqa_llama(), slots=1, capacity=32)
+    empty = prefill(eng.weights, eng.cache, [], mode="varlen")
+    assert empty is not None and empty.shape == (0, 128)
 
 
 def test_the_mode_comes_from_the_option_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
