@@ -398,8 +398,10 @@ def _prefill_attn_kernel(
     s_kslot, s_khead, s_kt,
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
-    head = tl.program_id(0)  # the query heads of one block are neighbours: they share its K/V in L2
-    blk = tl.program_id(1)
+    # one flat grid (no 65,535 cap on a second axis); the query heads of a block are neighbours: they share
+    # its K/V in L2
+    head = tl.program_id(0) % H
+    blk = tl.program_id(0) // H
     kvh = head // G
     b = tl.load(BSEQ + blk)
     off = tl.load(BOFF + blk).to(tl.int32)  # the block's first new token, within its sequence
@@ -485,7 +487,7 @@ def prefill_attention(
     if blk_seq.numel() == 0:
         return out
     qk_scale = D**-0.5 * 1.4426950408889634  # log2(e): the kernel's softmax is base 2
-    _prefill_attn_kernel[(H, blk_seq.shape[0])](
+    _prefill_attn_kernel[(H * blk_seq.shape[0],)](
         q, k_cache, v_cache, out, blk_seq, blk_off, cu, starts, slots, qk_scale,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         H=H, G=H // hkv, D=D, BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages,
