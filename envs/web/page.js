@@ -219,12 +219,30 @@
   // The page once the click armed by the last 'point' is over.
   tg.afterClick = () => tg.clicked || JSON.stringify({error: null, snapshot: tg.snapshot()});
 
+  // Every form control as the page loaded it. A control the model typed into keeps its value (its "dirty"
+  // flag) when a task sets its text the way a page load does (scroll-text's textarea.innerHTML): the next
+  // episode showed the last one's text, not its own. A form reset clears the flag; each control is moved into
+  // a form of its own for it (listeners stay), and the task's genProblem then fills them.
+  tg.resetControls = () => {
+    for (const form of document.querySelectorAll('form')) HTMLFormElement.prototype.reset.call(form);
+    for (const control of document.querySelectorAll('textarea, input, select')) {
+      if (control.form) continue;
+      const mark = document.createComment('tg');
+      const holder = document.createElement('form');
+      control.replaceWith(mark);
+      holder.appendChild(control);
+      HTMLFormElement.prototype.reset.call(holder);
+      mark.replaceWith(control);
+    }
+  };
+
   // Start a seeded episode through MiniWoB's own JavaScript and return its first page once it is ready.
   tg.start = async (seed, maxTime) => {
     if (core.EP_TIMER !== null) { clearTimeout(core.EP_TIMER); core.EP_TIMER = null; }
     document.querySelectorAll('[data-tg]').forEach((e) => e.removeAttribute('data-tg'));
     window.__tgNext = 1;
     if (document.activeElement && document.activeElement.blur) document.activeElement.blur();
+    tg.resetControls();
     Math.seedrandom(seed);
     core.EPISODE_MAX_TIME = maxTime;
     core.startEpisodeReal();

@@ -210,3 +210,24 @@ def test_textworld_interpreter_commands_neither_hang_nor_touch_files(
         assert list(tmp_path.iterdir()) == []
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("task", ["scroll-text", "copy-paste", "email-inbox-reply", "sign-agreement"])
+def test_web_text_typed_in_one_episode_is_not_in_the_next(task: str) -> None:
+    """A textarea the model typed into kept its text into the next episode, whose own text (set by the task
+    as a page load sets it) then never showed: the episode was unsolvable."""
+    pytest.importorskip("playwright")
+    used = gym.make(f"toolgym/MiniWoB-{task}-v0")
+    fresh = gym.make(f"toolgym/MiniWoB-{task}-v0", own_browser=True)
+    try:
+        used.reset(seed=0)
+        page = tool_env(used).episode.snapshot.elements
+        for element in page:
+            if element["role"] == "textbox":
+                used.step(f"type({element['id']}, 'left over')")
+        used.step("press('Tab')")
+        used.step("press('x')")
+        assert used.reset(seed=1)[0] == fresh.reset(seed=1)[0]
+    finally:
+        used.close()
+        fresh.close()
