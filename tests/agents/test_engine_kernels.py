@@ -152,24 +152,43 @@ def test_prefill_attention_matches_torch(H: int, hkv: int, runs: list[tuple[int,
     assert (got.float() - want).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("attn", ["", "bm=16,bn=32,warps=2,stages=1"], ids=["default", "env_cfg"])
+@pytest.mark.parametrize(
+    ("arch", "attn"),
+    [("llama", ""), ("llama", "bm=16,bn=32,warps=2,stages=1"), ("qwen2", "")],
+    ids=["llama", "llama_env_cfg", "qwen2"],
+)
 @pytest.mark.parametrize("split", [False, True], ids=["fresh", "prefix_hit"])
-def test_prefill_pass_matches_torch(split: bool, attn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prefill_pass_matches_torch(
+    split: bool, arch: str, attn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The whole Triton varlen prefill (the call site in model.py) against the plain-torch varlen pass: the
-    same logits and the same K/V in the slots, with GQA, mixed lengths and (``split``) cached prefixes;
-    ``TOOLGYM_PREFILL_ATTN`` sets the attention's launch (and the plan's blocks)."""
+    same logits and the same K/V in the slots, with GQA (Qwen2.5-0.5B's group of 7 and q/k/v biases too),
+    mixed lengths and (``split``) cached prefixes; ``TOOLGYM_PREFILL_ATTN`` sets the attention's launch (and
+    the plan's blocks)."""
     monkeypatch.setenv("TOOLGYM_PREFILL_ATTN", attn)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from toolgym.agents.engine import Engine
     from toolgym.agents.engine.model import prefill
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=192, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).eval().to(DEVICE)
+    if arch == "llama":
+        config = LlamaConfig(
+            vocab_size=64, hidden_size=192, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+        )  # fmt: skip
+        model = LlamaForCausalLM(config).eval()
+    else:
+        qcfg = Qwen2Config(
+            vocab_size=64, hidden_size=448, intermediate_size=64, num_hidden_layers=2, num_attention_heads=14,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        )  # fmt: skip
+        model = Qwen2ForCausalLM(qcfg).eval()
+        with torch.no_grad():  # the q/k/v biases start at zero: make them count
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    model = model.to(DEVICE)
     ids = [[(7 * i + j) % 60 + 1 for j in range(n)] for i, n in enumerate((5, 40, 70, 1, 66))]
     cut = [n // 2 if split else 0 for n in map(len, ids)]
     out = {}
