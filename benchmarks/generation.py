@@ -366,7 +366,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument(
-        "--prefill-ab", default="256", help="batch sizes that also run our engine with the padded prefill"
+        "--prefill-ab",
+        default="",
+        help="batch sizes that also run our engine with the padded prefill (e.g. 256)",
     )
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU: checks the script runs")
     ap.add_argument("--out", default="benchmarks/results/generation")
