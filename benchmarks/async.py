@@ -67,7 +67,6 @@ import argparse
 import http.server
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -78,6 +77,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import device_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -474,17 +476,6 @@ def gpu_count() -> int:
         return torch.cuda.device_count()
     except ImportError:
         return 0
-
-
-def device_name() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
-    except ImportError:
-        pass
-    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
 
 
 def write_md(data: dict[str, Any], path: Path) -> None:

@@ -246,9 +246,12 @@ def _play_seeds(
         roller.close()
     seconds = time.perf_counter() - t0
     by_seed: dict[int, list[dict[str, Any]]] = {s: [] for s in todo}
+    outcomes: dict[int, dict[str, int]] = {s: {} for s in todo}  # deal -> won: stages pair up game by game
     for t in forest:
         s = (int(t.meta["seed"]) - base) // 100_000
-        by_seed[s] += [t.nodes[leaf].info.get("episode", {}) for leaf in t.leaves()]
+        eps = [t.nodes[leaf].info.get("episode", {}) for leaf in t.leaves()]
+        by_seed[s] += eps
+        outcomes[s][str(t.meta["seed"])] = int(any(bool(e.get("success")) for e in eps))
     batch = {
         "seeds": todo, "games": len(tasks), "generated_tokens": stats.generated_tokens,
         "generate_s": stats.generate_s, "seconds": seconds,
@@ -261,7 +264,7 @@ def _play_seeds(
             "turns": sum(int(e.get("turns", 0)) for e in eps),
             "invalid_turns": sum(int(e.get("invalid_turns", 0)) for e in eps),
             "generated_tokens": stats.generated_tokens / len(todo), "generate_s": stats.generate_s / len(todo),
-            "seconds": seconds / len(todo), "batch": batch, "setup": setup,
+            "seconds": seconds / len(todo), "batch": batch, "setup": setup, "outcomes": outcomes[s],
         }  # fmt: skip
         (folder / f"seed_{s}.json").write_text(json.dumps(record, indent=1))
 
@@ -286,9 +289,40 @@ def merge_seed_files(name: str, folder: Path, seeds: int) -> dict[str, Any]:
     }
 
 
+def paired_gain(name: str, folder: Path, base_folder: Path, seeds: int, base: str = "sft") -> dict[str, Any]:
+    """gain_NAME_vs_BASE: NAME's win rate minus BASE's over the deals both played (every seed's deals are the
+    same for every stage), with a normal 95% interval over the per-game differences; {} when either stage's
+    files predate per-game outcomes."""
+    pairs: list[int] = []
+    for s in range(seeds):
+        a = json.loads((folder / f"seed_{s}.json").read_text()).get("outcomes")
+        b = json.loads((base_folder / f"seed_{s}.json").read_text()).get("outcomes")
+        if a is None or b is None:
+            return {}
+        pairs += [a[d] - b[d] for d in a.keys() & b.keys()]
+    if len(pairs) < 2:
+        return {}
+    mean, half = float(np.mean(pairs)), 1.96 * float(np.std(pairs, ddof=1)) / math.sqrt(len(pairs))
+    return {
+        f"gain_{name}_vs_{base}": mean,
+        f"gain_{name}_vs_{base}_ci95": (mean - half, mean + half),
+        f"gain_{name}_vs_{base}_games": len(pairs),
+    }
+
+
 def call_text(call: dict[str, Any]) -> str:
     stopped = call.get("stopped")
-    return f"{call['seconds']:.0f} s" + (f" (stopped: {stopped})" if stopped else "")
+    where = f" on {call['device']} from {call['started']} UTC" if call.get("device") else ""
+    return f"{call['seconds']:.0f} s{where}" + (f" (stopped: {stopped})" if stopped else "")
+
+
+def scale_text(result: dict[str, Any]) -> str:
+    """What the learned rows compare with: the strong scripted player in their own setting (a drawn seat,
+    strong opponents), from the same file's expert measurement."""
+    rate = result.get("expert_success", {}).get("strong")
+    if rate is None:
+        return ""
+    return f"For scale: the strong scripted player itself wins {rate:.3f} in that setting (a drawn seat, strong opponents)."
 
 
 def write_learned(out: str, found: dict[str, Any], head: str | None = None, quiet: bool = False) -> None:
@@ -314,12 +348,19 @@ def write_learned(out: str, found: dict[str, Any], head: str | None = None, quie
         "",
         f"Greedy decoding, {setup.get('players', 7)} players, held-out deals ({setup.get('seeds', 3)} seeds x "
         f"{setup.get('games_per_seed', 200)} games, one disjoint set of deals per seed); the 95% interval is "
-        "Wilson's over all games, the seed interval is a t-interval over the per-seed rates. For scale: the "
-        "strong scripted player itself wins 0.40 of its games in a drawn seat against basic players.",
+        "Wilson's over all games, the seed interval is a t-interval over the per-seed rates. " + scale_text(result),
         "",
         "| stage | win rate | 95% CI | per seed | seed-mean 95% CI | turns/game | model |",
         "|---|---|---|---|---|---|---|",
         *rows,
+        "",
+        *(
+            f"Paired over the same deals, {k[len('win_rate_') :]} minus sft: "
+            f"{result[g]:+.3f} (95% CI {result[g + '_ci95'][0]:+.3f} to {result[g + '_ci95'][1]:+.3f}, "
+            f"{result[g + '_games']} games)."
+            for k in ("win_rate_selfplay", "win_rate_lspo")
+            if (g := f"gain_{k[len('win_rate_') :]}_vs_sft") in result
+        ),
         "",
     ]  # fmt: skip
     pipe = result.get("pipeline")

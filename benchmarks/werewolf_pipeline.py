@@ -56,6 +56,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from machine import device_name
+
 ENV = "toolgym/Werewolf-v0"
 # the CPU smoke's model: the embedded model's tokenizer and chat template on a 2-layer random Llama (``make_tiny``)
 TINY = "tiny-smollm2"
@@ -410,7 +412,8 @@ class Pipeline:
         if self.p.model == TINY:
             self.model = str(make_tiny(self.runs / "tiny_model", seed=self.seed))
         call: dict[str, Any] = {
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),  # UTC, as results are dated
+            "device": device_name(),
             "seconds_budget": self.seconds,
             "ran": [],
         }
@@ -573,12 +576,14 @@ class Pipeline:
             shutil.copyfile(path, target)
 
     def write_results(self) -> None:
-        from werewolf import merge_seed_files, write_learned
+        from werewolf import merge_seed_files, paired_gain, write_learned
 
         found: dict[str, Any] = {}
         for name in ("sft", "selfplay", "lspo"):
             if self.eval_done(name):
                 found |= merge_seed_files(name, self.eval_dir(name), self.p.eval_seeds)
+                if name != "sft" and self.eval_done("sft"):
+                    found |= paired_gain(name, self.eval_dir(name), self.eval_dir("sft"), self.p.eval_seeds)
         jpath = Path(f"{self.out}.json")
         jpath.parent.mkdir(parents=True, exist_ok=True)
         if self.baseline and not jpath.is_file():
@@ -596,7 +601,8 @@ class Pipeline:
             "units": {n: {"done": bool(u.get("done")), "seconds": round(float(u.get("seconds", 0.0)), 1),
                           **({"error": u["error"].splitlines()[-1]} if u.get("error") else {})}
                       for n, u in units.items()},
-            "calls": [{"seconds": round(float(c.get("seconds", 0.0)), 1), "stopped": c.get("stopped")}
+            "calls": [{"seconds": round(float(c.get("seconds", 0.0)), 1), "stopped": c.get("stopped"),
+                       "started": c.get("started"), "device": c.get("device")}
                       for c in self.state["calls"]],
             "breakdown": self.breakdown(),
         }  # fmt: skip

@@ -76,7 +76,14 @@ def test_every_stage_end_to_end_and_a_second_call_continues(tiny_folder: Path, t
         lo, hi = result[f"win_rate_{stage}_ci95"]
         assert 0.0 <= lo <= result[f"win_rate_{stage}"] <= hi <= 1.0
         assert len(result[f"win_rate_{stage}_per_seed"]) == 2
+    for stage in ("selfplay", "lspo"):  # paired game by game with SFT over the same deals
+        assert result[f"gain_{stage}_vs_sft_games"] >= 2
+        lo, hi = result[f"gain_{stage}_vs_sft_ci95"]
+        assert -1.0 <= lo <= result[f"gain_{stage}_vs_sft"] <= hi <= 1.0
+    call = json.loads((runs / "pipeline.json").read_text())["calls"][0]
+    assert call["device"].startswith("CPU") and call["started"].startswith("20")
     text = Path(out + ".md").read_text()
+    assert "minus sft" in text and " on CPU (" in text
     assert text.startswith("# Werewolf pipeline: CPU smoke") and "NOT a result" in text
     assert all(f"| {s} |" in text for s in ("sft", "selfplay", "lspo"))
     # the summary folder: every small file, no weights
