@@ -33,6 +33,8 @@ if [ ! -d /root/snap ] || ! cmp -s .stable/snap.tgz /root/snap.tgz; then
     || { echo "install failed"; exit 1; }
 fi
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$out/gpu.txt"
+# (what already holds GPU memory: a call of 2026-11-28 met an OOM beside a 60 GB process that was not its own)
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | sed 's/^/holds: /' | tee -a "$out/gpu.txt"
 deadline=$(( start + seconds - 75 ))  # SIGTERM then: a run finishes its step and saves (up to 45 s more)
 pids=()
 while read -r gpu name cmd; do
@@ -53,6 +55,7 @@ done <"$jobfile"
 wait "${pids[@]}"
 echo "seconds=$(( $(date +%s) - start ))" | tee -a "$out/gpu.txt"
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$out/gpu.txt"
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | sed 's/^/holds: /' | tee -a "$out/gpu.txt"
 for f in "$RUNS"/*.log; do echo "== $f"; tail -4 "$f"; done
 tar -czf "$out/jobs.tar.gz" -C "$RUNS" --exclude='checkpoint*' --exclude='model' --exclude='tensorboard' \
   --exclude='*.safetensors' --exclude='sft_data.jsonl' .
