@@ -48,6 +48,7 @@ from toolgym.tools import Tool, ToolSpec
 __all__ = ["TRUNCATIONS", "CommandOutcome", "ParsedAction", "Task", "ToolEnv", "action_reader", "tool_env"]
 
 TRUNCATIONS = ("turn_limit", "token_budget", "timeout", "env_error")
+MAX_CALLS_PER_TURN = 16  # calls of one turn that run (a step takes at most this many tools' time limits)
 # what the base itself changes during an episode (``get_state`` copies each; gymnasium makes ``_np_random``
 # on first use): hooks of a forking env may assign none but these while an episode runs (``__setattr__``)
 _BOOKKEEPING = frozenset((
@@ -67,6 +68,17 @@ def _valid_text(message: Message) -> Message:
     if isinstance(message.content, str) and clean_text(message.content) is not message.content:
         return message.model_copy(update={"content": clean_text(message.content)})
     return message
+
+
+def _not_run(call: ToolCall, cap: int) -> Message:
+    """The answer to a call past ``max_calls_per_turn``: one turn of many slow calls held its step for the
+    per-call time limit times the number of calls (thousands in a 200,000-character turn)."""
+    return Message(
+        role="tool",
+        tool_call_id=call.id,
+        name=call.name,
+        content=f"Error: not run: at most {cap} tool calls run per turn; make the others in the next turn.",
+    )
 
 
 def _whitespace_tokens(text: str) -> int:
@@ -107,14 +119,18 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         lenient_answers: bool = False,
         render_mode: str | None = None,
         mcp: Any = None,
+        max_calls_per_turn: int = MAX_CALLS_PER_TURN,
     ) -> None:
         if max_turns < 1:
             raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
+        if max_calls_per_turn < 1:
+            raise ConfigError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         if prompt_format not in ("tools", "text"):
             raise ConfigError(f"prompt_format must be 'tools' or 'text', got {prompt_format!r}")
         if render_mode not in (None, "ansi"):
             raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.max_turns = max_turns
+        self.max_calls_per_turn = max_calls_per_turn
         self.prompt_format = prompt_format
         if action_format is not None:
             self.action_format = action_format
@@ -380,7 +396,10 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
                     terminated = outcome.terminated
                     success = outcome.success if terminated else None
                 else:
-                    for call in parsed.tool_calls:
+                    for i, call in enumerate(parsed.tool_calls):
+                        if i >= self.max_calls_per_turn:  # each call may take its tool's time limit
+                            obs.append(_not_run(call, self.max_calls_per_turn))
+                            continue
                         self._tool_calls += 1
                         output = self.run_tool(call)
                         for key, value in self.tool_reward(call, output).items():

@@ -231,3 +231,31 @@ def test_web_text_typed_in_one_episode_is_not_in_the_next(task: str) -> None:
     finally:
         used.close()
         fresh.close()
+
+
+def _calls(name: str, arguments: dict[str, Any], n: int) -> str:
+    return ("<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>") * n
+
+
+def test_many_slow_calls_in_one_turn_run_at_most_the_cap() -> None:
+    """Each call has its tool's time limit, so one turn of n slow calls held its step for n limits (a
+    200,000-character turn holds thousands): calls past ``max_calls_per_turn`` are answered, not run."""
+    env = gym.make(
+        "toolgym/PythonMath-v0", sandbox="process", call_timeout_s=1.0, max_calls_per_turn=2,
+        sandbox_options={"pool_size": 1},
+    )  # fmt: skip
+    try:
+        env.reset(seed=0)
+        t0 = time.monotonic()
+        obs, _, _, _, info = env.step(_calls("python", {"code": "import time\ntime.sleep(30)"}, 6))
+        assert time.monotonic() - t0 < 2 * (1.0 + 3.0) + 2.0  # two limits (and the sandbox's grace)
+        assert info.get("truncation") != "env_error" and len(obs) == 6
+        assert all("not run" in m["content"] for m in obs[2:]) and info["tool_calls"] == 6
+    finally:
+        env.close()
+    calc = gym.make("toolgym/Calculator-v0")
+    calc.reset(seed=0)
+    obs, _, _, _, _ = calc.step(_calls("calculator", {"expression": "2*3"}, 40))
+    assert [m["content"] for m in obs[:16]] == ["6"] * 16
+    assert all("at most 16 tool calls" in m["content"] for m in obs[16:]) and len(obs) == 40
+    calc.close()
