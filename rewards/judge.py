@@ -354,15 +354,25 @@ def judge_answer(j: Judge, question: str, answer: str, reference: Any = None) ->
     from toolgym.errors import InfrastructureError
 
     verdict = j.grade([answer], question=[question], reference=[reference])[0]
-    if verdict.value is None and verdict.reply:
-        # the judge answered, with no readable verdict on this answer however often it was asked: the answer's
-        # doing (text written to derail a judge) as far as anyone can tell, so a wrong answer, never an env_error
-        # (the episode would leave the batch unscored: a way out of a low reward the policy could learn)
+    if verdict.value is None and verdict.reply and _reads_the_reference(j, question, reference):
+        # the judge answered this answer, however often asked, without a readable verdict, and gives one for the
+        # reference: the answer's doing (text written to derail a judge), so a wrong answer. As an env_error
+        # the episode would leave the batch unscored: a way out of a low reward that a policy could learn.
         count("judge/no_verdict_answers")
         return 0.0
     if verdict.value is None:
         raise InfrastructureError(f"the judge at {j.base_url} gave no verdict after {j.retries} retries")
     return verdict.value
+
+
+def _reads_the_reference(j: Judge, question: str, reference: Any) -> bool:
+    """Whether the judge gives a readable verdict on the reference answer itself (a judge that cannot write
+    its verdict line at all is an infrastructure fault, never the model's). Cached like any verdict."""
+    gold = _reference(reference)
+    if gold is None:
+        return False
+    first = gold.split(" | ")[0]
+    return j.grade([first], question=[question], reference=[reference])[0].value is not None
 
 
 # ----- helpers ---------------------------------------------------------------------------------------------
