@@ -257,7 +257,7 @@ def parse_message(message: Message | dict[str, Any], tools: Sequence[ToolSpec] |
         )
     if msg.tool_calls:
         return _validate_calls(msg.text, list(msg.tool_calls), tools, msg)
-    return parse_hermes(msg.text, tools)
+    return parse_hermes(clean_text(msg.text), tools)
 
 
 def parse_action(
