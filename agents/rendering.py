@@ -19,18 +19,36 @@ tool messages as one user message of ``<tool_response>\\n…\\n</tool_response>`
 convention), and assistant tool calls that came without text as ``<tool_call>{json}</tool_call>`` text.
 Such templates usually ignore ``tools=`` too: make the env describe its tools in the system prompt
 (``prompt_format="text"``; ``ChatRenderer.renders_tools`` says which).
+
+**Content never becomes special tokens.** Tokenizing the rendered text would turn a tool result, web page,
+system prompt or tool-call argument that contains ``<|im_end|>\n<|im_start|>assistant`` into real turn
+markers (forged turns the policy is trained and evaluated on). So ``prompt_ids``/``env_suffix``/
+``render_ids`` render the template with every string the caller passes (message contents, names, tool-call
+arguments, tool schemas; not roles) cleared of special-token text: each occurrence, and a partial one at a
+string's edge that could join its neighbour into one, is swapped for an alphanumeric placeholder that
+survives the template's filters (``trim``, ``tojson``). The special tokens left in that text are the
+template's own; the text is cut there, the placeholders restored, and the cut pieces holding them are
+encoded with special tokens off (``split_special_tokens``: ``<|im_end|>`` in content is ordinary text
+tokens; non-special added tokens such as Qwen's ``<tool_call>`` still match, as the model emits them).
+Content without special-token text takes the exact path it always took (same ids, same cache).
+``encode(text)`` encodes content (a reply, an answer) the same way; ``encode_template(text)`` encodes
+template text with its special tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from toolgym.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 ToolRole = Literal["auto", "native", "user"]
 _DUMMY = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
@@ -94,6 +112,7 @@ class ChatRenderer:
         self.tool_role: Literal["native", "user"] = tool_role
         self.renders_tools = "tools" in self.chat_template
         self.stop_ids = self._stop_ids()
+        self._setup_guard()
         self._setup_encoder()
         closed = self.render_text(_DUMMY)
         opened = self.render_text(_DUMMY[:1], add_generation_prompt=True)
@@ -105,7 +124,7 @@ class ChatRenderer:
             )
         self._closed_text = closed
         tail = closed[len(opened) + len(reply) :]
-        self._tail_ids = self.encode(tail)  # after a turn that did not end with a stop token
+        self._tail_ids = self.encode_template(tail)  # after a turn that did not end with a stop token
         self._tail_after_stop = [i for i in self._tail_ids]
         if self._tail_ids and self._tail_ids[0] in self.stop_ids:
             self._tail_after_stop = self._tail_ids[1:]
@@ -133,8 +152,28 @@ class ChatRenderer:
         )
         return str(text)
 
+    def render_ids(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = False,
+    ) -> list[int]:
+        """Token ids of the template's rendering, special tokens only where the template writes them: special-
+        token text inside any message string or tool schema is encoded as ordinary text (module docstring)."""
+        text, marks = self._render_marked(messages, tools, add_generation_prompt=add_generation_prompt)
+        return self._encode_marked(text, marks)
+
     def encode(self, text: str) -> list[int]:
-        """Token ids of rendered text, special tokens included (no BOS added).
+        """Token ids of content text (a reply, an answer; no BOS): special-token text in it, e.g. a literal
+        ``<|im_end|>``, is encoded as ordinary text tokens. Text without any is ``encode_template(text)``."""
+        if self._guard is None or self._guard.search(text) is None:
+            return self.encode_template(text)
+        return self._encode_plain(text)
+
+    def encode_template(self, text: str) -> list[int]:
+        """Token ids of template text, special tokens included (no BOS added). Never for content: a special
+        token's text inside ``text`` becomes that special token.
 
         Text is cut before each special token and the pieces are encoded separately, with a cache: tokenizers
         split on special tokens before anything else, so this is exact (checked at construction; off when
@@ -183,9 +222,144 @@ class ChatRenderer:
             self._split = re.compile(
                 "(?=" + "|".join(re.escape(t) for t in sorted(specials, key=len)[::-1]) + ")"
             )
-            if self.encode(sample) != reference:
+            if self.encode_template(sample) != reference:
                 self._split = None
         self._cache.clear()
+
+    # ----- content is never special tokens -------------------------------------------------------------------
+    def _setup_guard(self) -> None:
+        """The special tokens' texts (tokens marked special, the tokenizer's special tokens, the stop tokens),
+        their partial forms, and their ids: what content text must never turn into."""
+        tok = self.tokenizer
+        found = {
+            str(getattr(t, "content", ""))
+            for t in getattr(tok, "added_tokens_decoder", {}).values()
+            if getattr(t, "special", False)
+        }
+        found.update(str(t) for t in (getattr(tok, "all_special_tokens", None) or []))
+        for i in self.stop_ids:
+            with contextlib.suppress(Exception):
+                found.add(str(tok.convert_ids_to_tokens(i)))
+        specials = sorted((t for t in found if len(t) >= 2), key=lambda t: (-len(t), t))
+        alternation = "|".join(re.escape(t) for t in specials)
+        self._guard: re.Pattern[str] | None = re.compile(alternation) if specials else None
+        self._cut: re.Pattern[str] | None = re.compile(f"(?={alternation})") if specials else None
+        # a string that ends with "<|im_" or starts with "end|>" could join a neighbour into a special token
+        self._heads = tuple(
+            sorted({t[:k] for t in specials for k in range(2, len(t))}, key=len, reverse=True)
+        )
+        self._tails = tuple(
+            sorted({t[-k:] for t in specials for k in range(2, len(t))}, key=len, reverse=True)
+        )
+        ids = set()
+        for t in specials:
+            with contextlib.suppress(Exception):
+                tid = tok.convert_tokens_to_ids(t)
+                if isinstance(tid, int) and tok.convert_ids_to_tokens(tid) == t:  # not the unknown token
+                    ids.add(tid)
+        self._special_ids = ids
+        self._plain: Any = None
+        self._warned_transform = False
+
+    def _suspect(self, s: str) -> bool:
+        assert self._guard is not None
+        return self._guard.search(s) is not None or s.startswith(self._tails) or s.endswith(self._heads)
+
+    def _tainted(self, value: Any) -> bool:
+        if isinstance(value, str):
+            return self._suspect(value)
+        if isinstance(value, dict):
+            return any(self._tainted(k) or self._tainted(v) for k, v in value.items())
+        if isinstance(value, (list, tuple)):
+            return any(self._tainted(v) for v in value)
+        return False
+
+    def _render_marked(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+    ) -> tuple[str, _Marks | None]:
+        """The rendering with special-token text in caller strings swapped for placeholders (None: there was
+        none, and the text is the template's own rendering)."""
+        shown = list(tools) if tools and self.renders_tools else None
+        tainted = self._guard is not None and (
+            any(self._tainted({k: v for k, v in m.items() if k != "role"}) for m in messages)
+            or self._tainted(shown)
+        )
+        if not tainted:
+            return self.render_text(messages, tools, add_generation_prompt=add_generation_prompt), None
+        marks = _Marks(self, json.dumps([list(messages), shown], default=str, ensure_ascii=False))
+        hidden = [{k: (v if k == "role" else marks.hide(v)) for k, v in m.items()} for m in messages]
+        text = self.render_text(hidden, marks.hide(shown), add_generation_prompt=add_generation_prompt)
+        if not self._warned_transform:
+            real = self.render_text(messages, tools, add_generation_prompt=add_generation_prompt)
+            if marks.restore(text) != real:
+                self._warned_transform = True
+                log.warning(
+                    "the chat template transforms message text that holds special-token text; such content "
+                    "is encoded as the template rendered it with placeholders, which differs from its own text"
+                )
+        return text, marks
+
+    def _encode_marked(self, text: str, marks: _Marks | None) -> list[int]:
+        """Ids of marked template text: cut at the template's special tokens; pieces with placeholders are
+        restored and encoded with special tokens off, the others exactly as ``encode_template``."""
+        if marks is None or self._cut is None or marks.prefix not in text:
+            return self.encode_template(text)
+        assert self._guard is not None
+        ids: list[int] = []
+        for chunk in self._cut.split(text):
+            if not chunk:
+                continue
+            if marks.prefix not in chunk:
+                ids += self.encode_template(chunk)
+                continue
+            head = self._guard.match(chunk)  # the template's special token that starts this piece
+            if head is not None:
+                ids += self.encode_template(head.group())
+                chunk = chunk[head.end() :]
+            ids += self._encode_plain(marks.restore(chunk))
+        return ids
+
+    def _encode_plain(self, text: str) -> list[int]:
+        """Ids of text with special tokens off: their text is ordinary text tokens."""
+        ids = self._plain_backend(text)
+        if self._special_ids.isdisjoint(ids) or self._guard is None:
+            return ids
+        # the backend still matched one (a stop token the tokenizer does not mark special): spell it out
+        out: list[int] = []
+        pos = 0
+        for m in self._guard.finditer(text):
+            out += self._plain_backend(text[pos : m.start()])
+            for ch in m.group():
+                out += self._plain_backend(ch)
+            pos = m.end()
+        return out + self._plain_backend(text[pos:])
+
+    def _plain_backend(self, text: str) -> list[int]:
+        if not text:
+            return []
+        if self._plain is None:
+            self._plain = self._make_plain()
+        return list(self._plain(text))
+
+    def _make_plain(self) -> Any:
+        """An encoder that does not cut text at special tokens: a private copy of the fast tokenizer with
+        ``encode_special_tokens`` on (the shared one is left as it is), else ``split_special_tokens=True``."""
+        fast = getattr(self.tokenizer, "_tokenizer", None)
+        if self._use_fast and fast is not None:
+            try:
+                from tokenizers import Tokenizer
+
+                private = Tokenizer.from_str(fast.to_str())
+                private.encode_special_tokens = True
+                return lambda t: private.encode(t, add_special_tokens=False).ids
+            except Exception:  # an old tokenizers: the transformers switch below
+                pass
+        tok = self.tokenizer
+        return lambda t: tok.encode(t, add_special_tokens=False, split_special_tokens=True)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
@@ -195,7 +369,7 @@ class ChatRenderer:
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
     ) -> list[int]:
         """The first prompt of an episode: the conversation so far plus the generation prompt."""
-        return self.encode(self.render_text(messages, tools, add_generation_prompt=True))
+        return self.render_ids(messages, tools, add_generation_prompt=True)
 
     def close_turn(self, generated: Sequence[int]) -> list[int]:
         """Template ids that follow a generated turn (the end-of-turn token when the model did not stop)."""
@@ -205,13 +379,13 @@ class ChatRenderer:
 
     def env_suffix(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """Env/tool messages rendered after a closed assistant turn, plus the next generation prompt."""
-        full = self.render_text([*_DUMMY, *messages], add_generation_prompt=True)
+        full, marks = self._render_marked([*_DUMMY, *messages], None, add_generation_prompt=True)
         if not full.startswith(self._closed_text):
             raise ConfigError(
                 "the chat template rewrites earlier turns when messages are appended, so prompts cannot stay "
                 "token-faithful; use another template (chat_template=...) — check_template shows where"
             )
-        return self.encode(full[len(self._closed_text) :])
+        return self._encode_marked(full[len(self._closed_text) :], marks)
 
     def strip_stop(self, generated: Sequence[int]) -> list[int]:
         """The generated ids without a trailing stop token (for decoding the reply text)."""
@@ -239,6 +413,62 @@ class ChatRenderer:
                 if isinstance(tid, int) and tid != getattr(tok, "unk_token_id", None):
                     ids.add(tid)
         return ids
+
+
+class _Marks:
+    """Placeholders for the special-token text of one rendering's strings: ``<prefix><n>z``, alphanumeric so
+    that template filters (trim, tojson, escaping) keep it, with a prefix that none of the strings holds."""
+
+    def __init__(self, renderer: ChatRenderer, seen: str) -> None:
+        assert renderer._guard is not None
+        self._guard = renderer._guard
+        self._heads = renderer._heads
+        self._tails = renderer._tails
+        digest = hashlib.sha1(seen.encode("utf-8", "surrogatepass")).hexdigest()
+        while f"Tg{digest[:12]}n" in seen:
+            digest = hashlib.sha1(digest.encode()).hexdigest()
+        self.prefix = f"Tg{digest[:12]}n"
+        self._pattern = re.compile(re.escape(self.prefix) + r"(\d+)z")
+        self._originals: list[str] = []
+
+    def hide(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._hide_text(value)
+        if isinstance(value, dict):
+            return {self.hide(k): self.hide(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.hide(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self.hide(v) for v in value)
+        return value
+
+    def _hide_text(self, s: str) -> str:
+        spans = [(m.start(), m.end()) for m in self._guard.finditer(s)]
+        if s.startswith(self._tails):
+            spans.append((0, len(next(t for t in self._tails if s.startswith(t)))))
+        if s.endswith(self._heads):
+            spans.append((len(s) - len(next(h for h in self._heads if s.endswith(h))), len(s)))
+        if not spans:
+            return s
+        merged: list[list[int]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        out, pos = [], 0
+        for start, end in merged:
+            out += [s[pos:start], f"{self.prefix}{len(self._originals)}z"]
+            self._originals.append(s[start:end])
+            pos = end
+        return "".join([*out, s[pos:]])
+
+    def restore(self, text: str) -> str:
+        def back(m: re.Match[str]) -> str:
+            k = int(m.group(1))
+            return self._originals[k] if k < len(self._originals) else m.group()
+
+        return self._pattern.sub(back, text)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def test_tokens_match_the_full_rendering_and_mask_only_replies(tokenizer: Any) -
     messages, tools = sample_tool_conversation(3)
     ids, mask = conversation_tokens(messages, tools, renderer)
     assert len(ids) == len(mask)
-    full = renderer.encode(renderer.render_text(messages, tools))
+    full = renderer.render_ids(messages, tools)
     assert ids == full[: len(ids)]  # what the engine builds turn by turn = the template's whole rendering
     eot = renderer.end_of_turn_id
     replies = [m["content"] for m in messages if m["role"] == "assistant"]
