@@ -1,18 +1,14 @@
-"""The math judge, and the worker process that runs it (``python -m toolgym.rewards.math_worker``).
-
-The worker speaks pickled frames (``multiprocessing.connection``) on stdin/stdout: it sends ``"ready"`` once
-Math-Verify is imported, then answers each chunk (a list of ``(gold, pred)``) with one score frame per answer; ``None`` stops it. Anything a library
-prints goes to stderr, so it cannot corrupt the protocol. The worker caps its own address space, and stops an
-answer itself at ``soft_timeout`` seconds (an interval timer in its main thread; it answers ``"timeout"``),
-so the pool's hard kill is only for code that no signal can interrupt.
+"""The math judge, and its scorer ``MATH`` (``"math"``) for the workers of
+:class:`~toolgym.rewards.scoring_pool.ScoringPool` (``toolgym.rewards.scoring_worker``: the protocol, the
+memory cap and the worker's own interval timer are there). A worker imports Math-Verify before it is ready.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from typing import Any
+
+from toolgym.rewards.scoring_worker import Scorer
 
 _JUDGE_VERSION = 1
 
@@ -71,61 +67,20 @@ def judge(gold: str, pred: str | None, inner_timeout: int | None = None, raw: bo
     return 1.0 if verify(gold_parsed, pred_parsed, timeout_seconds=inner_timeout) else 0.0
 
 
-class _SoftTimeout(BaseException):
-    """Raised by the worker's own interval timer; a BaseException, so no ``except Exception`` swallows it."""
-
-
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise _SoftTimeout
-
-
-def _serve(memory_limit_mb: int, soft_timeout: float) -> None:
-    import signal
-    from multiprocessing.connection import Connection
-
-    out_fd = os.dup(1)
-    os.dup2(2, 1)  # stray prints go to stderr, never into the protocol
-    sys.stdout = sys.stderr
-    if memory_limit_mb > 0:
-        import resource
-
-        limit = memory_limit_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+def _prepare(*args: Any) -> None:
+    """Import Math-Verify (the slow part of a worker's start) and pay its first-use costs (grammar, sympy
+    caches) before the first answer."""
     import logging
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    import math_verify  # noqa: F401  (the import is the slow part of startup)
+    import math_verify  # noqa: F401
 
-    judge("\\frac{1}{2}", "x^2")  # first-use costs (grammar, sympy caches) before "ready"
-    signal.signal(signal.SIGALRM, _on_alarm)  # one timer for the whole answer, sub-second if asked
-
-    reader = Connection(0, writable=False)
-    writer = Connection(out_fd, readable=False)
-    writer.send("ready")
-    while True:
-        try:
-            task = reader.recv()
-        except EOFError:
-            return
-        if task is None:
-            return
-        for gold, pred, *rest in task:  # a chunk of answers: one result frame each, in order
-            result: float | str | None
-            try:
-                signal.setitimer(signal.ITIMER_REAL, soft_timeout)
-                result = judge(gold, pred, None, bool(rest and rest[0]))
-            except _SoftTimeout:
-                result = "timeout"
-            except MemoryError:
-                result = "memory"
-            except Exception:  # Math-Verify raises many types on odd input: all mean "no match"
-                result = 0.0
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            writer.send(result)
-            if result == "memory":
-                return  # the pool replaces this worker; a fresh heap is safer than a fragmented one
+    judge("\\frac{1}{2}", "x^2")
 
 
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]), float(sys.argv[2]))
+def _score(gold: str, pred: str | None, raw: bool = False, *rest: Any) -> float | None:
+    return judge(gold, pred, None, bool(raw))
+
+
+# the "math" scorer of toolgym.rewards.scoring_worker: items are (gold, candidate) or (gold, text, True)
+MATH = Scorer(score=_score, prepare=_prepare)

@@ -7,10 +7,9 @@ from typing import Any, ClassVar
 
 from toolgym.envs.base import Task
 from toolgym.envs.coding.interpreter import Interpreter, InterpreterEnv, render, show_last_expression
-from toolgym.envs.reasoning_gym import class_name, read_catalog, working_tasks
+from toolgym.envs.reasoning_gym import class_name, read_catalog, verify, working_tasks
 from toolgym.envs.reasoning_gym.expert import expert_action
 from toolgym.envs.reasoning_gym.tasks import dataset, registry_names
-from toolgym.envs.reasoning_gym.verify import guarded, score_in_child
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.sandboxes import Sandbox
 from toolgym.tools import Tool
@@ -51,7 +50,9 @@ class ReasoningGymEnv(InterpreterEnv):
 
     ## Rewards
     ``correct``: reasoning-gym's ``score_answer(answer, entry)`` for the dataset, in [0, 1] (some datasets
-    give partial credit); success is a score of 1. A verifier that raises scores 0.
+    give partial credit); success is a score of 1. A verifier that raises scores 0. The verifier runs in a
+    worker process (``verify.py``) within 5 s: one that runs out of that time on the answer scores 0; a
+    worker that cannot run it ends the episode as ``env_error``.
     ``format``: ``format_penalty`` (default -0.1) on each invalid action.
 
     ## Starting State
@@ -161,6 +162,7 @@ class ReasoningGymEnv(InterpreterEnv):
         rng = self.np_random
         name = self.tasks[int(rng.integers(len(self.tasks)))] if len(self.tasks) > 1 else self.tasks[0]
         items = dataset(name, self.task_config, self.size)
+        verify.warm(name, self.task_config, self.size)  # the verifier workers start (once) and build it too
         if self._index is not None:
             if not 0 <= self._index < len(items):
                 raise ConfigError(f"options['index'] must be in [0, {len(items)}), got {self._index}")
@@ -187,18 +189,11 @@ class ReasoningGymEnv(InterpreterEnv):
         raise InfrastructureError(f"reasoning-gym's generator failed {tries} times in a row: {error!r}")
 
     def check_answer(self, answer: str) -> dict[str, float]:
+        # in a worker process killed at the deadline, with the answer kept from running as code (verify.py)
         data = self.task.data
-        verifier = dataset(data["task"], self.task_config, self.size)
-
-        def score() -> float:
-            try:
-                with guarded(verifier):  # several verifiers eval the answer (verify.py)
-                    return float(verifier.score_answer(answer, data["entry"]) or 0.0)
-            except Exception:  # a verifier that chokes on the model's text: 0 (the text was the model's)
-                return 0.0
-
-        # in a child killed at the deadline: some verifiers take hours on a crafted number (verify.py)
-        return {"correct": score_in_child(score)}
+        return {
+            "correct": verify.score_answer(data["task"], self.task_config, self.size, data["entry"], answer)
+        }
 
     def expert_action(self) -> str:
         """The dataset's gold answer (printed with the python tool first when it is on)."""

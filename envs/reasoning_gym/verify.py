@@ -11,9 +11,14 @@ held the step for hours. So:
   arithmetic on numbers, symbols and named math functions passes (no attribute, string, dunder, or builtin or
   sympy name beyond ``MATH_NAMES``). A refused text is a ``ValueError`` in the verifier, which scores it as
   a wrong answer; its other checks (an exact match first, in most) run as they are.
-- ``score_in_child(score, timeout_s)``: the verifier runs in a forked child that is killed at the deadline
-  (a verifier stuck in C code cannot be interrupted in-process); a timeout or a crash scores 0 (the text was
-  the model's), a fork that fails is an ``InfrastructureError``. Without ``os.fork`` it runs in-process.
+- ``score_answer(task, config, size, entry, answer)``: the verifier runs in a worker process of a
+  :class:`~toolgym.rewards.scoring_pool.ScoringPool` (``SCORER``, the ``"reasoning_gym"`` scorer): a fresh
+  interpreter that rebuilds the dataset from (task, config, seed 0, size) once, applies ``guarded`` and a
+  memory cap, and is killed at ``VERIFY_TIMEOUT_S`` (a verifier stuck in C code cannot be interrupted
+  in-process). A verifier that runs out of that time on the answer scores 0 (the text was the model's); a
+  worker that cannot start or set up the dataset is an ``InfrastructureError`` (the episode is env_error).
+  Not a fork of the caller: a trainer has threads (a fork while one holds a lock can deadlock the child, and
+  a correct answer then "timed out") and CUDA, and a fork of a multi-GB process costs ~0.1 s per answer.
 """
 
 from __future__ import annotations
@@ -22,17 +27,16 @@ import ast
 import builtins
 import contextlib
 import io
-import os
-import select
-import signal
-import struct
+import json
 import sys
+import threading
 import tokenize
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
-from toolgym.errors import InfrastructureError
+from toolgym.rewards.scoring_pool import ScoringPool
+from toolgym.rewards.scoring_worker import Scorer
 
 VERIFY_TIMEOUT_S = 5.0
 # sympy's and Python's names an answer may use (any other name that is not theirs becomes a Symbol)
@@ -115,44 +119,74 @@ def guarded(dataset: Any) -> Iterator[None]:
                 setattr(obj, name, value)
 
 
-def _limit_memory(extra_bytes: int = 1 << 30) -> None:
-    """Caps the child's address space at what it has plus ``extra_bytes`` (a bomb fails, not the host)."""
-    import resource
-
-    with contextlib.suppress(OSError, ValueError), open("/proc/self/statm") as f:
-        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        resource.setrlimit(resource.RLIMIT_AS, (size + extra_bytes, size + extra_bytes))
+def _config_key(config: dict[str, Any] | None) -> str:
+    return json.dumps(config or {}, sort_keys=True, default=str)
 
 
-def score_in_child(score: Callable[[], float], timeout_s: float | None = None) -> float:
-    """``score()`` in a forked child killed after ``timeout_s`` (``VERIFY_TIMEOUT_S``); 0.0 when it ran out
-    of time or died."""
-    timeout_s = VERIFY_TIMEOUT_S if timeout_s is None else timeout_s
-    if not hasattr(os, "fork"):
-        return score()
-    read_fd, write_fd = os.pipe()
+def _prepare(
+    task: str | None = None, config: dict[str, Any] | None = None, size: int | None = None, *rest: Any
+) -> None:
+    """In a worker, before any answer: reasoning-gym's import, the guard's own imports, and the dataset
+    (when ``task`` is given; building one can take a while: word lists, ARC files)."""
+    from toolgym.envs.reasoning_gym.tasks import dataset, reasoning_gym
+
+    reasoning_gym()
+    sympy_safe("1 + x")
+    if task is not None:
+        with guarded(dataset(task, config, size)):
+            pass
+
+
+def _prepare_key(
+    task: str | None = None, config: dict[str, Any] | None = None, size: int | None = None, *rest: Any
+) -> Any:
+    return (task, _config_key(config), size)
+
+
+def _score(
+    task: str, config: dict[str, Any] | None, size: int | None, entry: dict[str, Any], answer: str
+) -> float:
+    """``score_answer(answer, entry)`` of the dataset (task, config, seed 0, size), guarded; a verifier that
+    raises on the answer scores 0 (the text was the model's)."""
+    from toolgym.envs.reasoning_gym.tasks import dataset
+
+    verifier = dataset(task, config, size)
     try:
-        pid = os.fork()
-    except OSError as exc:
-        os.close(read_fd)
-        os.close(write_fd)
-        raise InfrastructureError(f"could not start reasoning-gym's verifier: {exc}") from exc
-    if pid == 0:  # the child: score, report, and leave without running the parent's exit hooks
-        status = 1
-        try:
-            os.close(read_fd)
-            _limit_memory()
-            os.write(write_fd, struct.pack("d", score()))
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write_fd)
-    try:
-        ready, _, _ = select.select([read_fd], [], [], timeout_s)
-        data = os.read(read_fd, 8) if ready else b""
-    finally:
-        os.close(read_fd)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    return struct.unpack("d", data)[0] if len(data) == 8 else 0.0
+        with guarded(verifier):
+            return float(verifier.score_answer(answer, entry) or 0.0)
+    except MemoryError:
+        raise  # the worker reports it and is replaced
+    except Exception:
+        return 0.0
+
+
+# the "reasoning_gym" scorer of toolgym.rewards.scoring_worker: items are (task, config, size, entry, answer)
+SCORER = Scorer(score=_score, prepare=_prepare, prepare_key=_prepare_key)
+
+_POOL: ScoringPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def pool() -> ScoringPool:
+    """The process-wide pool of verifier workers (created on first use; 2 workers at most)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._closed:
+            _POOL = ScoringPool(timeout=VERIFY_TIMEOUT_S, preload=[("reasoning_gym", ())])
+        return _POOL
+
+
+def warm(task: str, config: dict[str, Any] | None, size: int | None) -> None:
+    """Start the verifier workers and build the dataset in them (a reset calls it: the first answer then
+    waits for no import)."""
+    pool().warm("reasoning_gym", (task, dict(config or {}), size))
+
+
+def score_answer(
+    task: str, config: dict[str, Any] | None, size: int | None, entry: dict[str, Any], answer: str
+) -> float:
+    """The dataset's score of ``answer`` for ``entry``, in a verifier worker within ``VERIFY_TIMEOUT_S``:
+    0.0 when the verifier ran out of that time on it. InfrastructureError when no worker could run it."""
+    items = [(task, dict(config or {}), size, entry, answer)]
+    result = pool().score("reasoning_gym", items, timeout=VERIFY_TIMEOUT_S)[0]
+    return float(result or 0.0)
