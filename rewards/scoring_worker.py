@@ -149,6 +149,11 @@ def serve() -> None:
             message = reader.recv()
         except EOFError:
             return
+        except (
+            Exception
+        ):  # an item this process cannot unpickle (a class only the caller has): not the answer's
+            writer.send(("setup_error", "could not read the items: " + _error_text()))
+            continue
         if message is None:
             return
         if message[0] == "prepare":

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from tests.rewards import scoring_helpers
 from tests.rewards.scoring_helpers import busy_threads
 from toolgym.errors import InfrastructureError
 from toolgym.rewards import counters, reset_counters, scoring_pool
+from toolgym.rewards.math_pool import MathJudgePool
 from toolgym.rewards.scoring_pool import ScoringPool
 
 H = "tests.rewards.scoring_helpers:"
@@ -89,13 +92,26 @@ def test_a_worker_that_cannot_start_is_an_infrastructure_error(monkeypatch: pyte
             pool.warm(H + "echo")
     finally:
         pool.close()
+    math = MathJudgePool(workers=1)  # it scored every answer 0.0 here before
+    try:
+        with pytest.raises(InfrastructureError, match="No module named"):
+            math.judge([("1", "1")])
+    finally:
+        math.close()
 
 
-def test_a_scorer_that_cannot_be_set_up_is_an_infrastructure_error(pool: ScoringPool) -> None:
+def test_a_scorer_that_cannot_be_set_up_is_an_infrastructure_error(
+    pool: ScoringPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(InfrastructureError, match="the dataset is not there"):
         pool.score(H + "BROKEN_SETUP", [(1.0,)])
     with pytest.raises(InfrastructureError, match="unknown scorer"):
         pool.score("no_such_scorer", [(1.0,)])
+    only_here = types.ModuleType("only_in_the_caller")  # a module the workers cannot import
+    only_here.Thing = type("Thing", (), {"__module__": "only_in_the_caller"})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "only_in_the_caller", only_here)
+    with pytest.raises(InfrastructureError, match="could not read the items"):
+        pool.score(H + "echo", [(only_here.Thing(),)])  # type: ignore[attr-defined]
     assert pool.score(H + "echo", [(0.5,)]) == [0.5]  # the pool goes on
     assert pool.timeouts == 0
 
