@@ -259,7 +259,7 @@ class ChatRenderer:
                     ids.add(tid)
         self._special_ids = ids
         self._plain: Any = None
-        self._warned_transform = False
+        self._verify_left = 16  # marked renders compared with the template's own text
 
     def _suspect(self, s: str) -> bool:
         assert self._guard is not None
@@ -285,7 +285,9 @@ class ChatRenderer:
         none, and the text is the template's own rendering)."""
         shown = list(tools) if tools and self.renders_tools else None
         tainted = self._guard is not None and (
-            any(self._tainted({k: v for k, v in m.items() if k != "role"}) for m in messages)
+            any(
+                self._tainted(k) or (k != "role" and self._tainted(v)) for m in messages for k, v in m.items()
+            )
             or self._tainted(shown)
         )
         if not tainted:
@@ -293,10 +295,11 @@ class ChatRenderer:
         marks = _Marks(self, json.dumps([list(messages), shown], default=str, ensure_ascii=False))
         hidden = [{k: (v if k == "role" else marks.hide(v)) for k, v in m.items()} for m in messages]
         text = self.render_text(hidden, marks.hide(shown), add_generation_prompt=add_generation_prompt)
-        if not self._warned_transform:
+        if self._verify_left > 0:  # a diagnostic only (the ids are safe either way): the first few renders
             real = self.render_text(messages, tools, add_generation_prompt=add_generation_prompt)
+            self._verify_left -= 1
             if marks.restore(text) != real:
-                self._warned_transform = True
+                self._verify_left = 0
                 log.warning(
                     "the chat template transforms message text that holds special-token text; such content "
                     "is encoded as the template rendered it with placeholders, which differs from its own text"
