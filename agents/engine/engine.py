@@ -74,7 +74,7 @@ class ModelRunner:
             s, slots, capacity, device, dtype, self.weights.inv_freq, self.weights.rope_scale
         )
         if kernels is None:
-            kernels = cuda and _has_triton() and s.head_dim % 16 == 0 and s.head_dim <= 256
+            kernels = cuda and _has_triton() and kernels_fit(s.head_dim)
         self.kernels = bool(kernels)
         self.cuda_graphs = cuda if cuda_graphs is None else bool(cuda_graphs and cuda)
         self.generator = torch.Generator(device=device)
@@ -326,6 +326,7 @@ class Engine:
         for child in children:
             n = min(src.kv, len(child.ids) - 1)
             n = n if shared is None else min(shared, n)
+            n = _common_len(src.ids, child.ids, n)  # only positions whose ids match: the rest is prefilled
             if n > 0:
                 by_n.setdefault(n, []).append(child)
         if by_n and src.state == "idle":
@@ -480,6 +481,22 @@ def _mode_groups(active: list[Seq], inline: list[Seq]) -> list[tuple[SampleMode,
         return [(first, list(active), list(inline))]
     modes = dict.fromkeys([s.mode for s in active] + [s.mode for s in inline])
     return [(m, [s for s in active if s.mode == m], [s for s in inline if s.mode == m]) for m in modes]
+
+
+def _common_len(a: list[int], b: list[int], n: int) -> int:
+    """How many of the first ``n`` ids ``a`` and ``b`` share (one list comparison when all of them)."""
+    if a[:n] == b[:n]:
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
+
+
+def kernels_fit(head_dim: int) -> bool:
+    """Whether the Triton kernels take this head size: they index a head with ``tl.arange(0, D)`` (a power of
+    two) in tiles of at least 16 (an 80- or 96-wide head, e.g., runs the torch path instead of failing)."""
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
 
 
 def _has_triton() -> bool:
