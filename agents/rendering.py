@@ -143,9 +143,15 @@ class ChatRenderer:
         *,
         add_generation_prompt: bool = False,
     ) -> str:
+        shown = list(tools) if tools and self.renders_tools else None
+        return self._template(self.prepare(messages), shown, add_generation_prompt)
+
+    def _template(
+        self, prepared: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
         text = self.tokenizer.apply_chat_template(
-            self.prepare(messages),
-            tools=list(tools) if tools and self.renders_tools else None,
+            prepared,
+            tools=tools,
             chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
@@ -284,19 +290,21 @@ class ChatRenderer:
         """The rendering with special-token text in caller strings swapped for placeholders (None: there was
         none, and the text is the template's own rendering)."""
         shown = list(tools) if tools and self.renders_tools else None
+        # checked after the tool-role fallback: it parses JSON arguments, and "\\u003c|im_end|>" is "<|im_end|>" then
+        prepared = self.prepare(messages)
         tainted = self._guard is not None and (
             any(
-                self._tainted(k) or (k != "role" and self._tainted(v)) for m in messages for k, v in m.items()
+                self._tainted(k) or (k != "role" and self._tainted(v)) for m in prepared for k, v in m.items()
             )
             or self._tainted(shown)
         )
         if not tainted:
-            return self.render_text(messages, tools, add_generation_prompt=add_generation_prompt), None
-        marks = _Marks(self, json.dumps([list(messages), shown], default=str, ensure_ascii=False))
-        hidden = [{k: (v if k == "role" else marks.hide(v)) for k, v in m.items()} for m in messages]
-        text = self.render_text(hidden, marks.hide(shown), add_generation_prompt=add_generation_prompt)
+            return self._template(prepared, shown, add_generation_prompt), None
+        marks = _Marks(self, json.dumps([prepared, shown], default=str, ensure_ascii=False))
+        hidden = [{k: (v if k == "role" else marks.hide(v)) for k, v in m.items()} for m in prepared]
+        text = self._template(hidden, marks.hide(shown), add_generation_prompt)
         if self._verify_left > 0:  # a diagnostic only (the ids are safe either way): the first few renders
-            real = self.render_text(messages, tools, add_generation_prompt=add_generation_prompt)
+            real = self._template(prepared, shown, add_generation_prompt)
             self._verify_left -= 1
             if marks.restore(text) != real:
                 self._verify_left = 0
