@@ -128,6 +128,11 @@ class EnginePolicy(RenderedTokenPolicy):
         self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
     ) -> list[Generation]:
         """One continuation per prompt (ids in, ids + logprobs out), continuing held caches where they match."""
+        cap = self.engine.cache.capacity
+        # checked before any prompt is planned: a refusal leaves nothing queued and no slot taken
+        if any(len(p) >= cap - 1 for p in prompts):
+            longest = max(len(p) for p in prompts)
+            raise ConfigError(f"a prompt of {longest} tokens does not fit the engine's capacity ({cap})")
         sp, mode, seqs = plan_turns(self, prompts, sampling)
         if not seqs:
             return []

@@ -326,6 +326,30 @@ def test_branching_rollouts_match_teacher_forcing(
     assert tree_shape(ours) == tree_shape(theirs) and worst < 1e-4
 
 
+def test_a_policy_prompt_at_the_capacity_and_one_over(mode: str, chatml_tokenizer: Any) -> None:
+    """EnginePolicy.generate: the longest prompt the engine takes samples its one token beside a short prompt;
+    one token more is a ConfigError that leaves nothing behind (it used to be raised after the batch's
+    other prompts were queued: the engine stayed busy, their slots taken, and the next call ran them)."""
+    model = llama(vocab=len(chatml_tokenizer), seed=2)
+    policy = policy_of(model, chatml_tokenizer, slots=3, capacity=64)
+    short = prompt(10, 1, len(chatml_tokenizer))
+    for n in (62, 63, 64):
+        long = prompt(n, n, len(chatml_tokenizer))
+        if n > 62:
+            with pytest.raises(ConfigError):
+                policy.generate([short, long], GREEDY)
+            assert not policy.engine.busy() and not policy.engine.queue
+            continue
+        a, b = policy.generate([short, long], GREEDY)
+        assert len(b.token_ids) == 1 and b.finish_reason == "length"
+        assert (
+            gap(model, short, a.token_ids, a.logprobs) < TOL
+            and gap(model, long, b.token_ids, b.logprobs) < TOL
+        )
+    (again,) = policy.generate([short], GREEDY)
+    assert again.token_ids == a.token_ids and not policy.engine.busy()
+
+
 # ----- forks whose ids leave the source's ------------------------------------------------------------------------
 def test_a_fork_copies_only_the_prefix_its_ids_share(mode: str) -> None:
     """``fork(src, ids)`` with ids that leave ``src``'s after 40 positions (and a ``shared`` claim longer than
