@@ -85,11 +85,32 @@ def qwen2(vocab: int = 128, tied: bool = True, seed: int = 0) -> Any:
     return model
 
 
+def other_shape(kind: str) -> Any:
+    """Llama with a head wider than hidden / heads, Llama 3's rope scaling with one KV head, Mistral."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    base = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024,
+    )  # fmt: skip
+    if kind == "head_dim":
+        return LlamaForCausalLM(LlamaConfig(**base, head_dim=32)).eval()
+    if kind == "llama3_rope":
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        rope["original_max_position_embeddings"] = 64
+        return LlamaForCausalLM(LlamaConfig(**{**base, "num_key_value_heads": 1}, rope_scaling=rope)).eval()
+    return MistralForCausalLM(MistralConfig(**base, sliding_window=None)).eval()
+
+
 MODELS: dict[str, Callable[[], Any]] = {
     "llama_untied": lambda: llama(tied=False),
     "llama_tied": lambda: llama(tied=True),
     "qwen2_tied": lambda: qwen2(tied=True),
     "qwen2_untied": lambda: qwen2(tied=False),
+    "llama_head_dim_32": lambda: other_shape("head_dim"),
+    "llama3_rope_mqa": lambda: other_shape("llama3_rope"),
+    "mistral": lambda: other_shape("mistral"),
 }
 
 

@@ -7,6 +7,7 @@ worker (weights change mid-episode: each token's logprob is its version's), eval
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,21 @@ def test_async_worker_tokens_carry_their_versions_logprobs(mode: str, knobs: dic
                 worst = max([worst, *(abs(a - w) for a, w in zip(n.logprobs, want, strict=True))])
                 checked += len(want)
     assert checked > 0 and worst < 1e-4
+
+
+@pytest.mark.parametrize("knobs", KNOBS[1:], indirect=True, ids=KNOB_IDS[1:])
+def test_async_grpo_on_the_engine_runs(mode: str, knobs: dict[str, int], tmp_path: Path) -> None:
+    """grpo.train with max_staleness 1 on engine=fast: turns in flight at a publish are cancelled and prefilled
+    again (chunked ones too, cut short in the queue with part of their prompt cached)."""
+    from toolgym.trainers.grpo import GRPOConfig, train
+
+    tok = tiny_tokenizer()
+    cfg = GRPOConfig(steps=3, max_staleness=1, output_dir=str(tmp_path), engine="fast", **SMALL)
+    train(cfg, tiny_model(len(tok)), tok)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["rollout/staleness_max"] <= 1 for r in rows)
+    assert rows[0]["losses/is_ratio_spread"] < 1e-5  # step 1: nothing stale, the engine's logprobs are exact
+    assert all(r["losses/is_ratio_spread"] < 0.5 for r in rows)  # later: one version behind (~0.1 here)
 
 
 def test_evaluate_on_the_engine_equals_hf(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
