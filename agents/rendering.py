@@ -250,13 +250,14 @@ class ChatRenderer:
         alternation = "|".join(re.escape(t) for t in specials)
         self._guard: re.Pattern[str] | None = re.compile(alternation) if specials else None
         self._cut: re.Pattern[str] | None = re.compile(f"(?={alternation})") if specials else None
-        # a string that ends with "<|im_" or starts with "end|>" could join a neighbour into a special token
-        self._heads = tuple(
-            sorted({t[:k] for t in specials for k in range(2, len(t))}, key=len, reverse=True)
-        )
-        self._tails = tuple(
-            sorted({t[-k:] for t in specials for k in range(2, len(t))}, key=len, reverse=True)
-        )
+        # a string that ends with "<|im_" or starts with "end|>" could join a neighbour into a special token;
+        # looked up by length in sets (Llama 3 has 256 reserved special tokens: thousands of such fragments)
+        self._heads = {t[:k] for t in specials for k in range(2, len(t))}
+        self._tails = {t[-k:] for t in specials for k in range(2, len(t))}
+        self._head_lens = sorted({len(h) for h in self._heads}, reverse=True)
+        self._tail_lens = sorted({len(t) for t in self._tails}, reverse=True)
+        self._head_starts = "".join({h[0] for h in self._heads})
+        self._tail_ends = "".join({t[-1] for t in self._tails})
         ids = set()
         for t in specials:
             with contextlib.suppress(Exception):
@@ -269,7 +270,16 @@ class ChatRenderer:
 
     def _suspect(self, s: str) -> bool:
         assert self._guard is not None
-        return self._guard.search(s) is not None or s.startswith(self._tails) or s.endswith(self._heads)
+        return self._guard.search(s) is not None or self._edges(s) != (0, 0)
+
+    def _edges(self, s: str) -> tuple[int, int]:
+        """The lengths of the longest partial special token that ``s`` starts with and that it ends with."""
+        lead = trail = 0
+        if self._tail_lens and any(c in s[: self._tail_lens[0]] for c in self._tail_ends):
+            lead = next((n for n in self._tail_lens if len(s) >= n and s[:n] in self._tails), 0)
+        if self._head_lens and any(c in s[-self._head_lens[0] :] for c in self._head_starts):
+            trail = next((n for n in self._head_lens if len(s) >= n and s[-n:] in self._heads), 0)
+        return lead, trail
 
     def _tainted(self, value: Any) -> bool:
         if isinstance(value, str):
@@ -433,8 +443,7 @@ class _Marks:
     def __init__(self, renderer: ChatRenderer, seen: str) -> None:
         assert renderer._guard is not None
         self._guard = renderer._guard
-        self._heads = renderer._heads
-        self._tails = renderer._tails
+        self._edges = renderer._edges
         digest = hashlib.sha1(seen.encode("utf-8", "surrogatepass")).hexdigest()
         while f"Tg{digest[:12]}n" in seen:
             digest = hashlib.sha1(digest.encode()).hexdigest()
@@ -455,10 +464,11 @@ class _Marks:
 
     def _hide_text(self, s: str) -> str:
         spans = [(m.start(), m.end()) for m in self._guard.finditer(s)]
-        if s.startswith(self._tails):
-            spans.append((0, len(next(t for t in self._tails if s.startswith(t)))))
-        if s.endswith(self._heads):
-            spans.append((len(s) - len(next(h for h in self._heads if s.endswith(h))), len(s)))
+        lead, trail = self._edges(s)
+        if lead:
+            spans.append((0, lead))
+        if trail:
+            spans.append((len(s) - trail, len(s)))
         if not spans:
             return s
         merged: list[list[int]] = []
