@@ -88,6 +88,29 @@ def test_grpo_engine_logprobs_are_the_learners(
     assert_engine_matches_learner(metrics)
 
 
+def test_grpo_runs_the_same_under_both_prefills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two GRPO steps with turn forks on engine=fast, short continuations through the prefill pass: the same
+    sampled trees (rewards, token counts, forks) and losses under both prefills."""
+    from toolgym.trainers.grpo import GRPOConfig, train
+
+    set_engine_knobs(monkeypatch, inline_prefill=0)
+    tok = tiny_tokenizer()
+    got = {}
+    for m in MODES:
+        monkeypatch.setenv("TOOLGYM_PREFILL", m)
+        out = tmp_path / m
+        cfg = GRPOConfig(
+            steps=2, output_dir=str(out), engine="fast", branching="turn_entropy",
+            branch_kwargs={"entropy_weight": 0.0, "tau": 0.0}, **SMALL,
+        )  # fmt: skip
+        train(cfg, tiny_model(len(tok)), tok)
+        got[m] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    timing = ("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s", "perf/", "system/")
+    for a, b in zip(got["varlen"], got["padded"], strict=True):
+        keys = [k for k in a if not k.startswith(timing) and isinstance(a[k], int | float) and "_s" not in k]
+        assert {k: a[k] for k in keys} == pytest.approx({k: b[k] for k in keys}, rel=1e-4, abs=1e-5)
+
+
 @pytest.mark.parametrize("knobs", KNOBS[:2], indirect=True, ids=KNOB_IDS[:2])
 def test_ppo_engine_logprobs_are_the_learners(mode: str, knobs: dict[str, int], tmp_path: Path) -> None:
     from toolgym.trainers.ppo import PPOConfig, train
