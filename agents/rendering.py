@@ -266,6 +266,7 @@ class ChatRenderer:
                     ids.add(tid)
         self._special_ids = ids
         self._plain: Any = None
+        self._plain_cache: dict[str, list[int]] = {}
         self._verify_left = 16  # marked renders compared with the template's own text
 
     def _suspect(self, s: str) -> bool:
@@ -345,7 +346,16 @@ class ChatRenderer:
         return ids
 
     def _encode_plain(self, text: str) -> list[int]:
-        """Ids of text with special tokens off: their text is ordinary text tokens."""
+        """Ids of text with special tokens off: their text is ordinary text tokens (cached like template pieces:
+        a group of rollouts renders the same first prompt once per sample)."""
+        got = self._plain_cache.get(text)
+        if got is None:
+            if len(self._plain_cache) >= 1024:
+                self._plain_cache.clear()
+            got = self._plain_cache[text] = self._spell_plain(text)
+        return list(got)
+
+    def _spell_plain(self, text: str) -> list[int]:
         ids = self._plain_backend(text)
         if self._special_ids.isdisjoint(ids) or self._guard is None:
             return ids
