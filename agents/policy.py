@@ -33,7 +33,9 @@ class SamplingParams:
     """How to sample one assistant turn.
 
     ``temperature=0`` is greedy. Logprobs (and entropies) are those of ``softmax(logits / temperature)``
-    (temperature 1 when greedy), before top-p truncation: what the trainer recomputes.
+    (temperature 1 when greedy); with ``top_p`` < 1, over the renormalised nucleus the token was sampled from:
+    the behaviour probability that the trainer's importance weights divide by (the learner's side is the
+    full softmax).
     """
 
     temperature: float = 1.0

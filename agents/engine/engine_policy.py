@@ -133,6 +133,11 @@ class EnginePolicy(RenderedTokenPolicy):
         if any(len(p) >= cap - 1 for p in prompts):
             longest = max(len(p) for p in prompts)
             raise ConfigError(f"a prompt of {longest} tokens does not fit the engine's capacity ({cap})")
+        # (a tokenizer with more ids than the model's embedding: an index fault on the device otherwise)
+        vocab = self.engine.weights.shape.vocab
+        if any(p and (min(p) < 0 or max(p) >= vocab) for p in prompts):
+            bad = next(t for p in prompts for t in p if t < 0 or t >= vocab)
+            raise ConfigError(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
         sp, mode, seqs = plan_turns(self, prompts, sampling)
         if not seqs:
             return []

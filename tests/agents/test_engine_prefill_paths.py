@@ -513,3 +513,16 @@ def random_session(seed: int, model: Any, capacity: int = 128) -> tuple[float, i
 def test_random_sessions_match_hf(mode: str, seed: int) -> None:
     worst, turns = random_session(seed, qwen2(tied=False, seed=seed))
     assert turns > 10 and worst < TOL
+
+
+def test_a_prompt_id_outside_the_vocabulary_is_a_config_error(chatml_tokenizer: Any) -> None:
+    """A tokenizer with more ids than the model's embedding: a typed error before anything is queued (it was an
+    IndexError on CPU and a device-side assert on CUDA), and the policy still serves the next call."""
+    vocab = len(chatml_tokenizer)
+    policy = policy_of(llama(vocab=vocab, seed=2), chatml_tokenizer, slots=3, capacity=64)
+    short = prompt(10, 1, vocab)
+    for bad in (vocab, -1):
+        with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+            policy.generate([short, [*short[:5], bad]], GREEDY)
+        assert not policy.engine.busy() and not policy.engine.queue
+    assert len(policy.generate([short], GREEDY)) == 1
