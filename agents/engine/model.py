@@ -176,28 +176,44 @@ def _last_rows(plan: PrefillPlan) -> torch.Tensor:
     return plan.cu[1:] - 1  # [B] each sequence's last new token in the pack
 
 
+def _qkv_into_cache(
+    w: PackedWeights, cache: KVCache, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    slot: torch.Tensor, pos: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A prefill layer's attention inputs for N new tokens: q and k with their rotary embedding, v; k and v
+    are written into the cache at (``slot``, ``pos``) first (one scatter each)."""
+    s = w.shape
+    H, Hkv, D = s.heads, s.kv_heads, s.head_dim
+    h = rms_norm(x, w.ln1[layer], s.eps)
+    qkv = _linear(h, w.wqkv[layer], _bias(w.bqkv, layer))  # [N, qkv_dim]
+    qk = rope(qkv[:, : (H + Hkv) * D].view(-1, H + Hkv, D), cos, sin)
+    q, k = qk[:, :H], qk[:, H:]
+    v = qkv[:, (H + Hkv) * D :].view(-1, Hkv, D)
+    cache.k[layer][slot, :, pos] = k  # [S, Hkv, T, D]
+    cache.v[layer][slot, :, pos] = v
+    return q, k, v
+
+
+def _after_attention(w: PackedWeights, layer: int, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """The rest of a layer once attention gave ``o`` [N, H*D]: output projection, residual, MLP, residual."""
+    s = w.shape
+    x = x + _linear(o, w.wo[layer], _bias(w.bo, layer))
+    h = rms_norm(x, w.ln2[layer], s.eps)
+    g, u = _linear(h, w.wgu[layer], _bias(w.bgu, layer)).chunk(2, dim=-1)
+    return x + _linear(F.silu(g) * u, w.wd[layer], _bias(w.bd, layer))
+
+
 def prefill_varlen(
     w: PackedWeights, cache: KVCache, plan: PrefillPlan, want_logits: bool = True
 ) -> torch.Tensor | None:
     """The varlen prefill in plain torch (CPU, CUDA without Triton)."""
     s = w.shape
-    H, Hkv, D = s.heads, s.kv_heads, s.head_dim
     cos, sin = cache.cos[plan.pos], cache.sin[plan.pos]  # [N, D/2]
     x = w.embed[plan.tokens]  # [N, hidden]
     for layer in range(s.layers):
-        h = rms_norm(x, w.ln1[layer], s.eps)
-        qkv = _linear(h, w.wqkv[layer], _bias(w.bqkv, layer))  # [N, qkv_dim]
-        qk = rope(qkv[:, : (H + Hkv) * D].view(-1, H + Hkv, D), cos, sin)
-        q, k = qk[:, :H], qk[:, H:]
-        v = qkv[:, (H + Hkv) * D :].view(-1, Hkv, D)
-        kc, vc = cache.k[layer], cache.v[layer]  # [S, Hkv, T, D]
-        kc[plan.slot, :, plan.pos] = k  # one scatter each: every new token into its slot
-        vc[plan.slot, :, plan.pos] = v
-        o = _attend_varlen(q, kc, vc, plan).reshape(-1, H * D)
-        x = x + _linear(o, w.wo[layer], _bias(w.bo, layer))
-        h = rms_norm(x, w.ln2[layer], s.eps)
-        g, u = _linear(h, w.wgu[layer], _bias(w.bgu, layer)).chunk(2, dim=-1)
-        x = x + _linear(F.silu(g) * u, w.wd[layer], _bias(w.bd, layer))
+        q, _, _ = _qkv_into_cache(w, cache, layer, x, cos, sin, plan.slot, plan.pos)
+        o = _attend_varlen(q, cache.k[layer], cache.v[layer], plan).reshape(-1, s.heads * s.head_dim)
+        x = _after_attention(w, layer, x, o)
     if not want_logits:
         return None
     h = rms_norm(x[_last_rows(plan)], w.norm, s.eps)
@@ -277,14 +293,8 @@ def prefill_padded(
     # computed once, and q and k take their rotary embedding in one go
     token_slot = slots[row]  # [N]
     for layer in range(s.layers):
-        h = rms_norm(x, w.ln1[layer], s.eps)
-        qkv = _linear(h, w.wqkv[layer], _bias(w.bqkv, layer))  # [N, qkv_dim]
-        qk = rope(qkv[:, : (H + Hkv) * D].view(-1, H + Hkv, D), cos, sin)
-        q, k = qk[:, :H], qk[:, H:]
-        v = qkv[:, (H + Hkv) * D :].view(-1, Hkv, D)
+        q, k, v = _qkv_into_cache(w, cache, layer, x, cos, sin, token_slot, pos)
         kc, vc = cache.k[layer], cache.v[layer]  # [S, Hkv, T, D]
-        kc[token_slot, :, pos] = k
-        vc[token_slot, :, pos] = v
         qp = q.new_zeros((B, nmax, H, D))
         qp[row, offs] = q
         if fresh:  # nothing cached before: plain causal attention over the new tokens (flash on CUDA)
@@ -299,11 +309,7 @@ def prefill_padded(
             assert mask is not None
             o = F.scaled_dot_product_attention(qp.transpose(1, 2), keys, vals, attn_mask=mask[:, None])
         o = o.transpose(1, 2)[row, offs].reshape(-1, H * D)  # [N, H*D]
-        x = x + _linear(o, w.wo[layer], _bias(w.bo, layer))
-        h = rms_norm(x, w.ln2[layer], s.eps)
-        gu = _linear(h, w.wgu[layer], _bias(w.bgu, layer))  # [N, 2I]
-        g, u = gu.chunk(2, dim=-1)
-        x = x + _linear(F.silu(g) * u, w.wd[layer], _bias(w.bd, layer))
+        x = _after_attention(w, layer, x, o)
     if not want_logits:
         return None
     h = rms_norm(x[last - 1], w.norm, s.eps)
