@@ -143,8 +143,11 @@ class ChatRenderer:
         *,
         add_generation_prompt: bool = False,
     ) -> str:
-        shown = list(tools) if tools and self.renders_tools else None
-        return self._template(self.prepare(messages), shown, add_generation_prompt)
+        return self._template(self.prepare(messages), self._shown(tools), add_generation_prompt)
+
+    def _shown(self, tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        """The tools passed to the template: none when it does not render them."""
+        return list(tools) if tools and self.renders_tools else None
 
     def _template(
         self, prepared: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
@@ -300,7 +303,7 @@ class ChatRenderer:
     ) -> tuple[str, _Marks | None]:
         """The rendering with special-token text in caller strings swapped for placeholders (None: there was
         none, and the text is the template's own rendering)."""
-        shown = list(tools) if tools and self.renders_tools else None
+        shown = self._shown(tools)
         # checked after the tool-role fallback: it parses JSON arguments, and "\\u003c|im_end|>" is "<|im_end|>" then
         prepared = self.prepare(messages)
         tainted = self._guard is not None and (

@@ -269,9 +269,14 @@ def _play_seeds(
         (folder / f"seed_{s}.json").write_text(json.dumps(record, indent=1))
 
 
+def seed_records(folder: Path, seeds: int) -> list[dict[str, Any]]:
+    """A stage's evaluation: the file of each seed, in order."""
+    return [json.loads((folder / f"seed_{s}.json").read_text()) for s in range(seeds)]
+
+
 def merge_seed_files(name: str, folder: Path, seeds: int) -> dict[str, Any]:
     """win_rate_NAME (all games), its Wilson interval, the per-seed rates and their t-interval, the setup."""
-    records = [json.loads((folder / f"seed_{s}.json").read_text()) for s in range(seeds)]
+    records = seed_records(folder, seeds)
     wins, n = sum(r["wins"] for r in records), sum(r["games"] for r in records)
     per_seed = [r["wins"] / r["games"] for r in records]
     mean, half = float(np.mean(per_seed)), t_half_width(per_seed)
@@ -294,9 +299,8 @@ def paired_gain(name: str, folder: Path, base_folder: Path, seeds: int, base: st
     same for every stage), with a normal 95% interval over the per-game differences; {} when either stage's
     files predate per-game outcomes."""
     pairs: list[int] = []
-    for s in range(seeds):
-        a = json.loads((folder / f"seed_{s}.json").read_text()).get("outcomes")
-        b = json.loads((base_folder / f"seed_{s}.json").read_text()).get("outcomes")
+    for ra, rb in zip(seed_records(folder, seeds), seed_records(base_folder, seeds), strict=True):
+        a, b = ra.get("outcomes"), rb.get("outcomes")
         if a is None or b is None:
             return {}
         pairs += [a[d] - b[d] for d in a.keys() & b.keys()]

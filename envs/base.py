@@ -65,9 +65,10 @@ def _copy_episode(episode: Any) -> Any:
 def _valid_text(message: Message) -> Message:
     """``message`` with lone surrogates in its text replaced (``clean_text``): whatever a tool echoes, the
     trainer's tokenizer, a JSONL writer and an OpenAI client must be able to encode the observation."""
-    if isinstance(message.content, str) and clean_text(message.content) is not message.content:
-        return message.model_copy(update={"content": clean_text(message.content)})
-    return message
+    if not isinstance(message.content, str):
+        return message
+    text = clean_text(message.content)
+    return message if text is message.content else message.model_copy(update={"content": text})
 
 
 def _not_run(call: ToolCall, cap: int) -> Message:

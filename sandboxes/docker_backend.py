@@ -201,9 +201,8 @@ class DockerSandbox(Sandbox):
         super().__init__(limits)
         if not _reaped.is_set():  # once a process: what crashed runs before it left on this host
             _reaped.set()
-            with contextlib.suppress(
-                Exception
-            ):  # (a daemon that does not answer fails the first box, clearly)
+            # (a daemon that does not answer fails the first box, clearly)
+            with contextlib.suppress(Exception):
                 remove_orphans()
         self._prefix = f"toolgym-{uuid.uuid4().hex[:8]}"
         self._n = 0

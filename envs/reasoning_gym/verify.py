@@ -146,18 +146,14 @@ def _prepare_key(
 def _score(
     task: str, config: dict[str, Any] | None, size: int | None, entry: dict[str, Any], answer: str
 ) -> float:
-    """``score_answer(answer, entry)`` of the dataset (task, config, seed 0, size), guarded; a verifier that
-    raises on the answer scores 0 (the text was the model's)."""
+    """``score_answer(answer, entry)`` of the dataset (task, config, seed 0, size), guarded. A verifier that
+    raises on the answer scores 0 (the text was the model's): the worker's (and the in-process pool's)
+    handling of any scorer's exception; a MemoryError replaces the worker."""
     from toolgym.envs.reasoning_gym.tasks import dataset
 
     verifier = dataset(task, config, size)
-    try:
-        with guarded(verifier):
-            return float(verifier.score_answer(answer, entry) or 0.0)
-    except MemoryError:
-        raise  # the worker reports it and is replaced
-    except Exception:
-        return 0.0
+    with guarded(verifier):
+        return float(verifier.score_answer(answer, entry) or 0.0)
 
 
 # the "reasoning_gym" scorer of toolgym.rewards.scoring_worker: items are (task, config, size, entry, answer)

@@ -429,9 +429,8 @@ def run(cfg: LSPOConfig, model: Any = None, tokenizer: Any = None) -> list[dict[
     return summaries
 
 
-ENGINE_CAPACITY = (
-    8192  # tokens a sequence may hold in the engine (prompt + reply), at most the model's positions
-)
+# tokens a sequence may hold in the engine (prompt + reply), at most the model's positions
+ENGINE_CAPACITY = 8192
 
 
 def _policy(model: Any, tokenizer: Any, cfg: LSPOConfig) -> tuple[Any, Any, int | None]:
