@@ -36,15 +36,18 @@ class ReplayTokenPolicy:
         out = []
         for p in prompts:
             self.prompts.append(list(p))
-            turn = self._renderer.decode(p).count("<|im_start|>assistant")
-            text = (
-                f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{turn}*7"}}}}</tool_call>'
-                if turn < 5
-                else "<answer>35</answer>"
-            )
-            ids = [*self._renderer.encode(text), min(self._renderer.stop_ids)]
+            ids = [*self._renderer.encode(self.reply(p)), min(self._renderer.stop_ids)]
             out.append(Generation(ids, [-0.5] * len(ids), "stop"))
         return out
+
+    def reply(self, prompt: list[int]) -> str:
+        """The text 'sampled' after ``prompt``."""
+        turn = self._renderer.decode(prompt).count("<|im_start|>assistant")
+        return (
+            f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{turn}*7"}}}}</tool_call>'
+            if turn < 5
+            else "<answer>35</answer>"
+        )
 
     def to_turn(self, gen: Generation, tools: Any, prompt_len: int = 0) -> AssistantTurn:
         from toolgym.agents.policy import parse_turn

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests.agents.test_engine_prefill_paths import MODES, set_engine_knobs  # noqa: E402
-from tests.trainers.conftest import register_fake_env, tiny_model, tiny_tokenizer  # noqa: E402
+from tests.trainers.conftest import register_fake_env, rows_gap, tiny_model, tiny_tokenizer  # noqa: E402
 from tests.trainers.test_train import SMALL  # noqa: E402
 from toolgym.trainers.tree import flatten  # noqa: E402
 
@@ -41,22 +41,6 @@ def knobs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
 @pytest.fixture(autouse=True)
 def _env() -> None:
     register_fake_env()
-
-
-def rows_gap(rows: list[Any], model: Any) -> tuple[float, int]:
-    """(the worst gap between a trained token's sampled logprob and ``model``'s teacher-forced one over its
-    row, tokens checked)."""
-    worst, checked = 0.0, 0
-    for row in rows:
-        ids = torch.tensor([row.token_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits.float()[0, :-1], -1)
-        want = logp.gather(-1, ids[0, 1:, None])[:, 0]
-        for t in range(1, len(row.token_ids)):
-            if row.loss_mask[t]:
-                worst = max(worst, abs(float(want[t - 1]) - row.logprobs[t]))
-                checked += 1
-    return worst, checked
 
 
 def assert_engine_matches_learner(metrics: dict[str, float]) -> None:

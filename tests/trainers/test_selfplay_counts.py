@@ -11,8 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.trainers.conftest import tiny_model, tiny_tokenizer
-from toolgym.agents.episode_loop import TurnFailed
+from tests.trainers.conftest import fail_turn_once, tiny_model, tiny_tokenizer
 from toolgym.trainers.rollout import RolloutConfig, RolloutTask
 from toolgym.trainers.selfplay import SelfPlayRollout
 from toolgym.trainers.tree import env_error, flatten
@@ -30,25 +29,6 @@ def _engine_policy(slots: int = 16) -> Any:
     return EnginePolicy(model, tok, slots=slots, capacity=8192)
 
 
-def _lose_turn(engine: Any, at: int) -> dict[str, Any]:
-    """``engine.step``'s ``at``-th call loses one turn (``TurnFailed`` naming it, as a server backend does)."""
-    original = engine.step
-    seen: dict[str, Any] = {"n": 0, "seq": None}
-
-    def step() -> list[Any]:
-        seen["n"] += 1
-        if seen["n"] == at:
-            seq = (engine.active or engine.queue)[0]
-            engine.cancel(seq)
-            exc = TurnFailed("injected: this turn is lost")
-            exc.seq = seen["seq"] = seq
-            raise exc
-        return original()
-
-    engine.step = step
-    return seen
-
-
 def _lost_leaves(forest: list[Any]) -> list[tuple[Any, int]]:
     return [(t, leaf) for t in forest for leaf in t.leaves() if env_error(t, leaf)]
 
@@ -63,7 +43,7 @@ def test_errors_count_the_env_error_leaves(which: str, at: int) -> None:
     options = {"learner_seats": 2, "frozen_seats": 1, "others": "basic", "max_turns_per_seat": 3}
     roller = SelfPlayRollout(live, cfg, SMALL, options)
     try:
-        seen = _lose_turn((roller.frozen if which == "frozen" else live).engine, at)
+        seen = fail_turn_once((roller.frozen if which == "frozen" else live).engine, at)
         forest, stats = roller.run([RolloutTask(ENV, 0), RolloutTask(ENV, 1)], seed=0)
         assert seen["seq"] is not None  # the fault happened
         lost = _lost_leaves(forest)
@@ -83,7 +63,7 @@ def test_a_learner_turn_lost_on_its_first_turn_is_one_path() -> None:
     options = {"learner_seats": 2, "others": "basic", "max_turns_per_seat": 3}
     roller = SelfPlayRollout(live, cfg, SMALL, options)
     try:
-        _lose_turn(live.engine, at=1)
+        fail_turn_once(live.engine, at=1)
         forest, stats = roller.run([RolloutTask(ENV, 0)], seed=0)
         lost = _lost_leaves(forest)
         assert stats.env_errors == stats.server_errors == len(lost) == 1

@@ -15,8 +15,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import toolgym  # noqa: E402,F401
-from tests.trainers.conftest import capture_selfplay_rollers, rows_exact, tiny_model, tiny_tokenizer  # noqa: E402
-from toolgym.agents.episode_loop import TurnFailed  # noqa: E402
+from tests.trainers.conftest import (  # noqa: E402
+    capture_selfplay_rollers,
+    fail_turn_once,
+    rows_exact,
+    tiny_model,
+    tiny_tokenizer,
+)
 from toolgym.agents.policy import SamplingParams  # noqa: E402
 from toolgym.trainers.rollout import RolloutConfig, RolloutTask  # noqa: E402
 from toolgym.trainers.selfplay import SelfPlayRollout  # noqa: E402
@@ -187,26 +192,6 @@ def test_rows_are_exact_when_seats_run_out_of_turns(monkeypatch: pytest.MonkeyPa
 
 
 # ----- faults ---------------------------------------------------------------------------------------------------
-def _fail_once(engine: Any, at: int, error: type[Exception] = TurnFailed) -> dict[str, Any]:
-    """``engine.step`` raises ``error`` at its ``at``-th call (a ``TurnFailed`` takes a turn out of the batch
-    first, as a server backend does); what failed is recorded."""
-    original = engine.step
-    seen: dict[str, Any] = {"n": 0, "seq": None}
-
-    def step() -> list[Any]:
-        seen["n"] += 1
-        if seen["n"] == at:
-            if error is not TurnFailed:
-                raise error("injected engine fault")
-            seq = (engine.active or engine.queue)[0]
-            engine.cancel(seq)
-            exc = TurnFailed("injected: this turn is lost")
-            exc.seq = seen["seq"] = seq
-            raise exc
-        return original()
-
-    engine.step = step
-    return seen
 
 
 @pytest.mark.parametrize("which", ["frozen", "learner"])
@@ -220,7 +205,7 @@ def test_a_failed_engine_turn_ends_only_its_table(which: str, monkeypatch: pytes
     tasks = [RolloutTask(ENV, s) for s in (0, 1, 2)]
     try:
         engine = (roller.frozen if which == "frozen" else live).engine
-        seen = _fail_once(engine, at=12)
+        seen = fail_turn_once(engine, at=12)
         forest, stats = roller.run(tasks, seed=0)
         assert seen["seq"] is not None  # the fault happened mid-run
         lost = [(t, leaf) for t in forest for leaf in t.leaves() if env_error(t, leaf)]
@@ -256,7 +241,7 @@ def test_an_engine_error_without_a_turn_ends_the_run_and_leaves_the_engines_clea
     )
     tasks = [RolloutTask(ENV, s) for s in (0, 1)]
     try:
-        _fail_once(roller.frozen.engine, at=5, error=InfrastructureError)
+        fail_turn_once(roller.frozen.engine, at=5, error=InfrastructureError)
         with pytest.raises(InfrastructureError):
             roller.run(tasks, seed=0)
         for eng in (live.engine, roller.frozen.engine):
