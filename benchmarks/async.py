@@ -144,7 +144,7 @@ def run_child(
                str(free_port()), *cmd[1:]]  # fmt: skip
     env = dict(os.environ) | (env_extra or {})
     if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpus
+        env["CUDA_VISIBLE_DEVICES"] = visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     if config.get("device") == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
@@ -171,6 +171,19 @@ def run_child(
 
 
 # ----- the retriever ------------------------------------------------------------------------------------------
+def visible(gpus: str, parent: str | None) -> str:
+    """`gpus` ("0" or "0,1": this script's own numbering) as the child's CUDA_VISIBLE_DEVICES: through the
+    parent's, when it has one (gpu_jobs.sh gives each job line its GPUs: "0" must stay that line's GPU, not
+    the machine's first)."""
+    if not parent:
+        return gpus
+    mine = [g.strip() for g in parent.split(",") if g.strip()]
+    want = [int(g) for g in gpus.split(",")]
+    if max(want) >= len(mine):
+        raise SystemExit(f"this part needs GPUs {gpus} of its own; CUDA_VISIBLE_DEVICES gives it {parent!r}")
+    return ",".join(mine[i] for i in want)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -330,6 +343,8 @@ def timed(recs: list[dict[str, Any]], warmup: int, **extra: Any) -> dict[str, An
         "staleness_mean": _mean(use, "rollout/staleness_mean"),
         "staleness_max": max((r.get("rollout/staleness_max", 0.0) for r in use), default=0.0),
         "rollout_wait_s": _mean(use, "time/rollout_wait_s"),
+        "admission_wait_s": _mean(use, "time/admission_wait_s"),  # the worker waited: the learner was slower
+        "train_tokens_per_s": _mean(use, "time/train_tokens_per_s"),  # the update's speed (shares the GPU)
         "weight_publish_s": _mean(use, "time/weight_publish_s"),
         "is_masked_fraction": _mean(use, "losses/is_masked_fraction"),
         "turns": _mean(use, "charts/turns"),
@@ -351,6 +366,13 @@ def setup_of(base: dict[str, Any], args: argparse.Namespace, warm: dict[str, Any
     )
 
 
+def variant_tag(args: argparse.Namespace) -> str:
+    """The suffix of a speed result's keys: "" for the headline setting (per-batch admission, the retriever's
+    own latency); "_tree", "_lat0.1", … otherwise, so that the variants' calls merge side by side."""
+    tag = "" if args.admission == "batch" else f"_{args.admission}"
+    return tag + (f"_lat{args.tool_latency_s:g}" if args.tool_latency_s > 0 else "")
+
+
 def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed",)) -> dict[str, Any]:
     """`speed`: max_staleness k vs 0 on one GPU; `speed2`: the split layout on two GPUs vs the synchronous loop
     on one (the synchronous run is shared when both parts run)."""
@@ -367,6 +389,7 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
             base["model"] = warm["model"]
         tiny = args.quick and warm is None
         one_gpu = None if args.quick else "0"
+        tag = variant_tag(args)
         out: dict[str, Any] = {}
         cfg = dict(base, max_staleness=0, output_dir=str(work / "speed_k0"))
         sync = timed(run_child(cfg, tiny=tiny, gpus=one_gpu), args.warmup, max_staleness=0, layout="sync")
@@ -378,9 +401,9 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
                 recs, args.warmup, max_staleness=args.staleness, layout=f"thread, per {args.admission}"
             )
             out |= {
-                "async_speedup_1gpu": fast["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
-                "speed_runs": {"k0": sync, f"k{args.staleness}": fast},
-                "speed_setup": setup_of(base, args, warm),
+                f"async_speedup_1gpu{tag}": fast["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
+                f"speed_runs{tag}": {"k0": sync, f"k{args.staleness}": fast},
+                f"speed_setup{tag}": setup_of(base, args, warm) | {"admission": args.admission},
             }
             if args.one_stream_arm:  # the same async run with the worker on the default stream (the A/B)
                 cfg["output_dir"] = str(work / f"speed_k{args.staleness}_one_stream")
@@ -389,8 +412,8 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
                     recs, args.warmup, max_staleness=args.staleness,
                     layout=f"thread, per {args.admission}, one CUDA stream",
                 )  # fmt: skip
-                out["speed_runs"][f"k{args.staleness}_one_stream"] = same
-                out["async_speedup_1gpu_one_stream"] = same["samples_per_s"] / max(
+                out[f"speed_runs{tag}"][f"k{args.staleness}_one_stream"] = same
+                out[f"async_speedup_1gpu{tag}_one_stream"] = same["samples_per_s"] / max(
                     sync["samples_per_s"], 1e-9
                 )
         if "speed2" in parts:
@@ -403,9 +426,9 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
                 recs, args.warmup, max_staleness=args.staleness, layout=f"split 1 + 1, per {args.admission}"
             )
             out |= {
-                "async_speedup_2gpu": split["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
-                "speed2_runs": {"sync_1gpu": sync, "split_2gpu": split},
-                "speed2_setup": setup_of(base, args, warm),
+                f"async_speedup_2gpu{tag}": split["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
+                f"speed2_runs{tag}": {"sync_1gpu": sync, "split_2gpu": split},
+                f"speed2_setup{tag}": setup_of(base, args, warm) | {"admission": args.admission},
             }
         return out
     finally:
@@ -417,6 +440,8 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
 
 
 def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """One run per mode at `--seed` (several seeds: one invocation each, e.g. one GPU each on a multi-GPU
+    machine through gpu_jobs.sh), keyed MODE_sSEED."""
     from toolgym.trainers.config import load_yaml
 
     cfg = load_yaml(LEARNING_YAML)
@@ -431,10 +456,12 @@ def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode in modes:
         k = 0 if mode == "sync" else args.learning_staleness
-        run = dict(cfg, max_staleness=k, output_dir=str(work / f"learning_{mode}"))
+        run = dict(cfg, max_staleness=k, output_dir=str(work / f"learning_{mode}_s{args.seed}"))
         recs = run_child(run, tiny=args.quick, minutes=None if args.quick else args.minutes)
         curve = [(r["wall_min"], r["step"], r["eval/success"]) for r in recs if "eval/success" in r]
-        out[mode] = {
+        steps = [r for r in recs if r["step"] > 2 and "time/step_s" in r]  # (engine start, compilation)
+        out[f"{mode}_s{args.seed}"] = {
+            "mode": mode,
             "max_staleness": k,
             "minutes": [c[0] for c in curve],
             "steps": [c[1] for c in curve],
@@ -442,6 +469,13 @@ def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "steps_done": max((r["step"] for r in recs), default=0),
             "wall_minutes": args.minutes if not args.quick else (recs[-1]["wall_min"] if recs else 0.0),
             "seed": args.seed,
+            # where the wall time went (the learner's step, its held-out evaluations, waits of either side)
+            "step_s": _mean(steps, "time/step_s"),
+            "eval_s": _mean(recs, "time/eval_s"),
+            "generate_s": _mean(steps, "rollout/generate_s"),
+            "rollout_wait_s": _mean(steps, "time/rollout_wait_s"),
+            "admission_wait_s": _mean(steps, "time/admission_wait_s"),
+            "train_tokens_per_s": _mean(steps, "time/train_tokens_per_s"),
         }
     return {"async_learning": out}
 
@@ -451,20 +485,62 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(vals) / len(vals) if vals else 0.0
 
 
+def learning_runs(runs: dict[str, Any]) -> dict[str, Any]:
+    """The runs keyed MODE_sSEED, each with its `mode` (results before seeds were keyed "sync" and "async")."""
+    out: dict[str, Any] = {}
+    for key, run in runs.items():
+        mode = run.get("mode") or key.split("_s")[0]
+        out[f"{mode}_s{run.get('seed', 0)}"] = run | {"mode": mode}
+    return out
+
+
+def smoothed(success: list[float]) -> list[float]:
+    """Each held-out point as the mean of it and its two neighbours: a 64-episode evaluation's noise (about
+    0.06 at 0.5) would otherwise make a run's best an outlier."""
+    return [
+        sum(success[max(i - 1, 0) : i + 2]) / len(success[max(i - 1, 0) : i + 2]) for i in range(len(success))
+    ]
+
+
 def learning_summary(runs: dict[str, Any]) -> dict[str, Any]:
-    """Minutes each run took to first reach the synchronous run's best held-out success (minus 0.05: about a
-    seed's spread at 64 episodes), and each run's best."""
-    if "sync" not in runs or "async" not in runs:
+    """The target: the synchronous runs' best smoothed held-out success (their mean over seeds) minus their
+    spread over seeds (0.05 with one seed: about a seed's spread at 64 episodes); then for each run the minutes
+    it first reached the target (smoothed), and for each mode the mean over its seeds (None when a seed never
+    reached it) and its best."""
+    runs = learning_runs(runs)
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for run in runs.values():
+        by_mode.setdefault(run["mode"], []).append(run)
+    if "sync" not in by_mode or "async" not in by_mode:
         return {}
-    target = max(runs["sync"]["success"], default=0.0) - 0.05
+    best = {m: [max(smoothed(r["success"]), default=0.0) for r in rs] for m, rs in by_mode.items()}
+    sync_best = best["sync"]
+    mean = sum(sync_best) / len(sync_best)
+    spread = (
+        (sum((b - mean) ** 2 for b in sync_best) / (len(sync_best) - 1)) ** 0.5
+        if len(sync_best) > 1
+        else 0.05
+    )
+    target = mean - max(spread, 0.05)
 
     def first(run: dict[str, Any]) -> float | None:
-        return next((m for m, s in zip(run["minutes"], run["success"], strict=True) if s >= target), None)
+        pts = zip(run["minutes"], smoothed(run["success"]), strict=True)
+        return next((m for m, s in pts if s >= target), None)
 
+    per_run = {k: first(r) for k, r in runs.items()}
+    minutes: dict[str, float | None] = {}
+    for m, rs in by_mode.items():
+        got = [per_run[f"{m}_s{r.get('seed', 0)}"] for r in rs]
+        minutes[m] = None if any(g is None for g in got) else sum(got) / len(got)  # type: ignore[misc]
     return {
         "target_success": target,
-        "minutes_to_target": {m: first(runs[m]) for m in ("sync", "async")},
-        "best_success": {m: max(runs[m]["success"], default=0.0) for m in ("sync", "async")},
+        "minutes_to_target": minutes,
+        "minutes_to_target_per_run": per_run,
+        "best_success": {m: sum(b) / len(b) for m, b in best.items()},
+        "best_success_per_seed": best,
+        "seeds": {m: sorted(r.get("seed", 0) for r in rs) for m, rs in by_mode.items()},
+        "async_faster": minutes.get("async") is not None
+        and (minutes.get("sync") is None or minutes["async"] < minutes["sync"]),  # type: ignore[operator]
     }
 
 
@@ -487,71 +563,123 @@ def write_md(data: dict[str, Any], path: Path) -> None:
         "## Throughput on one GPU (`async_speedup_1gpu`)",
         "",
     ]
-    sp = data.get("speed_runs")
-    if sp:
-        lines += [
-            "Search-v0 (2-hop questions, <= 4 turns, searches over HTTP to a local BM25 retriever), samples/s =",
-            "episodes trained per second of learner steps after the warm-up steps.",
-            "",
-            *policy_lines(data.get("speed_setup") or {}),
-            "| max_staleness | layout | samples/s | step s (sd) | generate s | env s | learner wait s | "
-            "searches / episode | turns | success | staleness mean / max | IS masked |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in sp.values():
-            lines.append(
-                f"| {r['max_staleness']} | {r.get('layout', '-')} | {r['samples_per_s']:.2f} | {_step(r)} | "
-                f"{r['generate_s']:.2f} | "
-                f"{r['env_s']:.2f} | {r['rollout_wait_s']:.2f} | {_opt(r, 'tool_calls')} | {_opt(r, 'turns')} | "
-                f"{_opt(r, 'success')} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | "
-                f"{r['is_masked_fraction']:.4f} |"
-            )
-        lines += ["", f"**async_speedup_1gpu = {data['async_speedup_1gpu']:.2f}x** (goal >= 1.5x).", ""]
-        if "async_speedup_1gpu_one_stream" in data:
-            lines += [
-                f"The same asynchronous run with its worker on the default CUDA stream (`TOOLGYM_ASYNC_STREAM=0`, as "
-                f"before the worker got its own): {data['async_speedup_1gpu_one_stream']:.2f}x.",
-                "",
-            ]
+    tags = sorted(k[len("speed_runs") :] for k in data if k.startswith("speed_runs"))
+    for tag in tags:
+        lines += _speed_table(data, tag)
     lines += ["## Two GPUs (`async_speedup_2gpu`)", ""]
-    sp2 = data.get("speed2_runs")
-    if sp2:
-        lines += [
-            "The same Search-v0 run: the synchronous loop on one GPU vs the split layout (`rollout_ranks: 1`, torchrun",
-            "with 2 ranks: GPU 1 generates, GPU 0 learns, weights broadcast after every step), same invocation.",
-            "",
-            *policy_lines(data.get("speed2_setup") or {}),
-            "| run | samples/s | step s (sd) | generate s | env s | learner wait s | weight push s | searches / episode | "
-            "success | staleness mean / max |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for name, r in sp2.items():
-            lines.append(
-                f"| {name} | {r['samples_per_s']:.2f} | {_step(r)} | {r['generate_s']:.2f} | {r['env_s']:.2f} | "
-                f"{r['rollout_wait_s']:.2f} | {r.get('weight_publish_s', 0.0):.3f} | {_opt(r, 'tool_calls')} | "
-                f"{_opt(r, 'success')} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} |"
-            )
-        lines += ["", f"**async_speedup_2gpu = {data['async_speedup_2gpu']:.2f}x** (goal >= 2.5x).", ""]
-    else:
+    tags2 = sorted(k[len("speed2_runs") :] for k in data if k.startswith("speed2_runs"))
+    for tag in tags2:
+        lines += _speed2_table(data, tag)
+    if not tags2:
         lines += ["Not measured yet: `python benchmarks/async.py --part speed2` on two GPUs.", ""]
     lines += ["## Learning (`async_learning`)", ""]
-    ln = data.get("async_learning") or {}
-    for mode in ("sync", "async"):
-        if mode in ln:
-            r = ln[mode]
+    ln = learning_runs(data.get("async_learning") or {})
+    if ln:
+        lines += [
+            "trainers/configs/learning_rl_alone.yaml (Calculator, held-out templates), each run stopped after its",
+            "wall minutes; held-out success (64 greedy episodes) every 5 steps.",
+            "",
+            "| run | max_staleness | seed | steps | step s | eval s | generate s | learner wait s | worker wait s | "
+            "train tok/s | best (smoothed) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for key in sorted(ln, key=lambda k: (ln[k]["mode"] != "sync", ln[k].get("seed", 0))):
+            r = ln[key]
+            lines.append(
+                f"| {r['mode']} | {r['max_staleness']} | {r.get('seed', 0)} | {r['steps_done']} | "
+                f"{_opt(r, 'step_s')} | {_opt(r, 'eval_s')} | {_opt(r, 'generate_s')} | {_opt(r, 'rollout_wait_s')} | "
+                f"{_opt(r, 'admission_wait_s')} | {_opt(r, 'train_tokens_per_s')} | "
+                f"{max(smoothed(r['success']), default=0.0):.2f} |"
+            )
+        lines.append("")
+        for key in sorted(ln, key=lambda k: (ln[k]["mode"] != "sync", ln[k].get("seed", 0))):
+            r = ln[key]
             pts = ", ".join(f"{m:.1f} min: {s:.2f}" for m, s in zip(r["minutes"], r["success"], strict=True))
-            lines.append(f"- {mode} (max_staleness {r['max_staleness']}, {r['steps_done']} steps): {pts}")
+            lines.append(f"- {key} (max_staleness {r['max_staleness']}, {r['steps_done']} steps): {pts}")
     summ = data.get("async_learning_summary") or {}
     if summ:
+        mins = summ["minutes_to_target"]
+
+        def fmt(m: float | None) -> str:
+            return "never" if m is None else f"{m:.1f}"
+
         lines += [
             "",
-            f"Minutes to reach {summ['target_success']:.2f} held-out success (the synchronous best - 0.05): "
-            f"sync {summ['minutes_to_target']['sync']}, async {summ['minutes_to_target']['async']}; best "
-            f"sync {summ['best_success']['sync']:.2f}, async {summ['best_success']['async']:.2f}.",
+            f"Target: {summ['target_success']:.2f} held-out success, the synchronous runs' best (3-point smoothed, "
+            "mean over seeds) minus their spread over seeds (at least 0.05).",
+            f"Minutes to reach it (mean over seeds; never if a seed did not): sync {fmt(mins.get('sync'))}, async "
+            f"{fmt(mins.get('async'))}. Best: sync {summ['best_success']['sync']:.2f}, async "
+            f"{summ['best_success']['async']:.2f}. Seeds: {summ.get('seeds')}.",
         ]
     if ln:
         lines += ["", "![held-out success vs wall minutes](async_learning.png)"]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _variant(setup: dict[str, Any], tag: str) -> str:
+    if not tag:
+        return ""
+    return f" ({setup.get('admission', 'batch')} admission; {setup.get('tool_latency_s') or 0:g} s added to each search)"
+
+
+def _speed_table(data: dict[str, Any], tag: str) -> list[str]:
+    setup = data.get(f"speed_setup{tag}") or {}
+    lines = [
+        *([f"### Variant `{tag[1:]}`{_variant(setup, tag)}", ""] if tag else []),
+        "Search-v0 (2-hop questions, <= 4 turns, searches over HTTP to a local BM25 retriever), samples/s =",
+        "episodes trained per second of learner steps after the warm-up steps.",
+        "",
+        *policy_lines(setup),
+        "| max_staleness | layout | samples/s | step s (sd) | generate s | env s | learner wait s | worker wait s | "
+        "update tok/s | searches / episode | turns | success | staleness mean / max | IS masked |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data[f"speed_runs{tag}"].values():
+        lines.append(
+            f"| {r['max_staleness']} | {r.get('layout', '-')} | {r['samples_per_s']:.2f} | {_step(r)} | "
+            f"{r['generate_s']:.2f} | {r['env_s']:.2f} | {r['rollout_wait_s']:.2f} | {_opt(r, 'admission_wait_s')} | "
+            f"{_opt(r, 'train_tokens_per_s')} | {_opt(r, 'tool_calls')} | {_opt(r, 'turns')} | "
+            f"{_opt(r, 'success')} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | "
+            f"{r['is_masked_fraction']:.4f} |"
+        )
+    lines += [
+        "",
+        f"**async_speedup_1gpu{tag} = {data[f'async_speedup_1gpu{tag}']:.2f}x** (goal >= 1.5x).",
+        "",
+    ]
+    if f"async_speedup_1gpu{tag}_one_stream" in data:
+        lines += [
+            f"The same asynchronous run with its worker on the default CUDA stream (`TOOLGYM_ASYNC_STREAM=0`, as "
+            f"before the worker got its own): {data[f'async_speedup_1gpu{tag}_one_stream']:.2f}x.",
+            "",
+        ]
+    return lines
+
+
+def _speed2_table(data: dict[str, Any], tag: str) -> list[str]:
+    setup = data.get(f"speed2_setup{tag}") or {}
+    lines = [
+        *([f"### Variant `{tag[1:]}`{_variant(setup, tag)}", ""] if tag else []),
+        "The same Search-v0 run: the synchronous loop on one GPU vs the split layout (`rollout_ranks: 1`, torchrun",
+        "with 2 ranks: GPU 1 generates, GPU 0 learns, weights broadcast after every step), same invocation.",
+        "",
+        *policy_lines(setup),
+        "| run | samples/s | step s (sd) | generate s | env s | learner wait s | weight push s | searches / episode | "
+        "success | staleness mean / max |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in data[f"speed2_runs{tag}"].items():
+        lines.append(
+            f"| {name} | {r['samples_per_s']:.2f} | {_step(r)} | {r['generate_s']:.2f} | {r['env_s']:.2f} | "
+            f"{r['rollout_wait_s']:.2f} | {r.get('weight_publish_s', 0.0):.3f} | {_opt(r, 'tool_calls')} | "
+            f"{_opt(r, 'success')} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} |"
+        )
+    lines += [
+        "",
+        f"**async_speedup_2gpu{tag} = {data[f'async_speedup_2gpu{tag}']:.2f}x** (goal >= 2.5x).",
+        "",
+    ]
+    return lines
 
 
 def _opt(r: dict[str, Any], key: str) -> str:
@@ -612,8 +740,13 @@ def plot(data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for mode, r in ln.items():
-        ax.plot(r["minutes"], r["success"], marker="o", label=f"{mode} (max_staleness {r['max_staleness']})")
+    colors = {"sync": "tab:blue", "async": "tab:orange"}
+    labelled: set[str] = set()
+    for r in learning_runs(ln).values():
+        mode = r["mode"]
+        label = None if mode in labelled else f"{mode} (max_staleness {r['max_staleness']})"
+        labelled.add(mode)
+        ax.plot(r["minutes"], r["success"], marker="o", markersize=3, color=colors.get(mode), label=label)
     ax.set_xlabel("wall minutes")
     ax.set_ylabel("held-out success")
     ax.legend()
@@ -685,10 +818,12 @@ def main() -> int:
         commands = data.get("commands", []) + [
             c for c in got.get("commands", []) if c not in data.get("commands", [])
         ]
-        learning_runs = (data.get("async_learning") or {}) | (got.get("async_learning") or {})
+        runs = learning_runs(data.get("async_learning") or {}) | learning_runs(
+            got.get("async_learning") or {}
+        )
         data |= got
-        data["commands"], data["async_learning"] = commands, learning_runs
-        data["async_learning_summary"] = learning_summary(learning_runs)
+        data["commands"], data["async_learning"] = commands, runs
+        data["async_learning_summary"] = learning_summary(runs)
     if not args.report and not args.merge:
         work = args.work or Path(tempfile.mkdtemp(prefix="async_bench_"))
         data.setdefault("commands", [])
@@ -705,8 +840,11 @@ def main() -> int:
             data |= speed(args, work, parts)
         if args.part in ("learning", "all"):
             got = learning(args, work)["async_learning"]
-            data["async_learning"] = (data.get("async_learning") or {}) | got
+            data["async_learning"] = learning_runs(data.get("async_learning") or {}) | got
             data["async_learning_summary"] = learning_summary(data["async_learning"])
+    if data.get("async_learning"):  # (the summary's rule may be newer than the file's runs)
+        data["async_learning"] = learning_runs(data["async_learning"])
+        data["async_learning_summary"] = learning_summary(data["async_learning"])
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     plot(data, md_path.with_name(md_path.stem + "_learning.png"))

@@ -81,6 +81,9 @@ class ModelRunner:
         self.generator.seed()
         self.stats = stats
         self._graphs: dict[tuple[int, SampleMode], Any] = {}
+        # False: a decode step whose (bucket, mode) has no graph yet runs eager instead of capturing one (an
+        # asynchronous run's learner engine: a capture while the worker thread's kernels run would fail)
+        self.capture_new = True
         self._pool: Any = None
         self.buckets = _buckets(slots)
         if self.cuda_graphs:
@@ -130,8 +133,8 @@ class ModelRunner:
         n = len(tokens)
         if n > self.buckets[-1]:  # checked on every device: CPU tests guard the CUDA graphs' largest bucket
             raise RuntimeError(f"a decode step of {n} rows exceeds the engine's {self.buckets[-1]}")
-        if self.cuda_graphs:
-            b = next(x for x in self.buckets if x >= n)
+        b = next(x for x in self.buckets if x >= n)
+        if self.cuda_graphs and (self.capture_new or (b, mode) in self._graphs):
             self._in_host[0, :n] = torch.tensor(tokens)
             self._in_host[1, :n] = torch.tensor(slots)
             self._in_host[2, :n] = torch.tensor(pos)

@@ -69,7 +69,7 @@ def test_report_and_merge_read_results_from_before_the_warm_start(tmp_path: Path
     md = out.with_suffix(".md").read_text()
     assert "the untrained model (no warm start)" in md
     assert (
-        "| 0 | sync | 30.89 | 4.14 | 1.97 | 0.09 | 0.00 | 0.01 | 3.92 | - |" in md
+        "| 0 | sync | 30.89 | 4.14 | 1.97 | 0.09 | 0.00 | - | - | 0.01 | 3.92 | - |" in md
     )  # no sd, no success: "-"
     assert "async_speedup_1gpu = 1.39x" in md
     subprocess.run(
@@ -224,3 +224,46 @@ def test_slow_proxy_delays_each_search_and_passes_answers_and_refusals(tmp_path:
         proxy.server_close()
         up.shutdown()
         up.server_close()
+
+
+def test_child_gpus_go_through_the_job_lines_gpus() -> None:
+    """gpu_jobs.sh gives each job line its GPUs: the script's "0" is that line's first, not the machine's."""
+    mod = bench()
+    assert mod.visible("0", None) == "0" and mod.visible("0,1", "") == "0,1"
+    assert mod.visible("0", "2") == "2" and mod.visible("0,1", "2,3") == "2,3" and mod.visible("1", "2,3") == "3"
+    with pytest.raises(SystemExit, match="needs GPUs 0,1"):
+        mod.visible("0,1", "3")
+
+
+def _run(mode: str, seed: int, success: list[float]) -> dict[str, Any]:
+    return {
+        "mode": mode, "max_staleness": 0 if mode == "sync" else 2, "seed": seed, "steps_done": 10,
+        "minutes": [float(i) for i in range(len(success))], "steps": list(range(len(success))), "success": success,
+    }  # fmt: skip
+
+
+def test_learning_summary_over_seeds() -> None:
+    mod = bench()
+    runs = {
+        "sync_s0": _run("sync", 0, [0.0, 0.2, 0.6, 0.7, 0.7]),
+        "sync_s1": _run("sync", 1, [0.0, 0.1, 0.3, 0.6, 0.6]),
+        "async_s0": _run("async", 0, [0.0, 0.6, 0.7, 0.7, 0.7]),
+        "async_s1": _run("async", 1, [0.0, 0.0, 0.1, 0.2, 0.2]),
+    }
+    s = mod.learning_summary(runs)
+    best = [max(mod.smoothed(r["success"])) for r in (runs["sync_s0"], runs["sync_s1"])]
+    assert best == pytest.approx([0.7, 0.6])
+    assert s["target_success"] == pytest.approx(0.65 - (0.005**0.5))  # mean minus the seeds' sd (0.0707)
+    assert s["minutes_to_target_per_run"]["async_s1"] is None
+    assert s["minutes_to_target"]["async"] is None and not s["async_faster"]  # a seed that never got there
+    assert s["seeds"] == {"sync": [0, 1], "async": [0, 1]}
+    del runs["async_s1"]
+    assert mod.learning_summary(runs)["async_faster"]
+
+
+def test_results_keyed_by_mode_alone_read_as_seed_zero() -> None:
+    mod = bench()
+    old = {"sync": _run("sync", 0, [0.1]) | {"mode": None}, "async": _run("async", 0, [0.2])}
+    del old["sync"]["mode"]
+    got = mod.learning_runs(old)
+    assert set(got) == {"sync_s0", "async_s0"} and got["sync_s0"]["mode"] == "sync"
