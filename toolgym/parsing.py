@@ -56,14 +56,15 @@ def clean_text(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
-def _clean(value: Any) -> Any:
-    """``value`` (decoded JSON) with every string cleaned by ``clean_text``."""
+def clean_json(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string cleaned by ``clean_text``: model JSON read in, and what
+    leaves the process for another program's UTF-8 serializer (servers, remote envs, judges)."""
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, dict):
-        return {_clean(k): _clean(v) for k, v in value.items()}
+        return {clean_json(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
 
 
@@ -96,7 +97,7 @@ class ParseResult:
 
 def _clean_call(call: ToolCall) -> ToolCall:
     """``call`` itself, or a copy without lone surrogates (``clean_text``)."""
-    args = _clean(call.arguments)
+    args = clean_json(call.arguments)
     if args == call.arguments and clean_text(call.name) == call.name and clean_text(call.id) == call.id:
         return call
     return ToolCall(id=clean_text(call.id), name=clean_text(call.name), arguments=args)
@@ -276,7 +277,7 @@ def parse_action(
     """
     try:
         if isinstance(action, dict):
-            action = _clean(action)
+            action = clean_json(action)
         if isinstance(action, (Message, dict)):
             if fmt == "command":
                 msg = Message.from_dict(action)
