@@ -148,20 +148,32 @@ def _free_bytes(device: Any) -> int | None:
 
 
 def _frozen_slots(
-    slots: int, capacity: int, per_token: int, learner_bytes: int, free: int | None, memory: float
-) -> int:
+    slots: int, capacity: int, per_token: int, learner_bytes: int, free: int | None, memory: float,
+    budget: int | None = None,
+) -> int:  # fmt: skip
     """Slots of the frozen engine: the learner's ``slots``, capped so that both engines' KV caches together
     take at most ``memory`` of the GPU memory free when the learner's was made (``free`` now plus the
     learner's ``learner_bytes``; what was allocated since only lowers it). A cache holds one scratch slot
     beyond its slots (kv_slots.py). ``free`` None (CPU): the learner's slots. A ``ConfigError`` when not one
-    sequence of ``capacity`` tokens fits in what the learner's cache left."""
+    sequence of ``capacity`` tokens fits in what the learner's cache left. ``budget``: the frozen engine's
+    KV-cache bytes in the run's memory estimate (``gpu_memory.memory_plan``, which counts the frozen weights
+    and their packed copy), used instead of ``free`` and ``memory``."""
+    per_slot = capacity * per_token
+    gb = 1e9
+    if budget is not None:
+        fit = budget // per_slot - 1
+        if fit < 1:
+            raise ConfigError(
+                f"selfplay: the frozen seats' engine gets {budget / gb:.2f} GB of KV cache in the run's memory "
+                f"estimate, and one sequence of {capacity} tokens (+ a scratch slot) needs {2 * per_slot / gb:.2f} "
+                "GB; raise engine_memory, lower max_total_tokens, or play without frozen_seats"
+            )
+        return min(slots, fit)
     if free is None:
         return slots
-    per_slot = capacity * per_token
     left = int(memory * (free + learner_bytes)) - learner_bytes
     fit = left // per_slot - 1
     if fit < 1:
-        gb = 1e9
         raise ConfigError(
             f"selfplay: the frozen seats' engine does not fit in engine_memory={memory:.3g}: the learner's KV "
             f"cache takes {learner_bytes / gb:.2f} GB of {memory * (free + learner_bytes) / gb:.2f} GB, and one "
@@ -171,10 +183,13 @@ def _frozen_slots(
     return min(slots, fit)
 
 
-def load_snapshot(policy: Any, snapshot: str, initial: str | None = None, memory: float = 1 / 3) -> Any:
+def load_snapshot(
+    policy: Any, snapshot: str, initial: str | None = None, memory: float = 1 / 3, budget: int | None = None
+) -> Any:
     """A frozen copy of ``policy`` (its model, renderer and tokenizer) with the snapshot's weights;
     ``snapshot == "initial"`` with ``initial`` (a model name or folder) loads that model, not the live weights.
-    On our engine its KV cache and the learner's take at most ``memory`` of free GPU memory (``_frozen_slots``)."""
+    On our engine its KV cache and the learner's take at most ``memory`` of free GPU memory, or its own takes
+    ``budget`` bytes when given (``_frozen_slots``)."""
     import torch
 
     from toolgym.agents.hf import HFPolicy, load_model
@@ -196,10 +211,10 @@ def load_snapshot(policy: Any, snapshot: str, initial: str | None = None, memory
     else:
         raise ConfigError(f"selfplay.snapshot {snapshot!r} holds neither model.pt nor config.json")
     frozen = frozen.to(device).eval().requires_grad_(False)
-    return _engine_like(policy, frozen, memory) or HFPolicy(frozen, policy.tokenizer, batch_size=256)
+    return _engine_like(policy, frozen, memory, budget) or HFPolicy(frozen, policy.tokenizer, batch_size=256)
 
 
-def _engine_like(policy: Any, frozen: Any, memory: float = 1 / 3) -> Any:
+def _engine_like(policy: Any, frozen: Any, memory: float = 1 / 3, budget: int | None = None) -> Any:
     """An ``EnginePolicy`` over ``frozen`` shaped like the learner's (its slots, capacity and engine dtype:
     bf16 on CUDA; on CUDA fewer slots where the two KV caches would pass ``memory``, ``_frozen_slots``), or
     None when the learner is not one (HF, vLLM) or the engine cannot run the model. The
@@ -213,7 +228,7 @@ def _engine_like(policy: Any, frozen: Any, memory: float = 1 / 3) -> Any:
     eng = policy.engine
     slots = _frozen_slots(
         eng.cache.slots, eng.cache.capacity, shape_of(frozen).kv_bytes_per_token(eng.dtype),
-        eng.cache.nbytes(), _free_bytes(eng.device), memory,
+        eng.cache.nbytes(), _free_bytes(eng.device), memory, budget,
     )  # fmt: skip
     out = EnginePolicy(
         frozen, policy.tokenizer, slots=slots, capacity=eng.cache.capacity, engine_dtype=eng.dtype,
@@ -483,14 +498,16 @@ class SelfPlayRollout:
         options: dict[str, Any] | SelfPlayConfig,
         initial: str | None = None,
         engine_memory: float = 1 / 3,
+        kv_budget: int | None = None,
     ) -> None:
         self.policy = policy
         self.renderer = policy.renderer
         self.cfg = cfg
         self.env_kwargs = dict(env_kwargs or {})
         self.options = options if isinstance(options, SelfPlayConfig) else SelfPlayConfig.from_dict(options)
-        self.frozen = (  # (engine_memory: the run's, the learner's engine built with learner_engine_memory)
-            load_snapshot(policy, self.options.snapshot, initial, engine_memory)
+        self.frozen = (  # (engine_memory: the run's, the learner's engine built with learner_engine_memory;
+            # kv_budget: the frozen engine's KV bytes in the run's memory estimate, gpu_memory.memory_plan)
+            load_snapshot(policy, self.options.snapshot, initial, engine_memory, kv_budget)
             if self.options.frozen_seats
             else None
         )

@@ -25,10 +25,24 @@ def check_memory(memory: float) -> None:
 
 
 def slots_for(
-    rows: int, capacity: int, shape_bytes_per_token: int, device: Any, memory: float = 1 / 3
-) -> int:
-    """Slots for ``rows`` concurrent sequences (+ room for forks), capped at ``memory`` of free GPU memory."""
+    rows: int, capacity: int, shape_bytes_per_token: int, device: Any, memory: float = 1 / 3,
+    budget: int | None = None,
+) -> int:  # fmt: skip
+    """Slots for ``rows`` concurrent sequences (+ room for forks), capped at ``memory`` of free GPU memory, or
+    at ``budget`` bytes when given (the run's memory estimate, trainers/gpu_memory.py ``memory_plan``: on any
+    device; a ``ConfigError`` when not one sequence and the cache's scratch slot fit)."""
     want = max(16, min(512, 2 * rows))
+    if budget is not None:
+        per_slot = max(1, capacity * shape_bytes_per_token)
+        fit = budget // per_slot - 1  # (a cache holds one scratch slot beyond its slots: kv_slots.py)
+        if fit < 1:
+            raise ConfigError(
+                f"the fast engine's KV cache gets {budget / 1e9:.2f} GB of the run's memory estimate, and one "
+                f"sequence of {capacity} tokens (+ a scratch slot) needs {2 * per_slot / 1e9:.2f} GB: raise "
+                "engine_memory, lower max_total_tokens + max_new_tokens, or drop a weight copy (the estimate's "
+                "line on stderr lists them)"
+            )
+        return min(want, fit)
     if getattr(device, "type", "cpu") != "cuda":
         return want
     import torch
@@ -41,9 +55,11 @@ def slots_for(
 def choose_engine(
     policy: Any, engine: str, *, rows: int, capacity: int, quiet: bool = False, memory: float = 1 / 3,
     servers: Sequence[str] = (), weight_sync: str = "auto", sync_folder: str = "", seed: int = 0,
+    budget: int | None = None,
 ) -> Any:  # fmt: skip
     """``policy`` (an ``HFPolicy``), an ``EnginePolicy`` or a ``VLLMPolicy`` over the same live model and
-    tokenizer; a KV cache takes at most ``memory`` of the GPU memory free when it is made."""
+    tokenizer; a KV cache takes at most ``memory`` of the GPU memory free when it is made, or ``budget``
+    bytes when given (its part of the run's memory estimate, trainers/gpu_memory.py ``memory_plan``)."""
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
     check_memory(memory)
@@ -80,7 +96,7 @@ def choose_engine(
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     per_token = shape_of(model).kv_bytes_per_token(dtype)
-    slots = slots_for(rows, capacity, per_token, device, memory)
+    slots = slots_for(rows, capacity, per_token, device, memory, budget)
     fast = EnginePolicy(
         model, policy.tokenizer, slots=slots, capacity=capacity, engine_dtype=dtype,
         chat_template=policy.renderer.chat_template, tool_role=policy.renderer.tool_role,

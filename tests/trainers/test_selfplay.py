@@ -163,12 +163,12 @@ def test_grpo_step_through_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     def roller(
         policy: Any, cfg: RolloutConfig, env_kwargs: dict[str, Any], options: Any, initial: str | None = None,
-        engine_memory: float = 1 / 3,
+        engine_memory: float = 1 / 3, kv_budget: int | None = None,
     ) -> Any:  # fmt: skip
         # the rule policy plays (same tokenizer): games end with wins and losses, so the advantages are not 0
         # the hook names the run's starting model: a resumed run's "initial" snapshot is that, not the checkpoint
-        # and the run's engine_memory (the frozen engine's budget)
-        assert initial and engine_memory == 0.25
+        # and the run's engine_memory (the frozen engine's budget; no byte budget off CUDA)
+        assert initial and engine_memory == 0.25 and kv_budget is None
         seen.append(options)
         return SelfPlayRollout(RulePolicy(), cfg, env_kwargs, options)
 
