@@ -91,3 +91,22 @@ def test_yaml_algorithm_runs_that_loop(tmp_path: Path, monkeypatch, capsys, algo
     assert main(["train", "--config", str(cfg_file)]) == 0
     assert [type(c) for c in ran] == [{"ppo": PPOConfig, "grpo": GRPOConfig}[algorithm]]
     assert "charts/success=0.5" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        # the subcommand is not eaten as --resume's word
+        (["train", "--resume", "grpo", "--steps", "3"], True),
+        (["train", "grpo", "--resume", "--steps", "3"], True),
+        (["train", "grpo", "--steps", "3", "--resume"], True),
+        (["train", "grpo", "--resume", "auto", "--steps", "3"], "auto"),
+        (["train", "--resume", "auto", "grpo", "--steps", "3"], "auto"),
+        (["train", "grpo", "--resume=false", "--steps", "3"], False),
+        (["train", "grpo", "--no-resume", "--steps", "3"], False),
+    ],
+)
+def test_resume_takes_a_word_only_when_one_follows(capsys, argv: list[str], want: object) -> None:
+    assert main([*argv, "--print-config"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["resume"] == want and cfg["steps"] == 3

@@ -86,6 +86,21 @@ def register(subparsers: Any) -> None:
         sp.set_defaults(func=cmd_train)
 
 
+WORDS = ("auto", "true", "false")
+# flags such as --resume that take an optional word (filled as the parsers are built)
+WORD_SWITCHES: set[str] = set()
+
+
+def bind_word_switches(argv: list[str]) -> list[str]:
+    """``--resume grpo …`` as ``--resume=true grpo …``: a switch that takes an optional word would otherwise eat
+    the next token (a subcommand, a value of the next flag) and fail on it as an invalid choice."""
+    out = list(argv)
+    for i, tok in enumerate(out[:-1]):
+        if tok in WORD_SWITCHES and out[i + 1] not in WORDS:
+            out[i] = f"{tok}=true"
+    return out
+
+
 def add_config_flags(
     p: argparse.ArgumentParser, fields: dict[str, tuple[str, Any, str, Any]], hidden: bool = False
 ) -> None:
@@ -100,7 +115,8 @@ def add_config_flags(
         if typ == "bool":
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         elif typ.startswith("bool |"):  # a switch that takes a word too: --resume [auto], --no-resume
-            p.add_argument(flag, nargs="?", const=True, choices=("auto", "true", "false"), **kw)
+            p.add_argument(flag, nargs="?", const=True, choices=WORDS, **kw)
+            WORD_SWITCHES.add(flag)
             p.add_argument(
                 "--no-" + flag[2:], dest=name, action="store_false", default=argparse.SUPPRESS,
                 help=argparse.SUPPRESS,
