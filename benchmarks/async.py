@@ -616,20 +616,30 @@ def write_md(data: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _variant(setup: dict[str, Any], tag: str) -> str:
-    if not tag:
-        return ""
-    return f" ({setup.get('admission', 'batch')} admission; {setup.get('tool_latency_s') or 0:g} s added to each search)"
+def _table_head(setup: dict[str, Any], tag: str, what: list[str]) -> list[str]:
+    """A speed table's heading (a variant's name and setting), what it times, and the policy it timed."""
+    title = (
+        [
+            f"### Variant `{tag[1:]}` ({setup.get('admission', 'batch')} admission; "
+            f"{setup.get('tool_latency_s') or 0:g} s added to each search)",
+            "",
+        ]
+        if tag
+        else []
+    )
+    return [*title, *what, "", *policy_lines(setup)]
 
 
 def _speed_table(data: dict[str, Any], tag: str) -> list[str]:
-    setup = data.get(f"speed_setup{tag}") or {}
     lines = [
-        *([f"### Variant `{tag[1:]}`{_variant(setup, tag)}", ""] if tag else []),
-        "Search-v0 (2-hop questions, <= 4 turns, searches over HTTP to a local BM25 retriever), samples/s =",
-        "episodes trained per second of learner steps after the warm-up steps.",
-        "",
-        *policy_lines(setup),
+        *_table_head(
+            data.get(f"speed_setup{tag}") or {},
+            tag,
+            [
+                "Search-v0 (2-hop questions, <= 4 turns, searches over HTTP to a local BM25 retriever), samples/s =",
+                "episodes trained per second of learner steps after the warm-up steps.",
+            ],
+        ),
         "| max_staleness | layout | samples/s | step s (sd) | generate s | env s | learner wait s | worker wait s | "
         "update tok/s | searches / episode | turns | success | staleness mean / max | IS masked |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -657,13 +667,15 @@ def _speed_table(data: dict[str, Any], tag: str) -> list[str]:
 
 
 def _speed2_table(data: dict[str, Any], tag: str) -> list[str]:
-    setup = data.get(f"speed2_setup{tag}") or {}
     lines = [
-        *([f"### Variant `{tag[1:]}`{_variant(setup, tag)}", ""] if tag else []),
-        "The same Search-v0 run: the synchronous loop on one GPU vs the split layout (`rollout_ranks: 1`, torchrun",
-        "with 2 ranks: GPU 1 generates, GPU 0 learns, weights broadcast after every step), same invocation.",
-        "",
-        *policy_lines(setup),
+        *_table_head(
+            data.get(f"speed2_setup{tag}") or {},
+            tag,
+            [
+                "The same Search-v0 run: the synchronous loop on one GPU vs the split layout (`rollout_ranks: 1`, torchrun",
+                "with 2 ranks: GPU 1 generates, GPU 0 learns, weights broadcast after every step), same invocation.",
+            ],
+        ),
         "| run | samples/s | step s (sd) | generate s | env s | learner wait s | weight push s | searches / episode | "
         "success | staleness mean / max |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
