@@ -6,6 +6,10 @@ interrupt sympy stuck in C code. Here each answer runs in a worker process; the 
 deadline and kills the worker when it passes, from any thread and from asyncio (``await pool.ajudge(...)``),
 with no signals in the caller. A warm spare replaces a killed worker at once. After ``os.fork`` the child
 starts its own workers. ``workers=0`` runs the judge in the calling process (the baseline; no hard timeout).
+
+The math rewards judge on the process's shared pool (``default_pool``: a :class:`MathJudge` over
+``scoring_pool.shared_pool``, whose workers other scorers use too); a :class:`MathJudgePool` is a pool of
+its own, for a caller that wants one.
 """
 
 from __future__ import annotations
@@ -17,7 +21,25 @@ from typing import Any
 
 from toolgym.optional import available, not_installed
 from toolgym.rewards.math_worker import judge
-from toolgym.rewards.scoring_pool import ScoringPool
+from toolgym.rewards.scoring_pool import ScoringPool, shared_pool
+
+TIMEOUT_S = 5.0
+
+
+def _require_math_verify() -> None:
+    # found without importing (the import takes seconds, and the workers do their own): the check is
+    # here so a missing package fails at construction, not as every judged answer's worker crash
+    if not available("math_verify"):
+        raise not_installed("math_verify", why="math rewards judge answers with it")
+
+
+def _judge(pool: ScoringPool, pairs: Sequence[tuple[Any, ...]], timeout: float) -> list[float | None]:
+    """``pairs`` judged on ``pool`` within ``timeout`` each (in this process when it has no workers, with
+    Math-Verify's own SIGALRM at ``timeout // 3`` on the main thread)."""
+    if pool.workers == 0:
+        inner = max(1, int(timeout // 3)) if threading.current_thread() is threading.main_thread() else None
+        return [judge(pair[0], pair[1], inner, bool(pair[2:] and pair[2])) for pair in pairs]
+    return pool.score("math", pairs, timeout=timeout)
 
 
 class MathJudgePool(ScoringPool):
@@ -28,36 +50,38 @@ class MathJudgePool(ScoringPool):
     replaced by a warm spare. A worker that cannot start is an ``InfrastructureError``.
     """
 
-    def __init__(self, workers: int | None = None, timeout: float = 5.0, memory_limit_mb: int = 2048) -> None:
-        # found without importing (the import takes seconds, and the workers do their own): the check is
-        # here so a missing package fails at construction, not as every judged answer's worker crash
-        if not available("math_verify"):
-            raise not_installed("math_verify", why="math rewards judge answers with it")
+    def __init__(
+        self, workers: int | None = None, timeout: float = TIMEOUT_S, memory_limit_mb: int = 2048
+    ) -> None:
+        _require_math_verify()
         super().__init__(workers, timeout, memory_limit_mb, preload=[("math", ())])
-        self.soft_timeout = timeout / 2  # the worker's own timer; the hard kill at `timeout` is the backstop
-        self.inner_timeout = max(1, int(timeout // 3))  # Math-Verify's SIGALRM, in-process mode only
 
     def judge(self, pairs: Sequence[tuple[Any, ...]]) -> list[float | None]:
         """Scores of ``(gold, candidate)`` pairs (or ``(gold, text, True)`` to let Math-Verify search free
         text): 1.0, 0.0, or None when the gold cannot be parsed."""
-        if self.workers == 0:
-            inner = self.inner_timeout if threading.current_thread() is threading.main_thread() else None
-            return [judge(pair[0], pair[1], inner, bool(pair[2:] and pair[2])) for pair in pairs]
-        return self.score("math", pairs)
+        return _judge(self, pairs, self.timeout)
 
     async def ajudge(self, pairs: Sequence[tuple[Any, ...]]) -> list[float | None]:
         """:meth:`judge` for asyncio code: runs in a thread, so the event loop keeps going."""
         return await asyncio.to_thread(self.judge, pairs)
 
 
-_DEFAULT: MathJudgePool | None = None
-_DEFAULT_LOCK = threading.Lock()
+class MathJudge:
+    """:meth:`MathJudgePool.judge` on a pool that other scorers may share (``default_pool``)."""
+
+    def __init__(self, pool: ScoringPool, timeout: float = TIMEOUT_S) -> None:
+        _require_math_verify()
+        pool.register("math")
+        self.pool, self.timeout = pool, timeout
+
+    def judge(self, pairs: Sequence[tuple[Any, ...]]) -> list[float | None]:
+        """As :meth:`MathJudgePool.judge`."""
+        return _judge(self.pool, pairs, self.timeout)
+
+    async def ajudge(self, pairs: Sequence[tuple[Any, ...]]) -> list[float | None]:
+        return await asyncio.to_thread(self.judge, pairs)
 
 
-def default_pool() -> MathJudgePool:
-    """The process-wide pool the math rewards use unless given one (created on first use)."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        if _DEFAULT is None or _DEFAULT._closed:
-            _DEFAULT = MathJudgePool()
-        return _DEFAULT
+def default_pool() -> MathJudge:
+    """The judge the math rewards use unless given a pool: on the process's shared scoring pool."""
+    return MathJudge(shared_pool())

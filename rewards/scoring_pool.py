@@ -22,6 +22,13 @@ Two kinds of failure, told apart:
   answer scored again on the fresh one, so a worker killed from outside costs no answer its score.
 
 ``workers=0`` runs the scorer in the calling process (no hard timeout, no memory cap).
+
+One pool per process: :func:`shared_pool` is the pool every built-in scorer uses (the math rewards and
+reasoning-gym's verifiers), created on first use, so a run that scores both holds one set of workers, not
+one per scorer. Each scorer registers its setup (``preload``), which every worker started from then on does
+before it takes answers. Its size, and that of a pool made with ``workers=None``, is ``TOOLGYM_SCORING_WORKERS``
+(0: score in the calling process), else ``min(2, cpus)``. It is closed at interpreter exit; after ``os.fork``
+the child starts its own workers, as any pool's does.
 """
 
 from __future__ import annotations
@@ -50,6 +57,21 @@ STARTUP_TIMEOUT_S = 120.0  # a worker's start, and a scorer's setup (imports, a 
 CHUNK = 16  # answers sent to a worker at once; it streams a result back for each
 MAX_PRELOAD = 32  # setups a new worker does before "ready" (the latest ones the pool was warmed with)
 WORKER_MODULE = "toolgym.rewards.scoring_worker"
+WORKERS_ENV = "TOOLGYM_SCORING_WORKERS"
+
+
+def default_workers() -> int:
+    """Workers of a pool made with ``workers=None``: ``TOOLGYM_SCORING_WORKERS``, else ``min(2, cpus)``."""
+    text = os.environ.get(WORKERS_ENV, "").strip()
+    if not text:
+        return min(2, os.cpu_count() or 1)
+    try:
+        workers = int(text)
+    except ValueError:
+        workers = -1
+    if workers < 0:
+        raise ConfigError(f"{WORKERS_ENV} must be a whole number >= 0 (0: score in-process), got {text!r}.")
+    return workers
 
 
 def _worker_env() -> dict[str, str]:
@@ -146,7 +168,7 @@ class ScoringPool:
             raise ConfigError(f"timeout must be positive seconds, got {timeout}.")
         if workers is not None and workers < 0:
             raise ConfigError(f"workers must be >= 0, got {workers}.")
-        self.workers = min(2, os.cpu_count() or 1) if workers is None else workers
+        self.workers = default_workers() if workers is None else workers
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
         self.timeouts = 0
@@ -163,6 +185,12 @@ class ScoringPool:
         atexit.register(self.close)
 
     # -- workers -----------------------------------------------------------------------------------------
+    def register(self, scorer: str, setup: Sequence[Any] = ()) -> None:
+        """Have every worker started from now on prepare ``scorer`` for ``setup`` before "ready" (a worker
+        already running prepares it at :meth:`warm`, or untimed before its first answer)."""
+        with self._lock:
+            self._remember(scorer, tuple(setup))
+
     def _remember(self, scorer: str, setup: tuple[Any, ...]) -> bool:
         """Add a setup for new workers to do before "ready"; whether it was new."""
         key = pickle.dumps((scorer, setup))
@@ -425,3 +453,41 @@ class ScoringPool:
     ) -> list[float | None]:
         """:meth:`score` for asyncio code: runs in a thread, so the event loop keeps going."""
         return await asyncio.to_thread(self.score, scorer, items, timeout)
+
+
+_SHARED: ScoringPool | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pool(preload: Sequence[tuple[str, Sequence[Any]]] = ()) -> ScoringPool:
+    """The process's one pool (module docstring), made on first use (or anew after :meth:`ScoringPool.close`),
+    with ``preload``'s ``(scorer, setup args)`` registered. Scorers pass their own ``timeout`` per call."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None or _SHARED._closed:
+            _SHARED = ScoringPool()
+        pool = _SHARED
+    for scorer, setup in preload:
+        pool.register(scorer, setup)
+    return pool
+
+
+def close_shared_pool() -> None:
+    """Stop the shared pool's workers now (interpreter exit does it too); the next use makes a new pool."""
+    global _SHARED
+    with _SHARED_LOCK:
+        pool, _SHARED = _SHARED, None
+    if pool is not None:
+        pool.close()
+
+
+def _after_fork_in_child() -> None:
+    # a thread of the parent may have held these locks at the fork; it does not exist in the child
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    if _SHARED is not None:
+        _SHARED._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

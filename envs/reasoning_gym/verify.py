@@ -11,8 +11,9 @@ held the step for hours. So:
   arithmetic on numbers, symbols and named math functions passes (no attribute, string, dunder, or builtin or
   sympy name beyond ``MATH_NAMES``). A refused text is a ``ValueError`` in the verifier, which scores it as
   a wrong answer; its other checks (an exact match first, in most) run as they are.
-- ``score_answer(task, config, size, entry, answer)``: the verifier runs in a worker process of a
-  :class:`~toolgym.rewards.scoring_pool.ScoringPool` (``SCORER``, the ``"reasoning_gym"`` scorer): a fresh
+- ``score_answer(task, config, size, entry, answer)``: the verifier runs in a worker process of the
+  process's shared :class:`~toolgym.rewards.scoring_pool.ScoringPool` (``shared_pool``, the math rewards'
+  too; ``TOOLGYM_SCORING_WORKERS`` sizes it) as the ``"reasoning_gym"`` scorer (``SCORER``): a fresh
   interpreter that rebuilds the dataset from (task, config, seed 0, size) once, applies ``guarded`` and a
   memory cap, and is killed at ``VERIFY_TIMEOUT_S`` (a verifier stuck in C code cannot be interrupted
   in-process). A verifier that runs out of that time on the answer scores 0 (the text was the model's); a
@@ -29,13 +30,12 @@ import contextlib
 import io
 import json
 import sys
-import threading
 import tokenize
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
-from toolgym.rewards.scoring_pool import ScoringPool
+from toolgym.rewards.scoring_pool import ScoringPool, shared_pool
 from toolgym.rewards.scoring_worker import Scorer
 
 VERIFY_TIMEOUT_S = 5.0
@@ -159,17 +159,11 @@ def _score(
 # the "reasoning_gym" scorer of toolgym.rewards.scoring_worker: items are (task, config, size, entry, answer)
 SCORER = Scorer(score=_score, prepare=_prepare, prepare_key=_prepare_key)
 
-_POOL: ScoringPool | None = None
-_POOL_LOCK = threading.Lock()
-
 
 def pool() -> ScoringPool:
-    """The process-wide pool of verifier workers (created on first use; 2 workers at most)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._closed:
-            _POOL = ScoringPool(timeout=VERIFY_TIMEOUT_S, preload=[("reasoning_gym", ())])
-        return _POOL
+    """The pool the verifiers run in: the process's shared one (made on first use), its new workers
+    importing reasoning-gym before they take answers."""
+    return shared_pool(preload=[("reasoning_gym", ())])
 
 
 def warm(task: str, config: dict[str, Any] | None, size: int | None) -> None:

@@ -35,11 +35,10 @@ def _expert_step(env: Any, seed: int = 0) -> dict[str, Any]:
 
 @pytest.fixture
 def fresh_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The env's verifier pool made anew for this test (and closed after it)."""
-    monkeypatch.setattr(verify, "_POOL", None)
+    """The process's shared scoring pool (the verifiers') made anew for this test (and closed after it)."""
+    scoring_pool.close_shared_pool()
     yield
-    if verify._POOL is not None:
-        verify._POOL.close()
+    scoring_pool.close_shared_pool()
 
 
 @pytest.mark.parametrize("task", ["chain_sum", "puzzle24"])
@@ -76,8 +75,7 @@ def test_a_verifier_worker_that_cannot_start_is_an_env_error(
     with pytest.raises(InfrastructureError):  # the reset warms the workers
         env.reset(seed=0)
     monkeypatch.setattr(verify, "warm", lambda *args: None)  # as if they had started, and died since
-    verify.pool().close()
-    monkeypatch.setattr(verify, "_POOL", None)
+    scoring_pool.close_shared_pool()
     env.reset(seed=0)
     _, reward, terminated, truncated, info = env.step(tool_env(env).expert_action())
     assert truncated and not terminated and info["truncation"] == "env_error" and reward == 0.0
