@@ -84,6 +84,7 @@ class MemoryPlan:
     copies: tuple[tuple[str, int, str], ...] = ()  # (what, bytes, how to avoid it)
     state: int = 0
     kv_shares: tuple[tuple[str, float], ...] = ()  # (engine, its share of the KV budget)
+    kv_reserved: bool = True  # False: no engine reserves a KV cache (engine=hf, or auto falling back to it)
 
     @property
     def copies_bytes(self) -> int:
@@ -92,6 +93,8 @@ class MemoryPlan:
     @property
     def kv_bytes(self) -> int:
         """What the KV caches take together: ``engine_memory`` of the free memory the copies leave."""
+        if not self.kv_reserved:
+            return 0
         return int(self.memory * max(0, (self.free or 0) - self.copies_bytes))
 
     def kv(self, engine: str) -> int | None:
@@ -176,7 +179,11 @@ def memory_plan(
         if ours:
             copies.append(("the actor engine's packed weights", packed_bytes(model, itemsize), "engine=hf"))
             shares = {"learner": 0.5, "actor": 0.5}  # the learner's engine only runs the evaluations
-    plan = MemoryPlan(free, memory, tuple(copies), trainer_state_bytes(model), tuple(shares.items()))
+    # vLLM in this process reserves its engine_memory too; on rollout servers or HF nothing here does
+    reserved = ours or (cfg.engine == "vllm" and not getattr(cfg, "rollout_servers", None))
+    plan = MemoryPlan(
+        free, memory, tuple(copies), trainer_state_bytes(model), tuple(shares.items()), kv_reserved=reserved
+    )
     if not quiet:
         print(plan.describe(), file=sys.stderr)
     plan.check()
