@@ -5,6 +5,27 @@ conversation has them; logprobs are asked for and kept when the server returns t
 ``toolgym serve``'s ``token_ids`` field or vLLM's ``token_id:N`` tokens). 429 and 5xx answers and transport
 errors are retried with exponential backoff (``Retry-After`` honoured) up to ``max_retries`` times.
 
+**What goes over the wire** (``wire``): the server applies its own chat template and tokenizes what it is sent, so
+special-token text inside content (a tool output holding ``<|im_end|>\n<|im_start|>assistant``) would become real
+turn markers there: a forged turn. So
+
+- ``wire="tokens"`` renders the conversation here (``ChatRenderer``: content never becomes special tokens) and sends
+  the ids to ``POST /v1/completions`` (``prompt`` as token ids, as vLLM, SGLang and ``toolgym serve`` take it);
+  the reply comes back as ids and logprobs, is decoded and parsed here (Hermes ``<tool_call>`` blocks). It needs
+  the served model's tokenizer here: ``tokenizer=`` (an object, a folder or a hub id), else the model name when
+  it loads from local files.
+- ``wire="chat"`` sends messages to ``/v1/chat/completions``; with ``special_text="escape"`` (the default) the
+  special-token text in every string sent (contents, names, tool arguments, tool schemas) is escaped first
+  (``toolgym.special_text``: a zero-width space after its first character; text without any goes unchanged):
+  the tokenizer's special tokens when it loads here, else a conservative list of chat markers (ChatML,
+  Llama 3, Qwen, Mistral, Gemma, DeepSeek). ``special_text="keep"`` sends the text as it is.
+- ``wire="auto"`` (default): chat with nothing escaped for ``toolgym serve`` (``/v1/models`` says
+  ``owned_by: toolgym``; it renders with ``ChatRenderer`` itself); tokens when the tokenizer loads here and one
+  probe of ``/v1/completions`` with token ids works; otherwise chat with escaping. ``wire_used`` says which.
+
+Every body sent has lone surrogates replaced (``toolgym.parsing.clean_json``): a JSON ``\\ud800`` in a model's
+action decodes to one, and no UTF-8 encoder takes it (the request raised before it left).
+
 Errors: a wrong URL, key or model (401/403/404) raises ``ConfigError`` at once; a request that still fails
 after its retries (or a 400 such as a too-long context) comes back as a turn with
 ``finish_reason="error"``, so the runner ends that episode as an infrastructure failure and goes on.
@@ -14,10 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from toolgym.agents.policy import (
     AssistantTurn,
@@ -30,13 +52,18 @@ from toolgym.agents.policy import (
 )
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.messages import Message, ToolCall
+from toolgym.parsing import clean_text
+from toolgym.special_text import SpecialText, SpecialTextEscaper, outgoing
 
 if TYPE_CHECKING:
     import httpx
 
+    from toolgym.agents.rendering import ChatRenderer, ToolRole
     from toolgym.envs.base import ToolEnv
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+Wire = Literal["auto", "chat", "tokens"]
+log = logging.getLogger(__name__)
 
 
 class BackendError(InfrastructureError):
@@ -59,10 +86,29 @@ class OpenAIPolicy:
         sampling: SamplingParams | None = None,
         logprobs: bool = True,
         extra_body: dict[str, Any] | None = None,
+        wire: Wire = "auto",
+        special_text: SpecialText = "escape",
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        tool_role: ToolRole = "auto",
     ) -> None:
         url = base_url.rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"the server URL must start with http:// or https://, got {base_url!r}")
+        if wire not in ("auto", "chat", "tokens"):
+            raise ConfigError(f"wire must be 'auto', 'chat' or 'tokens', got {wire!r}")
+        if special_text not in ("escape", "keep"):
+            raise ConfigError(f"special_text must be 'escape' or 'keep', got {special_text!r}")
+        self.wire: Wire = wire
+        self.special_text: SpecialText = special_text
+        self.tokenizer = (
+            tokenizer  # an object, a folder or hub id, or None (the model name, local files only)
+        )
+        self.chat_template = chat_template
+        self.tool_role: ToolRole = tool_role
+        self.wire_used: Literal["chat", "tokens"] | None = None  # what ``wire`` resolved to (first request)
+        self.renderer: ChatRenderer | None = None  # the tokens wire's
+        self.escaper: SpecialTextEscaper | None = None  # the chat wire's (None: nothing escaped)
         self.base_url = url if url.endswith("/v1") else url + "/v1"
         self.model = model
         self.api_key = api_key
@@ -116,13 +162,15 @@ class OpenAIPolicy:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         limits = httpx.Limits(max_connections=self.concurrency)
         async with httpx.AsyncClient(timeout=self.timeout, headers=headers, limits=limits) as client:
-            if self.model is None:
-                self.model = await self._first_model(client)
+            if self.model is None or self.wire_used is None:
+                await self._resolve(client)
             gate = asyncio.Semaphore(self.concurrency)
 
             async def one(conv: Conversation, tl: ToolDicts | None) -> AssistantTurn:
                 async with gate:
                     try:
+                        if self.wire_used == "tokens":
+                            return await self._tokens_turn(client, conv, tl, sampling)
                         data = await self._post(client, self._body(conv, tl, sampling))
                     except BackendError as exc:
                         return AssistantTurn(
@@ -134,8 +182,152 @@ class OpenAIPolicy:
 
             return list(await asyncio.gather(*(one(c, t) for c, t in zip(conversations, tools, strict=True))))
 
+    # ----- the wire ----------------------------------------------------------------------------------------
+    async def _resolve(self, client: httpx.AsyncClient) -> None:
+        """The model name (the server's first when not given) and the wire (module docstring), once."""
+        owner = None
+        if self.model is None:
+            self.model, owner = await self._first_model(client)
+        elif self.wire == "auto":
+            owner = await self._owner(client)
+        if self.wire_used is not None:
+            return
+        ours = owner == "toolgym"  # toolgym serve renders with ChatRenderer: its chat endpoint is token-safe
+        tok = None
+        if self.wire == "tokens" or (not ours and (self.wire == "auto" or self.special_text == "escape")):
+            tok = self._load_tokenizer(required=self.wire == "tokens")
+        if tok is not None and self.wire in ("tokens", "auto") and not ours:
+            self.renderer = self._make_renderer(tok, required=self.wire == "tokens")
+            if self.renderer is not None and (self.wire == "tokens" or await self._takes_ids(client)):
+                self.wire_used = "tokens"
+                return
+            self.renderer = None
+        if self.special_text == "escape" and not ours:
+            self.escaper = (
+                SpecialTextEscaper.for_tokenizer(tok) if tok is not None else SpecialTextEscaper.known()
+            )
+        self.wire_used = "chat"
+        if self.wire == "auto" and not ours:
+            log.info(
+                "%s: chat messages, special-token text %s (%s)", self.name, "escaped" if self.escaper else "kept",
+                "the tokenizer's special tokens" if tok is not None else "no tokenizer here: the known markers",
+            )  # fmt: skip
+
+    def _load_tokenizer(self, required: bool) -> Any:
+        """``tokenizer`` (loaded when a name), else the model name's from local files; None when neither."""
+        spec = self.tokenizer if self.tokenizer is not None else self.model
+        if spec is None:
+            if required:
+                raise ConfigError("wire='tokens' needs the served model's tokenizer: pass tokenizer=")
+            return None
+        if not isinstance(spec, str):
+            return spec
+        try:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(spec, local_files_only=self.tokenizer is None)
+        except Exception as exc:  # not installed, not a local model, not a tokenizer
+            if required or self.tokenizer is not None:
+                raise ConfigError(f"cannot load the tokenizer {spec!r}: {type(exc).__name__}: {exc}") from exc
+            return None
+
+    def _make_renderer(self, tok: Any, required: bool) -> ChatRenderer | None:
+        from toolgym.agents.rendering import ChatRenderer
+
+        try:
+            return ChatRenderer(tok, tool_role=self.tool_role, chat_template=self.chat_template)
+        except ConfigError:  # no chat template, or one that cannot be rendered turn by turn
+            if required:
+                raise
+            return None
+
+    async def _owner(self, client: httpx.AsyncClient) -> str | None:
+        """``owned_by`` of the model in ``/v1/models`` (None when the server does not say)."""
+        try:
+            resp = await client.get(self.base_url + "/models")
+            models = (resp.json().get("data") or []) if resp.status_code == 200 else []
+        except Exception:  # a server without /models, or an odd answer: not needed to talk to it
+            return None
+        mine = [m for m in models if isinstance(m, dict) and m.get("id") == self.model] or models[:1]
+        return str(mine[0].get("owned_by")) if mine and isinstance(mine[0], dict) else None
+
+    async def _takes_ids(self, client: httpx.AsyncClient) -> bool:
+        """Whether ``/v1/completions`` takes a prompt of token ids and answers with ids (one 1-token request)."""
+        import httpx
+
+        assert self.renderer is not None
+        ids = self.renderer.prompt_ids([{"role": "user", "content": "Hi."}])
+        body = self._ids_body(ids, SamplingParams(temperature=0.0, max_new_tokens=1))
+        try:
+            resp = await client.post(self.base_url + "/completions", json=body)
+        except httpx.TransportError:
+            return False
+        if resp.status_code in (401, 403):
+            raise ConfigError(f"{self.base_url} refused the key ({resp.status_code}): set OPENAI_API_KEY")
+        ok = resp.status_code == 200 and self._completed(resp, ids, 1) is not None
+        if not ok:
+            log.info(
+                "%s: /v1/completions with token ids answered %s: chat messages instead",
+                self.name,
+                resp.status_code,
+            )
+        return ok
+
+    def _ids_body(self, ids: list[int], sp: SamplingParams) -> dict[str, Any]:
+        from toolgym.agents.vllm_policy import sampling_body
+
+        assert self.renderer is not None
+        body = sampling_body(sp, sp.max_new_tokens, sp.stop, sorted(self.renderer.stop_ids), 0)
+        body.update(model=self.model, prompt=ids, return_token_ids=True, return_tokens_as_token_ids=True)
+        body.update(skip_special_tokens=False)
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        return body
+
+    def _completed(self, resp: httpx.Response, ids: list[int], max_tokens: int) -> Any:
+        from toolgym.agents.vllm_policy import completed_from_answer
+
+        assert self.renderer is not None
+        try:
+            return completed_from_answer(resp, max_tokens, len(self.renderer.tokenizer), ids)
+        except InfrastructureError:
+            return None
+
+    async def _tokens_turn(
+        self, client: httpx.AsyncClient, conv: Conversation, tools: ToolDicts | None, sp: SamplingParams
+    ) -> AssistantTurn:
+        """One turn over ``/v1/completions``: ids rendered here in, sampled ids and logprobs out."""
+        from toolgym.agents.openai_tokens import stop_at
+        from toolgym.agents.vllm_policy import completed_from_answer
+
+        renderer = self.renderer
+        assert renderer is not None
+        ids = renderer.prompt_ids(outgoing(conv), outgoing(tools) if tools else None)
+        body = self._ids_body(ids, sp)
+        body.update(self.extra_body)
+        resp = await self._request_raw(client, "POST", "/completions", body)
+        try:
+            done = completed_from_answer(resp, sp.max_new_tokens, len(renderer.tokenizer), ids)
+        except InfrastructureError as exc:
+            raise BackendError(f"{self.base_url}/completions: {exc}") from exc
+        text = renderer.decode(renderer.strip_stop(done.token_ids))
+        finish = done.finish
+        cut = stop_at(text, sp.stop)
+        if cut is not None:
+            text, finish = text[:cut], "stop"
+        return AssistantTurn(
+            text=text,
+            message=parse_turn(text, tools),
+            token_ids=list(done.token_ids),
+            logprobs=list(done.logprobs) if self.logprobs else [],
+            finish_reason=finish,
+            usage={"prompt_tokens": len(ids), "completion_tokens": len(done.token_ids)},
+        )
+
     # ----- HTTP --------------------------------------------------------------------------------------------
     def _body(self, conv: Conversation, tools: ToolDicts | None, sp: SamplingParams) -> dict[str, Any]:
+        if self.escaper is not None:  # (lone surrogates: every body, in _request_raw)
+            conv, tools = self.escaper(conv), self.escaper(tools) if tools else tools
         body: dict[str, Any] = {
             "model": self.model,
             "messages": conv,
@@ -154,12 +346,14 @@ class OpenAIPolicy:
         body.update(self.extra_body)
         return body
 
-    async def _first_model(self, client: httpx.AsyncClient) -> str:
+    async def _first_model(self, client: httpx.AsyncClient) -> tuple[str, str | None]:
+        """The server's first model and its ``owned_by``."""
         data = await self._request(client, "GET", "/models", None)
         models = data.get("data") or []
         if not models:
             raise ConfigError(f"{self.base_url}/models lists no model: pass one as openai:URL@MODEL")
-        return str(models[0]["id"])
+        owner = models[0].get("owned_by") if isinstance(models[0], dict) else None
+        return str(models[0]["id"]), None if owner is None else str(owner)
 
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
         return await self._request(client, "POST", "/chat/completions", body)
@@ -167,9 +361,21 @@ class OpenAIPolicy:
     async def _request(
         self, client: httpx.AsyncClient, method: str, path: str, body: dict[str, Any] | None
     ) -> dict[str, Any]:
+        return dict((await self._request_raw(client, method, path, body, parse=True)).json())
+
+    async def _request_raw(
+        self,
+        client: httpx.AsyncClient,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        parse: bool = False,
+    ) -> httpx.Response:
+        """The 200 answer (``parse``: one whose body is a JSON object), retried as the module docstring says."""
         import httpx
 
         url = self.base_url + path
+        body = outgoing(body)  # no lone surrogate reaches the JSON encoder (it raised: a crash, not a turn)
         last = ""
         for attempt in range(self.max_retries + 1):
             wait = self.backoff_s * (2**attempt) * (0.5 + random.random())
@@ -180,7 +386,9 @@ class OpenAIPolicy:
             else:
                 if resp.status_code == 200:
                     try:
-                        return dict(resp.json())
+                        if not parse or isinstance(resp.json(), dict):
+                            return resp
+                        last = f"the server answered 200 with a non-object: {resp.text[:200]!r}"
                     except json.JSONDecodeError:
                         last = f"the server answered 200 with non-JSON: {resp.text[:200]!r}"
                 elif resp.status_code in (401, 403):
@@ -211,7 +419,7 @@ class OpenAIPolicy:
                 message=Message(role="assistant", content=""),
                 finish_reason="error",
             )
-        content = msg.get("content") or ""
+        content = clean_text(str(msg.get("content") or ""))  # (a server's JSON may hold "\\ud800" too)
         calls = msg.get("tool_calls") or []
         finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
         logprobs, token_ids = _logprobs(choice)
