@@ -15,11 +15,15 @@ from toolgym.envs.base import Task, ToolEnv
 from toolgym.errors import ConfigError, EpisodeOverError, InfrastructureError
 from toolgym.messages import Message
 from toolgym.optional import require
+from toolgym.parsing import clean_json
 from toolgym.tools import Tool, ToolSpec
 
 # a reply with one of these codes means "this connection's session is gone": a fresh connection may work
 _RETRYABLE = {"CAPACITY_REACHED", "SESSION_EXPIRED", "SESSION_ERROR"}
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# pydantic error types that say the action's shape (its key, its JSON type) does not fit the server's schema:
+# a setting to fix. Any other (a literal, a pattern, a length, a number that does not parse) judges its content
+_SHAPE_ERRORS = {"missing", "extra_forbidden"}  # and every "…_type" (a string where a dict goes, …)
 
 
 class _Broken(Exception):
@@ -40,7 +44,11 @@ class RemoteEnv(ToolEnv):
 
     ## Action Space
     Text, or an assistant message dict: sent as ``{"type": "step", "data": {action_key: action}}``
-    (``action_key`` "message" for toolgym servers; set it to the field another server's action expects).
+    (``action_key`` "message" for toolgym servers; set it to the field another server's action expects). Lone
+    surrogates (a JSON ``\\ud800`` in the model's call) are replaced first (``clean_json``): another server failed
+    to write them back (an env_error). A message (structured tool calls) that another server's schema refuses
+    is sent again as its text (content, then each call as a Hermes ``<tool_call>`` block), and from then on as
+    text. Special-token text is sent as it is: an env reads actions, it does not tokenize them as a prompt.
 
     ## Observation Space
     ``Messages``: on reset the served env's system prompt and task; on each step its new messages.
@@ -59,7 +67,11 @@ class RemoteEnv(ToolEnv):
     ``reset(seed=…)`` sends the seed; the server draws the task (same seed, same task).
 
     ## Episode End
-    When the server says ``done`` (``info["truncation"]`` from toolgym servers). A server that cannot be
+    When the server says ``done`` (``info["truncation"]`` from toolgym servers). An action whose content the
+    server's schema refuses (a ``VALIDATION_ERROR`` naming a literal, a pattern, a length, …; not its key or
+    type) is the model's invalid action: a user message saying why, ``format_penalty``, ``invalid_action``; the
+    server never saw it, so its episode goes on, and ``max_turns`` refusals in a row end it (``turn_limit``).
+    A refusal of the action's shape (the wrong ``action_key``) raises ``ConfigError``. A server that cannot be
     reached on ``reset`` (after ``retries`` fresh connections, ``retry_backoff_s`` apart, doubling) raises
     ``InfrastructureError``. A connection lost or a reply missing ``read_timeout_s`` during a step, or a
     server-side failure, ends the episode with ``truncated=True``, ``info["truncation"]="env_error"`` and
@@ -70,11 +82,13 @@ class RemoteEnv(ToolEnv):
     ``url`` (None: loopback), ``serve`` ("toolgym/Calculator-v0": the loopback's env), ``serve_kwargs``
     (its gym.make kwargs), ``action_key`` ("message"), ``success_reward`` (0: a final reward above it is a
     success, for servers that send no ``success``), ``connect_timeout_s`` (10), ``read_timeout_s`` (60),
-    ``retries`` (2), ``retry_backoff_s`` (0.5), ``render_mode``. The served env's own settings (``max_turns``,
+    ``retries`` (2), ``retry_backoff_s`` (0.5), ``format_penalty`` (-0.1: a refused action's reward),
+    ``render_mode``. The served env's own settings (``max_turns``,
     ``prompt_format``, …) belong to the server (``toolgym serve-env ID --env-kwargs``).
 
     ## Version History
-    - v0: first version (the toolgym and OpenEnv WebSocket protocols; loopback).
+    - v0: first version (the toolgym and OpenEnv WebSocket protocols; loopback); actions cleaned of lone
+      surrogates, refused contents are invalid actions, refused messages are resent as text.
     """
 
     family: ClassVar[str] = "remote"
@@ -95,6 +109,7 @@ class RemoteEnv(ToolEnv):
         read_timeout_s: float = 60.0,
         retries: int = 2,
         retry_backoff_s: float = 0.5,
+        format_penalty: float = -0.1,
         render_mode: str | None = None,
         **served_settings: Any,
     ) -> None:
@@ -120,7 +135,9 @@ class RemoteEnv(ToolEnv):
         self._stack: contextlib.ExitStack | None = None
         self._meta: dict[str, Any] | None = None
         self._remote_specs: list[ToolSpec] = []
-        super().__init__(render_mode=render_mode)
+        self._text_actions = False  # the server took a message only as its text: send text from then on
+        self._refused = 0  # refused actions in a row (the server never saw them)
+        super().__init__(render_mode=render_mode, format_penalty=format_penalty)
 
     # ----- the connection ----------------------------------------------------------------------------------
     @property
@@ -179,14 +196,14 @@ class RemoteEnv(ToolEnv):
         if self._ws is None:
             raise _Broken("not connected")
         try:
-            self._ws.send(json.dumps(message))
+            self._ws.send(json.dumps(clean_json(message)))
             raw = self._ws.recv(timeout=self.read_timeout_s)
         except TimeoutError as exc:
             raise _Broken(f"no reply within {self.read_timeout_s:g} s (read_timeout_s)") from exc
         except Exception as exc:  # the connection closed or failed
             raise _Broken(f"the connection to {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
-        try:
-            reply = json.loads(raw)
+        try:  # both ways without lone surrogates: a "\\ud800" escape decodes to one, and UTF-8 writers refuse it
+            reply = clean_json(json.loads(raw))
         except (TypeError, ValueError) as exc:
             raise _Broken(f"the server sent something that is not JSON: {str(raw)[:200]!r}") from exc
         if not isinstance(reply, dict):
@@ -245,21 +262,33 @@ class RemoteEnv(ToolEnv):
         if self._task is None or self._done:
             raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
         self._turn += 1
+        action = _wire(action)  # what the server gets, and the transcript records
+        if self._text_actions and isinstance(action, dict):
+            action = _as_text(action)
         try:
-            reply = self._request({"type": "step", "data": {self.action_key: _wire(action)}})
+            reply = self._request({"type": "step", "data": {self.action_key: action}})
+            text = _as_text(action) if isinstance(action, dict) else None
+            if _code(reply) == "VALIDATION_ERROR" and text is not None:
+                # refused before its env ran, so sending it again repeats nothing
+                again = self._request({"type": "step", "data": {self.action_key: text}})
+                if _code(again) != "VALIDATION_ERROR" or _content_refusal(again):
+                    action, reply, self._text_actions = text, again, True
         except _Broken as exc:
             return self._env_error(action, str(exc))
         if reply.get("type") == "error":
             code = _code(reply)
             if code == "EPISODE_OVER":
                 raise EpisodeOverError(f"Remote-v0: {_describe(reply)}")
-            if code == "VALIDATION_ERROR":  # the action does not fit the server's schema: a setting to fix
-                raise ConfigError(
+            if code == "VALIDATION_ERROR":
+                if _content_refusal(reply):  # the model's text does not fit: its invalid action
+                    return self._refusal(action, reply)
+                raise ConfigError(  # the action's shape does not fit the server's schema: a setting to fix
                     f"Remote-v0: the server refused the action ({_describe(reply)}); check action_key"
                 )
             return self._env_error(action, f"the server failed: {_describe(reply)}")
         if reply.get("type") != "observation":
             return self._env_error(action, f"unexpected reply {str(reply)[:200]}")
+        self._refused = 0
         messages, info, assistant, reward, terminated, truncated = _read(reply.get("data") or {})
         self._transcript.append(_message(assistant) if assistant else _assistant(action))
         self._transcript.extend(_message(m) for m in messages)
@@ -273,6 +302,34 @@ class RemoteEnv(ToolEnv):
                 info["success"] = bool(terminated and reward > self.success_reward)
             info.setdefault("episode_reward", self._episode_reward)
         return messages, reward, terminated, truncated, info
+
+    def _refusal(
+        self, action: Any, reply: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        """An action the server's schema refused for its content: an invalid action (it never reached the env)."""
+        self._refused += 1
+        self._transcript.append(_assistant(action))
+        why = "; ".join(
+            str(e.get("msg", e)) for e in (reply.get("data") or {}).get("errors") or [] if isinstance(e, dict)
+        )
+        feedback = Message(
+            role="user", content=f"Invalid action: the environment refused it ({why or _describe(reply)})."
+        )
+        self._transcript.append(feedback)
+        reward = self.format_penalty
+        self._episode_reward += reward
+        truncated = self._refused >= self.max_turns
+        info: dict[str, Any] = {
+            "task_id": self.task.task_id,
+            "turn": self._turn,
+            "invalid_action": True,
+            "tool_calls": 0,
+            "reward_components": {"format": reward},
+        }
+        if truncated:
+            self._done = True
+            info.update(truncation="turn_limit", success=False, episode_reward=self._episode_reward)
+        return [feedback.to_dict()], reward, False, truncated, info
 
     def _env_error(
         self, action: Any, why: str
@@ -334,14 +391,43 @@ def _describe(reply: dict[str, Any]) -> str:
 
 
 def _wire(action: Any) -> Any:
-    """The action as JSON can carry it (a Message as its dict; anything else unknown as its text)."""
+    """The action as JSON can carry it (a Message as its dict; anything else unknown as its text), with no lone
+    surrogate: another server's UTF-8 writer refuses them (toolgym.parsing.clean_json)."""
     if hasattr(action, "to_dict"):
-        return action.to_dict()
+        action = action.to_dict()
     try:
         json.dumps(action)
-        return action
     except (TypeError, ValueError):
-        return str(action)
+        action = str(action)
+    return clean_json(action)
+
+
+def _as_text(action: dict[str, Any]) -> str | None:
+    """An assistant message dict as the text a model would have written (Hermes tool-call blocks); None when
+    ``action`` is not one."""
+    if action.get("role") != "assistant":
+        return None
+    parts = [str(action.get("content") or "")] if action.get("content") else []
+    for call in action.get("tool_calls") or []:
+        fn = call.get("function", call) if isinstance(call, dict) else {}
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            with contextlib.suppress(ValueError):  # else kept as the string the model wrote
+                args = json.loads(args) if args.strip() else {}
+        parts.append(f"<tool_call>{json.dumps({'name': fn.get('name'), 'arguments': args})}</tool_call>")
+    return "\n".join(parts)
+
+
+def _content_refusal(reply: dict[str, Any]) -> bool:
+    """A ``VALIDATION_ERROR`` about what the action says, not its shape (``_SHAPE_ERRORS``): each error has a
+    pydantic type, and none is a shape one."""
+    if _code(reply) != "VALIDATION_ERROR":
+        return False
+    errors = (reply.get("data") or {}).get("errors")
+    if not isinstance(errors, list) or not errors:
+        return False
+    types = [str(e.get("type", "")) if isinstance(e, dict) else "" for e in errors]
+    return all(t and t not in _SHAPE_ERRORS and not t.endswith("_type") for t in types)
 
 
 def _assistant(action: Any) -> Message:
