@@ -39,8 +39,10 @@ Departures from AReaL / verl / prime-rl (docs/trainer.md, "Asynchronous rollouts
 4. This is the thread layout (one process); separate rollout and learner GPUs, weights broadcast over a
    process group, are trainers/async_split.py (`rollout_ranks`), with this worker on each rollout rank.
 5. CUDA graphs: the worker's engine captures every decode bucket before the worker starts (a capture while
-   the learner's kernels run from the other thread fails), and the learner's own engine, which only runs the
-   evaluations, decodes without graphs.
+   the learner's kernels run from the other thread fails); the learner's own engine, which only runs the
+   evaluations, captures the greedy mode's buckets then too and never captures later (a step without a graph
+   runs eager). Until 2026-11-28 it decoded every evaluation eager, which cost the asynchronous arm of the
+   learning benchmark wall time the synchronous arm did not pay.
 6. Streams: on a GPU the worker runs on a CUDA stream of its own (PyTorch's pool streams do not wait for
    the legacy default stream the learner uses), so decode and update kernels can run at once; on one stream
    they queued in one line, and each decode step's copy of its samples to the host also waited for the
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import os
 import queue
@@ -405,37 +408,48 @@ def async_metrics(batch: Batch, step: int) -> dict[str, float]:
     }
 
 
-def actor_policy(cfg: Any, policy: Any, device: torch.device, version: int) -> tuple[ActorWeights, Any]:
+def actor_policy(
+    cfg: Any, policy: Any, device: torch.device, version: int, kv_budget: int | None = None
+) -> tuple[ActorWeights, Any]:
     """The gate and the rollout policy of an asynchronous run: an actor copy of `policy`'s model (the
-    learner's) behind the same kind of policy (`cfg.engine`: our engine over the actor, or `HFPolicy`)."""
+    learner's) behind the same kind of policy (`cfg.engine`: our engine over the actor, or `HFPolicy`).
+    `kv_budget`: the actor engine's KV-cache bytes in the run's memory estimate (`gpu_memory.memory_plan`,
+    which counts the actor and its engine's packed copy too); None: `cfg.engine_memory` of free memory."""
     from toolgym.agents.hf import HFPolicy
 
     actor = ActorWeights.copy_of(policy.model)
     rollout = rollout_engine(
-        cfg, HFPolicy(actor, policy.tokenizer, batch_size=256, reuse_kv=device.type == "cpu")
+        cfg,
+        HFPolicy(actor, policy.tokenizer, batch_size=256, reuse_kv=device.type == "cpu"),
+        budget=kv_budget,
     )
-    learner_engine = getattr(policy, "engine", None)
-    if learner_engine is not None:  # evaluations would capture graphs while the worker decodes
-        learner_engine.runner.cuda_graphs = False
+    runner = getattr(getattr(policy, "engine", None), "runner", None)
+    if runner is not None:  # the evaluations' (greedy) graphs now; none captured while the worker decodes
+        precapture(policy, cfg, temperature=0.0)
+        runner.capture_new = False
     return ActorWeights(policy.model, actor, version), rollout
 
 
-def rollout_engine(cfg: Any, hf: Any, quiet: bool = True) -> Any:
+def rollout_engine(cfg: Any, hf: Any, quiet: bool = True, budget: int | None = None) -> Any:
     """The rollout's policy over `hf`'s model (the actor): `cfg.engine` sized for a whole batch, graphs captured."""
     from toolgym.agents.engine.select import choose_engine
 
     rollout = choose_engine(
         hf, cfg.engine, rows=cfg.prompts_per_step * cfg.budget, capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8,
-        quiet=quiet, memory=cfg.engine_memory,
+        quiet=quiet, memory=cfg.engine_memory, budget=budget,
     )  # fmt: skip
     precapture(rollout, cfg)
+    runner = getattr(getattr(rollout, "engine", None), "runner", None)
+    if runner is not None:  # a mode not captured now (another temperature) decodes eager, never captures
+        runner.capture_new = False
     return rollout
 
 
-def precapture(policy: Any, cfg: Any) -> int:
-    """Captures the CUDA graph of every decode bucket of `policy`'s engine for the training sampling mode, now,
-    before the worker starts: a capture later, while the learner's kernels run on the default stream from the
-    other thread, would fail (work on the legacy stream during a capture). Returns the graphs captured."""
+def precapture(policy: Any, cfg: Any, temperature: float | None = None) -> int:
+    """Captures the CUDA graph of every decode bucket of `policy`'s engine for the training sampling mode (or
+    that mode at `temperature`: 0.0 for the greedy evaluations), now, before the worker starts: a capture
+    later, while the other thread's kernels run, would fail (work on the legacy stream during a capture).
+    Returns the graphs captured."""
     engine = getattr(policy, "engine", None)
     runner = getattr(engine, "runner", None)
     if runner is None or not runner.cuda_graphs:
@@ -443,7 +457,10 @@ def precapture(policy: Any, cfg: Any) -> int:
     from toolgym.agents.engine.engine_policy import mode_of
     from toolgym.trainers.rollout import _sampling
 
-    mode = mode_of(_sampling(cfg.rollout_config(), cfg.max_new_tokens, 0), getattr(policy, "top_k", 0))
+    sampling = _sampling(cfg.rollout_config(), cfg.max_new_tokens, 0)
+    if temperature is not None:
+        sampling = dataclasses.replace(sampling, temperature=temperature)
+    mode = mode_of(sampling, getattr(policy, "top_k", 0))
     n = 0
     with torch.no_grad():
         for b in runner.buckets:

@@ -59,6 +59,7 @@ from toolgym.trainers.config import GRPO_ESTIMATORS, RunConfig, changed_fields, 
 from toolgym.trainers.curriculum import CurriculumHook
 from toolgym.trainers.distributed import Dist
 from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
+from toolgym.trainers.gpu_memory import memory_plan
 from toolgym.trainers.grpo_config import GRPOConfig  # the config (no torch); re-exported here
 from toolgym.trainers.grpo_credit import credit, kl_into_rewards, kl_reward
 from toolgym.trainers.grpo_update import optimize
@@ -142,11 +143,16 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     policy = build_policy(cfg, device, model, tokenizer)
     # fsdp2: the model is sharded, the rollout gets a full copy
     policy, model = dist.hybrid(policy, cfg, device)
+    # every weight copy the run makes, the KV caches and the optimizer state in one estimate, checked now
+    plan = memory_plan(
+        cfg, model, device, actor=bool(cfg.max_staleness and layout is None), quiet=not dist.main
+    )
     policy = choose_engine(  # our decode engine (agents/engine) over the same live weights, or HFPolicy
         policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget * seats_per_copy(cfg),
         capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main,
         memory=learner_engine_memory(cfg.selfplay, cfg.engine, cfg.engine_memory),  # (frozen seats: a share)
         servers=cfg.rollout_servers, weight_sync=cfg.weight_sync, sync_folder=cfg.weight_sync_folder, seed=cfg.seed,
+        budget=plan.kv("learner"),
     )  # fmt: skip
     branch = cfg.branch_policy(vocab_size(model))
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)  # fused AdamW on CUDA
@@ -184,7 +190,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     if cfg.max_staleness and layout is None:  # asynchronous, one process: the worker samples an actor copy
         if dist.world > 1:
             raise ConfigError("max_staleness > 0 under torchrun is not supported yet: run on one process")
-        gate, rollout_policy = actor_policy(cfg, policy, device, progress.step)
+        gate, rollout_policy = actor_policy(cfg, policy, device, progress.step, plan.kv("actor"))
     if cfg.selfplay and (cfg.max_staleness or layout is not None):
         raise ConfigError("selfplay with max_staleness > 0 is not supported yet: self-play rolls out in step")
     roller: TreeRollout | SelfPlayRollout = (
@@ -195,6 +201,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
             cfg.selfplay,
             initial=cfg.model,
             engine_memory=cfg.engine_memory,
+            kv_budget=plan.kv("frozen"),
         )
         if cfg.selfplay
         else TreeRollout(
@@ -332,7 +339,9 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         # 5. evaluate, log, save
         curriculum.end_step(metrics)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            t_eval = time.perf_counter()
             metrics |= held_out(step)
+            metrics["time/eval_s"] = time.perf_counter() - t_eval
         assert log is not None
         log.log(step, metrics)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
