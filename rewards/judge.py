@@ -10,6 +10,12 @@ and unreadable replies (``retries`` times, exponential backoff), and maps the cr
 trainer) and counts ``judge/infra_errors``: a judge's outage is never scored as the policy's failure. A
 401/403/404 (wrong key, URL or model name) raises ``ConfigError`` at once.
 
+What leaves for the judge server: lone surrogates replaced (no UTF-8 JSON encoder takes them: the request raised,
+and the reward call with it), and with ``special_text="escape"`` (default) special-token text in the question,
+reference and answer broken apart (``toolgym.special_text``), so the server's tokenizer cannot read a forged turn
+in it: the special tokens of ``tokenizer`` (the judge model's, an object or a name) when given, else the known
+chat markers (ChatML, Llama 3, Qwen, Mistral, Gemma, DeepSeek; ``judge_prompt`` breaks ``<|…|>`` ones as well).
+
 ``check``, an optional programmatic reward (``exact_match``, ``token_f1``, your own), caps the judge:
 the score is ``min(judge, check)``, and a check of 0 skips the request. This is what makes an answer that
 talks the judge into a high score worthless (``judge_prompt`` says how the prompt resists that too).
@@ -39,6 +45,7 @@ from toolgym.rewards import judge_prompt as jp
 from toolgym.rewards.counters import count
 from toolgym.rewards.extract import completion_text, extract_answer, message_text, strip_reasoning
 from toolgym.rewards.judge_prompt import CORRECTNESS, Criterion, JudgeRubric
+from toolgym.special_text import SpecialText, SpecialTextEscaper, outgoing
 
 if TYPE_CHECKING:
     import httpx
@@ -153,14 +160,19 @@ class Judge:
         answer_only: bool = True,
         name: str = "judge",
         transport: httpx.AsyncBaseTransport | None = None,
+        special_text: SpecialText = "escape",
+        tokenizer: Any = None,
     ) -> None:
         url = base_url.rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"the judge URL must start with http:// or https://, got {base_url!r}")
         if concurrency < 1 or retries < 0 or timeout_s <= 0 or max_tokens < 1:
             raise ConfigError("judge: need concurrency >= 1, retries >= 0, timeout_s > 0, max_tokens >= 1")
+        if special_text not in ("escape", "keep"):
+            raise ConfigError(f"judge: special_text must be 'escape' or 'keep', got {special_text!r}")
         self.base_url = url if url.endswith("/v1") else url + "/v1"
         self.model = model
+        self.escaper = _escaper(special_text, tokenizer)
         self.rubric = jp.as_rubric(rubric)
         self.api_key = api_key if api_key is not None else os.environ.get("TOOLGYM_JUDGE_API_KEY")
         self.check = check
@@ -238,7 +250,9 @@ class Judge:
 
         tag = jp.nonce(self._secret, item.key)
         body: dict[str, Any] = {
-            "messages": jp.messages(self.rubric, item.question, item.answer, item.reference, tag),
+            "messages": outgoing(
+                jp.messages(self.rubric, item.question, item.answer, item.reference, tag), self.escaper
+            ),
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
@@ -319,7 +333,8 @@ def judge(
     """A judge reward over the chat server at ``base_url`` (default: ``$TOOLGYM_JUDGE_URL``). ``rubric``
     defaults to correctness against the reference; ``check`` caps it. See :class:`Judge` for the options
     (``concurrency``, ``timeout_s``, ``retries``, ``cache`` (True, False, a JSONL path or a
-    ``VerdictCache``), ``temperature``, ``max_tokens``, ``api_key``, ``answer_only``, ``name``).
+    ``VerdictCache``), ``temperature``, ``max_tokens``, ``api_key``, ``answer_only``, ``name``, ``special_text``
+    ("escape" | "keep"), ``tokenizer`` (the judge model's, for which special-token text to escape)).
 
     >>> from toolgym.rewards.qa import exact_match
     >>> j = judge("http://127.0.0.1:9", check=exact_match, retries=0, timeout_s=1)
@@ -376,6 +391,21 @@ def _reads_the_reference(j: Judge, question: str, reference: Any) -> bool:
 
 
 # ----- helpers ---------------------------------------------------------------------------------------------
+def _escaper(special_text: SpecialText, tokenizer: Any) -> SpecialTextEscaper | None:
+    if special_text == "keep":
+        return None
+    if tokenizer is None:
+        return SpecialTextEscaper.known()
+    if isinstance(tokenizer, str):
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        except Exception as exc:  # not installed, not found, not a tokenizer
+            raise ConfigError(f"judge: cannot load the tokenizer {tokenizer!r}: {exc}") from exc
+    return SpecialTextEscaper.for_tokenizer(tokenizer)
+
+
 def _column(kwargs: dict[str, Any], keys: tuple[str, ...], n: int) -> list[Any] | None:
     for key in keys:
         if kwargs.get(key) is not None:
