@@ -19,6 +19,8 @@ LEVELS = {1: (2, 4, 2), 2: (4, 8, 3), 3: (6, 12, 4), 4: (8, 16, 6), 5: (10, 20, 
 _BANNER_END = re.compile(r"^.*\$\$.*$", re.M)
 _PROMPT = re.compile(r"\n\s*>[^\n]*$")  # the Z-machine's input prompt (and status line) after each answer
 _INTERPRETER_VERB = re.compile(r"\s*(save|restore|script|unscript|transcript|noscript)\b", re.I)
+# jericho's input buffer: it cuts a longer command's UTF-8 bytes there, then decodes the cut for its warning
+JERICHO_INPUT_BYTES = 198
 
 
 def _textworld() -> Any:
@@ -145,6 +147,12 @@ class TextWorldEnv(EngineEnv):
             # command that then waits for input forever (the step hung); save, restore and script write and read
             # files in the trainer's folder (a save restored in a later episode of the same game)
             return dataclasses.replace(self.episode.state, observation="That command is not available here.")
+        size = len(command.encode("utf-8"))
+        if size > JERICHO_INPUT_BYTES:
+            # a cut through a multibyte character made jericho's warning raise UnicodeDecodeError: 50 emoji
+            # (200 characters pass the shared length check) ended the episode as env_error and killed the engine
+            text = f"That command is {size} bytes long; a command is a few words."
+            return dataclasses.replace(self.episode.state, observation=text)
         state, _, _ = self._game.step(command)
         return self._state_of(state)
 

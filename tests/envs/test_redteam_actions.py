@@ -212,6 +212,20 @@ def test_textworld_interpreter_commands_neither_hang_nor_touch_files(
         env.close()
 
 
+def test_textworld_long_multibyte_commands_are_observations() -> None:
+    """jericho cut a command at 198 bytes and decoded the cut: a split emoji raised (env_error, engine killed)."""
+    pytest.importorskip("textworld")
+    env = gym.make("toolgym/TextWorld-v0")
+    try:
+        for command in ["🍎" * 50, "open door " + "é" * 120, "日" * 66, "a" * 198]:
+            env.reset(seed=1)
+            obs, _, terminated, truncated, info = _step_within(env, command, 20.0)
+            assert info.get("truncation") != "env_error" and not (terminated or truncated), (command, info)
+            assert obs[0]["content"]
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("task", ["scroll-text", "copy-paste", "email-inbox-reply", "sign-agreement"])
 def test_web_text_typed_in_one_episode_is_not_in_the_next(task: str) -> None:
     """A textarea the model typed into kept its text into the next episode, whose own text (set by the task
