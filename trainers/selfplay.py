@@ -26,7 +26,9 @@ prompt), so the rows are exactly what was sampled. Each table is an episode of t
 (agents/episode_loop.py) asking for one seat's turn at a time. When every seat's policy has an engine (the
 learner an ``EnginePolicy``: the frozen snapshot then gets an ``EnginePolicy`` of its own, the learner's
 slots, capacity and engine dtype, bf16 on CUDA; the two KV caches share the run's ``engine_memory``, the
-learner's built with ``learner_engine_memory`` and the frozen one's slots capped to what is left), the loop
+learner's built with ``learner_engine_memory`` and the frozen one's slots capped to what is left; a GRPO
+run on CUDA gives each its bytes from the run's memory estimate, trainers/gpu_memory.py, which counts the frozen
+weights and their packed copy), the loop
 runs continuously over both engines: a turn enters its policy's engine when its table asks and leaves it the
 step it ends, so no table waits for another and the frozen seats decode beside the learner's (in rounds every table waited for the learner's call, then
 for the frozen seats' fp32 HF call, each as long as its longest turn). Otherwise it plays in rounds: one
