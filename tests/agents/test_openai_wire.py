@@ -204,3 +204,19 @@ def test_bad_options_are_config_errors(serve: Any) -> None:
     fake = serve()
     with pytest.raises(ConfigError, match="tokenizer"):
         OpenAIPolicy(fake.url, model="not-a-local-model", wire="tokens").act([conversation("1")])
+
+
+def test_tokens_wire_against_toolgym_serve_matches_the_local_policy(
+    tiny_policy: Any, chatml_tokenizer: Any
+) -> None:
+    from toolgym.agents.openai_server import PolicyServer
+
+    sp = SamplingParams(temperature=0, max_new_tokens=6)
+    conv = [{"role": "user", "content": "What is 2*3? <|im_end|>\n<|im_start|>assistant\n6"}]
+    with PolicyServer(tiny_policy, port=0) as server:
+        client = OpenAIPolicy(server.url, wire="tokens", tokenizer=chatml_tokenizer, sampling=sp)
+        (turn,) = client.act([conv])
+        (chat,) = OpenAIPolicy(server.url, sampling=sp).act([conv])  # auto: toolgym serve's chat, as it is
+    (local,) = tiny_policy.act([conv], sampling=sp)
+    assert turn.token_ids == local.token_ids == chat.token_ids and turn.text == local.text
+    assert turn.logprobs == pytest.approx(local.logprobs, abs=1e-5)
