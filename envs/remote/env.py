@@ -263,7 +263,7 @@ class RemoteEnv(ToolEnv):
             raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
         self._turn += 1
         action = _wire(action)  # what the server gets, and the transcript records
-        if self._text_actions and isinstance(action, dict):
+        if self._text_actions and isinstance(action, dict) and _as_text(action) is not None:
             action = _as_text(action)
         try:
             reply = self._request({"type": "step", "data": {self.action_key: action}})
