@@ -276,7 +276,10 @@ class RemoteRetriever:
 
         import httpx
 
-        payload = {"queries": list(queries), "topk": topk, "return_scores": True}
+        from toolgym.parsing import clean_json
+
+        # (httpx's UTF-8 encoder raises on a lone surrogate: a query must never turn into a crash of the step)
+        payload = {"queries": clean_json(list(queries)), "topk": topk, "return_scores": True}
         error = ""
         for attempt in range(self.retries):
             if attempt:

@@ -154,3 +154,11 @@ def test_search_index_writes_a_synthetic_corpus_the_env_and_server_read(tmp_path
         assert wins >= 9
     finally:
         stop(proc)
+
+
+def test_a_query_with_a_lone_surrogate_is_searched_not_a_crash(server):
+    """The client's JSON encoder raised on a lone surrogate (httpx encodes UTF-8): cleaned before it leaves."""
+    from toolgym.envs.search.retriever import RemoteRetriever
+
+    hits = RemoteRetriever(server).retrieve(["Gramyst \ud800 College"], 3)
+    assert len(hits) == 1 and len(hits[0]) == 3
