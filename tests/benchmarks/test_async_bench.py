@@ -230,7 +230,9 @@ def test_child_gpus_go_through_the_job_lines_gpus() -> None:
     """gpu_jobs.sh gives each job line its GPUs: the script's "0" is that line's first, not the machine's."""
     mod = bench()
     assert mod.visible("0", None) == "0" and mod.visible("0,1", "") == "0,1"
-    assert mod.visible("0", "2") == "2" and mod.visible("0,1", "2,3") == "2,3" and mod.visible("1", "2,3") == "3"
+    assert (
+        mod.visible("0", "2") == "2" and mod.visible("0,1", "2,3") == "2,3" and mod.visible("1", "2,3") == "3"
+    )
     with pytest.raises(SystemExit, match="needs GPUs 0,1"):
         mod.visible("0,1", "3")
 
