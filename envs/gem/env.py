@@ -215,8 +215,9 @@ class GemEnv(ToolEnv):
     #   - anything else (the rebuild fails, the reply does not raise again, the empty reply raises too): the
     #     game or this adapter is at fault whatever the model wrote: InfrastructureError, the episode's
     #     env_error, never scored.
-    # Nothing the model writes changes the verdict's inputs but the reply itself, so a model cannot turn its
-    # own bad move into an unscored episode; and a fault that is not the reply's is never charged to it.
+    # As GEM is deterministic (tests/envs/gem checks the rebuild equals the live game for every id), a reply
+    # that raised raises again on the rebuilt game: a model cannot turn its own bad move into an unscored
+    # episode; and a fault the empty reply also hits, or one that does not come back, is never charged to it.
     def _raised(self, command: str, exc: Exception) -> CommandOutcome:
         what = f"{type(exc).__name__}: {exc}"
         if len(what) > 300:
