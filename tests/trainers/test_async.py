@@ -279,3 +279,34 @@ def test_the_worker_stream_reads_one_whole_version_while_the_learner_publishes()
     assert len(seen) > 10
     for version, lo, hi in seen:
         assert lo == hi == float(version), (version, lo, hi)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the engines' graphs)")
+def test_async_on_cuda_evaluates_with_graphs_captured_before_the_worker(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """On a GPU both engines capture their graphs before the worker starts (the learner's: the greedy
+    evaluations'), and no engine captures one while the worker decodes: the run ends with its evaluations."""
+    from toolgym.agents.engine.engine import ModelRunner
+
+    captured: list[int] = []
+    real = ModelRunner._capture
+
+    def counting(self: Any, b: int, mode: Any) -> Any:
+        captured.append(b)
+        if any(t.name == "async-rollout" for t in threading.enumerate()):
+            raise AssertionError("a graph was captured while the worker runs")
+        return real(self, b, mode)
+
+    model = tiny_model(len(tokenizer))
+    cfg = GRPOConfig(
+        steps=3, max_staleness=2, eval_every=1, output_dir=str(tmp_path),
+        **dict(SMALL, env_ids=[SLOW_ENV], device="cuda", engine="fast"),
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ModelRunner, "_capture", counting)
+        train_grpo(cfg, model, tokenizer)
+    rows = [r for r in records(tmp_path) if r["step"] > 0]  # (step 0: the initial policy's evaluation)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all("eval/success" in r and "time/eval_s" in r for r in rows)
+    assert captured  # the graphs were made (before the worker)
