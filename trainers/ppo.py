@@ -46,6 +46,7 @@ from toolgym.trainers.batch import TrainBatch, collate, final_values, forward, m
 from toolgym.trainers.config import warn_inert
 from toolgym.trainers.distributed import Dist
 from toolgym.trainers.episodes import episode_metrics, evaluate, next_tasks
+from toolgym.trainers.gpu_memory import memory_plan
 from toolgym.trainers.hiper import hae_gae, row_plans
 from toolgym.trainers.loss import PolicyBatch, StatLog, denominator, kl_penalty, policy_loss, value_loss
 from toolgym.trainers.metrics_log import MetricsLog
@@ -89,10 +90,11 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
     policy = build_policy(cfg, device, model, tokenizer)
     dist = Dist()  # one process; parallel=fsdp2 shards over a group of one (offload, bf16 compute)
     policy, model = dist.hybrid(policy, cfg, device)
+    plan = memory_plan(cfg, model, device)  # the weight copies, KV cache and optimizer state, checked now
     policy = choose_engine(  # `engine` as in GRPO: our decode engine over the same live weights, HF or vLLM
         policy, cfg.engine, rows=cfg.prompts_per_step * cfg.budget, capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8,
         memory=cfg.engine_memory, servers=cfg.rollout_servers, weight_sync=cfg.weight_sync,
-        sync_folder=cfg.weight_sync_folder, seed=cfg.seed,
+        sync_folder=cfg.weight_sync_folder, seed=cfg.seed, budget=plan.kv("learner"),
     )  # fmt: skip
     head = value_head(model).to(device)
     if dist.fsdp is not None:

@@ -244,3 +244,24 @@ def test_the_async_actor_engine_takes_its_budget() -> None:
     assert rollout.engine.cache.slots == 5
     with pytest.raises(ConfigError, match="KV cache gets"):
         actor_policy(cfg, learner, _cpu(), 0, kv_budget=per_slot)
+
+
+def test_ppo_checks_the_same_estimate_at_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PPO's engine takes its KV bytes from the run's estimate too (it took engine_memory of free memory)."""
+    from toolgym.trainers import ppo
+    from toolgym.trainers.ppo import PPOConfig
+
+    tok = tiny_tokenizer()
+    model = tiny_model(len(tok))
+    _fake_free(monkeypatch, packed_bytes(model, 4) + 2 * trainer_state_bytes(model))
+    monkeypatch.setattr(ppo, "value_head", lambda m: pytest.fail("got past the start"))
+    cfg = PPOConfig(
+        env_ids=["toolgym/KeyFind-v0"], steps=1, prompts_per_step=1, budget=2, max_new_tokens=4,
+        max_total_tokens=256, device="cpu", tensorboard=False, progress=False, eval_every=0, engine="fast",
+        engine_memory=0.9, output_dir=str(tmp_path / "run"),
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="lower engine_memory"):
+        ppo.train(cfg, model, tok)
+    assert "the learner engine's packed weights" in capsys.readouterr().err
