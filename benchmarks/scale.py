@@ -7,8 +7,9 @@ loop) against the same N envs as Ray actors on a 2-node Ray cluster started on t
 costs nothing, so the table is the env side alone) through ``EpisodeRunner`` (concurrency N, N env
 threads), on two workloads with a real per-step cost:
 
-- ``coding``: ``toolgym/Coding-v0`` on the docker sandbox (the expert runs its code in the episode's
-  interpreter session, then submits: graded on the hidden tests in a sandbox). In-process the N episodes
+- ``coding``: ``toolgym/Coding-v0`` on the docker sandbox, or the process sandbox (bubblewrap) with
+  ``--sandbox process`` where there is no docker (the GPU machine): the expert runs its code in the episode's
+  interpreter session, then submits: graded on the hidden tests in a sandbox. In-process the N episodes
   share one sandbox pool of N + 4 boxes (the env's documented size); on Ray each worker process has its own
   pool of 2 (its interpreter and its grader).
 - ``python``: ``toolgym/Calculator-v0`` with a fixed amount of pure-Python work in each step, about 20 ms
@@ -16,8 +17,14 @@ threads), on two workloads with a real per-step cost:
 
 Startup is timed apart: the cluster's ``ray start`` of both nodes, the first round's actors (one worker
 process each), and the first episodes in-process. The timed runs follow a warm-up round in both modes.
+``--node-cpus`` is each node's ``ray start --num-cpus`` (Ray's count for placing work; it pins no cores: on
+one host the nodes, the trainer and the sandboxes share every core). The JSON records the machine (cores,
+the 1-min load at the start and at the end), the sandbox and the nodes; ``env_workers_report FILE`` writes
+the md and scale.json's key again from a JSON (one brought back from another machine, or an older one).
 
     python benchmarks/scale.py env_workers [--envs 8] [--episodes 32] [--repeats 2] [--workloads coding,python]
+        [--sandbox docker|process] [--nodes 2] [--node-cpus 1]
+    python benchmarks/scale.py env_workers_report benchmarks/results/scale_env_workers.json
 """
 
 from __future__ import annotations
@@ -77,8 +84,10 @@ def _register_busy() -> None:
         gym.register(BUSY_ID, entry_point="scale:busy_calculator", disable_env_checker=True)
 
 
+SANDBOXES = ("docker", "process")
 WORKLOADS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    # name: (env id, kwargs in-process, kwargs on a Ray worker); sandbox pools are per process
+    # name: (env id, kwargs in-process, kwargs on a Ray worker); sandbox pools are per process; the coding
+    # sandbox is --sandbox's
     "coding": (
         "toolgym/Coding-v0",
         {"prompt_format": "text", "sandbox": "docker"},
@@ -101,23 +110,34 @@ def _episodes_per_s(runner: Any, env_id: str, kwargs: dict[str, Any], episodes: 
 
 
 def env_workers_speedup(envs: int = 8, episodes: int = 32, repeats: int = 2,
-                        workloads: tuple[str, ...] = ("coding", "python")) -> dict[str, Any]:  # fmt: skip
-    """The ``env_workers_speedup`` key: per workload, episodes/s in threads and on Ray and their ratio."""
+                        workloads: tuple[str, ...] = ("coding", "python"), sandbox: str = "docker",
+                        nodes: int = 2, node_cpus: int = 1) -> dict[str, Any]:  # fmt: skip
+    """The ``env_workers_speedup`` key: per workload, episodes/s in threads and on Ray and their ratio.
+    ``sandbox``: the coding workload's backend; ``nodes`` x ``node_cpus``: the local Ray cluster."""
     from toolgym.agents import EpisodeRunner, ScriptedPolicy
     from toolgym.ray_envs import LocalCluster, RayEnvWorkers
 
+    if sandbox not in SANDBOXES:
+        raise ValueError(f"sandbox {sandbox!r}: expected one of {SANDBOXES}")
+    if nodes < 1 or node_cpus < 1:
+        raise ValueError(f"nodes ({nodes}) and node_cpus ({node_cpus}) must be >= 1")
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"workloads {unknown}: expected some of {sorted(WORKLOADS)}")
     _register_busy()
     here = str(Path(__file__).resolve().parent)
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    out: dict[str, Any] = {"envs": envs, "episodes": episodes, "repeats": repeats, "workloads": {}}
+    out: dict[str, Any] = {"envs": envs, "episodes": episodes, "repeats": repeats, "sandbox": sandbox,
+                           "nodes": nodes, "node_cpus": node_cpus, "workloads": {}}  # fmt: skip
     t0 = time.perf_counter()
-    with LocalCluster(nodes=2, num_cpus=1, env={"PYTHONPATH": path}) as cluster:
+    with LocalCluster(nodes=nodes, num_cpus=node_cpus, env={"PYTHONPATH": path}) as cluster:
         out["cluster_start_s"] = cluster.start_s
         workers = RayEnvWorkers(cluster.address)
         for name in workloads:
             env_id, local_kw, remote_kw = WORKLOADS[name]
             if name == "coding":
-                local_kw = {**local_kw, "sandbox_options": {"pool_size": envs + 4}}
+                local_kw = {**local_kw, "sandbox": sandbox, "sandbox_options": {"pool_size": envs + 4}}
+                remote_kw = {**remote_kw, "sandbox": sandbox}
             if name == "python":
                 units = units_for(20.0)  # the same work in both modes
                 local_kw, remote_kw = {**local_kw, "units": units}, {**remote_kw, "units": units}
@@ -150,35 +170,82 @@ def env_workers_speedup(envs: int = 8, episodes: int = 32, repeats: int = 2,
     return out
 
 
-def _machine() -> dict[str, Any]:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+def _load() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def _machine(sandbox: str = "docker") -> dict[str, Any]:
     import ray
 
-    return {"host": platform.node(), "cpus": os.cpu_count(), "load_1min_at_start": load,
-            "python": platform.python_version(), "ray": ray.__version__}  # fmt: skip
+    cpus = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cpus
+    out = {"host": platform.node(), "cpus": cpus, "cpus_usable": usable, "load_1min_at_start": _load(),
+           "python": platform.python_version(), "ray": ray.__version__}  # fmt: skip
+    if sandbox == "process":  # which bubblewrap ran the sandboxes
+        import shutil
+        import subprocess
+
+        bwrap = shutil.which("bwrap")
+        version = subprocess.run([bwrap, "--version"], capture_output=True, text=True) if bwrap else None
+        out["bwrap"] = version.stdout.strip() if version and version.returncode == 0 else None
+    return out
 
 
-def write_env_workers(result: dict[str, Any], command: str) -> None:
-    """benchmarks/results/scale_env_workers.{json,md}, and the key in scale.json (other keys kept)."""
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scale_env_workers.json").write_text(json.dumps(result, indent=2) + "\n")
-    scale = RESULTS / "scale.json"
+def _command(result: dict[str, Any]) -> str:
+    """The command that made ``result`` (results before the command was recorded: rebuilt from its
+    settings, which were all the flags then)."""
+    if "command" in result:
+        return str(result["command"])
+    return (f"python benchmarks/scale.py env_workers --envs {result['envs']} --episodes {result['episodes']} "
+            f"--repeats {result['repeats']}")  # fmt: skip
+
+
+def _num(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:.2f}"
+
+
+def write_env_workers(result: dict[str, Any], command: str | None = None, results: Path = RESULTS) -> None:
+    """``results``/scale_env_workers.{json,md}, and the key in its scale.json (other keys kept). Reads
+    results of every version (before ``sandbox``, ``nodes``, ``node_cpus`` and the load at the end were
+    recorded: docker, 2 nodes of 1 CPU)."""
+    if command is not None:
+        result = {**result, "command": command}
+    command = _command(result)
+    sandbox, nodes, node_cpus = (
+        result.get("sandbox", "docker"),
+        result.get("nodes", 2),
+        result.get("node_cpus", 1),
+    )
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "scale_env_workers.json").write_text(json.dumps(result, indent=2) + "\n")
+    scale = results / "scale.json"
     data = json.loads(scale.read_text()) if scale.is_file() else {}
+    m = result["machine"]
     data["env_workers_speedup"] = {
         name: {k: row[k] for k in ("threads_eps", "ray_eps", "speedup")}
         for name, row in result["workloads"].items()
-    } | {"source": "scale_env_workers.json", "machine_cpus": result["machine"]["cpus"]}
+    } | {"source": "scale_env_workers.json", "machine_cpus": m["cpus"], "sandbox": sandbox,
+         "ray_nodes": f"{nodes} x {node_cpus} CPU"}  # fmt: skip
     scale.write_text(json.dumps(data, indent=2) + "\n")
-    m = result["machine"]
+    load = f"1-min load {_num(m.get('load_1min_at_start'))} at the start"
+    if m.get("load_1min_at_end") is not None:
+        load += f", {_num(m['load_1min_at_end'])} at the end"
+    usable = (
+        f" ({m['cpus_usable']} usable by this process)"
+        if m.get("cpus_usable", m["cpus"]) != m["cpus"]
+        else ""
+    )
+    box = f"the {sandbox} sandbox" + (f" ({m['bwrap']})" if m.get("bwrap") else "")
     lines = [
-        "# env_workers_speedup: envs in the trainer's threads vs Ray actors on 2 local nodes",
+        f"# env_workers_speedup: envs in the trainer's threads vs Ray actors on {nodes} local nodes",
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {m['host']}, {m['cpus']} CPU cores (shared with other work: 1-min load {m['load_1min_at_start']}"
-        f" at the start), Python {m['python']}, Ray {m['ray']}. Both Ray nodes run on these same "
-        f"{m['cpus']} cores (`ray start --num-cpus 1` each), so Ray can only win by taking work off the "
-        "trainer's GIL; on real CPU nodes each node brings its own cores.",
+        f"Machine: {m['host']}, {m['cpus']} CPU cores{usable} (shared with other work: {load}), "
+        f"Python {m['python']}, Ray {m['ray']}; `coding` on {box}. The {nodes} Ray nodes run on these same "
+        f"{m['cpus']} cores (`ray start --num-cpus {node_cpus}` each: Ray's count for placing actors, no "
+        "pinning), so Ray can only win by taking work off the trainer's GIL; on real CPU nodes each node "
+        "brings its own cores.",
         "",
         f"{result['envs']} envs, {result['episodes']} scripted-expert episodes per run (EpisodeRunner, "
         f"concurrency {result['envs']}, {result['envs']} env threads), median of {result['repeats']} "
@@ -208,6 +275,10 @@ def write_env_workers(result: dict[str, Any], command: str) -> None:
     if "python_units_per_step" in result:
         lines += ["", f"`python`: {result['python_units_per_step']} units of work a step (about 20 ms on one idle core, "
                   "calibrated at the start of the run; the same in both modes)."]  # fmt: skip
+    if m["cpus"] > 2:  # the reading below is the 2-core machine's; a bigger host's is read by hand
+        lines += ["", f"Whole benchmark: {result['total_s']:.0f} s.", ""]
+        (results / "scale_env_workers.md").write_text("\n".join(lines))
+        return
     lines += [
         "",
         "Reading: on this machine the two Ray nodes share the trainer's 2 cores with the trainer itself and with "
@@ -219,7 +290,7 @@ def write_env_workers(result: dict[str, Any], command: str) -> None:
         f"Whole benchmark: {result['total_s']:.0f} s.",
         "",
     ]
-    (RESULTS / "scale_env_workers.md").write_text("\n".join(lines))
+    (results / "scale_env_workers.md").write_text("\n".join(lines))
 
 
 def main() -> None:
@@ -232,15 +303,44 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--workloads", default="coding,python")
+    p.add_argument("--sandbox", choices=SANDBOXES, default="docker", help="the coding workload's sandbox")
+    p.add_argument("--nodes", type=int, default=2, help="local Ray nodes (ray start each)")
+    p.add_argument("--node-cpus", type=int, default=1, help="each node's ray start --num-cpus")
+    p.add_argument(
+        "--results", type=Path, default=RESULTS, help="where the md and JSONs go (scale.json merged)"
+    )
+    r = sub.add_parser("env_workers_report", help="the md and scale.json's key again from a result JSON")
+    r.add_argument("json", type=Path)
+    r.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.part == "env_workers":
-        machine = _machine()
+        machine = _machine(args.sandbox)
         result = env_workers_speedup(
-            args.envs, args.episodes, args.repeats, tuple(w for w in args.workloads.split(",") if w)
-        )
+            args.envs, args.episodes, args.repeats, tuple(w for w in args.workloads.split(",") if w),
+            sandbox=args.sandbox, nodes=args.nodes, node_cpus=args.node_cpus,
+        )  # fmt: skip
+        machine["load_1min_at_end"] = _load()
         result["machine"] = machine
-        write_env_workers(result, "python benchmarks/scale.py " + " ".join(sys.argv[1:]))
-        print((RESULTS / "scale_env_workers.md").read_text())
+        write_env_workers(
+            result, "python benchmarks/scale.py " + " ".join(_without_results(sys.argv[1:])), args.results
+        )
+    else:
+        write_env_workers(json.loads(args.json.read_text()), results=args.results)
+    print((args.results / "scale_env_workers.md").read_text())
+
+
+def _without_results(argv: list[str]) -> list[str]:
+    """``argv`` less ``--results DIR`` (where the files went is not part of the measurement)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--results":
+            skip = True
+        elif not a.startswith("--results="):
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":
