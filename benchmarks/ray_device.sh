@@ -6,15 +6,19 @@
 #   bash benchmarks/ray_device.sh take      # copy this transfer's .rayA/ or .rayB/ to $PARTS (outside the tree)
 #   bash benchmarks/ray_device.sh install   # join the wheels, check their sha256, pip install --no-index
 #                                           # --no-deps --target $SITE; bwrap from the parts; toolgym -e
-#   bash benchmarks/ray_device.sh run       # scale.py env_workers $RAY_BENCH_ARGS (results into $OUT)
+#   bash benchmarks/ray_device.sh run       # scale.py env_workers $RAY_BENCH_ARGS (results into $OUT/results)
+#   bash benchmarks/ray_device.sh pinned    # the same with --pin: each node on 6 cores of its own, the trainer
+#                                           # (its env threads and their sandboxes) on the other 4 (results_pinned)
 #
 # The calls, back to back on one warm machine (the second needs the first's $PARTS; give the first a GPU kind
 # of one card, the second the same kind):
 #   1. command "bash benchmarks/ray_device.sh take"              carry [".rayA"]   ~5 s (+ the machine's start)
-#   2. command "bash benchmarks/ray_device.sh take install run"  carry [".rayB"]   ~150-300 s; timeout_s 600
-# $OUT gets machine.txt (cores, load, bwrap, ray), bench.log, results/scale_env_workers.{md,json} and
-# results/scale.json; here, `python benchmarks/scale.py env_workers_report FILES_AT/results/scale_env_workers.json`
-# writes them into benchmarks/results (the 2-core run's md/json are replaced: copy them aside first to keep them).
+#   2. command "bash benchmarks/ray_device.sh take install run pinned"  carry [".rayB"]  ~200-400 s; timeout_s 600
+#      (each benchmark is cut at 250 s; the install takes ~30 s)
+# $OUT gets machine.txt (cores, load, /dev/shm, bwrap, ray, the process sandbox's first run), bench.log and
+# bench_pinned.log, results/ and results_pinned/ (scale_env_workers.{md,json}, scale.json); here,
+#   python benchmarks/scale.py env_workers_report FILES_AT/results/scale_env_workers.json
+# writes one into benchmarks/results (the 2-core run's md/json are replaced: copy them aside first to keep them).
 # Build the parts here (network): python benchmarks/ray_stage.py download && python benchmarks/ray_stage.py split
 #
 # RAY_DEVICE_DRY=1: a local rehearsal (any Python, e.g. 3.11 here): take and the join/check run for real, the
@@ -88,8 +92,7 @@ EOF
   echo "installed into $SITE"
 }
 
-run() {
-  mkdir -p "$OUT/results"
+machine() {
   {
     echo "cores $(nproc) (os.cpu_count $("$PY" -c 'import os; print(os.cpu_count())'))"
     uptime
@@ -101,22 +104,30 @@ run() {
     # the process sandbox first: a broken bwrap shows here in a second, not mid-benchmark
     "$PY" -c "from toolgym.sandboxes import get_sandbox; sb = get_sandbox('process', pool_size=1); print('process sandbox:', sb.run('print(6*7)').stdout.strip()); sb.close()"
     git log -1 --format='commit %h' 2>/dev/null
-  } 2>&1 | tee "$OUT/machine.txt"
+  } 2>&1 | tee -a "$OUT/machine.txt"
+}
+
+bench() {  # bench NAME [FLAG]: one benchmark into $OUT/NAME, its log $OUT/bench${FLAG:+_pinned}.log
+  local name=$1 log="$OUT/bench${2:+_pinned}.log"
+  mkdir -p "$OUT/$name"
+  [ -f "$OUT/machine.txt" ] || machine
   # shellcheck disable=SC2086  (the flags are words)
-  timeout 500 "$PY" benchmarks/scale.py env_workers $RAY_BENCH_ARGS --results "$OUT/results" > "$OUT/bench.log" 2>&1
+  timeout 250 "$PY" benchmarks/scale.py env_workers $RAY_BENCH_ARGS ${2:-} --results "$OUT/$name" > "$log" 2>&1
   local rc=$?
-  echo "rc=$rc" | tee -a "$OUT/machine.txt"
-  uptime | tee -a "$OUT/machine.txt"
-  tail -40 "$OUT/bench.log"
+  echo "$name: rc=$rc $(uptime)" | tee -a "$OUT/machine.txt"
+  tail -30 "$log"
   return $rc
 }
 
-[ $# -gt 0 ] || { sed -n 2,23p "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n 2,28p "$0"; exit 2; }
+rc=0
 for step in "$@"; do
   case "$step" in
     take) take ;;
     install) install || exit 1 ;;
-    run) run || exit 1 ;;
+    run) bench results || rc=1 ;;  # a failed run still lets the pinned one run
+    pinned) bench results_pinned --pin || rc=1 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
+exit $rc

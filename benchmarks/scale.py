@@ -18,12 +18,14 @@ threads), on two workloads with a real per-step cost:
 Startup is timed apart: the cluster's ``ray start`` of both nodes, the first round's actors (one worker
 process each), and the first episodes in-process. The timed runs follow a warm-up round in both modes.
 ``--node-cpus`` is each node's ``ray start --num-cpus`` (Ray's count for placing work; it pins no cores: on
-one host the nodes, the trainer and the sandboxes share every core). The JSON records the machine (cores,
+one host the nodes, the trainer and the sandboxes share every core); ``--pin`` gives each node that many cores
+of its own (``sched_setaffinity`` on its processes, which its workers and their sandboxes inherit) and the
+trainer the rest, as if each node were a machine. The JSON records the machine (cores,
 the 1-min load at the start and at the end), the sandbox and the nodes; ``env_workers_report FILE`` writes
 the md and scale.json's key again from a JSON (one brought back from another machine, or an older one).
 
     python benchmarks/scale.py env_workers [--envs 8] [--episodes 32] [--repeats 2] [--workloads coding,python]
-        [--sandbox docker|process] [--nodes 2] [--node-cpus 1]
+        [--sandbox docker|process] [--nodes 2] [--node-cpus 1] [--pin] [--results DIR]
     python benchmarks/scale.py env_workers_report benchmarks/results/scale_env_workers.json
 """
 
@@ -109,11 +111,54 @@ def _episodes_per_s(runner: Any, env_id: str, kwargs: dict[str, Any], episodes: 
     return episodes / seconds
 
 
+# ----- --pin: each node on cores of its own ------------------------------------------------------------------
+def pin_plan(cores: list[int], nodes: int, node_cpus: int) -> tuple[list[int], list[list[int]]]:
+    """The trainer keeps the first cores, each node the next ``node_cpus`` (as if each were a machine)."""
+    keep = len(cores) - nodes * node_cpus
+    if keep < 1:
+        raise ValueError(f"--pin: {nodes} nodes x {node_cpus} cores leave the trainer none of {len(cores)}")
+    return cores[:keep], [cores[keep + i * node_cpus : keep + (i + 1) * node_cpus] for i in range(nodes)]
+
+
+def session_pids(sid: int) -> list[int]:
+    """The processes of session ``sid`` (a node's ``ray start`` leads one: its GCS, raylet, workers)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[3]) == sid:
+                out.append(int(d.name))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+    return out
+
+
+def pin_process(pid: int, cores: list[int]) -> None:
+    """Every thread of ``pid`` (an affinity is a thread's; a child inherits its forking thread's)."""
+    try:
+        tasks = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return
+    for tid in tasks:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:
+            continue
+
+
+def _affinity(pid: int) -> set[int]:
+    try:
+        return set(os.sched_getaffinity(pid))
+    except OSError:
+        return set()
+
+
 def env_workers_speedup(envs: int = 8, episodes: int = 32, repeats: int = 2,
                         workloads: tuple[str, ...] = ("coding", "python"), sandbox: str = "docker",
-                        nodes: int = 2, node_cpus: int = 1) -> dict[str, Any]:  # fmt: skip
+                        nodes: int = 2, node_cpus: int = 1, pin: bool = False) -> dict[str, Any]:  # fmt: skip
     """The ``env_workers_speedup`` key: per workload, episodes/s in threads and on Ray and their ratio.
-    ``sandbox``: the coding workload's backend; ``nodes`` x ``node_cpus``: the local Ray cluster."""
+    ``sandbox``: the coding workload's backend; ``nodes`` x ``node_cpus``: the local Ray cluster; ``pin``:
+    the trainer (its env threads and their sandboxes) on the cores the nodes leave, each node (its workers
+    and their sandboxes) on ``node_cpus`` cores of its own, so Ray's envs get cores the threads' do not."""
     from toolgym.agents import EpisodeRunner, ScriptedPolicy
     from toolgym.ray_envs import LocalCluster, RayEnvWorkers
 
@@ -121,6 +166,7 @@ def env_workers_speedup(envs: int = 8, episodes: int = 32, repeats: int = 2,
         raise ValueError(f"sandbox {sandbox!r}: expected one of {SANDBOXES}")
     if nodes < 1 or node_cpus < 1:
         raise ValueError(f"nodes ({nodes}) and node_cpus ({node_cpus}) must be >= 1")
+    plan = pin_plan(sorted(os.sched_getaffinity(0)), nodes, node_cpus) if pin else None
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:
         raise ValueError(f"workloads {unknown}: expected some of {sorted(WORKLOADS)}")
@@ -129,10 +175,20 @@ def env_workers_speedup(envs: int = 8, episodes: int = 32, repeats: int = 2,
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     out: dict[str, Any] = {"envs": envs, "episodes": episodes, "repeats": repeats, "sandbox": sandbox,
                            "nodes": nodes, "node_cpus": node_cpus, "workloads": {}}  # fmt: skip
+    if plan is not None:
+        out["pin"] = {"trainer": plan[0], "nodes": plan[1]}
     t0 = time.perf_counter()
     with LocalCluster(nodes=nodes, num_cpus=node_cpus, env={"PYTHONPATH": path}) as cluster:
         out["cluster_start_s"] = cluster.start_s
         workers = RayEnvWorkers(cluster.address)
+
+        def repin() -> None:  # before each phase: the nodes' new worker processes too
+            if plan is not None:
+                pin_process(os.getpid(), plan[0])
+                for proc, cores in zip(cluster.procs, plan[1], strict=True):
+                    for pid in session_pids(proc.pid):
+                        pin_process(pid, cores)
+
         for name in workloads:
             env_id, local_kw, remote_kw = WORKLOADS[name]
             if name == "coding":
@@ -148,6 +204,7 @@ def env_workers_speedup(envs: int = 8, episodes: int = 32, repeats: int = 2,
                 ScriptedPolicy(), concurrency=envs, env_workers=envs, make_env=workers.env_factory()
             )
             try:
+                repin()
                 t = time.perf_counter()  # warm-up: the envs (and sandbox boxes, worker processes) made
                 _episodes_per_s(local, env_id, local_kw, envs, 10_000)
                 row["threads_first_round_s"] = time.perf_counter() - t
@@ -155,6 +212,7 @@ def env_workers_speedup(envs: int = 8, episodes: int = 32, repeats: int = 2,
                 _episodes_per_s(remote, env_id, remote_kw, envs, 10_000)
                 row["ray_first_round_s"] = time.perf_counter() - t
                 for r in range(repeats):  # alternating, same seeds in both
+                    repin()
                     row["threads"].append(_episodes_per_s(local, env_id, local_kw, episodes, 100 * r))
                     row["ray"].append(_episodes_per_s(remote, env_id, remote_kw, episodes, 100 * r))
             finally:
@@ -164,6 +222,11 @@ def env_workers_speedup(envs: int = 8, episodes: int = 32, repeats: int = 2,
             row["ray_eps"] = statistics.median(row["ray"])
             row["speedup"] = row["ray_eps"] / row["threads_eps"]
             out["workloads"][name] = row
+            if plan is not None:  # what the nodes' processes ran on (their workers included), as a check
+                out["pin"]["seen"] = [
+                    sorted(set().union(*(_affinity(p) for p in session_pids(proc.pid))))
+                    for proc in cluster.procs
+                ]
             print(f"{name}: threads {row['threads_eps']:.1f} ep/s, ray {row['ray_eps']:.1f} ep/s, "
                   f"x{row['speedup']:.2f}", file=sys.stderr, flush=True)  # fmt: skip
     out["total_s"] = time.perf_counter() - t0
@@ -198,6 +261,33 @@ def _command(result: dict[str, Any]) -> str:
         return str(result["command"])
     return (f"python benchmarks/scale.py env_workers --envs {result['envs']} --episodes {result['episodes']} "
             f"--repeats {result['repeats']}")  # fmt: skip
+
+
+def _cores(cores: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'"""
+    runs: list[list[int]] = []
+    for c in cores:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _placement(result: dict[str, Any], cpus: int) -> str:
+    nodes, node_cpus = result.get("nodes", 2), result.get("node_cpus", 1)
+    pin = result.get("pin")
+    if pin is None:
+        return (f"The {nodes} Ray nodes run on these same {cpus} cores (`ray start --num-cpus {node_cpus}` each: "
+                "Ray's count for placing actors, no pinning), so Ray can only win by taking work off the "
+                "trainer's GIL; on real CPU nodes each node brings its own cores.")  # fmt: skip
+    nodes_at = "; ".join(f"node {i} on cores {_cores(c)}" for i, c in enumerate(pin["nodes"]))
+    seen = pin.get("seen")
+    if seen is not None and seen != pin["nodes"]:  # a process that escaped the pinning
+        nodes_at += " (but the nodes' processes were seen on " + "; ".join(_cores(c) for c in seen) + ")"
+    return (f"Pinned (`--pin`): the trainer, its env threads and their sandboxes on cores {_cores(pin['trainer'])}; "
+            f"{nodes_at} (`ray start --num-cpus {node_cpus}` each; its workers and their sandboxes inherit its "
+            "cores), as if each node were a machine of its own: Ray's envs get cores the threads' do not.")  # fmt: skip
 
 
 def _num(x: float | None) -> str:
@@ -242,10 +332,7 @@ def write_env_workers(result: dict[str, Any], command: str | None = None, result
         f"Command: `{command}`",
         "",
         f"Machine: {m['host']}, {m['cpus']} CPU cores{usable} (shared with other work: {load}), "
-        f"Python {m['python']}, Ray {m['ray']}; `coding` on {box}. The {nodes} Ray nodes run on these same "
-        f"{m['cpus']} cores (`ray start --num-cpus {node_cpus}` each: Ray's count for placing actors, no "
-        "pinning), so Ray can only win by taking work off the trainer's GIL; on real CPU nodes each node "
-        "brings its own cores.",
+        f"Python {m['python']}, Ray {m['ray']}; `coding` on {box}. " + _placement(result, m["cpus"]),
         "",
         f"{result['envs']} envs, {result['episodes']} scripted-expert episodes per run (EpisodeRunner, "
         f"concurrency {result['envs']}, {result['envs']} env threads), median of {result['repeats']} "
@@ -275,7 +362,7 @@ def write_env_workers(result: dict[str, Any], command: str | None = None, result
     if "python_units_per_step" in result:
         lines += ["", f"`python`: {result['python_units_per_step']} units of work a step (about 20 ms on one idle core, "
                   "calibrated at the start of the run; the same in both modes)."]  # fmt: skip
-    if m["cpus"] > 2:  # the reading below is the 2-core machine's; a bigger host's is read by hand
+    if m["cpus"] > 2 or "pin" in result:  # the reading below is the 2-core run's; another's is read by hand
         lines += ["", f"Whole benchmark: {result['total_s']:.0f} s.", ""]
         (results / "scale_env_workers.md").write_text("\n".join(lines))
         return
@@ -307,6 +394,11 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=2, help="local Ray nodes (ray start each)")
     p.add_argument("--node-cpus", type=int, default=1, help="each node's ray start --num-cpus")
     p.add_argument(
+        "--pin",
+        action="store_true",
+        help="each node on --node-cpus cores of its own, the trainer on the rest",
+    )
+    p.add_argument(
         "--results", type=Path, default=RESULTS, help="where the md and JSONs go (scale.json merged)"
     )
     r = sub.add_parser("env_workers_report", help="the md and scale.json's key again from a result JSON")
@@ -317,7 +409,7 @@ def main() -> None:
         machine = _machine(args.sandbox)
         result = env_workers_speedup(
             args.envs, args.episodes, args.repeats, tuple(w for w in args.workloads.split(",") if w),
-            sandbox=args.sandbox, nodes=args.nodes, node_cpus=args.node_cpus,
+            sandbox=args.sandbox, nodes=args.nodes, node_cpus=args.node_cpus, pin=args.pin,
         )  # fmt: skip
         machine["load_1min_at_end"] = _load()
         result["machine"] = machine

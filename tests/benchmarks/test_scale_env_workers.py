@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -165,3 +166,51 @@ def test_parts_cut_here_are_joined_there_byte_for_byte(tmp_path: Path) -> None:
         joined = (tmp_path / "wheels" / name).read_bytes()
         assert hashlib.sha256(joined).digest() == hashlib.sha256((src / name).read_bytes()).digest()
     assert (tmp_path / "parts" / "bwrap" / "libcap.so.2").is_file()
+
+
+def test_pin_plan_gives_each_node_its_own_cores() -> None:
+    scale = load("scale")
+    trainer, nodes = scale.pin_plan(list(range(16)), 2, 6)
+    assert trainer == [0, 1, 2, 3] and nodes == [[4, 5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15]]
+    with pytest.raises(ValueError, match="leave the trainer none"):
+        scale.pin_plan([0, 1], 2, 1)
+    assert scale._cores([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_pinning_a_session_reaches_its_processes_and_their_children() -> None:
+    scale = load("scale")
+    core = min(os.sched_getaffinity(0))
+    # a session leader with a child (a node's `ray start` and its raylet), both pinned after they started
+    with processes.running(["bash", "-c", "sleep 30 & sleep 30"]) as leader:  # (a new session)
+        for _ in range(50):
+            pids = scale.session_pids(leader.pid)
+            if len(pids) >= 2:
+                break
+            time.sleep(0.05)
+        assert leader.pid in pids and len(pids) >= 2
+        for pid in pids:
+            scale.pin_process(pid, [core])
+        assert all(os.sched_getaffinity(pid) == {core} for pid in scale.session_pids(leader.pid))
+    scale.pin_process(2**22 + 12345, [core])  # a process gone meanwhile: no error
+
+
+def test_the_md_says_where_pinning_did_not_hold(tmp_path: Path) -> None:
+    scale = load("scale")
+    pinned = OLD | {"nodes": 1, "node_cpus": 1, "pin": {"trainer": [0], "nodes": [[1]], "seen": [[0, 1]]}}
+    scale.write_env_workers(pinned, results=tmp_path)
+    md = (tmp_path / "scale_env_workers.md").read_text()
+    assert "the trainer, its env threads and their sandboxes on cores 0; node 0 on cores 1" in md
+    assert "(but the nodes' processes were seen on 0-1)" in md and "Reading: on this machine" not in md
+
+
+def test_the_pinned_device_run_parses_too() -> None:
+    request = [{"mode": "parse", "script": "benchmarks/scale.py",
+                "argv": ["env_workers", *device_bench_args(), "--pin", "--results", "/tmp/out/results_pinned"]}]  # fmt: skip
+    done = processes.run(
+        [sys.executable, str(REPO / "tests/benchmarks/parse_only.py")],
+        120,
+        input=json.dumps(request),
+        cwd=REPO,
+    )
+    assert done.returncode == 0 and json.loads(done.stdout)[0]["ok"], done.stdout + done.stderr[-2000:]
