@@ -63,14 +63,18 @@ def download(dest: Path) -> dict[str, dict[str, object]]:
 
 
 def stale(src: Path, got: dict[str, dict[str, object]]) -> list[Path]:
-    """Wheels of ``src`` that a second version of the same package shadows (an older download): the walk's
-    choice (``got``) stays, else the newest."""
+    """Wheels of ``src`` (a download folder used before) not to stage: a package neither in ``got`` (the walk)
+    nor in ``EXTRA`` / ``FROM_PARTS_B``, and a second version of one (the walk's choice stays, else the
+    newest)."""
+    wanted = set(got) | {canonicalize_name(e.split("==")[0]) for e in EXTRA} | set(FROM_PARTS_B)
     by_name: dict[str, list[Path]] = {}
     for p in src.glob("*.whl"):
         by_name.setdefault(canonicalize_name(str(parse_wheel_filename(p.name)[0])), []).append(p)
     out = []
     for name, paths in by_name.items():
-        if len(paths) < 2:
+        if name not in wanted:
+            out += paths
+        elif len(paths) < 2:
             continue
         keep = (
             Path(str(got[name]["wheel"]))
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         got = download(args.dest)
         (args.dest / "STAGED.json").write_text(json.dumps(got, indent=1))
         for p in stale(args.dest, got):
-            print(f"removing {p.name} (another version is staged)")
+            print(f"removing {p.name} (not staged: another version, or no longer wanted)")
             p.unlink()
         wheels = sorted(args.dest.glob("*.whl"), key=lambda p: -p.stat().st_size)
         for p in wheels:

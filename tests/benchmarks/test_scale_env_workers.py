@@ -119,16 +119,15 @@ def test_the_device_scripts_flags_parse() -> None:
     assert json.loads(done.stdout)[0]["ok"], done.stdout
 
 
-def test_stale_versions_keep_the_walks_choice_else_the_newest(tmp_path: Path) -> None:
+def test_stale_wheels_are_other_versions_and_unwanted_packages(tmp_path: Path) -> None:
     stage = load("ray_stage")
-    for name in ("a-1.0-py3-none-any.whl", "a-2.0-py3-none-any.whl", "b-1.0-py3-none-any.whl",
-                 "b-3.0-py3-none-any.whl", "c-1.0-py3-none-any.whl"):  # fmt: skip
+    for name in ("a-1.0-py3-none-any.whl", "a-2.0-py3-none-any.whl", "gymnasium-1.0-py3-none-any.whl",
+                 "gymnasium-1.4-py3-none-any.whl", "c-1.0-py3-none-any.whl", "bm25s-0.3-py3-none-any.whl"):  # fmt: skip
         (tmp_path / name).write_bytes(b"x")
-    got = {"a": {"wheel": str(tmp_path / "a-1.0-py3-none-any.whl")}}
+    got = {"a": {"wheel": str(tmp_path / "a-1.0-py3-none-any.whl")}, "c": {"wheel": ""}}
     assert sorted(p.name for p in stage.stale(tmp_path, got)) == [
-        "a-2.0-py3-none-any.whl",
-        "b-1.0-py3-none-any.whl",
-    ]
+        "a-2.0-py3-none-any.whl", "bm25s-0.3-py3-none-any.whl", "gymnasium-1.0-py3-none-any.whl"
+    ]  # fmt: skip
 
 
 def device(cwd: Path, steps: str, tmp: Path) -> Any:
