@@ -30,6 +30,8 @@ import contextlib
 import copy
 import json
 import time
+import unicodedata
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, final
 
@@ -45,10 +47,30 @@ from toolgym.parsing import ActionFormat, ParseResult, clean_text, parse_action
 from toolgym.rewards.extract import lenient_answer
 from toolgym.tools import Tool, ToolSpec
 
-__all__ = ["TRUNCATIONS", "CommandOutcome", "ParsedAction", "Task", "ToolEnv", "action_reader", "tool_env"]
+__all__ = [
+    "DEFAULT_MAX_OBSERVATION_CHARS",
+    "TRUNCATIONS",
+    "CommandOutcome",
+    "ParsedAction",
+    "Task",
+    "ToolEnv",
+    "action_reader",
+    "cap_messages",
+    "cap_text",
+    "tool_env",
+]
 
 TRUNCATIONS = ("turn_limit", "token_budget", "timeout", "env_error")
 MAX_CALLS_PER_TURN = 16  # calls of one turn that run (a step takes at most this many tools' time limits)
+# The most characters of one observation message (``max_observation_chars``). An env that echoes the model's
+# reply (GEM's Minesweeper and Mastermind, a web page's text box) or returns a tool's whole output (a search,
+# an MCP server, another OpenEnv server) could otherwise hand back up to the parser's 200,000-character reply
+# limit. 32,000 is well above what any family shows today (tool outputs cut by the families themselves at
+# 2,000-4,000, MiniWoB pages, text-game rooms and task prompts of a few thousand), so it only cuts the runaway.
+DEFAULT_MAX_OBSERVATION_CHARS = 32_000
+MIN_OBSERVATION_CHARS = 500  # room for the marker and some text on both sides of it
+_TAIL_SHARE = 4  # 1/4 of what is kept comes from the end (a board below an echo, a traceback's last line)
+_NUDGE = 16  # at most this many characters a cut moves to keep a grapheme whole
 # what the base itself changes during an episode (``get_state`` copies each; gymnasium makes ``_np_random``
 # on first use): hooks of a forking env may assign none but these while an episode runs (``__setattr__``)
 _BOOKKEEPING = frozenset((
@@ -69,6 +91,70 @@ def _valid_text(message: Message) -> Message:
         return message
     text = clean_text(message.content)
     return message if text is message.content else message.model_copy(update={"content": text})
+
+
+def _cut_marker(cut: int, total: int, limit: int) -> str:
+    return (
+        f"\n\n[... {cut:,} characters cut here: this observation had {total:,} characters, "
+        f"at most {limit:,} are shown (max_observation_chars) ...]\n\n"
+    )
+
+
+def _joins(text: str, i: int) -> bool:
+    """Whether a cut just before ``text[i]`` would split a grapheme: ``text[i]`` is a combining mark (accents,
+    variation selectors), a zero-width joiner or an emoji modifier, or ``text[i - 1]`` is a joiner."""
+    c = text[i]
+    return (
+        unicodedata.category(c) in ("Mn", "Mc", "Me")
+        or c == "\u200d"
+        or "\U0001f3fb" <= c <= "\U0001f3ff"
+        or (i > 0 and text[i - 1] == "\u200d")
+    )
+
+
+def cap_text(text: str, limit: int | None) -> str:
+    """``text`` as an observation of at most ``limit`` characters: unchanged when it fits (or ``limit`` is 0 or
+    None), else its head and tail around a marker that says how many characters were cut. The cut falls on
+    code points (a Python ``str`` never holds half of a surrogate pair) and is moved by a few characters rather
+    than split a combining sequence or an emoji ZWJ sequence. Deterministic: the same text, the same result.
+
+    >>> out = cap_text("a" * 600 + "b" * 600, 500)
+    >>> len(out) <= 500 and out.startswith("aaa") and out.endswith("bbb") and "825 characters cut" in out
+    True
+    """
+    if not limit or len(text) <= limit:
+        return text
+    # sized for the longest marker this text can need (the cut is at most len(text)), so the result fits
+    keep = max(0, limit - len(_cut_marker(len(text), len(text), limit)))
+    tail = keep // _TAIL_SHARE
+    head = keep - tail
+    start = len(text) - tail
+    for _ in range(_NUDGE):  # both ends only move inwards: the result never grows
+        if head == 0 or not _joins(text, head):
+            break
+        head -= 1
+    for _ in range(_NUDGE):
+        if start >= len(text) or not _joins(text, start):
+            break
+        start += 1
+    return text[:head] + _cut_marker(start - head, len(text), limit) + text[start:]
+
+
+def cap_messages(
+    messages: list[dict[str, Any]], limit: int | None
+) -> tuple[list[dict[str, Any]], list[dict[str, int]]]:
+    """Observation messages (plain dicts, system ones left whole) with each text content cut by ``cap_text``,
+    and what was cut for ``info["observation_truncated"]`` (each cut message's index and original length).
+    For envs that build their observations outside ``ToolEnv.reset``/``step`` (``Remote-v0``)."""
+    out: list[dict[str, Any]] = []
+    cuts: list[dict[str, int]] = []
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if limit and isinstance(content, str) and len(content) > limit and message.get("role") != "system":
+            cuts.append({"index": i, "chars": len(content)})
+            message = {**message, "content": cap_text(content, limit)}
+        out.append(message)
+    return out, cuts
 
 
 def _not_run(call: ToolCall, cap: int) -> Message:
@@ -121,17 +207,28 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         render_mode: str | None = None,
         mcp: Any = None,
         max_calls_per_turn: int = MAX_CALLS_PER_TURN,
+        max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS,
     ) -> None:
         if max_turns < 1:
             raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         if max_calls_per_turn < 1:
             raise ConfigError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
+        if max_observation_chars is not None and (
+            not isinstance(max_observation_chars, int)
+            or max_observation_chars < 0
+            or 0 < max_observation_chars < MIN_OBSERVATION_CHARS
+        ):
+            raise ConfigError(
+                f"max_observation_chars must be 0 or None (no cap) or >= {MIN_OBSERVATION_CHARS}, "
+                f"got {max_observation_chars!r}"
+            )
         if prompt_format not in ("tools", "text"):
             raise ConfigError(f"prompt_format must be 'tools' or 'text', got {prompt_format!r}")
         if render_mode not in (None, "ansi"):
             raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.max_turns = max_turns
         self.max_calls_per_turn = max_calls_per_turn
+        self.max_observation_chars = max_observation_chars or None
         self.prompt_format = prompt_format
         if action_format is not None:
             self.action_format = action_format
@@ -340,6 +437,22 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         info.update(extra)
         return info
 
+    def _observed(self, messages: list[Message]) -> tuple[list[Message], list[dict[str, int]]]:
+        """The messages as the model gets them: text without lone surrogates (``_valid_text``) and, but for the
+        system prompt, at most ``max_observation_chars`` characters each (``cap_text``); with what was cut,
+        for ``info["observation_truncated"]``. Every observation of ``reset`` and ``step`` passes here."""
+        out: list[Message] = []
+        cuts: list[dict[str, int]] = []
+        limit = self.max_observation_chars
+        for i, message in enumerate(messages):
+            message = _valid_text(message)
+            content = message.content
+            if limit and isinstance(content, str) and len(content) > limit and message.role != "system":
+                cuts.append({"index": i, "chars": len(content)})
+                message = message.model_copy(update={"content": cap_text(content, limit)})
+            out.append(message)
+        return out, cuts
+
     @final
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -351,13 +464,24 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         with self._episode_sealed():
             self._task = self.make_task()
             self._zero_counters()
-            obs = [
-                Message(role="system", content=self.system_prompt()),
-                Message(role="user", content=self._task.prompt),
-            ]
+            obs, cuts = self._observed(
+                [
+                    Message(role="system", content=self.system_prompt()),
+                    Message(role="user", content=self._task.prompt),
+                ]
+            )
             self._transcript = list(obs)
             # the tool specs travel once, with the task: they do not change during an episode
             info = self._info(tools=self._tool_dicts)
+            if cuts:
+                info["observation_truncated"] = cuts
+                # a task cut before the model acts is likely a setting (a long-context config): say so, in
+                # words that do not change between tasks, so that Python's default filter says it once
+                warnings.warn(
+                    f"{type(self).__name__}: a task longer than max_observation_chars={self.max_observation_chars:,}"
+                    " was cut (info['observation_truncated']); raise it, or pass None, for long-context tasks",
+                    stacklevel=2,
+                )
             info.update(self.extra_info(info, False))
             messages = self.decorate_observation([m.to_dict() for m in obs], False)
         return messages, info
@@ -419,7 +543,7 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
                 truncation, infra_error = "env_error", str(exc)
                 obs = []
             reward = float(sum(components.values())) if infra_error is None else 0.0
-            obs = [_valid_text(m) for m in obs]
+            obs, cuts = self._observed(obs)
             self._transcript.extend(obs)
             if not terminated and truncation is None:
                 if self._turn >= self.max_turns:
@@ -443,6 +567,8 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
                 info["truncation"] = truncation
             if infra_error is not None:
                 info["infra_error"] = infra_error
+            if cuts:
+                info["observation_truncated"] = cuts
             if terminated or truncated:
                 self._done = True
                 info["success"] = bool(success)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from toolgym.envs.base import cap_text
 from toolgym.envs.multiagent.api import MultiAgentEnv
 from toolgym.envs.multiagent.seat import SeatEnv, render_news
 from toolgym.errors import ConfigError, EpisodeOverError
@@ -89,12 +90,15 @@ class SelfPlayTable:
         record = self.records[seat]
         news, record.shown = render_news(self.game, seat, record.shown)
         if len(record.messages) == 1:  # the seat's first turn: who it is, then the game so far
-            record.messages.append(
-                {"role": "user", "content": f"{self.rules.describe(self.game, seat)}\n{news}"}
-            )
+            record.messages.append(self._user(f"{self.rules.describe(self.game, seat)}\n{news}"))
         elif news and record.messages[-1]["role"] == "assistant":
-            record.messages.append({"role": "user", "content": news})
+            record.messages.append(self._user(news))
         return record.messages
+
+    def _user(self, text: str) -> dict[str, Any]:
+        """A seat's observation, capped as the seat env's own are (``max_observation_chars``): a referee's
+        message may quote a move's argument (a player name) of any length."""
+        return {"role": "user", "content": cap_text(text, self.rules.max_observation_chars)}
 
     def act(self, seat: str, action: Any) -> None:
         """The seat's turn (text or an assistant message)."""
@@ -108,9 +112,7 @@ class SelfPlayTable:
         if isinstance(move, str):
             record.invalid += 1
             record.penalty += self.rules.illegal_penalty
-            record.messages.append(
-                {"role": "user", "content": f"{move} Your move: {self.game.prompt_for(seat)}"}
-            )
+            record.messages.append(self._user(f"{move} Your move: {self.game.prompt_for(seat)}"))
             return
         before = dict(getattr(self.game, "illegal", {}))
         self.game.step(move)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from toolgym.envs.base import Task, ToolEnv
+from toolgym.envs.base import DEFAULT_MAX_OBSERVATION_CHARS, Task, ToolEnv, cap_messages, cap_text
 from toolgym.errors import ConfigError, EpisodeOverError, InfrastructureError
 from toolgym.messages import Message
 from toolgym.optional import require
@@ -83,8 +83,9 @@ class RemoteEnv(ToolEnv):
     (its gym.make kwargs), ``action_key`` ("message"), ``success_reward`` (0: a final reward above it is a
     success, for servers that send no ``success``), ``connect_timeout_s`` (10), ``read_timeout_s`` (60),
     ``retries`` (2), ``retry_backoff_s`` (0.5), ``format_penalty`` (-0.1: a refused action's reward),
-    ``render_mode``. The served env's own settings (``max_turns``,
-    ``prompt_format``, …) belong to the server (``toolgym serve-env ID --env-kwargs``).
+    ``max_observation_chars`` (32,000: this side's cap on one message, see docs/envs.md), ``render_mode``.
+    The served env's own settings (``max_turns``, ``prompt_format``, …) belong to the server
+    (``toolgym serve-env ID --env-kwargs``).
 
     ## Version History
     - v0: first version (the toolgym and OpenEnv WebSocket protocols; loopback); actions cleaned of lone
@@ -111,6 +112,7 @@ class RemoteEnv(ToolEnv):
         retry_backoff_s: float = 0.5,
         format_penalty: float = -0.1,
         render_mode: str | None = None,
+        max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS,
         **served_settings: Any,
     ) -> None:
         if served_settings:
@@ -137,7 +139,11 @@ class RemoteEnv(ToolEnv):
         self._remote_specs: list[ToolSpec] = []
         self._text_actions = False  # the server took a message only as its text: send text from then on
         self._refused = 0  # refused actions in a row (the server never saw them)
-        super().__init__(render_mode=render_mode, format_penalty=format_penalty)
+        super().__init__(
+            render_mode=render_mode,
+            format_penalty=format_penalty,
+            max_observation_chars=max_observation_chars,
+        )
 
     # ----- the connection ----------------------------------------------------------------------------------
     @property
@@ -248,6 +254,10 @@ class RemoteEnv(ToolEnv):
         if reply.get("type") != "observation":
             raise ConfigError(f"Remote-v0: the server refused reset: {_describe(reply)}")
         messages, info, *_ = _read(reply.get("data") or {})
+        # another OpenEnv server's observation may be any size: this side caps it as ToolEnv.step does
+        messages, cuts = cap_messages(messages, self.max_observation_chars)
+        if cuts:
+            info["observation_truncated"] = cuts
         self._remote_specs = [ToolSpec.from_dict(t) for t in info.get("tools") or [] if isinstance(t, dict)]
         self._transcript = [_message(m) for m in messages]
         prompt = next((m.text for m in reversed(self._transcript) if m.role == "user"), "")
@@ -290,6 +300,9 @@ class RemoteEnv(ToolEnv):
             return self._env_error(action, f"unexpected reply {str(reply)[:200]}")
         self._refused = 0
         messages, info, assistant, reward, terminated, truncated = _read(reply.get("data") or {})
+        messages, cuts = cap_messages(messages, self.max_observation_chars)
+        if cuts:
+            info["observation_truncated"] = cuts
         self._transcript.append(_message(assistant) if assistant else _assistant(action))
         self._transcript.extend(_message(m) for m in messages)
         self._episode_reward += reward
@@ -312,9 +325,9 @@ class RemoteEnv(ToolEnv):
         why = "; ".join(
             str(e.get("msg", e)) for e in (reply.get("data") or {}).get("errors") or [] if isinstance(e, dict)
         )
-        feedback = Message(
-            role="user", content=f"Invalid action: the environment refused it ({why or _describe(reply)})."
-        )
+        # the server's error text may quote the whole action
+        said = f"Invalid action: the environment refused it ({why or _describe(reply)})."
+        feedback = Message(role="user", content=cap_text(said, self.max_observation_chars))
         self._transcript.append(feedback)
         reward = self.format_penalty
         self._episode_reward += reward
