@@ -20,7 +20,10 @@ into benchmarks/results/async.{json,md}:
   (``speed_setup.warm_start``), and each arm's searches an episode and env seconds a step.
 - ``learning`` -> ``async_learning``: trainers/configs/learning_rl_alone.yaml (Calculator, held-out test
   templates), synchronous vs ``max_staleness`` 2, each stopped after ``--minutes`` of wall time; held-out
-  success against wall minutes (stamped when each metrics.jsonl record appears).
+  success against wall minutes (stamped when each metrics.jsonl record appears). ``--learning-env search``: the
+  same pair on Search-v0 from the speed part's warm start (the issue's "multi-turn env of your choice"), with
+  ``--tool-latency-s`` its searches' added latency; runs are keyed by env, mode and seed, summarised per env
+  over seeds (``async_learning_summary``, ``async_learning_summary_search``).
 
 - ``speed2`` -> ``async_speedup_2gpu``: the same Search-v0 run, samples/s of the split layout on two GPUs
   (``rollout_ranks: 1``: GPU 1 generates, GPU 0 learns, weights broadcast over NCCL after every step;
@@ -64,6 +67,7 @@ On the device machines (results come back under $OUT; merge them here afterwards
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import json
 import os
@@ -75,6 +79,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +288,11 @@ def warm_start(args: argparse.Namespace, base: dict[str, Any], work: Path) -> di
         return None
     folder = work / "warm_start"
     summary_path = folder / "summary.json"
+    deadline = time.monotonic() + args.wait_warm_start
+    while args.wait_warm_start and not summary_path.is_file():  # another job line (GPU) trains it
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no warm start in {folder} after {args.wait_warm_start} s")
+        time.sleep(5)
     reused = (folder / "model" / "config.json").is_file() and summary_path.is_file()
     cfg = sft_config(args, base, folder)
     t0 = time.perf_counter()
@@ -373,15 +383,29 @@ def variant_tag(args: argparse.Namespace) -> str:
     return tag + (f"_lat{args.tool_latency_s:g}" if args.tool_latency_s > 0 else "")
 
 
-def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed",)) -> dict[str, Any]:
-    """`speed`: max_staleness k vs 0 on one GPU; `speed2`: the split layout on two GPUs vs the synchronous loop
-    on one (the synchronous run is shared when both parts run)."""
+@contextlib.contextmanager
+def search_service(args: argparse.Namespace) -> Iterator[tuple[str, str, int]]:
+    """The local retriever (BM25 over `--passages` synthetic passages) and, with `--tool-latency-s`, the slow
+    proxy in front of it: yields (the retriever's own URL, the URL the timed runs search, passages)."""
     passages = 2000 if args.quick else args.passages
     server, direct = start_retriever(passages)
     proxy, url = None, direct
     try:
         if args.tool_latency_s > 0:
             proxy, url = slow_proxy(direct, args.tool_latency_s)
+        yield direct, url, passages
+    finally:
+        if proxy is not None:
+            proxy.shutdown()
+            proxy.server_close()
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed",)) -> dict[str, Any]:
+    """`speed`: max_staleness k vs 0 on one GPU; `speed2`: the split layout on two GPUs vs the synchronous loop
+    on one (the synchronous run is shared when both parts run)."""
+    with search_service(args) as (direct, url, passages):
         base = speed_config(args, url, passages)
         # (the warm start searches the retriever itself: its expert episodes run one after another)
         warm = warm_start(args, speed_config(args, direct, passages), work)
@@ -431,17 +455,29 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
                 f"speed2_setup{tag}": setup_of(base, args, warm) | {"admission": args.admission},
             }
         return out
-    finally:
-        if proxy is not None:
-            proxy.shutdown()
-            proxy.server_close()
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One run per mode at `--seed` (several seeds: one invocation each, e.g. one GPU each on a multi-GPU
-    machine through gpu_jobs.sh), keyed MODE_sSEED."""
+    machine through gpu_jobs.sh), keyed MODE_sSEED (Calculator) or search_MODE_sSEED (`--learning-env search`)."""
+    if args.learning_env == "search":
+        with search_service(args) as (direct, url, passages):
+            warm = warm_start(args, speed_config(args, direct, passages), work)
+            cfg = speed_config(args, url, passages) | {
+                "steps": 100_000,  # stopped by time
+                "lr": args.learning_lr,
+                "eval_every": 5,
+                "eval_episodes": 4 if args.quick else 64,
+                "filter_zero_variance": True,  # as a training run would (the speed runs time every update)
+                "seed": args.seed,
+            }
+            if warm is not None:
+                cfg["model"] = warm["model"]
+            if args.quick:
+                cfg.update(steps=6, eval_every=3)
+            return {
+                "async_learning": _learning_runs(args, cfg, work, "search", tiny=args.quick and warm is None)
+            }
     from toolgym.trainers.config import load_yaml
 
     cfg = load_yaml(LEARNING_YAML)
@@ -452,15 +488,23 @@ def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if args.quick:
         cfg.update(steps=6, prompts_per_step=2, budget=4, max_new_tokens=16, max_total_tokens=512, eval_every=3,
                    eval_episodes=4, device="cpu", threads=1)  # fmt: skip
+    return {"async_learning": _learning_runs(args, cfg, work, "calculator", tiny=args.quick)}
+
+
+def _learning_runs(
+    args: argparse.Namespace, cfg: dict[str, Any], work: Path, env: str, tiny: bool
+) -> dict[str, Any]:
     modes = ["sync", "async"] if args.mode == "both" else [args.mode]
     out: dict[str, Any] = {}
     for mode in modes:
         k = 0 if mode == "sync" else args.learning_staleness
-        run = dict(cfg, max_staleness=k, output_dir=str(work / f"learning_{mode}_s{args.seed}"))
-        recs = run_child(run, tiny=args.quick, minutes=None if args.quick else args.minutes)
+        key = run_key(env, mode, args.seed)
+        run = dict(cfg, max_staleness=k, output_dir=str(work / f"learning_{key}"))
+        recs = run_child(run, tiny=tiny, minutes=None if args.quick else args.minutes)
         curve = [(r["wall_min"], r["step"], r["eval/success"]) for r in recs if "eval/success" in r]
         steps = [r for r in recs if r["step"] > 2 and "time/step_s" in r]  # (engine start, compilation)
-        out[f"{mode}_s{args.seed}"] = {
+        out[key] = {
+            "env": env,
             "mode": mode,
             "max_staleness": k,
             "minutes": [c[0] for c in curve],
@@ -469,6 +513,7 @@ def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "steps_done": max((r["step"] for r in recs), default=0),
             "wall_minutes": args.minutes if not args.quick else (recs[-1]["wall_min"] if recs else 0.0),
             "seed": args.seed,
+            "tool_latency_s": args.tool_latency_s if env == "search" else 0.0,
             # where the wall time went (the learner's step, its held-out evaluations, waits of either side)
             "step_s": _mean(steps, "time/step_s"),
             "eval_s": _mean(recs, "time/eval_s"),
@@ -477,7 +522,13 @@ def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "admission_wait_s": _mean(steps, "time/admission_wait_s"),
             "train_tokens_per_s": _mean(steps, "time/train_tokens_per_s"),
         }
-    return {"async_learning": out}
+    return out
+
+
+def run_key(env: str, mode: str, seed: int) -> str:
+    """A learning run's key: MODE_sSEED for learning_rl_alone.yaml (Calculator: the issue's named run),
+    ENV_MODE_sSEED for another env."""
+    return f"{mode}_s{seed}" if env == "calculator" else f"{env}_{mode}_s{seed}"
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
@@ -486,11 +537,24 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
 
 
 def learning_runs(runs: dict[str, Any]) -> dict[str, Any]:
-    """The runs keyed MODE_sSEED, each with its `mode` (results before seeds were keyed "sync" and "async")."""
+    """The runs keyed by `run_key`, each with its `env` and `mode` (results before seeds were keyed "sync" and
+    "async", before envs had no `env`: Calculator)."""
     out: dict[str, Any] = {}
     for key, run in runs.items():
         mode = run.get("mode") or key.split("_s")[0]
-        out[f"{mode}_s{run.get('seed', 0)}"] = run | {"mode": mode}
+        env = run.get("env", "calculator")
+        out[run_key(env, mode, run.get("seed", 0))] = run | {"mode": mode, "env": env}
+    return out
+
+
+def summaries(runs: dict[str, Any]) -> dict[str, Any]:
+    """`learning_summary` per env: ``async_learning_summary`` (Calculator), ``async_learning_summary_ENV``."""
+    runs = learning_runs(runs)
+    envs = sorted({r["env"] for r in runs.values()})
+    out: dict[str, Any] = {}
+    for env in envs:
+        mine = {k: r for k, r in runs.items() if r["env"] == env}
+        out["async_learning_summary" + ("" if env == "calculator" else f"_{env}")] = learning_summary(mine)
     return out
 
 
@@ -530,7 +594,7 @@ def learning_summary(runs: dict[str, Any]) -> dict[str, Any]:
     per_run = {k: first(r) for k, r in runs.items()}
     minutes: dict[str, float | None] = {}
     for m, rs in by_mode.items():
-        got = [per_run[f"{m}_s{r.get('seed', 0)}"] for r in rs]
+        got = [per_run[run_key(r["env"], m, r.get("seed", 0))] for r in rs]
         minutes[m] = None if any(g is None for g in got) else sum(got) / len(got)  # type: ignore[misc]
     return {
         "target_success": target,
@@ -574,29 +638,46 @@ def write_md(data: dict[str, Any], path: Path) -> None:
         lines += ["Not measured yet: `python benchmarks/async.py --part speed2` on two GPUs.", ""]
     lines += ["## Learning (`async_learning`)", ""]
     ln = learning_runs(data.get("async_learning") or {})
+    for env in sorted({r["env"] for r in ln.values()}, key=lambda e: e != "calculator"):
+        lines += _learning_section(data, {k: r for k, r in ln.items() if r["env"] == env}, env)
     if ln:
-        lines += [
-            "trainers/configs/learning_rl_alone.yaml (Calculator, held-out templates), each run stopped after its",
-            "wall minutes; held-out success (64 greedy episodes) every 5 steps.",
-            "",
-            "| run | max_staleness | seed | steps | step s | eval s | generate s | learner wait s | worker wait s | "
-            "train tok/s | best (smoothed) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for key in sorted(ln, key=lambda k: (ln[k]["mode"] != "sync", ln[k].get("seed", 0))):
-            r = ln[key]
-            lines.append(
-                f"| {r['mode']} | {r['max_staleness']} | {r.get('seed', 0)} | {r['steps_done']} | "
-                f"{_opt(r, 'step_s')} | {_opt(r, 'eval_s')} | {_opt(r, 'generate_s')} | {_opt(r, 'rollout_wait_s')} | "
-                f"{_opt(r, 'admission_wait_s')} | {_opt(r, 'train_tokens_per_s')} | "
-                f"{max(smoothed(r['success']), default=0.0):.2f} |"
-            )
-        lines.append("")
-        for key in sorted(ln, key=lambda k: (ln[k]["mode"] != "sync", ln[k].get("seed", 0))):
-            r = ln[key]
-            pts = ", ".join(f"{m:.1f} min: {s:.2f}" for m, s in zip(r["minutes"], r["success"], strict=True))
-            lines.append(f"- {key} (max_staleness {r['max_staleness']}, {r['steps_done']} steps): {pts}")
-    summ = data.get("async_learning_summary") or {}
+        lines += ["![held-out success vs wall minutes](async_learning.png)"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+LEARNING_SETTINGS = {
+    "calculator": "trainers/configs/learning_rl_alone.yaml (Calculator, held-out templates)",
+    "search": "Search-v0 (2-hop, the speed part's retriever) from the speed part's SFT warm start",
+}
+
+
+def _learning_section(data: dict[str, Any], runs: dict[str, Any], env: str) -> list[str]:
+    order = sorted(runs, key=lambda k: (runs[k]["mode"] != "sync", runs[k].get("seed", 0)))
+    latency = max((runs[k].get("tool_latency_s") or 0.0 for k in runs), default=0.0)
+    lines = [
+        *([] if env == "calculator" else [f"### {env}", ""]),
+        f"{LEARNING_SETTINGS.get(env, env)}, each run stopped after its wall minutes; held-out success (64 greedy",
+        "episodes) every 5 steps."
+        + (f" Each search also waits {latency:g} s (`--tool-latency-s`)." if latency else ""),
+        "",
+        "| run | max_staleness | seed | steps | step s | eval s | generate s | learner wait s | worker wait s | "
+        "train tok/s | best (smoothed) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key in order:
+        r = runs[key]
+        lines.append(
+            f"| {r['mode']} | {r['max_staleness']} | {r.get('seed', 0)} | {r['steps_done']} | "
+            f"{_opt(r, 'step_s')} | {_opt(r, 'eval_s')} | {_opt(r, 'generate_s')} | {_opt(r, 'rollout_wait_s')} | "
+            f"{_opt(r, 'admission_wait_s')} | {_opt(r, 'train_tokens_per_s')} | "
+            f"{max(smoothed(r['success']), default=0.0):.2f} |"
+        )
+    lines.append("")
+    for key in order:
+        r = runs[key]
+        pts = ", ".join(f"{m:.1f} min: {s:.2f}" for m, s in zip(r["minutes"], r["success"], strict=True))
+        lines.append(f"- {key} (max_staleness {r['max_staleness']}, {r['steps_done']} steps): {pts}")
+    summ = data.get("async_learning_summary" + ("" if env == "calculator" else f"_{env}")) or {}
     if summ:
         mins = summ["minutes_to_target"]
 
@@ -611,9 +692,7 @@ def write_md(data: dict[str, Any], path: Path) -> None:
             f"{fmt(mins.get('async'))}. Best: sync {summ['best_success']['sync']:.2f}, async "
             f"{summ['best_success']['async']:.2f}. Seeds: {summ.get('seeds')}.",
         ]
-    if ln:
-        lines += ["", "![held-out success vs wall minutes](async_learning.png)"]
-    path.write_text("\n".join(lines) + "\n")
+    return [*lines, ""]
 
 
 def _table_head(setup: dict[str, Any], tag: str, what: list[str]) -> list[str]:
@@ -753,12 +832,15 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     colors = {"sync": "tab:blue", "async": "tab:orange"}
-    labelled: set[str] = set()
+    labelled: set[tuple[str, str]] = set()
     for r in learning_runs(ln).values():
-        mode = r["mode"]
-        label = None if mode in labelled else f"{mode} (max_staleness {r['max_staleness']})"
-        labelled.add(mode)
-        ax.plot(r["minutes"], r["success"], marker="o", markersize=3, color=colors.get(mode), label=label)
+        mode, env = r["mode"], r["env"]
+        label = None if (env, mode) in labelled else f"{env}, {mode} (max_staleness {r['max_staleness']})"
+        labelled.add((env, mode))
+        style = "-" if env == "calculator" else "--"
+        ax.plot(
+            r["minutes"], r["success"], style, marker="o", markersize=3, color=colors.get(mode), label=label
+        )
     ax.set_xlabel("wall minutes")
     ax.set_ylabel("held-out success")
     ax.legend()
@@ -788,6 +870,16 @@ def main() -> int:
         help="speed: async_admission of the async runs",
     )
     p.add_argument("--learning-staleness", type=int, default=2)
+    p.add_argument(
+        "--learning-env", choices=["calculator", "search"], default="calculator",
+        help="learning: learning_rl_alone.yaml (Calculator) or Search-v0 from the speed part's warm start "
+        "(with --tool-latency-s: each search that much slower)",
+    )  # fmt: skip
+    p.add_argument("--learning-lr", type=float, default=1e-5, help="learning, search: the RL learning rate")
+    p.add_argument(
+        "--wait-warm-start", type=float, default=0.0,
+        help="seconds to wait for WORK/warm_start that another job line trains (0: train it here if missing)",
+    )  # fmt: skip
     p.add_argument(
         "--one-stream-arm", action="store_true",
         help="speed: also the asynchronous run with its worker on the default CUDA stream (TOOLGYM_ASYNC_STREAM=0)",
@@ -835,7 +927,6 @@ def main() -> int:
         )
         data |= got
         data["commands"], data["async_learning"] = commands, runs
-        data["async_learning_summary"] = learning_summary(runs)
     if not args.report and not args.merge:
         work = args.work or Path(tempfile.mkdtemp(prefix="async_bench_"))
         data.setdefault("commands", [])
@@ -853,10 +944,10 @@ def main() -> int:
         if args.part in ("learning", "all"):
             got = learning(args, work)["async_learning"]
             data["async_learning"] = learning_runs(data.get("async_learning") or {}) | got
-            data["async_learning_summary"] = learning_summary(data["async_learning"])
     if data.get("async_learning"):  # (the summary's rule may be newer than the file's runs)
         data["async_learning"] = learning_runs(data["async_learning"])
-        data["async_learning_summary"] = learning_summary(data["async_learning"])
+        data = {k: v for k, v in data.items() if not k.startswith("async_learning_summary")}
+        data |= summaries(data["async_learning"])
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     plot(data, md_path.with_name(md_path.stem + "_learning.png"))

@@ -47,7 +47,9 @@ OLD = {
 
 
 def args_of(**kw: Any) -> argparse.Namespace:
-    return argparse.Namespace(**({"sft_episodes": 512, "quick": False, "seed": 0} | kw))
+    return argparse.Namespace(
+        **({"sft_episodes": 512, "quick": False, "seed": 0, "wait_warm_start": 0.0} | kw)
+    )
 
 
 def base_of() -> dict[str, Any]:
@@ -269,3 +271,22 @@ def test_results_keyed_by_mode_alone_read_as_seed_zero() -> None:
     del old["sync"]["mode"]
     got = mod.learning_runs(old)
     assert set(got) == {"sync_s0", "async_s0"} and got["sync_s0"]["mode"] == "sync"
+
+
+def test_learning_runs_of_two_envs_get_a_summary_each() -> None:
+    mod = bench()
+    runs = {
+        "sync_s0": _run("sync", 0, [0.0, 0.5, 0.6]),
+        "async_s0": _run("async", 0, [0.0, 0.6, 0.6]),
+        "search_sync_s0": _run("sync", 0, [0.5, 0.55, 0.6]) | {"env": "search"},
+        "search_async_s0": _run("async", 0, [0.5, 0.5, 0.5]) | {"env": "search"},
+    }
+    got = mod.summaries(runs)
+    assert set(got) == {"async_learning_summary", "async_learning_summary_search"}
+    assert got["async_learning_summary"]["best_success"]["sync"] == pytest.approx(0.55)  # smoothed
+    assert got["async_learning_summary_search"]["best_success"]["async"] == pytest.approx(0.5)
+    assert (
+        mod.run_key("search", "async", 1) == "search_async_s1"
+        and mod.run_key("calculator", "sync", 0) == "sync_s0"
+    )
+    assert set(mod.learning_runs(runs)) == set(runs)
