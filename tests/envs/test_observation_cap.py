@@ -267,6 +267,15 @@ def test_werewolf_referee_quotes_are_capped_in_the_seat_env_and_in_self_play():
         assert (len(last["content"]) <= 32_000) == (not kwargs), kwargs  # capped as the seat env caps
 
 
+def test_trl_adapter_caps_the_error_that_quotes_an_argument_name():
+    from toolgym.adapters.trl import environment_factory
+
+    env = environment_factory("toolgym/Calculator-v0")()
+    env.reset(seed=0)
+    out = env.calculator(expression="1+1", **{"x" * 150_000: 1})  # TypeError: unexpected keyword 'xxx…'
+    assert out.startswith("Invalid call of calculator") and len(out) <= 32_000 and "characters cut" in out
+
+
 def test_remote_caps_what_the_server_sends():
     from tests.testing_env import register
 

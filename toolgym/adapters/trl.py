@@ -107,7 +107,9 @@ def tool_method(spec: ToolSpec) -> Any:
         try:
             bound = signature.bind(self, *args, **kwargs)
         except TypeError as exc:  # TRL shows the message to the model as the tool result
-            return self._out(f"Invalid call of {tool_name}: {exc}")
+            from toolgym.envs.base import cap_text  # it quotes an unknown argument's name, of any length
+
+            return self._out(cap_text(f"Invalid call of {tool_name}: {exc}", self.env.max_observation_chars))
         arguments = {k: v for k, v in bound.arguments.items() if k != "self" and v is not None}
         return self._call(tool_name, arguments)
 
