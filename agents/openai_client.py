@@ -20,8 +20,10 @@ turn markers there: a forged turn. So
   the tokenizer's special tokens when it loads here, else a conservative list of chat markers (ChatML,
   Llama 3, Qwen, Mistral, Gemma, DeepSeek). ``special_text="keep"`` sends the text as it is.
 - ``wire="auto"`` (default): chat with nothing escaped for ``toolgym serve`` (``/v1/models`` says
-  ``owned_by: toolgym``; it renders with ``ChatRenderer`` itself); tokens when the tokenizer loads here and one
-  probe of ``/v1/completions`` with token ids works; otherwise chat with escaping. ``wire_used`` says which.
+  ``owned_by: toolgym``; it renders with ``ChatRenderer`` itself); otherwise chat with escaping. It never picks
+  tokens on its own: that wire parses replies as Hermes calls here, where the server's tool parser may read
+  another format (Llama 3, Mistral). ``wire_used`` says which. Ask for ``wire="tokens"`` for exact ids (RL
+  against a Hermes-style model on vLLM).
 
 Every body sent has lone surrogates replaced (``toolgym.parsing.clean_json``): a JSON ``\\ud800`` in a model's
 action decodes to one, and no UTF-8 encoder takes it (the request raised before it left).
@@ -196,12 +198,12 @@ class OpenAIPolicy:
         tok = None
         if self.wire == "tokens" or (not ours and (self.wire == "auto" or self.special_text == "escape")):
             tok = self._load_tokenizer(required=self.wire == "tokens")
-        if tok is not None and self.wire in ("tokens", "auto") and not ours:
-            self.renderer = self._make_renderer(tok, required=self.wire == "tokens")
-            if self.renderer is not None and (self.wire == "tokens" or await self._takes_ids(client)):
-                self.wire_used = "tokens"
-                return
-            self.renderer = None
+        # auto never picks tokens: the reply would be parsed here as Hermes calls, and a model with another
+        # call format (Llama 3, Mistral) that the server's own tool parser reads would lose its tool calls
+        if tok is not None and self.wire == "tokens":
+            self.renderer = self._make_renderer(tok, required=True)
+            self.wire_used = "tokens"
+            return
         if self.special_text == "escape" and not ours:
             self.escaper = (
                 SpecialTextEscaper.for_tokenizer(tok) if tok is not None else SpecialTextEscaper.known()
@@ -251,28 +253,6 @@ class OpenAIPolicy:
         mine = [m for m in models if isinstance(m, dict) and m.get("id") == self.model] or models[:1]
         return str(mine[0].get("owned_by")) if mine and isinstance(mine[0], dict) else None
 
-    async def _takes_ids(self, client: httpx.AsyncClient) -> bool:
-        """Whether ``/v1/completions`` takes a prompt of token ids and answers with ids (one 1-token request)."""
-        import httpx
-
-        assert self.renderer is not None
-        ids = self.renderer.prompt_ids([{"role": "user", "content": "Hi."}])
-        body = self._ids_body(ids, SamplingParams(temperature=0.0, max_new_tokens=1))
-        try:
-            resp = await client.post(self.base_url + "/completions", json=body)
-        except httpx.TransportError:
-            return False
-        if resp.status_code in (401, 403):
-            raise ConfigError(f"{self.base_url} refused the key ({resp.status_code}): set OPENAI_API_KEY")
-        ok = resp.status_code == 200 and self._completed(resp, ids, 1) is not None
-        if not ok:
-            log.info(
-                "%s: /v1/completions with token ids answered %s: chat messages instead",
-                self.name,
-                resp.status_code,
-            )
-        return ok
-
     def _ids_body(self, ids: list[int], sp: SamplingParams) -> dict[str, Any]:
         from toolgym.agents.vllm_policy import sampling_body
 
@@ -283,15 +263,6 @@ class OpenAIPolicy:
         if sp.seed is not None:
             body["seed"] = sp.seed
         return body
-
-    def _completed(self, resp: httpx.Response, ids: list[int], max_tokens: int) -> Any:
-        from toolgym.agents.vllm_policy import completed_from_answer
-
-        assert self.renderer is not None
-        try:
-            return completed_from_answer(resp, max_tokens, len(self.renderer.tokenizer), ids)
-        except InfrastructureError:
-            return None
 
     async def _tokens_turn(
         self, client: httpx.AsyncClient, conv: Conversation, tools: ToolDicts | None, sp: SamplingParams

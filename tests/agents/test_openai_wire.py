@@ -154,14 +154,18 @@ def test_auto_without_token_ids_falls_back_to_escaped_chat_and_benign_text_goes_
     assert sent[2]["tool_calls"] == conv[2]["tool_calls"] and sent[0] == conv[0]
 
 
-def test_auto_with_token_ids_sends_the_renderers_ids(serve: Any, smollm2_tokenizer: Any) -> None:
+def test_the_tokens_wire_sends_the_renderers_ids(serve: Any, smollm2_tokenizer: Any) -> None:
     tok = smollm2_tokenizer
     fake = serve()
-    policy = OpenAIPolicy(fake.url, model="smol", tokenizer=tok)
+    auto = OpenAIPolicy(fake.url, model="smol", tokenizer=tok)  # auto: escaped chat, even where ids are taken
+    ask(auto, conversation(ATTACK))
+    assert auto.wire_used == "chat" and auto.escaper is not None and len(fake.chat) == 1
+    before = len(fake.prompts)
+    policy = OpenAIPolicy(fake.url, model="smol", tokenizer=tok, wire="tokens")
     conv = conversation(ATTACK)
     turn = ask(policy, conv)
-    assert policy.wire_used == "tokens" and not fake.chat
-    _probe, prompt = fake.prompts
+    assert policy.wire_used == "tokens" and len(fake.chat) == 1  # no chat request (auto's one only)
+    (prompt,) = fake.prompts[before:]
     assert prompt == ChatRenderer(tok).prompt_ids(conv)  # the renderer's safe ids, never re-tokenized
     clean = ChatRenderer(tok).prompt_ids(conversation("2146"))
     assert markers(tok, prompt) == markers(tok, clean)
