@@ -50,29 +50,7 @@ take() {
 
 install() {
   mkdir -p "$WHEELS"
-  "$PY" - "$PARTS" "$WHEELS" <<'EOF' || return 1
-import hashlib, json, sys
-from pathlib import Path
-parts, wheels = Path(sys.argv[1]), Path(sys.argv[2])
-manifest = json.loads((parts / "MANIFEST.json").read_text())
-missing = []
-for name, info in manifest["wheels"].items():
-    pieces = sorted(parts.glob(name + ".part*"))
-    if (parts / name).is_file():
-        data = (parts / name).read_bytes()
-    elif pieces:
-        data = b"".join(p.read_bytes() for p in pieces)
-    else:
-        missing.append(name)
-        continue
-    if len(data) != info["bytes"] or hashlib.sha256(data).hexdigest() != info["sha256"]:
-        missing.append(f"{name} ({len(data)} of {info['bytes']} bytes)")
-        continue
-    (wheels / name).write_bytes(data)
-if missing:
-    sys.exit(f"{len(missing)} wheels missing or incomplete (a part not taken yet?): " + ", ".join(missing[:8]))
-print(f"{len(manifest['wheels'])} wheels joined and checked in {wheels}")
-EOF
+  "$PY" "$(dirname "${BASH_SOURCE[0]}")/join_parts.py" "$PARTS" "$WHEELS" || return 1
   if [ "$DRY" = 1 ]; then
     echo "dry run: pip install --target $SITE, bwrap and toolgym -e skipped"
     return 0

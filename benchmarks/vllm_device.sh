@@ -29,30 +29,7 @@ take() {
 
 install() {
   mkdir -p "$WHEELS" "$SITE"
-  "$PY" - "$PARTS" "$WHEELS" <<'EOF'
-import hashlib, json, sys
-from pathlib import Path
-parts, wheels = Path(sys.argv[1]), Path(sys.argv[2])
-manifest = json.loads((parts / "MANIFEST.json").read_text())
-missing = []
-for name, info in manifest["wheels"].items():
-    whole = parts / name
-    pieces = sorted(parts.glob(name + ".part*"))
-    if whole.is_file():
-        data = whole.read_bytes()
-    elif pieces:
-        data = b"".join(p.read_bytes() for p in pieces)
-    else:
-        missing.append(name)
-        continue
-    if len(data) != info["bytes"] or hashlib.sha256(data).hexdigest() != info["sha256"]:
-        missing.append(f"{name} (incomplete: {len(data)} of {info['bytes']} bytes)")
-        continue
-    (wheels / name).write_bytes(data)
-if missing:
-    sys.exit(f"{len(missing)} wheels missing or incomplete (parts still to come?): " + ", ".join(missing[:8]))
-print(f"{len(manifest['wheels'])} wheels joined and checked")
-EOF
+  "$PY" "$(dirname "${BASH_SOURCE[0]}")/join_parts.py" "$PARTS" "$WHEELS" || return 1
   "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
   echo "installed into $SITE"
 }
