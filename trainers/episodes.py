@@ -51,6 +51,9 @@ def episode_metrics(
         f"{prefix}/tokens_per_episode": mean("tokens"),
         f"{prefix}/void_fraction": mean("void"),
         f"{prefix}/truncated_fraction": sum(e.get("truncation") is not None for e in eps) / n,
+        # episodes with an observation cut at the env's max_observation_chars (a long-context setting, or an
+        # env echoing the model's text back: envs/base.py)
+        f"{prefix}/observation_cut_fraction": sum(bool(e.get("observations_cut")) for e in eps) / n,
     }
     if prefix == "charts":
         out |= {

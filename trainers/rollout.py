@@ -248,6 +248,8 @@ class TreeRollout:
                 "raise max_total_tokens"
             )
         tree.nodes[tree.root].info.update(where["info"])
+        if info.get("observation_truncated"):  # the task prompt itself was cut (envs/base.py)
+            tree.nodes[tree.root].info["observations_cut"] = len(info["observation_truncated"])
         tree.meta.update(env_id=task.env_id, seed=task.seed, tools=tools, answer=_gold(env))
         if snap is not None:
             tree.nodes[tree.root].info["snapshot"] = snap
@@ -391,6 +393,8 @@ class TreeRollout:
         node.info.update(
             invalid=bool(info.get("invalid_action", False)), tool_calls=int(info.get("tool_calls", 0))
         )
+        if info.get("observation_truncated"):  # the env cut an observation at max_observation_chars
+            node.info["observations_cut"] = len(info["observation_truncated"])
         if read is not None:  # the env's own reading of the turn: saved_rollouts shows it without a reparse
             node.info["calls"] = [{"name": c.name, "arguments": c.arguments} for c in read.result.tool_calls]
         end: dict[str, Any] | None = None
@@ -432,6 +436,7 @@ class TreeRollout:
             turns=node.turn + 1,
             tool_calls=sum(tree.nodes[n].info.get("tool_calls", 0) for n in path),
             void=any(tree.nodes[n].info.get("invalid", False) for n in path),
+            observations_cut=sum(tree.nodes[n].info.get("observations_cut", 0) for n in path),
             tokens=len(tree.prefix_ids(nid)),
         )
         node.info["episode"] = end

@@ -176,3 +176,25 @@ def test_each_turn_is_parsed_once_by_its_env(monkeypatch: pytest.MonkeyPatch) ->
     assert sorted(calls) == sorted(n.info["action"] for n in model)
     assert [n.info["calls"] for n in model if n.turn == 0] == [[{"name": "look", "arguments": {}}]] * 6
     assert all(n.info["calls"] == [] for n in model if n.turn == 1)  # the answer turn
+
+
+def test_episodes_count_the_observations_the_env_cut() -> None:
+    """An observation cut at the env's max_observation_chars (here the task prompt) is counted in the episode
+    record and in charts/observation_cut_fraction; a run without cuts reports 0."""
+    import gymnasium as gym
+
+    from tests.envs.test_observation_cap import EchoEnv
+    from toolgym.trainers.episodes import episode_metrics, leaf_episodes
+
+    if "tests/EchoCut-v0" not in gym.registry:
+        gym.register("tests/EchoCut-v0", entry_point=EchoEnv, disable_env_checker=True)
+    cfg = RolloutConfig(budget=2, max_new_tokens=3, max_total_tokens=256)
+    long = TreeRollout(FakePolicy(), NoBranching(), cfg, {"prompt": "y" * 2000, "max_observation_chars": 500})
+    forest, stats = long.run([RolloutTask("tests/EchoCut-v0", 0)], seed=0)
+    long.close()
+    assert all(e["observations_cut"] >= 1 for e in leaf_episodes(forest))
+    assert episode_metrics(forest, stats)["charts/observation_cut_fraction"] == 1.0
+    short = TreeRollout(FakePolicy(), NoBranching(), cfg, {"prompt": "Play."})
+    forest, stats = short.run([RolloutTask("tests/EchoCut-v0", 0)], seed=0)
+    short.close()
+    assert episode_metrics(forest, stats)["charts/observation_cut_fraction"] == 0.0
