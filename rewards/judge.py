@@ -45,7 +45,7 @@ from toolgym.rewards import judge_prompt as jp
 from toolgym.rewards.counters import count
 from toolgym.rewards.extract import completion_text, extract_answer, message_text, strip_reasoning
 from toolgym.rewards.judge_prompt import CORRECTNESS, Criterion, JudgeRubric
-from toolgym.special_text import SpecialText, SpecialTextEscaper, outgoing
+from toolgym.special_text import SpecialText, escaper_for, outgoing
 
 if TYPE_CHECKING:
     import httpx
@@ -168,11 +168,9 @@ class Judge:
             raise ConfigError(f"the judge URL must start with http:// or https://, got {base_url!r}")
         if concurrency < 1 or retries < 0 or timeout_s <= 0 or max_tokens < 1:
             raise ConfigError("judge: need concurrency >= 1, retries >= 0, timeout_s > 0, max_tokens >= 1")
-        if special_text not in ("escape", "keep"):
-            raise ConfigError(f"judge: special_text must be 'escape' or 'keep', got {special_text!r}")
         self.base_url = url if url.endswith("/v1") else url + "/v1"
         self.model = model
-        self.escaper = _escaper(special_text, tokenizer)
+        self.escaper = escaper_for(special_text, tokenizer, who="judge")
         self.rubric = jp.as_rubric(rubric)
         self.api_key = api_key if api_key is not None else os.environ.get("TOOLGYM_JUDGE_API_KEY")
         self.check = check
@@ -391,21 +389,6 @@ def _reads_the_reference(j: Judge, question: str, reference: Any) -> bool:
 
 
 # ----- helpers ---------------------------------------------------------------------------------------------
-def _escaper(special_text: SpecialText, tokenizer: Any) -> SpecialTextEscaper | None:
-    if special_text == "keep":
-        return None
-    if tokenizer is None:
-        return SpecialTextEscaper.known()
-    if isinstance(tokenizer, str):
-        try:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        except Exception as exc:  # not installed, not found, not a tokenizer
-            raise ConfigError(f"judge: cannot load the tokenizer {tokenizer!r}: {exc}") from exc
-    return SpecialTextEscaper.for_tokenizer(tokenizer)
-
-
 def _column(kwargs: dict[str, Any], keys: tuple[str, ...], n: int) -> list[Any] | None:
     for key in keys:
         if kwargs.get(key) is not None:

@@ -32,6 +32,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from toolgym.errors import ConfigError
 from toolgym.parsing import clean_json
 
 SpecialText = Literal["escape", "keep"]
@@ -134,3 +135,27 @@ def outgoing(value: Any, escaper: SpecialTextEscaper | None = None) -> Any:
     """
     value = clean_json(value)
     return escaper(value) if escaper is not None else value
+
+
+def escaper_for(special_text: SpecialText, tokenizer: Any = None, who: str = "") -> SpecialTextEscaper | None:
+    """The escaper of a boundary's ``special_text`` option: None for "keep"; for "escape" exactly ``tokenizer``'s
+    special tokens (an object, or a name/folder loaded with transformers; ``smollm2-135m`` resolves to the
+    embedded model's), else the known chat markers. ``who`` prefixes the errors (a bad option, a tokenizer that
+    does not load)."""
+    where = f"{who}: " if who else ""
+    if special_text not in ("escape", "keep"):
+        raise ConfigError(f"{where}special_text must be 'escape' or 'keep', got {special_text!r}")
+    if special_text == "keep":
+        return None
+    if tokenizer is None:
+        return SpecialTextEscaper.known()
+    if isinstance(tokenizer, str):
+        try:
+            from transformers import AutoTokenizer
+
+            from toolgym.agents.embedded import resolve_model
+
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer))
+        except Exception as exc:  # not installed, not found, not a tokenizer
+            raise ConfigError(f"{where}cannot load the tokenizer {tokenizer!r}: {exc}") from exc
+    return SpecialTextEscaper.for_tokenizer(tokenizer)

@@ -36,7 +36,7 @@ from toolgym.errors import ConfigError
 from toolgym.messages import Message, ToolCall
 from toolgym.optional import require
 from toolgym.parsing import ANSWER_TOOL
-from toolgym.special_text import SpecialText, SpecialTextEscaper, outgoing
+from toolgym.special_text import SpecialText, SpecialTextEscaper, escaper_for, outgoing
 from toolgym.tools import ToolSpec
 
 _JSON_TYPES: dict[str, Any] = {
@@ -216,15 +216,7 @@ def environment_factory(
     when given (pass the trainer's ``processing_class``), else a known list of chat markers
     (``toolgym.special_text``); ``"keep"`` hands the text over as it is.
     """
-    if special_text not in ("escape", "keep"):
-        raise ConfigError(f"special_text must be 'escape' or 'keep', not {special_text!r}")
-    escaper = None
-    if special_text == "escape":
-        escaper = (
-            SpecialTextEscaper.for_tokenizer(tokenizer)
-            if tokenizer is not None
-            else SpecialTextEscaper.known()
-        )
+    escaper = escaper_for(special_text, tokenizer, who="environment_factory")
     import gymnasium as gym
 
     import toolgym  # noqa: F401

@@ -42,6 +42,19 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="answer {'type': 'expert'} with the scripted expert's next action (reveals answers: for checks)",
     )
+    p.add_argument(
+        "--special-text",
+        choices=("escape", "keep"),
+        default="escape",
+        help="special-token text in observations (a client's trainer tokenizes them with special tokens on): "
+        "escape it with a zero-width space (default) or keep it",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the client model's tokenizer (a hub id, a folder or smollm2-135m): escape exactly its special "
+        "tokens (default: a known list of chat markers)",
+    )
     p.set_defaults(func=cmd_serve_env)
 
     p = subparsers.add_parser(
@@ -72,6 +85,8 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
         expert=args.expert,
         call_timeout_s=args.call_timeout or None,
         limits=Limits(max_body_bytes=max(1, int(args.max_body_mb * 2**20))),
+        special_text=args.special_text,
+        tokenizer=args.tokenizer,
     )
     print(
         f"serving {args.env_id} at {server.ws_url}/ws (OpenEnv) and {server.url} (HTTP; docs at /docs); "

@@ -55,6 +55,7 @@ from toolgym.serving.protocol import (
     error_message,
     jsonable,
 )
+from toolgym.special_text import SpecialText, SpecialTextEscaper, escaper_for
 
 require("fastapi")  # first: a missing package says which extra brings it
 # at module level: FastAPI reads the handlers' annotations (strings here) from these globals
@@ -88,6 +89,8 @@ class Session:
     done: bool = False
     episode_reward: float = 0.0
     closed: bool = False
+    # what the client's trainer tokenizes itself: special-token text in the observations escaped (None: kept)
+    escaper: SpecialTextEscaper | None = None
 
 
 class SessionPool:
@@ -99,8 +102,10 @@ class SessionPool:
         max_sessions: int,
         idle_timeout_s: float | None,
         call_timeout_s: float | None = None,
+        escaper: SpecialTextEscaper | None = None,
     ) -> None:
         self.make_env = make_env
+        self.escaper = escaper
         self.max_sessions = max_sessions
         self.idle_timeout_s = idle_timeout_s
         self.call_timeout_s = call_timeout_s
@@ -126,7 +131,7 @@ class SessionPool:
             ) from exc
         finally:
             self._reserved -= 1
-        session = Session(uuid.uuid4().hex, env, executor)
+        session = Session(uuid.uuid4().hex, env, executor, escaper=self.escaper)
         self.sessions[session.id] = session
         return session
 
@@ -227,8 +232,16 @@ def _do_reset(session: Session, data: ResetData) -> dict[str, Any]:
     obs, info = session.env.reset(seed=data.seed, options=data.options)
     session.started, session.done, session.step_count, session.episode_reward = True, False, 0, 0.0
     session.episode_id = data.episode_id or uuid.uuid4().hex
-    observation = Observation(messages=jsonable(obs), info=jsonable(info))
+    observation = Observation(messages=_outgoing(session, obs), info=jsonable(info))
     return {"observation": observation.model_dump(), "reward": None, "done": False}
+
+
+def _outgoing(session: Session, obs: Any) -> Any:
+    """The observation's messages as the client gets them: the client's trainer renders and tokenizes them
+    with special tokens on, so special-token text in them (a web page, a file, an echoed reply) is escaped
+    (toolgym.special_text), unless the server keeps it (``special_text="keep"``)."""
+    messages = jsonable(obs)
+    return session.escaper(messages) if session.escaper is not None else messages
 
 
 def _do_step(session: Session, data: StepData) -> dict[str, Any]:
@@ -247,7 +260,7 @@ def _do_step(session: Session, data: StepData) -> dict[str, Any]:
     session.done = bool(terminated or truncated)
     session.episode_reward += float(reward)
     observation = Observation(
-        messages=jsonable(obs),
+        messages=_outgoing(session, obs),
         assistant=_assistant_turn(session.env, len(obs)),
         info=jsonable(info),
         terminated=bool(terminated),
@@ -302,6 +315,8 @@ class EnvServer(AppServer):
         expert: bool = False,
         call_timeout_s: float | None = 1800.0,
         limits: Limits | None = None,
+        special_text: SpecialText = "escape",
+        tokenizer: Any = None,
     ) -> None:
         import gymnasium as gym
 
@@ -317,6 +332,8 @@ class EnvServer(AppServer):
             raise ConfigError(f"idle_timeout_s must be > 0 (or None: never), got {idle_timeout_s}")
         if call_timeout_s is not None and call_timeout_s <= 0:
             raise ConfigError(f"call_timeout_s must be > 0 (or None: wait), got {call_timeout_s}")
+        # the client's tokenizer when named, else the known chat markers; None: kept
+        escaper = escaper_for(special_text, tokenizer, who="serve-env")
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         probe = gym.make(env_id, **self.env_kwargs)  # a bad kwarg fails here, not in each session
@@ -337,12 +354,13 @@ class EnvServer(AppServer):
                 "max_sessions": max_sessions,
                 "idle_timeout_s": idle_timeout_s,
                 "protocol": "openenv-ws",
+                "special_text": special_text,
             }
         finally:
             probe.close()
         self.expert = expert
         self.pool = SessionPool(
-            lambda: gym.make(env_id, **self.env_kwargs), max_sessions, idle_timeout_s, call_timeout_s
+            lambda: gym.make(env_id, **self.env_kwargs), max_sessions, idle_timeout_s, call_timeout_s, escaper
         )
         super().__init__(build_env_app(self), host, port, limits=limits, error_body=_guard_error)
 
