@@ -170,12 +170,17 @@ def test_quick_speed_then_speed2_reuse_one_warm_start(tmp_path: Path) -> None:
     done = processes.run([*base, "--part", "speed2", "--tool-latency-s", "0.01"], 900)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.with_suffix(".json").read_text())
-    assert data["speed2_setup"]["warm_start"]["reused"] and data["speed2_setup"]["tool_latency_s"] == 0.01
+    setup = data["speed2_setup_lat0.01"]  # a variant (the added latency): its own keys beside the headline's
+    assert setup["warm_start"]["reused"] and setup["tool_latency_s"] == 0.01
     assert (work / "warm_start" / "model" / "config.json").stat().st_mtime == sft_model
-    assert set(data["speed2_runs"]) == {"sync_1gpu", "split_2gpu"} and "speed_runs" in data  # both parts kept
+    assert (
+        set(data["speed2_runs_lat0.01"]) == {"sync_1gpu", "split_2gpu"} and "speed_runs" in data
+    )  # both kept
+    assert "async_speedup_2gpu_lat0.01" in data and "async_speedup_2gpu" not in data
     md = out.with_suffix(".md").read_text()
     assert md.count("Policy: a warm start") == 2 and "searches / episode" in md
     assert md.count("Each search also waits 0.01 s") == 1  # speed2's only
+    assert "### Variant `lat0.01` (batch admission; 0.01 s added to each search)" in md
 
 
 def test_slow_proxy_delays_each_search_and_passes_answers_and_refusals(tmp_path: Path) -> None:
