@@ -118,11 +118,12 @@ def done_steps(run_dir: Path) -> int:
     return int(max(steps, default=0))
 
 
-def jobs_of(claims: list[Claim], seeds: int, runs: Path, quick: bool) -> list[Job]:
-    """One job per (folder, arm, seed): arms two claims share in one folder run once. Finished runs are left
-    out; the least advanced come first (so repeated calls even the runs out)."""
+def jobs_of(claims: list[Claim], seeds: int, runs: Path, quick: bool, first_seed: int = 1) -> list[Job]:
+    """One job per (folder, arm, seed) for seeds first_seed .. first_seed + seeds - 1: arms two claims share in
+    one folder run once. Finished runs are left out; the least advanced come first (so repeated calls even
+    the runs out)."""
     seen, jobs = set(), []
-    for s in range(1, seeds + 1):
+    for s in range(first_seed, first_seed + seeds):
         for c in claims:
             for arm in c.arms:
                 key = (c.dir, arm.name, s)
@@ -237,7 +238,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             if why:
                 out["gate"][f] = why
             else:
-                queue += jobs_of(group, a.seeds, runs, a.quick)
+                queue += jobs_of(group, a.seeds, runs, a.quick, a.first_seed)
         ready = []
         queue.sort(key=lambda j: (j.done_steps, -j.gb))  # least advanced first; big ones first (less waste)
         while todo_sft and len(running) < slots and (g := card(SFT_GB)) is not None:
@@ -289,13 +290,19 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _first(a: argparse.Namespace) -> str:
+    first = getattr(a, "first_seed", 1)
+    return f" --first-seed {first}" if first != 1 else ""
+
+
 def commands(claim: Claim, a: argparse.Namespace) -> dict[str, str]:
     d = f"DIR/{claim.dir}"
     cmds = {
         f"device ({claim.name})": f"bash benchmarks/papers/device.sh run SECONDS --claims {claim.name} "
-        f"--seeds {a.seeds}",
-        f"driver ({claim.name})": f"python benchmarks/papers/run.py run --claims {claim.name} --seeds {a.seeds} "
-        "--runs DIR",
+        f"--seeds {a.seeds}" + _first(a),
+        f"driver ({claim.name})": f"python benchmarks/papers/run.py run --claims {claim.name} --seeds {a.seeds}"
+        + _first(a)
+        + " --runs DIR",
         "sft": f"toolgym sft --config {d}/sft.yaml",
         "report": "python benchmarks/papers/report.py --runs DIR",
     }
@@ -313,7 +320,7 @@ def configs(a: argparse.Namespace) -> None:
             folder / "sft.yaml", sft_config(owner(claim.dir, claims), folder, a.model, a.device, a.quick)
         )
         for arm in claim.arms:
-            for seed in range(1, a.seeds + 1):
+            for seed in range(a.first_seed, a.first_seed + a.seeds):
                 cfg = run_config(claim, arm.name, seed, folder, a.device, a.engine_memory or 0.08, a.quick)
                 write_yaml(folder / f"{arm.name}_s{seed}.yaml", cfg)
         print(folder)
@@ -329,6 +336,11 @@ def main() -> None:
             continue
         p.add_argument("--runs", default="runs/papers")
         p.add_argument("--seeds", type=int, default=3)
+        p.add_argument(
+            "--first-seed", type=int, default=1,
+            help="seeds FIRST .. FIRST+SEEDS-1 (a machine too small for a group: seeds 1-2, then 3 in a later "
+            "session, which trains the folder's warm start again: each seed's arms still share one)",
+        )  # fmt: skip
         p.add_argument("--model", default="smollm2-135m")
         p.add_argument("--device", default="auto")
         p.add_argument("--engine-memory", type=float, default=0.0, help="0: the claim's kv_gb / GPU memory")

@@ -202,3 +202,11 @@ def test_each_plan_group_fits_four_h100s_at_once(
     run.main()
     call = json.loads((tmp_path / CLAIMS[group[0]].dir / "summary.json").read_text())["calls"][-1]
     assert call["not_started"] == []
+
+
+def test_a_later_session_runs_the_seeds_after_the_first(tmp_path: Path) -> None:
+    """`--first-seed 3 --seeds 1`: the third seed of every arm alone (a machine too small for the whole group
+    ran seeds 1-2); run folders keep their seed, so report.py reads the three together."""
+    claims = [CLAIMS["gigpo_household"], CLAIMS["epo_household"]]
+    jobs = run.jobs_of(claims, 1, tmp_path, quick=False, first_seed=3)
+    assert {j.name for j in jobs} == {f"gigpo_household/{a}_s3" for a in ("grpo", "gigpo", "ppo", "epo")}
