@@ -60,7 +60,7 @@ from typing import Any
 from toolgym.agents.openai_schema import ChatCompletionRequest, CompletionRequest
 from toolgym.agents.openai_stream import live_events, stream_events, usage_block
 from toolgym.agents.openai_tokens import TOOL_CALL, TokenBytes, stop_at, token_text
-from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy
+from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy, context_of
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.optional import require
 from toolgym.serving.base import AppServer, Limits
@@ -482,13 +482,6 @@ def _failed(turn: AssistantTurn) -> UpstreamError | None:
     if turn.finish_reason != "error":
         return None
     return UpstreamError(f"the policy's backend failed: {turn.text or 'no reason given'}")
-
-
-def context_of(policy: Policy) -> int | None:
-    """The positions of a token policy's model (``config.max_position_embeddings``), or None."""
-    config = getattr(getattr(policy, "model", None), "config", None)
-    size = getattr(config, "max_position_embeddings", None)
-    return int(size) if isinstance(size, int) and size > 0 else None
 
 
 def cpu_threads(requested: int = 0) -> int:

@@ -202,3 +202,11 @@ class RenderedTokenPolicy:
             entropies=gen.entropies,
             usage={"prompt_tokens": prompt_len, "completion_tokens": len(gen.token_ids)},
         )
+
+
+def context_of(policy: Any) -> int | None:
+    """The positions of a token policy's model (or of a model): ``config.max_position_embeddings``, or None
+    when unknown (a remote backend, a config without it)."""
+    model = getattr(policy, "model", policy)
+    size = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(size) if isinstance(size, int) and size > 0 else None

@@ -46,7 +46,7 @@ from toolgym.agents.episode_loop import (
     close_quietly,
     submit_turn,
 )
-from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy
+from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy, context_of
 from toolgym.agents.trajectory import Trajectory
 from toolgym.envs.base import ParsedAction, action_reader
 from toolgym.errors import ConfigError
@@ -237,7 +237,7 @@ class EpisodeRunner:
                 if ep.pending:
                     _extend_context(ep.traj, ep.pending)
                     ep.pending = []
-            context = _context_of(policy)
+            context = context_of(policy)
             fits = [True] * len(eps)
             if context is not None:
                 sp = self.sampling or getattr(policy, "sampling", None) or SamplingParams()
@@ -419,12 +419,6 @@ def _has_parameter(fn: Any, name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # not a callable, or one without a signature
         return False
-
-
-def _context_of(policy: Any) -> int | None:
-    """The positions of a token policy's model (``config.max_position_embeddings``), or None when unknown."""
-    size = getattr(getattr(getattr(policy, "model", None), "config", None), "max_position_embeddings", None)
-    return int(size) if isinstance(size, int) and size > 0 else None
 
 
 def _extend_context(traj: Trajectory, ids: list[int]) -> None:

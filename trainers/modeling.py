@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from toolgym.agents.policy import context_of
 from toolgym.errors import ConfigError
 from toolgym.optional import require
 from toolgym.trainers.config import RunConfig
@@ -34,6 +36,7 @@ def build_policy(cfg: RunConfig, device: torch.device, model: Any = None, tokeni
 
     if model is None:
         model, tokenizer = load_model(cfg.model, device=str(device), dtype="float32")
+    check_positions(cfg, model)
     model = model.to(device=device, dtype=torch.float32)
     if cfg.lora_r > 0:
         peft = require("peft", why="lora_r > 0 trains LoRA adapters")
@@ -47,6 +50,26 @@ def build_policy(cfg: RunConfig, device: torch.device, model: Any = None, tokeni
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
     return hf_policy(model, tokenizer, device)
+
+
+def check_positions(cfg: Any, model: Any) -> None:
+    """At start, whether a path of ``max_total_tokens`` plus a last turn of ``max_new_tokens`` fits the model's
+    positions (``config.max_position_embeddings``). Past them a model with learned position embeddings fails
+    mid-run (a ConfigError now), and a rotary one runs on positions it never trained on (a warning)."""
+    positions = context_of(model)
+    total, new = getattr(cfg, "max_total_tokens", None), getattr(cfg, "max_new_tokens", 0) or 0
+    if positions is None or not isinstance(total, int) or total + new <= positions:
+        return
+    what = (
+        f"max_total_tokens ({total}) + max_new_tokens ({new}) = {total + new} tokens pass the model's "
+        f"{positions} positions (config.max_position_embeddings)"
+    )
+    config = getattr(model, "config", None)
+    if all(getattr(config, k, None) is None for k in ("rope_theta", "rope_scaling", "rope_parameters")):
+        raise ConfigError(
+            f"{what}: lower max_total_tokens (its positions are learned: longer paths would fail)"
+        )
+    warnings.warn(f"{what}: later tokens run on rotary positions the model never trained on", stacklevel=2)
 
 
 def check_lora_targets(model: Any, targets: list[str]) -> None:

@@ -110,3 +110,23 @@ def test_resume_takes_a_word_only_when_one_follows(capsys, argv: list[str], want
     assert main([*argv, "--print-config"]) == 0
     cfg = json.loads(capsys.readouterr().out)
     assert cfg["resume"] == want and cfg["steps"] == 3
+
+
+def test_a_path_longer_than_the_models_positions_is_caught_at_start() -> None:
+    """max_total_tokens + max_new_tokens past config.max_position_embeddings: learned positions (GPT-2) would
+    fail mid-run (a ConfigError at start); rotary ones run past what they trained on (a warning)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from toolgym.trainers.modeling import check_positions
+
+    cfg = GRPOConfig(max_total_tokens=1000, max_new_tokens=64)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_positions=512, n_embd=32, n_layer=1, n_head=2, vocab_size=100))
+    with pytest.raises(ConfigError, match=r"1064 tokens pass the model's 512 positions"):
+        check_positions(cfg, gpt2)
+    llama = LlamaForCausalLM(
+        LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="rotary positions"):
+        check_positions(cfg, llama)
+    check_positions(GRPOConfig(max_total_tokens=400, max_new_tokens=64), gpt2)  # fits: nothing
