@@ -55,7 +55,7 @@ from toolgym.agents.policy import (
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.messages import Message, ToolCall
 from toolgym.parsing import clean_text
-from toolgym.special_text import SpecialText, SpecialTextEscaper, outgoing
+from toolgym.special_text import SpecialText, SpecialTextEscaper, escaper_for, outgoing
 
 if TYPE_CHECKING:
     import httpx
@@ -200,14 +200,14 @@ class OpenAIPolicy:
             tok = self._load_tokenizer(required=self.wire == "tokens")
         # auto never picks tokens: the reply would be parsed here as Hermes calls, and a model with another
         # call format (Llama 3, Mistral) that the server's own tool parser reads would lose its tool calls
-        if tok is not None and self.wire == "tokens":
-            self.renderer = self._make_renderer(tok, required=True)
+        if self.wire == "tokens":  # (the tokenizer is there: loading it was required)
+            from toolgym.agents.rendering import ChatRenderer
+
+            self.renderer = ChatRenderer(tok, tool_role=self.tool_role, chat_template=self.chat_template)
             self.wire_used = "tokens"
             return
-        if self.special_text == "escape" and not ours:
-            self.escaper = (
-                SpecialTextEscaper.for_tokenizer(tok) if tok is not None else SpecialTextEscaper.known()
-            )
+        if not ours:  # the tokenizer's specials when it loaded here, else the known markers; None: "keep"
+            self.escaper = escaper_for(self.special_text, tok)
         self.wire_used = "chat"
         if self.wire == "auto" and not ours:
             log.info(
@@ -233,16 +233,6 @@ class OpenAIPolicy:
                 raise ConfigError(f"cannot load the tokenizer {spec!r}: {type(exc).__name__}: {exc}") from exc
             return None
 
-    def _make_renderer(self, tok: Any, required: bool) -> ChatRenderer | None:
-        from toolgym.agents.rendering import ChatRenderer
-
-        try:
-            return ChatRenderer(tok, tool_role=self.tool_role, chat_template=self.chat_template)
-        except ConfigError:  # no chat template, or one that cannot be rendered turn by turn
-            if required:
-                raise
-            return None
-
     async def _owner(self, client: httpx.AsyncClient) -> str | None:
         """``owned_by`` of the model in ``/v1/models`` (None when the server does not say)."""
         try:
@@ -251,7 +241,7 @@ class OpenAIPolicy:
         except Exception:  # a server without /models, or an odd answer: not needed to talk to it
             return None
         mine = [m for m in models if isinstance(m, dict) and m.get("id") == self.model] or models[:1]
-        return str(mine[0].get("owned_by")) if mine and isinstance(mine[0], dict) else None
+        return _owned_by(mine[0]) if mine else None
 
     def _ids_body(self, ids: list[int], sp: SamplingParams) -> dict[str, Any]:
         from toolgym.agents.vllm_policy import sampling_body
@@ -323,8 +313,7 @@ class OpenAIPolicy:
         models = data.get("data") or []
         if not models:
             raise ConfigError(f"{self.base_url}/models lists no model: pass one as openai:URL@MODEL")
-        owner = models[0].get("owned_by") if isinstance(models[0], dict) else None
-        return str(models[0]["id"]), None if owner is None else str(owner)
+        return str(models[0]["id"]), _owned_by(models[0])
 
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
         return await self._request(client, "POST", "/chat/completions", body)
@@ -431,3 +420,9 @@ def _logprobs(choice: dict[str, Any]) -> tuple[list[float], list[int]]:
     if tokens and all(t.startswith("token_id:") for t in tokens):
         return logprobs, [int(t.split(":", 1)[1]) for t in tokens]
     return logprobs, []
+
+
+def _owned_by(entry: Any) -> str | None:
+    """``owned_by`` of a ``/v1/models`` entry (``toolgym serve`` says "toolgym"), None when it does not say."""
+    owner = entry.get("owned_by") if isinstance(entry, dict) else None
+    return None if owner is None else str(owner)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from toolgym.errors import ConfigError
+from toolgym.special_text import tokenizer_special_texts
 
 log = logging.getLogger(__name__)
 
@@ -240,12 +241,7 @@ class ChatRenderer:
         """The special tokens' texts (tokens marked special, the tokenizer's special tokens, the stop tokens),
         their partial forms, and their ids: what content text must never turn into."""
         tok = self.tokenizer
-        found = {
-            str(getattr(t, "content", ""))
-            for t in getattr(tok, "added_tokens_decoder", {}).values()
-            if getattr(t, "special", False)
-        }
-        found.update(str(t) for t in (getattr(tok, "all_special_tokens", None) or []))
+        found = set(tokenizer_special_texts(tok))
         for i in self.stop_ids:
             with contextlib.suppress(Exception):
                 found.add(str(tok.convert_ids_to_tokens(i)))

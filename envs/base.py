@@ -149,12 +149,21 @@ def cap_messages(
     out: list[dict[str, Any]] = []
     cuts: list[dict[str, int]] = []
     for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if limit and isinstance(content, str) and len(content) > limit and message.get("role") != "system":
-            cuts.append({"index": i, "chars": len(content)})
-            message = {**message, "content": cap_text(content, limit)}
+        if isinstance(message, dict) and (
+            capped := _capped(message.get("role"), message.get("content"), limit)
+        ):
+            cuts.append({"index": i, "chars": len(message["content"])})
+            message = {**message, "content": capped}
         out.append(message)
     return out, cuts
+
+
+def _capped(role: Any, content: Any, limit: int | None) -> str | None:
+    """``content`` cut by ``cap_text`` when it is text over ``limit`` in a message that is not the system
+    prompt (that one is the env's own, never cut); None when nothing is to be cut."""
+    if limit and isinstance(content, str) and len(content) > limit and role != "system":
+        return cap_text(content, limit)
+    return None
 
 
 def _not_run(call: ToolCall, cap: int) -> Message:
@@ -446,10 +455,9 @@ class ToolEnv(gym.Env[list[dict[str, Any]], Any]):
         limit = self.max_observation_chars
         for i, message in enumerate(messages):
             message = _valid_text(message)
-            content = message.content
-            if limit and isinstance(content, str) and len(content) > limit and message.role != "system":
-                cuts.append({"index": i, "chars": len(content)})
-                message = message.model_copy(update={"content": cap_text(content, limit)})
+            if capped := _capped(message.role, message.content, limit):
+                cuts.append({"index": i, "chars": len(message.content)})  # type: ignore[arg-type]  # (text: capped)
+                message = message.model_copy(update={"content": capped})
             out.append(message)
         return out, cuts
 

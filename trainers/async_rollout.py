@@ -423,10 +423,7 @@ def actor_policy(
         HFPolicy(actor, policy.tokenizer, batch_size=256, reuse_kv=device.type == "cpu"),
         budget=kv_budget,
     )
-    runner = getattr(getattr(policy, "engine", None), "runner", None)
-    if runner is not None:  # the evaluations' (greedy) graphs now; none captured while the worker decodes
-        precapture(policy, cfg, temperature=0.0)
-        runner.capture_new = False
+    precapture(policy, cfg, temperature=0.0)  # the learner's engine runs the (greedy) evaluations
     return ActorWeights(policy.model, actor, version), rollout
 
 
@@ -439,20 +436,21 @@ def rollout_engine(cfg: Any, hf: Any, quiet: bool = True, budget: int | None = N
         quiet=quiet, memory=cfg.engine_memory, budget=budget,
     )  # fmt: skip
     precapture(rollout, cfg)
-    runner = getattr(getattr(rollout, "engine", None), "runner", None)
-    if runner is not None:  # a mode not captured now (another temperature) decodes eager, never captures
-        runner.capture_new = False
     return rollout
 
 
 def precapture(policy: Any, cfg: Any, temperature: float | None = None) -> int:
     """Captures the CUDA graph of every decode bucket of `policy`'s engine for the training sampling mode (or
     that mode at `temperature`: 0.0 for the greedy evaluations), now, before the worker starts: a capture
-    later, while the other thread's kernels run, would fail (work on the legacy stream during a capture).
-    Returns the graphs captured."""
+    later, while the other thread's kernels run, would fail (work on the legacy stream during a capture), so
+    the engine never captures after this (``capture_new`` off: a mode not captured now, another temperature,
+    decodes eager). Returns the graphs captured."""
     engine = getattr(policy, "engine", None)
     runner = getattr(engine, "runner", None)
-    if runner is None or not runner.cuda_graphs:
+    if runner is None:
+        return 0
+    runner.capture_new = False
+    if not runner.cuda_graphs:
         return 0
     from toolgym.agents.engine.engine_policy import mode_of
     from toolgym.trainers.rollout import _sampling

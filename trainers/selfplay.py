@@ -78,6 +78,7 @@ from toolgym.agents.episode_loop import (
 from toolgym.agents.policy import Generation, SamplingParams
 from toolgym.envs.multiagent.selfplay import SelfPlayTable
 from toolgym.errors import ConfigError
+from toolgym.trainers.gpu_memory import free_bytes as _free_bytes  # (tests set the free memory here)
 from toolgym.trainers.rollout import RolloutConfig, RolloutStats, RolloutTask
 from toolgym.trainers.tree import RolloutTree
 
@@ -140,15 +141,6 @@ def learner_engine_memory(options: dict[str, Any] | None, engine: str, memory: f
     return memory * cfg.learner_seats / (cfg.learner_seats + cfg.frozen_seats)
 
 
-def _free_bytes(device: Any) -> int | None:
-    """Free memory of a CUDA device (None elsewhere: a CPU engine's cache is not budgeted)."""
-    if getattr(device, "type", "cpu") != "cuda":
-        return None
-    import torch
-
-    return int(torch.cuda.mem_get_info(device)[0])
-
-
 def _frozen_slots(
     slots: int, capacity: int, per_token: int, learner_bytes: int, free: int | None, memory: float,
     budget: int | None = None,
@@ -160,19 +152,18 @@ def _frozen_slots(
     sequence of ``capacity`` tokens fits in what the learner's cache left. ``budget``: the frozen engine's
     KV-cache bytes in the run's memory estimate (``gpu_memory.memory_plan``, which counts the frozen weights
     and their packed copy), used instead of ``free`` and ``memory``."""
-    per_slot = capacity * per_token
-    gb = 1e9
     if budget is not None:
-        fit = budget // per_slot - 1
-        if fit < 1:
-            raise ConfigError(
-                f"selfplay: the frozen seats' engine gets {budget / gb:.2f} GB of KV cache in the run's memory "
-                f"estimate, and one sequence of {capacity} tokens (+ a scratch slot) needs {2 * per_slot / gb:.2f} "
-                "GB; raise engine_memory, lower max_total_tokens, or play without frozen_seats"
-            )
+        from toolgym.agents.engine.select import budget_slots
+
+        fit = budget_slots(
+            budget, capacity, per_token, "selfplay: the frozen seats' engine gets",
+            "raise engine_memory, lower max_total_tokens, or play without frozen_seats",
+        )  # fmt: skip
         return min(slots, fit)
     if free is None:
         return slots
+    per_slot = capacity * per_token
+    gb = 1e9
     left = int(memory * (free + learner_bytes)) - learner_bytes
     fit = left // per_slot - 1
     if fit < 1:

@@ -24,6 +24,20 @@ def check_memory(memory: float) -> None:
         raise ConfigError(f"engine_memory must be in (0, 0.9], got {memory}")
 
 
+def budget_slots(budget: int, capacity: int, bytes_per_token: int, who: str, fix: str) -> int:
+    """How many sequences of ``capacity`` tokens a KV cache of ``budget`` bytes holds (its part of the run's
+    memory estimate) beside its scratch slot (kv_slots.py); a ``ConfigError`` (``who`` gets …: ``fix``) when
+    not one."""
+    per_slot = max(1, capacity * bytes_per_token)
+    fit = budget // per_slot - 1
+    if fit < 1:
+        raise ConfigError(
+            f"{who} {budget / 1e9:.2f} GB of KV cache in the run's memory estimate, and one sequence of {capacity} "
+            f"tokens (+ a scratch slot) needs {2 * per_slot / 1e9:.2f} GB: {fix}"
+        )
+    return fit
+
+
 def slots_for(
     rows: int, capacity: int, shape_bytes_per_token: int, device: Any, memory: float = 1 / 3,
     budget: int | None = None,
@@ -33,15 +47,11 @@ def slots_for(
     device; a ``ConfigError`` when not one sequence and the cache's scratch slot fit)."""
     want = max(16, min(512, 2 * rows))
     if budget is not None:
-        per_slot = max(1, capacity * shape_bytes_per_token)
-        fit = budget // per_slot - 1  # (a cache holds one scratch slot beyond its slots: kv_slots.py)
-        if fit < 1:
-            raise ConfigError(
-                f"the fast engine's KV cache gets {budget / 1e9:.2f} GB of the run's memory estimate, and one "
-                f"sequence of {capacity} tokens (+ a scratch slot) needs {2 * per_slot / 1e9:.2f} GB: raise "
-                "engine_memory, lower max_total_tokens + max_new_tokens, or drop a weight copy (the estimate's "
-                "line on stderr lists them)"
-            )
+        fit = budget_slots(
+            budget, capacity, shape_bytes_per_token, "the fast engine's KV cache gets",
+            "raise engine_memory, lower max_total_tokens + max_new_tokens, or drop a weight copy (the estimate's "
+            "line on stderr lists them)",
+        )  # fmt: skip
         return min(want, fit)
     if getattr(device, "type", "cpu") != "cuda":
         return want

@@ -273,8 +273,8 @@ class RemoteEnv(ToolEnv):
             raise EpisodeOverError("the episode is over (or never started): call reset() before step()")
         self._turn += 1
         action = _wire(action)  # what the server gets, and the transcript records
-        if self._text_actions and isinstance(action, dict) and _as_text(action) is not None:
-            action = _as_text(action)
+        if self._text_actions and isinstance(action, dict) and (as_text := _as_text(action)) is not None:
+            action = as_text
         try:
             reply = self._request({"type": "step", "data": {self.action_key: action}})
             text = _as_text(action) if isinstance(action, dict) else None

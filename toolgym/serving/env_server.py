@@ -55,7 +55,7 @@ from toolgym.serving.protocol import (
     error_message,
     jsonable,
 )
-from toolgym.special_text import SpecialText, SpecialTextEscaper, escaper_for
+from toolgym.special_text import SpecialText, SpecialTextEscaper, escaper_for, outgoing
 
 require("fastapi")  # first: a missing package says which extra brings it
 # at module level: FastAPI reads the handlers' annotations (strings here) from these globals
@@ -240,8 +240,7 @@ def _outgoing(session: Session, obs: Any) -> Any:
     """The observation's messages as the client gets them: the client's trainer renders and tokenizes them
     with special tokens on, so special-token text in them (a web page, a file, an echoed reply) is escaped
     (toolgym.special_text), unless the server keeps it (``special_text="keep"``)."""
-    messages = jsonable(obs)
-    return session.escaper(messages) if session.escaper is not None else messages
+    return outgoing(jsonable(obs), session.escaper)
 
 
 def _do_step(session: Session, data: StepData) -> dict[str, Any]:
