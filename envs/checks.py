@@ -67,6 +67,29 @@ def _gym_check_env(env_id: str) -> None:
         env.close()
 
 
+# An episode that ended in an infrastructure error (``info["infra_error"]``: a sandbox that did not start under
+# load, a host out of memory) says nothing of the property a check is about (determinism, forks, the expert):
+# it is played again, up to this many times in all, with a warning; one that never ends cleanly fails the check
+# naming the error, never as a difference of the env's
+TRIES = 3
+
+
+def _infra(infos: list[dict[str, Any]]) -> str | None:
+    return next((str(i["infra_error"]) for i in infos if i.get("infra_error")), None)
+
+
+def _retried(env_id: str, what: str, play: Any) -> Any:
+    """``play()`` (a result and the infos of its steps) until no step had an infrastructure error."""
+    error = None
+    for _ in range(TRIES):
+        result, infos = play()
+        error = _infra(infos)
+        if error is None:
+            return result
+        warnings.warn(f"{env_id}: {what}: an infrastructure error, played again: {error:.300}", stacklevel=2)
+    raise AssertionError(f"{what}: an infrastructure error in each of {TRIES} tries: {error:.500}")
+
+
 def _replay(env: Any, seed: int, actions: list[Any]) -> tuple[Any, list[Any]]:
     env.reset(seed=seed)
     steps = []
@@ -76,6 +99,14 @@ def _replay(env: Any, seed: int, actions: list[Any]) -> tuple[Any, list[Any]]:
         if step[2] or step[3]:
             break
     return tool_env(env).transcript, steps
+
+
+def _clean_replay(env_id: str, env: Any, seed: int, actions: list[Any]) -> tuple[Any, list[Any]]:
+    def play() -> tuple[tuple[Any, list[Any]], list[dict[str, Any]]]:
+        got = _replay(env, seed, actions)
+        return got, [step[4] for step in got[1]]
+
+    return _retried(env_id, f"seed {seed}", play)
 
 
 # a turn that is no action in the tool formats (a command in the command format): forks are checked after it
@@ -98,17 +129,43 @@ def _play_expert(env: Any, seed: int, opening: tuple[str, ...] = ()) -> tuple[li
     return actions, info
 
 
+def _clean_expert(
+    env_id: str, env: Any, seed: int, opening: tuple[str, ...] = ()
+) -> tuple[list[str], dict[str, Any]]:
+    """``_play_expert`` played again while it ends in an infrastructure error (``TRIES``)."""
+
+    def play() -> tuple[tuple[list[str], dict[str, Any]], list[dict[str, Any]]]:
+        got = _play_expert(env, seed, opening)
+        return got, [got[1]]
+
+    return _retried(env_id, f"the expert's episode of seed {seed}", play)
+
+
+def _first_difference(first: tuple[Any, list[Any]], second: tuple[Any, list[Any]]) -> str:
+    """Where two replays part (the first differing step, else transcript message), both sides cut: what a
+    report needs to tell a flaky tool from a seed that does not fix the task."""
+    for label, a, b in (("step", first[1], second[1]), ("transcript message", first[0], second[0])):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            if x != y:
+                return f"{label} {i}: {x!r:.400} != {y!r:.400}"
+        if len(a) != len(b):
+            return f"{label}s: {len(a)} != {len(b)}"
+    return "?"
+
+
 def _determinism(env_id: str, seeds: int = 5) -> None:
     env = gym.make(env_id)
     try:
         if not getattr(tool_env(env), "deterministic", True):
             return  # declared in its card (a page on the wall clock): nothing to replay
         for seed in range(seeds):
-            actions, _ = _play_expert(env, seed)
-            first = _replay(env, seed, actions)
-            second = _replay(env, seed, actions)
+            actions, _ = _clean_expert(env_id, env, seed)
+            first = _clean_replay(env_id, env, seed, actions)
+            second = _clean_replay(env_id, env, seed, actions)
             if first != second:
-                raise AssertionError(f"seed {seed}: two runs of the same actions differ")
+                raise AssertionError(
+                    f"seed {seed}: two runs of the same actions differ: {_first_difference(first, second)}"
+                )
         a = env.reset(seed=1)[0]
         b = env.reset(seed=2)[0]
         c = env.reset(seed=1)[0]
@@ -169,29 +226,41 @@ def _fork(env_id: str, seeds: int = 3, cuts: int = 5) -> None:
         if not tool_env(original).supports_fork:
             return
         for seed in range(seeds):
-            actions, _ = _play_expert(original, 2000 + seed, (FORK_OPENING,))
+            actions, _ = _clean_expert(env_id, original, 2000 + seed, (FORK_OPENING,))
             n = len(actions)
             chosen = sorted(
                 {0, 1, *np.linspace(0, n - 1, num=max(cuts - 2, 1), dtype=int).tolist()} & set(range(n))
             )
             for cut in chosen:
-                original.reset(seed=2000 + seed)
-                for action in actions[:cut]:
-                    original.step(action)
-                state = tool_env(original).get_state()
-                copy_env.reset(seed=9999)  # a different episode first: leftovers must not survive set_state
-                tool_env(copy_env).set_state(state)
-                for action in actions[cut:]:
-                    a, b = original.step(action), copy_env.step(action)
-                    if a != b:
-                        raise AssertionError(
-                            f"seed {seed}: a fork at turn {cut} diverged at action {action!r:.80}"
-                        )
-                if tool_env(original).transcript != tool_env(copy_env).transcript:
-                    raise AssertionError(f"seed {seed}: a fork at turn {cut} ended with another transcript")
+                at = (original, copy_env, 2000 + seed, actions, cut)
+                problem = _retried(env_id, f"seed {seed}, a fork at turn {cut}", lambda at=at: _fork_at(*at))
+                if problem is not None:
+                    raise AssertionError(f"seed {seed}: a fork at turn {cut} {problem}")
     finally:
         original.close()
         copy_env.close()
+
+
+def _fork_at(
+    original: Any, copy_env: Any, seed: int, actions: list[str], cut: int
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """The episode of ``seed`` forked into ``copy_env`` after ``actions[:cut]``, both sides played to the end:
+    the first difference (None: none), and every step's info."""
+    infos: list[dict[str, Any]] = []
+    original.reset(seed=seed)
+    for action in actions[:cut]:
+        infos.append(original.step(action)[4])
+    state = tool_env(original).get_state()
+    copy_env.reset(seed=9999)  # a different episode first: leftovers must not survive set_state
+    tool_env(copy_env).set_state(state)
+    for action in actions[cut:]:
+        a, b = original.step(action), copy_env.step(action)
+        infos += [a[4], b[4]]
+        if a != b:
+            return f"diverged at action {action!r:.80}: {a!r:.300} != {b!r:.300}", infos
+    if tool_env(original).transcript != tool_env(copy_env).transcript:
+        return "ended with another transcript", infos
+    return None, infos
 
 
 def expert_success_rate(
@@ -202,7 +271,13 @@ def expert_success_rate(
     wins = 0
     try:
         for seed in range(episodes):
-            _, info = _play_expert(env, 1000 + seed)
+            for _ in range(TRIES):  # (an infrastructure error each time: a lost episode, described below)
+                _, info = _play_expert(env, 1000 + seed)
+                if not info.get("infra_error"):
+                    break
+                warnings.warn(
+                    f"{env_id}: seed {1000 + seed}: an infrastructure error, played again", stacklevel=2
+                )
             wins += bool(info.get("success"))
             if not info.get("success") and failures is not None:  # what a flake needs to diagnose itself
                 keys = ("task_name", "truncation", "infra_error", "reward_components", "verifier_output")
