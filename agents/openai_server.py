@@ -31,6 +31,10 @@ with an OpenAI-style ``{"error": {"message", "type", "param"}}`` (never FastAPI'
   completing a stop string) is part of ``token_ids``; the text stops before a stop string unless
   ``include_stop_str_in_output``. ``ignore_eos`` is accepted but the end-of-turn token still ends a reply.
 
+- **Weight updates** (``weight_updates=True``, ``toolgym serve --weight-updates``): vLLM's dev endpoints that a
+  trainer's ``weight_sync: disk`` calls (``/pause``, ``/collective_rpc`` ``reload_weights``,
+  ``/reset_prefix_cache``, ``/resume``); off, they are 404. See agents/openai_weights.py.
+
 Requests arriving together are answered by one batched generation (a worker thread collects them for
 ``batch_window_s``), so concurrent clients share the model.
 
@@ -60,6 +64,7 @@ from typing import Any
 from toolgym.agents.openai_schema import ChatCompletionRequest, CompletionRequest
 from toolgym.agents.openai_stream import live_events, stream_events, usage_block
 from toolgym.agents.openai_tokens import TOOL_CALL, TokenBytes, stop_at, token_text
+from toolgym.agents.openai_weights import PAUSE_MODES, CollectiveRpc, PauseGate, WeightUpdates
 from toolgym.agents.policy import AssistantTurn, Policy, SamplingParams, TokenPolicy, context_of
 from toolgym.errors import ConfigError, InfrastructureError
 from toolgym.optional import require
@@ -129,6 +134,7 @@ class PolicyServer(AppServer):
         max_tokens_limit: int = 2**20,
         strict_model: bool = False,
         limits: Limits | None = None,
+        weight_updates: bool = False,
     ) -> None:
         if max_tokens_limit < 1 or max_batch < 1 or max_choices < 1:
             raise ConfigError("max_tokens_limit, max_batch and max_choices must be >= 1")
@@ -147,6 +153,9 @@ class PolicyServer(AppServer):
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self.gate = PauseGate()  # /pause and weight loads hold the batcher off between batches
+        # vLLM's dev endpoints (/pause, /resume, /collective_rpc reload_weights, /reset_prefix_cache): off, 404
+        self.weights = WeightUpdates(policy, self.gate) if weight_updates else None
         self._worker = threading.Thread(target=self._work, name="toolgym-serve-batcher", daemon=True)
         self._renderer = getattr(policy, "renderer", None) if isinstance(policy, TokenPolicy) else None
         tok = getattr(self._renderer, "tokenizer", None)
@@ -188,6 +197,7 @@ class PolicyServer(AppServer):
         self.closed = True
         super().close()
         self._jobs.put(None)
+        self.gate.close()
 
     def __enter__(self) -> PolicyServer:
         return self.start()
@@ -258,31 +268,44 @@ class PolicyServer(AppServer):
                     self._jobs.put(None)
                     break
                 batch.append(more)
-            # a job whose caller went away (its future cancelled) is not generated; the others are marked
-            # running, so a cancel from now on cannot make set_result raise here (that would end this thread)
-            batch = [j for j in batch if j.future.set_running_or_notify_cancel()]
-            by_sampling: dict[SamplingParams, list[_Job]] = {}
-            for j in batch:
-                by_sampling.setdefault(j.sampling, []).append(j)
-            for sampling, jobs in by_sampling.items():
-                try:
-                    replies: list[_Reply | Exception] = self._isolated(jobs, sampling)
-                except BaseException as exc:  # (SystemExit, KeyboardInterrupt) ends the batcher: answer first
-                    for j in batch:
-                        if not j.future.done():
-                            j.future.set_exception(
-                                ServerClosed(f"the policy stopped the server ({type(exc).__name__})")
-                            )
-                            if j.sink is not None:
-                                j.sink.push(j.choice, None)
-                    return  # (no re-raise: in a thread it would only print; _work refuses what follows)
-                for j, reply in zip(jobs, replies, strict=True):
-                    if isinstance(reply, Exception):
-                        j.future.set_exception(reply)
-                    else:
-                        j.future.set_result(reply)
-                    if j.sink is not None:
-                        j.sink.push(j.choice, None)
+            if not self.gate.enter():  # paused (a weight update): the batch waits for /resume, kept
+                for j in batch:  # closing while paused: _work answers them as shut down
+                    self._jobs.put(j)
+                return
+            try:
+                if not self._run(batch):
+                    return
+            finally:
+                self.gate.leave()
+
+    def _run(self, batch: list[_Job]) -> bool:
+        """Generates and answers one batch; False when the policy stopped the server (the batcher ends)."""
+        # a job whose caller went away (its future cancelled) is not generated; the others are marked
+        # running, so a cancel from now on cannot make set_result raise here (that would end this thread)
+        batch = [j for j in batch if j.future.set_running_or_notify_cancel()]
+        by_sampling: dict[SamplingParams, list[_Job]] = {}
+        for j in batch:
+            by_sampling.setdefault(j.sampling, []).append(j)
+        for sampling, jobs in by_sampling.items():
+            try:
+                replies: list[_Reply | Exception] = self._isolated(jobs, sampling)
+            except BaseException as exc:  # (SystemExit, KeyboardInterrupt) ends the batcher: answer first
+                for j in batch:
+                    if not j.future.done():
+                        j.future.set_exception(
+                            ServerClosed(f"the policy stopped the server ({type(exc).__name__})")
+                        )
+                        if j.sink is not None:
+                            j.sink.push(j.choice, None)
+                return False  # (no re-raise: in a thread it would only print; _work refuses what follows)
+            for j, reply in zip(jobs, replies, strict=True):
+                if isinstance(reply, Exception):
+                    j.future.set_exception(reply)
+                else:
+                    j.future.set_result(reply)
+                if j.sink is not None:
+                    j.sink.push(j.choice, None)
+        return True
 
     def _isolated(self, jobs: list[_Job], sampling: SamplingParams) -> list[_Reply | Exception]:
         """Each job's reply. When the batch fails, each job is answered alone, so one client's request that
@@ -579,6 +602,38 @@ def build_app(server: PolicyServer) -> Any:
         if server.context is not None:  # (vLLM's field: a rollout client checks its prompts fit)
             model["max_model_len"] = server.context
         return {"object": "list", "data": [model]}
+
+    if server.weights is not None:  # vLLM's dev-mode routes (agents/openai_weights.py), at the root as there
+        updates = server.weights
+
+        @app.post("/pause")
+        async def pause(mode: str = "keep") -> Any:
+            if mode not in PAUSE_MODES:
+                return _error(400, f"pause mode {mode!r} is not supported; supported: {', '.join(PAUSE_MODES)}",
+                              "invalid_request_error", "mode")  # fmt: skip
+            await asyncio.to_thread(server.gate.pause)  # (returns once the running batch has ended)
+            return {"status": "paused"}
+
+        @app.post("/resume")
+        async def resume() -> dict[str, str]:
+            server.gate.resume()
+            return {"status": "resumed"}
+
+        @app.get("/is_paused")
+        async def is_paused() -> dict[str, bool]:
+            return {"is_paused": server.gate.paused}
+
+        @app.post("/collective_rpc", response_model=None)
+        async def collective_rpc(rpc: CollectiveRpc) -> Any:
+            try:
+                return await asyncio.to_thread(updates.call, rpc)
+            except Exception as exc:  # a wrong file or method: 400, the model unchanged
+                return _failure(exc)
+
+        @app.post("/reset_prefix_cache", response_model=None)
+        async def reset_prefix_cache(reset_running_requests: bool = False) -> Any:
+            # (between batches: nothing runs while the cache is dropped, so running requests need no reset)
+            return await asyncio.to_thread(updates.reset_prefix_cache)
 
     @app.post("/v1/completions", response_model=None)
     @app.post("/completions", response_model=None)

@@ -70,6 +70,12 @@ def register(subparsers: Any) -> None:
         "--max-tokens-limit", type=int, default=2**20,
         help="largest max_tokens a request may ask when the policy's context length is unknown",
     )  # fmt: skip
+    p.add_argument(
+        "--weight-updates", action="store_true",
+        help="let a trainer replace the served weights (engine: vllm with weight_sync: disk; vLLM's /pause, "
+        "/collective_rpc reload_weights, /reset_prefix_cache, /resume). Anyone who can reach the port can then "
+        "do so: keep the server on a private network",
+    )  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 
@@ -218,17 +224,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(
             "the scripted agent needs the env itself, so it cannot be served: use hf:… or openai:…"
         )
+    if args.weight_updates and getattr(policy, "model", None) is None:
+        from toolgym.errors import ConfigError
+
+        raise ConfigError("--weight-updates needs a local model to load weights into: use hf:…")
     from toolgym.serving.base import Limits
 
     server = PolicyServer(
         policy, host=args.host, port=args.port, model_name=args.model_name, max_batch=args.max_batch,
         threads=args.threads, strict_model=args.strict_model, max_tokens_limit=args.max_tokens_limit,
         limits=Limits(max_body_bytes=max(1, int(args.max_body_mb * 2**20))),
+        weight_updates=args.weight_updates,
     )  # fmt: skip
     print(
         f"serving {policy.name} at {server.url} (POST /chat/completions, /completions); Ctrl-C stops",
         flush=True,
     )
+    if args.weight_updates:
+        print(
+            "weight updates on (/pause, /collective_rpc, /reset_prefix_cache, /resume): anyone who can reach "
+            "this port can replace the weights; keep it on a private network",
+            flush=True,
+        )
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
     return 0
