@@ -244,6 +244,7 @@ class ServerBackend:
             raise ConfigError("rollout_servers is empty: give at least one URL")
         self.urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
         self.model = model
+        self.workers, self.timeout = workers, timeout  # (a twin backend is made with the same: ``twin``)
         self.client = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=workers))
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="rollout-server")
         self.futures: dict[Future[Completed], str] = {}
@@ -266,6 +267,20 @@ class ServerBackend:
         self.finished: list[tuple[str, Completed]] = []  # ended, not yet returned (a poll that raised)
         self.track_weights = False  # set when the trainer pushes weights to the servers (nccl, disk)
         self.stale = [False] * len(self.urls)  # unreachable since the last push: may have restarted
+
+    def twin(self) -> ServerBackend:
+        """A backend over the same servers with requests, routes, health and thread pool of its own: two
+        threads' rollouts (an asynchronous run's worker and the learner's evaluations) never take each other's
+        answers, and a weight push's control requests never queue behind a pool full of paused turns."""
+        out = ServerBackend(
+            self.urls,
+            model=self.model,
+            workers=self.workers,
+            timeout=self.timeout,
+            cooldown_s=self.cooldown_s,
+        )
+        out.vocab, out.track_weights = self.vocab, self.track_weights
+        return out
 
     def is_down(self, server: int) -> bool:
         return time.monotonic() < self.down_until[server] or self.stale[server]
@@ -908,6 +923,21 @@ class VLLMPolicy(RenderedTokenPolicy):
     @property
     def renderer(self) -> ChatRenderer:
         return self._renderer
+
+    def twin(self) -> VLLMPolicy:
+        """A policy over the same servers with a backend of its own (``ServerBackend.twin``) and no weight push:
+        an asynchronous run's rollout worker samples with it while this one evaluates and pushes the weights
+        (trainers/async_servers.py)."""
+        if not isinstance(self.backend, ServerBackend):
+            raise ConfigError(
+                "a twin policy needs rollout servers (a colocated vLLM is one engine in this process)"
+            )
+        r = self._renderer
+        return VLLMPolicy(
+            self.model, self.tokenizer, self.backend.twin(), capacity=self.engine.cache.capacity,
+            sampling=self.sampling, tool_role=r.tool_role, chat_template=r.chat_template,
+            seeded=self.engine.seeded, name=self.name,
+        )  # fmt: skip
 
     # ----- weights and memory ------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:

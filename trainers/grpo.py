@@ -52,7 +52,8 @@ from toolgym.errors import ConfigError
 from toolgym.trainers import checkpoint, preemption
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import NodeAdv
-from toolgym.trainers.async_rollout import AsyncRollout, actor_policy, async_metrics
+from toolgym.trainers.async_rollout import ActorWeights, AsyncRollout, actor_policy, async_metrics
+from toolgym.trainers.async_servers import server_policy
 from toolgym.trainers.async_split import Layout, LearnerPipe, serve
 from toolgym.trainers.batch import collate
 from toolgym.trainers.config import GRPO_ESTIMATORS, RunConfig, changed_fields, warn_inert
@@ -144,9 +145,9 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     # fsdp2: the model is sharded, the rollout gets a full copy
     policy, model = dist.hybrid(policy, cfg, device)
     # every weight copy the run makes, the KV caches and the optimizer state in one estimate, checked now
-    plan = memory_plan(
-        cfg, model, device, actor=bool(cfg.max_staleness and layout is None), quiet=not dist.main
-    )
+    # (on vLLM servers the asynchronous worker needs no actor copy: the servers hold the weights)
+    actor = bool(cfg.max_staleness and layout is None and not cfg.rollout_servers)
+    plan = memory_plan(cfg, model, device, actor=actor, quiet=not dist.main)
     policy = choose_engine(  # our decode engine (agents/engine) over the same live weights, or HFPolicy
         policy, cfg.engine, rows=cfg.prompts_per_step // dist.world * cfg.budget * seats_per_copy(cfg),
         capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8, quiet=not dist.main,
@@ -186,11 +187,16 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
     )
     if dist.main:
         (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
-    gate, rollout_policy = None, policy
+    gate: ActorWeights | None = None
+    rollout_policy = policy
     if cfg.max_staleness and layout is None:  # asynchronous, one process: the worker samples an actor copy
         if dist.world > 1:
             raise ConfigError("max_staleness > 0 under torchrun is not supported yet: run on one process")
-        gate, rollout_policy = actor_policy(cfg, policy, device, progress.step, plan.kv("actor"))
+        if cfg.rollout_servers:  # the worker's turns go to the servers (trainers/async_servers.py)
+            gate, rollout_policy = server_policy(policy, progress.step)
+            cleanup.callback(rollout_policy.close)
+        else:
+            gate, rollout_policy = actor_policy(cfg, policy, device, progress.step, plan.kv("actor"))
     if cfg.selfplay and (cfg.max_staleness or layout is not None):
         raise ConfigError("selfplay with max_staleness > 0 is not supported yet: self-play rolls out in step")
     roller: TreeRollout | SelfPlayRollout = (

@@ -349,8 +349,17 @@ class GRPOConfig(LossOptionsConfig):
         # these draw a step's tasks from results of earlier steps, which the worker drawing ahead has not seen
         ahead = [n for n, on in (("refill", self.refill), ("task_pool", self.task_pool), ("curriculum",
                  self.curriculum)) if on]  # fmt: skip
-        if self.engine == "vllm":
-            raise ConfigError("max_staleness > 0 runs on engine fast or hf (vLLM servers: not yet)")
+        if self.engine == "vllm" and not self.rollout_servers:
+            raise ConfigError(
+                "max_staleness > 0 with engine vllm needs rollout_servers: a colocated vLLM is one engine in the "
+                "trainer's process and GPU, asleep during each update (serve it on other GPUs with `vllm serve` "
+                "or `toolgym serve --weight-updates`, or use engine fast)"
+            )
+        if self.engine == "vllm" and self.rollout_ranks:
+            raise ConfigError(
+                "rollout_ranks runs our engine on rollout GPUs of the torchrun job; with vLLM the servers are "
+                "the rollout GPUs: give rollout_servers and max_staleness, with rollout_ranks 0"
+            )
         if ahead:
             raise ConfigError(
                 f"max_staleness > 0 does not support {', '.join(ahead)} yet: they pick a step's tasks from the "

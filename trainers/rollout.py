@@ -544,6 +544,8 @@ class _EngineTurns:
         if version == self.version:
             return
         self.version = version
+        if not getattr(self.gate, "restarts_turns", True):
+            return  # vLLM servers go on with their turns under the new weights (trainers/async_servers.py)
         for sid, (seq, marks) in list(self.marks.items()):
             if seq.state not in ("queued", "active"):
                 continue
