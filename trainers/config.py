@@ -306,6 +306,11 @@ class RunConfig:
         check_memory(self.engine_memory)
         if self.rollout_servers and self.engine != "vllm":
             raise ConfigError("rollout_servers needs engine=vllm")
+        if self.engine == "vllm" and self.lora_r:  # (caught here, not at the first weight push mid-run)
+            raise ConfigError(
+                "engine=vllm cannot load LoRA adapters into vLLM: use lora_r = 0 (every weight trains) or "
+                "another engine"
+            )
         from toolgym.ray_envs import parse_env_workers  # (imports no torch)
 
         parse_env_workers(self.env_workers)

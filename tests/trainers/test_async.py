@@ -165,6 +165,26 @@ def _fake_learner(
     return got, versions, pipe
 
 
+def whole_turns(got: list[Any], pipe: AsyncRollout, steps: int, max_staleness: int) -> list[tuple[Any, ...]]:
+    """(batch, tree, node, version) of every model turn of a worker's batches `got`, each sampled under one
+    version, after the checks every worker test makes: each batch trained once, in order, none lost or
+    repeated, every sample back, the bound kept (and reached: the worker ran ahead of the learner)."""
+    assert pipe.taken == list(range(1, steps + 1))
+    assert [t.seed for b in got for t in b.tasks] == [t.seed for t in next_tasks([SLOW_ENV], 0, 0, 2 * steps)]
+    out = []
+    for b in got:
+        assert len(b.forest) == 2 and all(len(t.leaves()) == 3 for t in b.forest)
+        assert 0 <= staleness(b.forest, b.step)[1] <= max_staleness
+        for tree in b.forest:
+            for n in tree.nodes:
+                if n.kind == "model":
+                    assert n.versions is not None and len(set(n.versions)) == 1
+                    assert b.step - 1 - max_staleness <= n.versions[0] <= b.step - 1
+                    out.append((b, tree, n, n.versions[0]))
+    assert any(staleness(b.forest, b.step)[1] > 0 for b in got)  # the worker did run ahead of the learner
+    return out
+
+
 @pytest.mark.parametrize("max_staleness,per_tree", [(1, False), (3, False), (2, True)])
 def test_worker_loses_no_sample_and_tags_each_token_with_its_version(
     tokenizer: Any, max_staleness: int, per_tree: bool
@@ -173,25 +193,9 @@ def test_worker_loses_no_sample_and_tags_each_token_with_its_version(
     got, versions, pipe = _fake_learner(
         tokenizer, max_staleness=max_staleness, steps=steps, continuous=False, per_tree=per_tree
     )
-    assert pipe.taken == list(range(1, steps + 1))  # each batch trained once, in order
-    seeds = [t.seed for b in got for t in b.tasks]
-    assert seeds == [t.seed for t in next_tasks([SLOW_ENV], 0, 0, 2 * steps)]  # none lost or repeated
-    seen_old = False
-    for b in got:
-        assert len(b.forest) == 2 and all(len(t.leaves()) == 3 for t in b.forest)  # every sample came back
-        _, worst = staleness(b.forest, b.step)
-        assert 0 <= worst <= max_staleness
-        seen_old |= worst > 0
-        for tree in b.forest:
-            for n in tree.nodes:
-                if n.kind != "model":
-                    continue
-                assert n.versions is not None and len(set(n.versions)) == 1  # rounds: a turn, one version
-                v = n.versions[0]
-                assert b.step - 1 - max_staleness <= v <= b.step - 1
-                want = _turn_logprobs(versions[v], tree, n.id)
-                assert n.logprobs == pytest.approx(want, abs=2e-4), (b.step, v)
-    assert seen_old  # the worker did run ahead of the learner
+    for b, tree, n, v in whole_turns(got, pipe, steps, max_staleness):  # rounds: a turn, one version
+        want = _turn_logprobs(versions[v], tree, n.id)
+        assert n.logprobs == pytest.approx(want, abs=2e-4), (b.step, v)
     if per_tree:  # some batch's trees started while the batch before it still grew
         assert sum(b.early for b in got) > 0
 

@@ -17,13 +17,14 @@ import gymnasium as gym
 import pytest
 import torch
 
+from tests.agents.test_serve_weight_updates import rounded
 from tests.trainers.conftest import register_fake_env, tiny_model
-from tests.trainers.test_async import SLOW_ENV, SlowVowelEnv, _turn_logprobs
+from tests.trainers.test_async import SLOW_ENV, SlowVowelEnv, _turn_logprobs, whole_turns
 from tests.trainers.test_train import SMALL, records
 from toolgym.agents.hf import HFPolicy
 from toolgym.agents.vllm_policy import DiskSync, ServerBackend, VLLMPolicy
 from toolgym.errors import ConfigError
-from toolgym.trainers.async_rollout import AsyncRollout, staleness
+from toolgym.trainers.async_rollout import AsyncRollout
 from toolgym.trainers.async_servers import ServerWeights
 from toolgym.trainers.episodes import next_tasks
 from toolgym.trainers.grpo import GRPOConfig
@@ -46,15 +47,6 @@ def _server(model: Any, tokenizer: Any, weight_updates: bool = True) -> Any:
     return PolicyServer(
         HFPolicy(model, tokenizer, reuse_kv=True), port=0, weight_updates=weight_updates
     ).start()
-
-
-def _bf16(model: Any) -> Any:
-    """``model`` as the servers hold it after a disk push (bf16 weights, loaded into fp32)."""
-    out = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.copy_(p.to(torch.bfloat16).to(p.dtype))
-    return out
 
 
 def test_async_on_vllm_needs_servers_and_no_rollout_ranks() -> None:
@@ -98,7 +90,7 @@ def test_worker_on_servers_loses_no_sample_and_each_turn_is_no_older_than_its_ta
     steps, max_staleness = 5, 1
     rollout = policy.twin()
     gate = ServerWeights(policy, rollout, 0)
-    versions = {0: _bf16(learner)}
+    versions = {0: rounded(learner)}
     assert all(torch.equal(a, b) for a, b in zip(held.parameters(), versions[0].parameters(), strict=True))
     cfg = RolloutConfig(budget=3, max_new_tokens=6, max_total_tokens=256)
     roller = TreeRollout(rollout, cfg=cfg, gate=gate, env_workers=4)
@@ -115,34 +107,20 @@ def test_worker_on_servers_loses_no_sample_and_each_turn_is_no_older_than_its_ta
             with torch.no_grad():
                 for p in learner.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
-            versions[step] = _bf16(learner)
+            versions[step] = rounded(learner)
             pipe.publish(step)
     finally:
         pipe.close()
         roller.close()
         rollout.close()
-    assert pipe.taken == list(range(1, steps + 1))
-    assert [t.seed for b in got for t in b.tasks] == [t.seed for t in next_tasks([SLOW_ENV], 0, 0, 2 * steps)]
-    seen_old = False
-    for b in got:
-        assert len(b.forest) == 2 and all(len(t.leaves()) == 3 for t in b.forest)
-        worst = staleness(b.forest, b.step)[1]
-        assert 0 <= worst <= max_staleness
-        seen_old |= worst > 0
-        for tree in b.forest:
-            for n in tree.nodes:
-                if n.kind != "model":
-                    continue
-                assert n.versions is not None and len(set(n.versions)) == 1
-                tag = n.versions[0]
-                assert b.step - 1 - max_staleness <= tag <= b.step - 1
-                # (the version that sampled it: the tag or one published later, before the batch was taken)
-                fits = [
-                    v for v in range(tag, b.step)
-                    if _turn_logprobs(versions[v], tree, n.id) == pytest.approx(n.logprobs, abs=2e-4)
-                ]  # fmt: skip
-                assert fits, (b.step, tag)
-    assert seen_old  # the worker did run ahead of the learner
+    for b, tree, n, tag in whole_turns(got, pipe, steps, max_staleness):
+        # the version that sampled it: the tag or one published later, before the batch was taken
+        fits = [
+            v
+            for v in range(tag, b.step)
+            if _turn_logprobs(versions[v], tree, n.id) == pytest.approx(n.logprobs, abs=2e-4)
+        ]
+        assert fits, (b.step, tag)
     # the server ends on the last published weights
     for a, b in zip(held.parameters(), versions[steps].parameters(), strict=True):
         assert torch.equal(a, b)
@@ -169,6 +147,6 @@ def test_grpo_async_on_a_toolgym_serve_rollout_server(tokenizer: Any, tmp_path: 
     assert all(0 <= r["rollout/staleness_max"] <= 2 for r in rows)
     assert rows[0]["rollout/staleness_max"] == 0
     assert any(k.startswith("eval/") for k in metrics)  # (evaluated on the server too)
-    for a, b in zip(held.parameters(), _bf16(model).parameters(), strict=True):
+    for a, b in zip(held.parameters(), rounded(model).parameters(), strict=True):
         assert torch.equal(a, b)
     assert not [t for t in threading.enumerate() if t.name == "async-rollout"]

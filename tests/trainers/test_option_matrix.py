@@ -17,9 +17,11 @@ step 2 must equal the uninterrupted one (metrics and weights; `exact` says where
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -136,7 +138,11 @@ IS: dict[str, dict[str, Any]] = {
     "token-mask": {"is_mode": "token_mask"},
     "none+ent": {"is_mode": "none", "entropy_coef": 0.01},
 }
-ENGINE: dict[str, dict[str, Any]] = {"hf": {"engine": "hf"}, "ours": {"engine": "fast"}}
+# servers: engine=vllm with rollout servers, here `toolgym serve --weight-updates` over a copy of the run's model
+# (`rollout_server`), the weights pushed after each update by disk
+ENGINE: dict[str, dict[str, Any]] = {
+    "hf": {"engine": "hf"}, "ours": {"engine": "fast"}, "servers": {"engine": "vllm", "weight_sync": "disk"},
+}  # fmt: skip
 
 GRPO_FACTORS: Factors = {
     "estimator": {e: {"estimator": e} for e in (
@@ -239,6 +245,7 @@ PPO_FACTORS: Factors = {
 # pairs the config refuses at construction: (factor, value) x (factor, value) -> words its message must hold
 ASYNC = ("stale2-batch", "stale2-tree")
 GRPO_REFUSED: dict[Pair, tuple[str, str]] = {
+    pair(("engine", "servers"), ("model", "lora")): ("engine=vllm", "lora_r"),
     **{pair(("async", a), ("replay", "replay+pool")): ("max_staleness", "task_pool") for a in ASYNC},
     **{pair(("async", a), ("curriculum", "on")): ("max_staleness", "curriculum") for a in ASYNC},
     **{pair(("async", a), ("filters", "refill")): ("max_staleness", "refill") for a in ASYNC},
@@ -250,7 +257,10 @@ AT_START: dict[Pair, tuple[str, str]] = {
     pair(("model", "lora"), ("family", "phi3")): ("lora_targets", "qkv_proj"),  # (phi3 fuses q, k and v)
 }
 GRPO_REFUSED |= AT_START
-PPO_REFUSED: dict[Pair, tuple[str, str]] = dict(AT_START)
+PPO_REFUSED: dict[Pair, tuple[str, str]] = {
+    **AT_START,
+    pair(("engine", "servers"), ("model", "lora")): ("engine=vllm", "lora_r"),
+}
 
 GRPO_CASES = pairwise(GRPO_FACTORS, set(GRPO_REFUSED))
 PPO_CASES = pairwise(PPO_FACTORS, set(PPO_REFUSED))
@@ -439,14 +449,21 @@ def run_case(
     initialisation, whose step 2 must equal the uninterrupted one (metrics and weights)."""
     vocab = len(tokenizer)
     opts = {**BASE, "save_every": 1, **opts} if resume else {**BASE, **opts}
+
+    def run(model: Any, out: str, **more: Any) -> dict[str, float]:
+        with rollout_server(opts, model, tokenizer, tmp_path / "weights") as servers:
+            return train(
+                config(steps=2, output_dir=str(tmp_path / out), **opts, **servers, **more), model, tokenizer
+            )
+
     straight = tiny_family(family, vocab)
-    metrics = train(config(steps=2, output_dir=str(tmp_path / "a"), **opts), straight, tokenizer)
+    metrics = run(straight, "a")
     if not resume:
         return tmp_path / "a", metrics
     with dies_after_save(monkeypatch, step=1):
-        train(config(steps=2, output_dir=str(tmp_path / "b"), **opts), tiny_family(family, vocab), tokenizer)
+        run(tiny_family(family, vocab), "b")
     resumed = tiny_family(family, vocab, seed=3)  # everything must come from the checkpoint
-    train(config(steps=2, resume=True, output_dir=str(tmp_path / "b"), **opts), resumed, tokenizer)
+    run(resumed, "b", resume=True)
     a, b = records(tmp_path / "a")[-1], records(tmp_path / "b")[-1]
     assert a["step"] == b["step"] == 2
     timing = ("time/", "rollout/generate_s", "rollout/env_s", "rollout/tokens_per_s")
@@ -459,6 +476,26 @@ def run_case(
     return tmp_path / "b", metrics
 
 
+@contextlib.contextmanager
+def rollout_server(
+    opts: dict[str, Any], model: Any, tokenizer: Any, folder: Path
+) -> Iterator[dict[str, Any]]:
+    """For an engine=vllm case: a `toolgym serve --weight-updates` server over a copy of the run's model (the
+    trainer pushes its weights there: the start ones, then after every update), and the options that point
+    the run at it; nothing for the other engines."""
+    if opts.get("engine") != "vllm":
+        yield {}
+        return
+    from toolgym.agents.hf import HFPolicy
+    from toolgym.agents.openai_server import PolicyServer
+
+    server = PolicyServer(HFPolicy(copy.deepcopy(model), tokenizer), port=0, weight_updates=True).start()
+    try:
+        yield {"rollout_servers": [server.url], "weight_sync_folder": str(folder)}
+    finally:
+        server.close()
+
+
 def exact(opts: dict[str, Any]) -> bool:
     """Whether a resumed run must repeat the uninterrupted one bit for bit. Not asynchronous batches (they
     depend on thread timing), nor continuous rollouts with forks inside turns, on either engine: a fork joins
@@ -466,7 +503,8 @@ def exact(opts: dict[str, Any]) -> bool:
     which batch, so the one sampling generator's draws can go to other rows (seen about 1 run in 8 on CPU
     with our engine, and in CI with hf: case 8; per-sequence sampling seeds would remove it)."""
     forks_in_turns = opts.get("branching") in ("token_entropy", "fixed_segments")
-    return not opts.get("max_staleness") and not forks_in_turns
+    # (rollout servers sample with their own generators: vLLM's runs are seeded once, not per request)
+    return not opts.get("max_staleness") and not forks_in_turns and opts.get("engine") != "vllm"
 
 
 def same(x: Any, y: Any) -> bool:
@@ -508,6 +546,7 @@ def check_run(out: Path, metrics: dict[str, float], calls: list[int]) -> None:
 def check_engine(case: dict[str, str], err: str) -> None:
     """engine=fast is never a silent no-op: the run says it rolls out on our engine."""
     assert ("rollouts use the fast engine" in err) == (case["engine"] == "ours"), err[-2000:]
+    assert ("vLLM server(s), weight sync disk" in err) == (case["engine"] == "servers"), err[-2000:]
 
 
 @pytest.mark.option_matrix
