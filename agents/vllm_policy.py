@@ -36,13 +36,15 @@ is seeded per request (vLLM's per-request generators) only with ``seeded=True``:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -785,21 +787,24 @@ class NcclSync:
         }
         # vLLM 0.26 reloads layer by layer, the layers on the meta device until finish_weight_update: nothing may
         # step meanwhile (a request already sent, or another rank's), so the servers pause, keeping their requests
-        self.backend.post_all("/pause?mode=keep")
-        self.backend.post_all("/start_weight_update")
-        updates = [
-            self.backend.pool.submit(_post, self.backend, url, "/update_weights", {"update_info": info})
-            for url in self.backend.urls
-        ]
-        self.engine.trainer_send_weights(
-            iter(weights),
-            {"group": self.group, "packed": True, "post_iter_func": lambda item: item[1].to(torch.bfloat16)},
-        )
-        for f in updates:
-            f.result()
-        self.backend.post_all("/finish_weight_update")
-        self.backend.reset_prefix_caches()  # (the kept requests are preempted: recomputed under the new weights)
-        self.backend.post_all("/resume")
+        with paused(self.backend):
+            self.backend.post_all("/start_weight_update")
+            updates = [
+                self.backend.pool.submit(_post, self.backend, url, "/update_weights", {"update_info": info})
+                for url in self.backend.urls
+            ]
+            self.engine.trainer_send_weights(
+                iter(weights),
+                {
+                    "group": self.group,
+                    "packed": True,
+                    "post_iter_func": lambda item: item[1].to(torch.bfloat16),
+                },
+            )
+            for f in updates:
+                f.result()
+            self.backend.post_all("/finish_weight_update")
+            self.backend.reset_prefix_caches()  # (kept requests are preempted: recomputed under the new weights)
 
 
 class DiskSync:
@@ -821,10 +826,24 @@ class DiskSync:
         model.config.to_json_file(str(self.folder / "config.json"))
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.folder)}}
         # (a layerwise reload too, as NcclSync's: nothing may step meanwhile)
-        self.backend.post_all("/pause?mode=keep")
-        self.backend.post_all("/collective_rpc", body)
-        self.backend.reset_prefix_caches()
-        self.backend.post_all("/resume")
+        with paused(self.backend):
+            self.backend.post_all("/collective_rpc", body)
+            self.backend.reset_prefix_caches()
+
+
+@contextlib.contextmanager
+def paused(backend: ServerBackend) -> Iterator[None]:
+    """Every server paused (its requests kept) for a weight push, and resumed after it, also when the push
+    fails: a server left paused would hold every later request, this run's and any other client's, forever.
+    A failed push still raises (the servers may hold half-loaded weights: the run cannot go on)."""
+    backend.post_all("/pause?mode=keep")
+    try:
+        yield
+    finally:
+        try:
+            backend.post_all("/resume")
+        except Exception as exc:  # (the push's own error, if any, is the one that propagates)
+            warnings.warn(f"could not resume the rollout servers after a weight push: {exc}", stacklevel=2)
 
 
 class NoSync:

@@ -128,6 +128,22 @@ def test_disk_sync_reaches_an_engine_server(
 
 
 # ----- pause --------------------------------------------------------------------------------------------------
+def test_a_failed_push_leaves_no_server_paused(
+    serve: Any, chatml_tokenizer: Any, make_tiny_model: Any, tmp_path: Path
+) -> None:
+    """A push the server refuses (here: another model's shapes) raises, and the server is resumed all the
+    same: paused, it would hold every later request of any client forever."""
+    from toolgym.errors import InfrastructureError
+
+    served = make_tiny_model(len(chatml_tokenizer), seed=3)
+    server = serve(HFPolicy(served, chatml_tokenizer), weight_updates=True)
+    other = make_tiny_model(len(chatml_tokenizer) + 8, seed=4)  # (another vocabulary: other shapes)
+    with pytest.raises(InfrastructureError, match="does not fit the served model"):
+        push(server, other, tmp_path / "sync")
+    assert not server.gate.paused
+    assert completion(server)  # (answered: the server goes on with its own weights)
+
+
 def test_pause_keeps_requests_until_resume(serve: Any, tiny_policy: Any) -> None:
     server = serve(tiny_policy, weight_updates=True)
     base = root(server)
