@@ -31,8 +31,8 @@ Departures from the papers:
    outcome (verl normalises the shaped reward, so an all-failed group's KL noise became +-1 advantages).
    It is computed after success replay, so a replayed row is shaped as its siblings.
 9. With `max_staleness` > 0 the rollout runs ahead of the learner on a worker thread, from an actor copy of
-   the weights published after each step (trainers/async_rollout.py: versions, admission, partial rollouts);
-   0 is this loop as it always was. With `rollout_ranks` > 0 (torchrun) the last ranks grow the batches and
+   the weights published after each step (trainers/async_rollout.py: versions, admission, partial rollouts;
+   on vLLM servers the servers hold them, trainers/async_servers.py); 0 is this loop as it always was. With `rollout_ranks` > 0 (torchrun) the last ranks grow the batches and
    receive the weights over a process group (trainers/async_split.py).
 """
 
