@@ -2,6 +2,9 @@
 
 - ``scripted``: the env's expert.
 - ``hf:NAME``: a transformers model: ``smollm2-135m`` (embedded), a local folder or a hub id.
+- ``engine:NAME``: the same model on our decode engine (``EnginePolicy``: Llama/Qwen2 shapes, continuous
+  batching, CUDA graphs on a GPU); e.g. ``toolgym serve --agent engine:MODEL --weight-updates`` is a fast
+  rollout server a trainer pushes weights to.
 - ``openai:URL`` or ``openai:URL@MODEL``: an OpenAI-compatible server (``/v1`` is added when missing);
   the model name defaults to the server's first model. The API key comes from ``$OPENAI_API_KEY``.
 """
@@ -14,7 +17,7 @@ from typing import Any
 from toolgym.agents.policy import Policy
 from toolgym.errors import ConfigError
 
-AGENT_HELP = "scripted | hf:smollm2-135m | hf:PATH_OR_HUB_ID | openai:URL[@MODEL]"
+AGENT_HELP = "scripted | hf:smollm2-135m | hf:PATH_OR_HUB_ID | engine:PATH_OR_HUB_ID | openai:URL[@MODEL]"
 
 
 def make_policy(spec: str, **kwargs: Any) -> Policy:
@@ -32,6 +35,10 @@ def make_policy(spec: str, **kwargs: Any) -> Policy:
         from toolgym.agents.hf import HFPolicy
 
         return HFPolicy(rest or "smollm2-135m", **kwargs)
+    if kind == "engine":
+        from toolgym.agents.engine import EnginePolicy
+
+        return EnginePolicy(rest or "smollm2-135m", **kwargs)
     if kind == "openai" and rest:
         from toolgym.agents.openai_client import OpenAIPolicy
 

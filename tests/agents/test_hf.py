@@ -108,6 +108,18 @@ def test_load_from_a_local_folder(tmp_path: Any, tiny_policy: HFPolicy) -> None:
     assert policy.generate([[5, 6]], sp)[0].token_ids == tiny_policy.generate([[5, 6]], sp)[0].token_ids
 
 
+def test_engine_agent_runs_the_same_model_on_our_engine(tmp_path: Any, tiny_policy: HFPolicy) -> None:
+    """``engine:PATH`` (the CLI's ``--agent``): our decode engine over the same weights, the same greedy turns."""
+    from toolgym.agents.engine import EnginePolicy
+
+    tiny_policy.model.save_pretrained(tmp_path)
+    tiny_policy.tokenizer.save_pretrained(tmp_path)
+    policy = make_policy(f"engine:{tmp_path}", slots=4, capacity=256)
+    assert isinstance(policy, EnginePolicy)
+    sp = SamplingParams(temperature=0, max_new_tokens=5)
+    assert policy.generate([[5, 6]], sp)[0].token_ids == tiny_policy.generate([[5, 6]], sp)[0].token_ids
+
+
 def test_bad_model_name_says_what_to_do(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="cannot load model"):
         make_policy(f"hf:{tmp_path / 'nothing-here'}")

@@ -52,7 +52,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_eval)
 
     p = subparsers.add_parser("serve", help="serve an agent over the OpenAI chat-completions API")
-    p.add_argument("--agent", default="hf:smollm2-135m", help="hf:NAME or openai:URL (a proxy)")
+    p.add_argument(
+        "--agent",
+        default="hf:smollm2-135m",
+        help="hf:NAME, engine:NAME (our decode engine) or openai:URL (a proxy)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model-name", default=None, help="the name /v1/models reports")
@@ -80,12 +84,14 @@ def register(subparsers: Any) -> None:
 
 
 def _agent(spec: str) -> str:
-    """``hf:RUN_DIR`` of a training run as ``hf:`` its model folder (``toolgym.cli.run_models``)."""
-    if not spec.startswith("hf:"):
+    """``hf:RUN_DIR`` (or ``engine:RUN_DIR``) of a training run as the same kind with its model folder
+    (``toolgym.cli.run_models``)."""
+    kind, sep, rest = spec.partition(":")
+    if kind not in ("hf", "engine") or not sep:
         return spec
     from toolgym.cli.run_models import run_model
 
-    return "hf:" + run_model(spec[len("hf:") :])
+    return f"{kind}:" + run_model(rest)
 
 
 def _progress(total: int, quiet: bool) -> Any:
@@ -124,10 +130,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
     env_kwargs = dict(args.env_kwargs)
-    if args.agent.startswith("hf:") and not env_kwargs:  # a training run: the settings it evaluated on
+    kind, _, rest = args.agent.partition(":")
+    if kind in ("hf", "engine") and rest and not env_kwargs:  # a training run: the settings it evaluated on
         from toolgym.cli.run_models import run_env_kwargs
 
-        env_kwargs = run_env_kwargs(args.agent[len("hf:") :]) or {}
+        env_kwargs = run_env_kwargs(rest) or {}
         if env_kwargs:
             print(
                 f"env settings of the run (its env_kwargs + eval_env_kwargs): {env_kwargs}", file=sys.stderr
@@ -227,7 +234,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.weight_updates and getattr(policy, "model", None) is None:
         from toolgym.errors import ConfigError
 
-        raise ConfigError("--weight-updates needs a local model to load weights into: use hf:…")
+        raise ConfigError("--weight-updates needs a local model to load weights into: use hf:… or engine:…")
     from toolgym.serving.base import Limits
 
     server = PolicyServer(
