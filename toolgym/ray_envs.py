@@ -425,7 +425,11 @@ class LocalCluster:
         t0 = time.perf_counter()
         gcs, client, *agents = _free_ports(2 + self.nodes)
         self.client_address = f"ray://127.0.0.1:{client}"  # the head's Ray Client server
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **self.extra_env}
+        # the nodes' auth mode said, not left to Ray: with a token in ~/.ray/auth_token (from any earlier `ray
+        # start` of token auth) `ray start` turned token auth on while this driver, RAY_AUTH_MODE unset, sent
+        # none ("InvalidAuthToken"); a RAY_AUTH_MODE of the caller's applies to both
+        auth = os.environ.get("RAY_AUTH_MODE", "disabled")
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": auth, **self.extra_env}
         common = ["--block", "--num-cpus", str(self.num_cpus), "--disable-usage-stats",
                   "--object-store-memory", str(80 * 2**20), "--node-ip-address", "127.0.0.1"]  # fmt: skip
         try:
