@@ -48,6 +48,7 @@ TreepoWeight = Literal["average", "group_size"]
 Objective = Literal["ppo", "cispo"]
 Critic = Literal["token", "turn", "hiper"]
 Packing = Literal["auto", "on", "off"]
+Admission = Literal["batch", "tree"]  # asynchronous rollouts: what the staleness bound admits at once
 
 ENGINES: tuple[str, ...] = get_args(Engine)
 RATIO_LEVELS: tuple[str, ...] = get_args(RatioLevel)
@@ -528,6 +529,30 @@ class LossOptionsConfig(AddonsConfig):
         default="token_truncate", metadata=choices("engine/trainer mismatch correction", IS_MODES)
     )
     is_max: float = field(default=2.0, metadata={"help": "TIS cap (upper bound of the importance weight)"})
+    is_min: float = field(
+        default=0.0,
+        metadata={
+            "help": "lower bound of the importance weight (truncate: clamp; mask: zero below, with is_max the "
+            "two-sided IcePop mask; 0: none)"
+        },
+    )
+    # --- asynchronous rollouts (trainers/async_rollout.py)
+    max_staleness: int = field(
+        default=0,
+        metadata={
+            "help": "asynchronous rollouts: a worker grows the next batches while the learner updates, each "
+            "token at most this many policy versions old when trained (0: the synchronous loop)"
+        },
+    )
+    async_admission: Admission = field(
+        default="batch",
+        metadata=choices(
+            "asynchronous rollouts: start a step's trees together, one run per batch (batch), or each tree as soon "
+            "as the bound admits its batch, trees of several batches sharing the engine (tree: the slowest tree "
+            "no longer holds the next batch back)",
+            get_args(Admission),
+        ),
+    )
     kl_coef: float = field(
         default=0.0,
         metadata={
@@ -551,6 +576,41 @@ class LossOptionsConfig(AddonsConfig):
             AGGS,
         ),
     )
+
+    def check_async(self) -> None:
+        """The rules of asynchronous rollouts GRPO and PPO share (ConfigErrors; GRPO adds its own)."""
+        if self.is_max <= 0 or self.is_min < 0 or (self.is_min and self.is_min >= self.is_max):
+            raise ConfigError(f"need 0 <= is_min < is_max (is_min 0: none), got {self.is_min}, {self.is_max}")
+        if self.max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
+        if not self.max_staleness:
+            return
+        if self.engine == "vllm" and not self.rollout_servers:
+            raise ConfigError(
+                "max_staleness > 0 with engine vllm needs rollout_servers: a colocated vLLM is one engine in the "
+                "trainer's process and GPU, asleep during each update (serve it on other GPUs with `vllm serve` "
+                "or `toolgym serve --weight-updates`, or use engine fast)"
+            )
+        # these draw a step's tasks from results of earlier steps, which the worker drawing ahead has not seen
+        ahead = [n for n, on in (("refill", getattr(self, "refill", False)), ("task_pool", self.task_pool),
+                 ("curriculum", getattr(self, "curriculum", None))) if on]  # fmt: skip
+        if ahead:
+            raise ConfigError(
+                f"max_staleness > 0 does not support {', '.join(ahead)} yet: they pick a step's tasks from the "
+                "results of the steps before it, which the rollout worker, drawing ahead of the learner, has "
+                "not seen; set max_staleness 0 or turn them off"
+            )
+
+    def async_inert(self, changed: set[str]) -> list[str]:
+        """The asynchronous options that do nothing (or clash) under the other settings."""
+        out = []
+        if not self.max_staleness and "async_admission" in changed:
+            out.append("async_admission: inert with max_staleness 0 (the synchronous loop)")
+        if self.max_staleness and self.is_mode == "none":
+            out.append(
+                "max_staleness > 0 with is_mode=none: stale tokens are trained with no off-policy correction"
+            )
+        return out
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

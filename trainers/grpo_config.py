@@ -6,7 +6,7 @@ Like config.py it imports no torch, so `toolgym train grpo --help` and config ch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 from toolgym.errors import ConfigError
 from toolgym.trainers.config import (
@@ -28,8 +28,6 @@ from toolgym.trainers.config import (
     choices,
 )
 from toolgym.trainers.inert import run_inert
-
-Admission = Literal["batch", "tree"]  # asynchronous rollouts: what the staleness bound admits at once
 
 if TYPE_CHECKING:
     from toolgym.trainers.loss import LossConfig
@@ -154,30 +152,7 @@ class GRPOConfig(LossOptionsConfig):
             "help": "DAPO overlong shaping: the reward penalty at max_total_tokens (was overlong_penalty)"
         },
     )
-    is_min: float = field(
-        default=0.0,
-        metadata={
-            "help": "lower bound of the importance weight (truncate: clamp; mask: zero below, with is_max the "
-            "two-sided IcePop mask; 0: none)"
-        },
-    )
-    # --- asynchronous rollouts (trainers/async_rollout.py)
-    max_staleness: int = field(
-        default=0,
-        metadata={
-            "help": "asynchronous rollouts: a worker grows the next batches while the learner updates, each "
-            "token at most this many policy versions old when trained (0: the synchronous loop)"
-        },
-    )
-    async_admission: Admission = field(
-        default="batch",
-        metadata=choices(
-            "asynchronous rollouts: start a step's trees together, one run per batch (batch), or each tree as soon "
-            "as the bound admits its batch, trees of several batches sharing the engine (tree: the slowest tree "
-            "no longer holds the next batch back)",
-            get_args(Admission),
-        ),
-    )
+    # --- asynchronous rollouts (max_staleness, async_admission: LossOptionsConfig)
     rollout_ranks: int = field(
         default=0,
         metadata={
@@ -323,19 +298,10 @@ class GRPOConfig(LossOptionsConfig):
             )
         elif self.branching == "none" and "initial_samples" in changed:
             out.append("initial_samples: inert without branching")
-        if not self.max_staleness and "async_admission" in changed:
-            out.append("async_admission: inert with max_staleness 0 (the synchronous loop)")
-        if self.max_staleness and self.is_mode == "none":
-            out.append(
-                "max_staleness > 0 with is_mode=none: stale tokens are trained with no off-policy correction"
-            )
-        return out + self.seed_inert(changed) + run_inert(self, changed)
+        return out + self.async_inert(changed) + self.seed_inert(changed) + run_inert(self, changed)
 
     def _check_async(self) -> None:
-        if self.is_max <= 0 or self.is_min < 0 or (self.is_min and self.is_min >= self.is_max):
-            raise ConfigError(f"need 0 <= is_min < is_max (is_min 0: none), got {self.is_min}, {self.is_max}")
-        if self.max_staleness < 0:
-            raise ConfigError(f"max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
+        self.check_async()
         if self.rollout_ranks < 0 or (self.rollout_ranks and not self.max_staleness):
             raise ConfigError(
                 f"rollout_ranks ({self.rollout_ranks}) must be 0, or > 0 with max_staleness > 0"
@@ -346,25 +312,10 @@ class GRPOConfig(LossOptionsConfig):
             raise ConfigError(
                 "selfplay with max_staleness > 0 is not supported yet: self-play rolls out in step"
             )
-        # these draw a step's tasks from results of earlier steps, which the worker drawing ahead has not seen
-        ahead = [n for n, on in (("refill", self.refill), ("task_pool", self.task_pool), ("curriculum",
-                 self.curriculum)) if on]  # fmt: skip
-        if self.engine == "vllm" and not self.rollout_servers:
-            raise ConfigError(
-                "max_staleness > 0 with engine vllm needs rollout_servers: a colocated vLLM is one engine in the "
-                "trainer's process and GPU, asleep during each update (serve it on other GPUs with `vllm serve` "
-                "or `toolgym serve --weight-updates`, or use engine fast)"
-            )
         if self.engine == "vllm" and self.rollout_ranks:
             raise ConfigError(
                 "rollout_ranks runs our engine on rollout GPUs of the torchrun job; with vLLM the servers are "
                 "the rollout GPUs: give rollout_servers and max_staleness, with rollout_ranks 0"
-            )
-        if ahead:
-            raise ConfigError(
-                f"max_staleness > 0 does not support {', '.join(ahead)} yet: they pick a step's tasks from the "
-                "results of the steps before it, which the rollout worker, drawing ahead of the learner, has "
-                "not seen; set max_staleness 0 or turn them off"
             )
 
     def _acc_filter_on(self) -> bool:

@@ -24,6 +24,10 @@ Departures from the papers:
 9. The add-ons (addons.py) run here as in GRPO: success replay + task selection (a
    replayed row's values come from the current critic), EPO's entropy terms, and `critic="hiper"`:
    HiPER's HAE with one value head (hiper.hae_gae; docs/trainer.md "Add-ons").
+10. `max_staleness` > 0: asynchronous rollouts as in GRPO (trainers/async_rollout.py: a worker grows the next
+   batches from an actor copy, or on vLLM servers, while the learner updates); the no-grad pass's logprobs
+   are then decoupled PPO's proximal ones and the behaviour logprobs weight each token (`is_mode`). The values
+   and GAE come from the learner's current critic, whatever version sampled the tokens.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from toolgym.errors import ConfigError
 from toolgym.trainers import checkpoint, preemption
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards, turn_gae
+from toolgym.trainers.async_rollout import ActorWeights, AsyncRollout, actor_policy, async_metrics
+from toolgym.trainers.async_servers import server_policy
 from toolgym.trainers.batch import TrainBatch, collate, final_values, forward, micro_batches
 from toolgym.trainers.config import warn_inert
 from toolgym.trainers.distributed import Dist
@@ -60,7 +66,7 @@ from toolgym.trainers.modeling import (
     value_head,
 )
 from toolgym.trainers.ppo_config import PPOConfig  # the config (no torch); re-exported here
-from toolgym.trainers.rollout import RolloutConfig, TreeRollout
+from toolgym.trainers.rollout import TreeRollout
 from toolgym.trainers.tree import flatten, leaf_rewards
 
 __all__ = ["PPOConfig", "train"]
@@ -81,16 +87,15 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
     # SIGTERM/SIGINT: the checkpoint of the last completed step, then exit 143/130 (trainers/preemption.py)
     stop = cleanup.enter_context(preemption.for_run(cfg, lambda s: checkpoint.due(cfg, s)))
     warn_inert(cfg)
-    rollout_cfg = RolloutConfig(
-        budget=cfg.budget, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-        max_total_tokens=cfg.max_total_tokens,
-    )  # fmt: skip
+    rollout_cfg = cfg.rollout_config()
     device = pick_device(cfg.device, cfg.threads)
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg, device, model, tokenizer)
     dist = Dist()  # one process; parallel=fsdp2 shards over a group of one (offload, bf16 compute)
     policy, model = dist.hybrid(policy, cfg, device)
-    plan = memory_plan(cfg, model, device)  # the weight copies, KV cache and optimizer state, checked now
+    # the weight copies (an asynchronous run's actor too, unless vLLM servers hold its weights), KV caches and
+    # optimizer state, checked now
+    plan = memory_plan(cfg, model, device, actor=bool(cfg.max_staleness and not cfg.rollout_servers))
     policy = choose_engine(  # `engine` as in GRPO: our decode engine over the same live weights, HF or vLLM
         policy, cfg.engine, rows=cfg.prompts_per_step * cfg.budget, capacity=cfg.max_total_tokens + cfg.max_new_tokens + 8,
         memory=cfg.engine_memory, servers=cfg.rollout_servers, weight_sync=cfg.weight_sync,
@@ -118,7 +123,19 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
         dist.after_update()  # fsdp2: the rollout's copy gets the loaded weights
     log = MetricsLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
-    roller = TreeRollout(policy, None, rollout_cfg, cfg.env_kwargs, env_backend=cfg.env_backend())
+    gate: ActorWeights | None = None
+    rollout_policy = policy
+    if (
+        cfg.max_staleness
+    ):  # asynchronous (trainers/async_rollout.py): the worker samples an actor copy or servers
+        if cfg.rollout_servers:
+            gate, rollout_policy = server_policy(policy, progress.step)
+            cleanup.callback(rollout_policy.close)
+        else:
+            gate, rollout_policy = actor_policy(cfg, policy, device, progress.step, plan.kv("actor"))
+    roller = TreeRollout(
+        rollout_policy, None, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_backend()
+    )
     cleanup.callback(roller.close)  # (closing twice is harmless: the end of the run closes it too)
     addons = AddonState(cfg)  # replay buffer, task pool, EPO entropy band (addons.py)
     if cfg.resume:  # the add-ons continue where the checkpoint left them
@@ -141,20 +158,40 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
 
     if cfg.eval_every and progress.step == 0 and not cfg.resume:  # the initial policy, as GRPO's
         log.log(0, held_out(0))
+    pipe: AsyncRollout | None = None
+    if gate is not None:  # batch s: the tasks at the data position step s starts at, the synchronous seed
+        start, pos0 = progress.step, progress.data_pos
+        pipe = AsyncRollout(
+            roller, gate, first=start + 1, last=cfg.steps, max_staleness=cfg.max_staleness,
+            draw=lambda s: next_tasks(cfg.env_ids, cfg.seed, pos0 + (s - start - 1) * cfg.prompts_per_step,
+                                      cfg.prompts_per_step),
+            seed=lambda s: cfg.seed * 100_003 + s, context=lambda: autocast(device, cfg.bf16),
+            per_tree=cfg.async_admission == "tree",
+        ).start()  # fmt: skip
+        cleanup.callback(
+            pipe.close
+        )  # a failed run stops the worker (registered after the roller's: runs first)
     for step in range(progress.step + 1, cfg.steps + 1):
         stop.check(dist, progress.step, out / "checkpoint", lambda: checkpoint.save(
             out / "checkpoint", modules, optimizer, progress, addons.state_dict()))  # fmt: skip
         t_step = time.perf_counter()
-        # 1. rollout: `budget` independent samples per task
-        tasks = addons.tasks(
-            lambda: next_tasks(cfg.env_ids, cfg.seed, progress.data_pos, cfg.prompts_per_step),
-            cfg.prompts_per_step, step,
-        )  # fmt: skip
-        model.eval()
-        with torch.no_grad(), autocast(device, cfg.bf16):
-            forest, stats = roller.run(tasks, seed=cfg.seed * 100_003 + step)
-        progress.data_pos += len(tasks)
-        metrics = episode_metrics(forest, stats)
+        # 1. rollout: `budget` independent samples per task (asynchronous: grown by the worker, at most
+        # max_staleness versions old; the old logprobs below are then the proximal ones of decoupled PPO)
+        if pipe is not None:
+            got = pipe.take(step)
+            forest, progress.data_pos = got.forest, progress.data_pos + cfg.prompts_per_step
+            metrics = episode_metrics(forest, got.stats) | async_metrics(got, step)
+            metrics["time/rollout_wait_s"] = time.perf_counter() - t_step
+        else:
+            tasks = addons.tasks(
+                lambda: next_tasks(cfg.env_ids, cfg.seed, progress.data_pos, cfg.prompts_per_step),
+                cfg.prompts_per_step, step,
+            )  # fmt: skip
+            model.eval()
+            with torch.no_grad(), autocast(device, cfg.bf16):
+                forest, stats = roller.run(tasks, seed=cfg.seed * 100_003 + step)
+            progress.data_pos += len(tasks)
+            metrics = episode_metrics(forest, stats)
         forest = addons.before_credit(forest, step, metrics)  # task probe, success replay
         rows = flatten(forest)  # (env_error episodes get no row)
         rewards = leaf_rewards(forest, rows)
@@ -256,6 +293,8 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
                     "grad_norm"
                 ]  # the one sync
         dist.after_update()  # fsdp2: the rollout's copy gets the new weights
+        if pipe is not None:
+            metrics |= pipe.publish(step)  # the worker's next generate call or engine step samples from it
         metrics |= {f"losses/{k}": v for k, v in loss_stats.means().items()} if loss_stats.weight else {}
         addons.end_step(metrics, dist.sum)
         metrics["time/train_tokens_per_s"] = trained_tokens / max(time.perf_counter() - t_train, 1e-9)
@@ -273,6 +312,8 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
             bar.set_postfix(
                 reward=f"{metrics['charts/episode_reward']:.3f}", success=f"{metrics['charts/success']:.2f}"
             )
+    if pipe is not None:
+        pipe.close()
     roller.close()
     if bar is not None:
         bar.close()

@@ -21,6 +21,7 @@ from toolgym.trainers.inert import run_inert
 
 if TYPE_CHECKING:
     from toolgym.trainers.loss import LossConfig
+    from toolgym.trainers.rollout import RolloutConfig
 
 
 @dataclass
@@ -49,6 +50,7 @@ class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (cr
         super().validate()
         # categorical fields (metadata choices) are checked by RunConfig.validate
         check_loss_rules(self)
+        self.check_async()
         if self.selfplay:
             raise ConfigError(
                 "selfplay runs with GRPO only (`toolgym train grpo`): the PPO loop rolls out independent samples"
@@ -70,14 +72,23 @@ class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (cr
             out.append("temperature 0: every rollout of a task is the same greedy one")
         if self.save_rollouts:
             out.append("save_rollouts: inert with PPO (GRPO saves rollout trees; PPO's are single samples)")
-        return out + self.seed_inert(changed) + run_inert(self, changed)
+        return out + self.async_inert(changed) + self.seed_inert(changed) + run_inert(self, changed)
 
     def loss_config(self) -> LossConfig:
         from toolgym.trainers.loss import LossConfig
 
         return LossConfig(
             eps_low=self.eps_low, eps_high=self.eps_high, dual_clip=self.dual_clip or None,
-            is_mode=self.is_mode, is_max=self.is_max, ratio_level=self.ratio_level,
+            is_mode=self.is_mode, is_max=self.is_max, is_min=self.is_min or None, ratio_level=self.ratio_level,
             kl_coef=0.0 if self.kl_in_reward else self.kl_coef, kl_estimator=self.kl_estimator,
             entropy_coef=self.entropy_coef, agg=self.agg, max_tokens=self.max_total_tokens,
+        )  # fmt: skip
+
+    def rollout_config(self) -> RolloutConfig:
+        """`budget` independent samples per task (PPO does not branch)."""
+        from toolgym.trainers.rollout import RolloutConfig
+
+        return RolloutConfig(
+            budget=self.budget, max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+            max_total_tokens=self.max_total_tokens,
         )  # fmt: skip

@@ -96,6 +96,33 @@ def test_async_training_runs_within_the_bound(tmp_path: Path, tokenizer: Any, ad
     assert not [t for t in threading.enumerate() if t.name == "async-rollout"]  # the worker ended
 
 
+@pytest.mark.parametrize("admission", ["batch", "tree"])
+def test_ppo_async_trains_within_the_bound(tmp_path: Path, tokenizer: Any, admission: str) -> None:
+    """PPO takes the worker's batches as GRPO does: trained within the bound, the worker ended, and its
+    asynchronous metrics logged; its config refuses what GRPO's refuses (a task pool drawn ahead)."""
+    from toolgym.trainers.ppo import PPOConfig
+    from toolgym.trainers.ppo import train as train_ppo
+
+    model = tiny_model(len(tokenizer))
+    before = snapshot(model)
+    cfg = PPOConfig(
+        steps=3, max_staleness=1, async_admission=admission, is_mode="token_mask", is_min=0.5, is_max=5.0,
+        output_dir=str(tmp_path), **dict(SMALL, env_ids=[SLOW_ENV]),
+    )  # fmt: skip
+    metrics = train_ppo(cfg, model, tokenizer)
+    assert not [n for n in before if torch.equal(before[n], snapshot(model)[n])]
+    rows = [r for r in records(tmp_path) if r["step"] > 0]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(0 <= r["rollout/staleness_max"] <= 1 for r in rows) and rows[0]["rollout/staleness_max"] == 0
+    assert "losses/is_masked_fraction" in metrics and "time/weight_publish_s" in metrics
+    assert_namespaced(tmp_path, metrics)
+    assert not [t for t in threading.enumerate() if t.name == "async-rollout"]
+    with pytest.raises(ConfigError, match="task_pool"):
+        PPOConfig(**dict(SMALL, max_staleness=1, task_pool=4))
+    with pytest.raises(ConfigError, match="needs rollout_servers"):
+        PPOConfig(**dict(SMALL, max_staleness=1, engine="vllm"))
+
+
 def test_async_resume_continues(tmp_path: Path, tokenizer: Any) -> None:
     opts = dict(SMALL, env_ids=[SLOW_ENV], max_staleness=1, output_dir=str(tmp_path))
     train_grpo(GRPOConfig(steps=2, **opts), tiny_model(len(tokenizer)), tokenizer)

@@ -201,6 +201,11 @@ GRPO_FACTORS: Factors = {
 
 PPO_FACTORS: Factors = {
     "critic": {"token": {}, "turn": {"critic": "turn"}, "hiper": {"critic": "hiper"}},
+    "async": {
+        "sync": {},
+        "stale2-batch": {"max_staleness": 2, "async_admission": "batch"},
+        "stale2-tree": {"max_staleness": 2, "async_admission": "tree", "is_min": 0.5},
+    },
     "gae": {
         "1/0.95": {},
         "0.9/1": {"gamma": 0.9, "lam": 1.0},
@@ -260,6 +265,7 @@ GRPO_REFUSED |= AT_START
 PPO_REFUSED: dict[Pair, tuple[str, str]] = {
     **AT_START,
     pair(("engine", "servers"), ("model", "lora")): ("engine=vllm", "lora_r"),
+    **{pair(("async", a), ("addons", "replay+pool")): ("max_staleness", "task_pool") for a in ASYNC},
 }
 
 GRPO_CASES = pairwise(GRPO_FACTORS, set(GRPO_REFUSED))
@@ -319,17 +325,22 @@ def test_the_generator_on_a_known_array() -> None:
 
 @pytest.mark.option_matrix
 @pytest.mark.parametrize(
-    "refused",
-    sorted(set(GRPO_REFUSED) - set(AT_START), key=sorted),
-    ids=lambda p: "x".join(v for _, v in sorted(p)),
+    "algo,refused",
+    [("grpo", p) for p in sorted(set(GRPO_REFUSED) - set(AT_START), key=sorted)]
+    + [("ppo", p) for p in sorted(set(PPO_REFUSED) - set(AT_START), key=sorted)],
+    ids=lambda x: x if isinstance(x, str) else "x".join(v for _, v in sorted(x)),
 )
-def test_refused_pairs_fail_at_config_load(refused: Pair) -> None:
+def test_refused_pairs_fail_at_config_load(algo: str, refused: Pair) -> None:
     from toolgym.trainers.grpo_config import GRPOConfig
+    from toolgym.trainers.ppo_config import PPOConfig
 
-    opts = {k: v for f, val in refused for k, v in GRPO_FACTORS[f][val].items()}
+    factors, words = (GRPO_FACTORS, GRPO_REFUSED) if algo == "grpo" else (PPO_FACTORS, PPO_REFUSED)
+    opts = {k: v for f, val in refused for k, v in factors[f][val].items()}
     with pytest.raises(ConfigError) as err:
-        GRPOConfig(**BASE, output_dir="unused", **{**ENVS["vowel2"], **opts})
-    for word in GRPO_REFUSED[refused]:
+        (GRPOConfig if algo == "grpo" else PPOConfig)(
+            **BASE, output_dir="unused", **{**ENVS["vowel2"], **opts}
+        )
+    for word in words[refused]:
         assert word in str(err.value), (word, str(err.value))
 
 
