@@ -205,8 +205,12 @@ class RenderedTokenPolicy:
 
 
 def context_of(policy: Any) -> int | None:
-    """The positions of a token policy's model (or of a model): ``config.max_position_embeddings``, or None
-    when unknown (a remote backend, a config without it)."""
+    """The tokens a token policy can hold (prompt + reply): its model's positions
+    (``config.max_position_embeddings``), or its engine's capacity a sequence when that is smaller (our engine
+    and vLLM's allocate that much, whatever the model's positions); None when unknown (a remote backend, a
+    config without it)."""
     model = getattr(policy, "model", policy)
     size = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return int(size) if isinstance(size, int) and size > 0 else None
+    cap = getattr(getattr(getattr(policy, "engine", None), "cache", None), "capacity", None)
+    sizes = [int(n) for n in (size, cap) if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    return min(sizes) if sizes else None

@@ -116,6 +116,11 @@ def test_engine_agent_runs_the_same_model_on_our_engine(tmp_path: Any, tiny_poli
     tiny_policy.tokenizer.save_pretrained(tmp_path)
     policy = make_policy(f"engine:{tmp_path}", slots=4, capacity=256)
     assert isinstance(policy, EnginePolicy)
+    # what it can hold is its engine's capacity, below the model's positions (the runner and serve's
+    # /v1/models read it: an episode past it ends as token_budget, a trainer's servers are checked against it)
+    from toolgym.agents.policy import context_of
+
+    assert tiny_policy.model.config.max_position_embeddings > 256 and context_of(policy) == 256
     sp = SamplingParams(temperature=0, max_new_tokens=5)
     assert policy.generate([[5, 6]], sp)[0].token_ids == tiny_policy.generate([[5, 6]], sp)[0].token_ids
 

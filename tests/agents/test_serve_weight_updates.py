@@ -312,6 +312,10 @@ def test_the_cli_flag_reaches_the_server(
     assert main(["serve", "--agent", "hf:x", "--weight-updates"]) == 0
     assert main(["serve", "--agent", "hf:x"]) == 0
     assert [kw["weight_updates"] for kw in seen] == [True, False]
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(toolgym.agents, "make_policy", lambda spec, **kw: made.append(kw) or Local())
+    assert main(["serve", "--agent", "engine:x", "--max-model-len", "4096", "--max-batch", "128"]) == 0
+    assert made == [{"slots": 128, "capacity": 4096}]  # (the engine's slots and each sequence's room)
     monkeypatch.setattr(toolgym.agents, "make_policy", lambda spec, **kw: Remote())
     assert main(["serve", "--agent", "openai:http://x/v1", "--weight-updates"]) != 0  # nothing to load into
-    assert "needs a local model" in capsys.readouterr().err and len(seen) == 2
+    assert "needs a local model" in capsys.readouterr().err and len(seen) == 3

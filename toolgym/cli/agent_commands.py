@@ -60,7 +60,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model-name", default=None, help="the name /v1/models reports")
-    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument(
+        "--max-batch", type=int, default=64, help="requests generated together (engine: its slots)"
+    )
+    p.add_argument(
+        "--max-model-len", type=int, default=2048,
+        help="engine:NAME: the tokens a sequence may hold (prompt + reply; its KV cache is allocated up front); "
+        "/v1/models reports it, so a trainer's rollout_servers check it",
+    )  # fmt: skip
     p.add_argument(
         "--threads", type=int, default=0,
         help="torch CPU threads on a CPU (0: half the cores, at most 4; torch's default of every core is slow)",
@@ -224,7 +231,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # hf: a follow-up request whose prompt extends an earlier prompt + reply reuses that KV cache
     agent = _agent(args.agent)
-    policy = make_policy(agent, reuse_kv=True) if agent.startswith("hf") else make_policy(agent)
+    if agent.startswith("hf"):
+        policy = make_policy(agent, reuse_kv=True)
+    elif agent.startswith("engine"):  # (slots for a whole batch, each sequence up to --max-model-len)
+        policy = make_policy(agent, slots=args.max_batch, capacity=args.max_model_len)
+    else:
+        policy = make_policy(agent)
     if policy.name == "scripted":
         from toolgym.errors import ConfigError
 
