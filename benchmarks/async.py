@@ -25,6 +25,10 @@ into benchmarks/results/async.{json,md}:
   ``--tool-latency-s`` its searches' added latency; runs are keyed by env, mode and seed, summarised per env
   over seeds (``async_learning_summary``, ``async_learning_summary_search``).
 
+- ``servers`` -> ``async_speedup_2gpu_servers``: the same run with the learner on GPU 0 and its rollouts on a
+  rollout server on GPU 1 (``toolgym serve --agent engine:MODEL --weight-updates``: our engine, as a vLLM server
+  would be used: ``engine: vllm``, ``rollout_servers``, ``weight_sync: disk``; trainers/async_servers.py),
+  asynchronous vs the synchronous loop on one GPU (``--servers-sync``: also synchronous on the server).
 - ``speed2`` -> ``async_speedup_2gpu``: the same Search-v0 run, samples/s of the split layout on two GPUs
   (``rollout_ranks: 1``: GPU 1 generates, GPU 0 learns, weights broadcast over NCCL after every step;
   trainers/async_split.py; launched with torchrun as users launch it) vs the synchronous loop on one GPU
@@ -35,6 +39,7 @@ into benchmarks/results/async.{json,md}:
     python benchmarks/async.py --part speed             # GPU, ~7 min on one H100/H200 with SmolLM2-135M (below)
     python benchmarks/async.py --part speed2            # 2 GPUs (nvidia-h100-x2), ~8 min: sync on GPU 0 vs split
     python benchmarks/async.py --part speed2 --admission tree   # the same with per-tree admission
+    python benchmarks/async.py --part servers           # 2 GPUs: learner on GPU 0, our engine serving on GPU 1
     python benchmarks/async.py --part speed --tool-latency-s 0.1  # each search 0.1 s slower (a local proxy)
 
 Time of ``--part speed`` on one GPU (estimate from the H200 call of 2026-11-27, which took 294 s for 2 arms
@@ -440,6 +445,8 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
                 out[f"async_speedup_1gpu{tag}_one_stream"] = same["samples_per_s"] / max(
                     sync["samples_per_s"], 1e-9
                 )
+        if "servers" in parts:
+            out |= servers_part(args, work, base, warm, sync, tag)
         if "speed2" in parts:
             cfg = dict(
                 base, max_staleness=args.staleness, rollout_ranks=1, output_dir=str(work / "speed_split")
@@ -455,6 +462,77 @@ def speed(args: argparse.Namespace, work: Path, parts: tuple[str, ...] = ("speed
                 f"speed2_setup{tag}": setup_of(base, args, warm) | {"admission": args.admission},
             }
         return out
+
+
+def servers_part(
+    args: argparse.Namespace, work: Path, base: dict[str, Any], warm: dict[str, Any] | None,
+    sync: dict[str, Any], tag: str,
+) -> dict[str, Any]:  # fmt: skip
+    """`servers`: the learner on GPU 0 with its rollouts on a rollout server on GPU 1 (`toolgym serve --agent
+    engine:MODEL --weight-updates`: our engine; `engine: vllm`, `rollout_servers`, `weight_sync: disk`, the
+    weights pushed after every step), asynchronous (`max_staleness` k; with `--servers-sync` also k = 0), vs
+    the synchronous loop on one GPU (`sync`, the arm the other parts share)."""
+    model = warm["model"] if warm is not None else base["model"]
+    capacity = base["max_total_tokens"] + base["max_new_tokens"] + 8
+    arms: dict[str, Any] = {}
+    with rollout_server(
+        model, None if args.quick else "1", capacity, base["prompts_per_step"] * base["budget"]
+    ) as url:
+        for k in ([0] if args.servers_sync else []) + [args.staleness]:
+            cfg = dict(
+                base, engine="vllm", rollout_servers=[url], weight_sync="disk",
+                weight_sync_folder=str(work / "weight_sync"), max_staleness=k,
+                output_dir=str(work / f"speed_servers_k{k}"),
+            )  # fmt: skip
+            if k:
+                cfg["async_admission"] = args.admission
+            recs = run_child(cfg, tiny=False, gpus=None if args.quick else "0")
+            where = "learner GPU 0, our engine serving on GPU 1 (weights by disk)"
+            arms[f"servers_k{k}"] = timed(
+                recs, args.warmup, max_staleness=k, layout=f"{where}, per {args.admission}" if k else where
+            )
+    fast = arms[f"servers_k{args.staleness}"]
+    return {
+        f"async_speedup_2gpu_servers{tag}": fast["samples_per_s"] / max(sync["samples_per_s"], 1e-9),
+        f"servers_runs{tag}": {"sync_1gpu": sync, **arms},
+        f"servers_setup{tag}": setup_of(base, args, warm)
+        | {"admission": args.admission, "server_model": model},
+    }
+
+
+@contextlib.contextmanager
+def rollout_server(model: str, gpus: str | None, capacity: int, slots: int) -> Iterator[str]:
+    """`toolgym serve --agent engine:MODEL --weight-updates` in its own process (on `gpus`), up and answering
+    (its /v1 URL); stopped at the end."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "toolgym", "serve", "--agent", f"engine:{model}", "--port", str(port),
+        "--max-model-len", str(capacity), "--max-batch", str(slots), "--weight-updates",
+    ]  # fmt: skip
+    env = dict(os.environ)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the rollout server exited ({proc.returncode}): {' '.join(cmd)}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the rollout server did not answer within 600 s") from None
+                time.sleep(1.0)
+        yield f"{url}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -636,6 +714,12 @@ def write_md(data: dict[str, Any], path: Path) -> None:
         lines += _speed2_table(data, tag)
     if not tags2:
         lines += ["Not measured yet: `python benchmarks/async.py --part speed2` on two GPUs.", ""]
+    lines += ["## Two GPUs, rollouts on a server (`async_speedup_2gpu_servers`)", ""]
+    tags3 = sorted(k[len("servers_runs") :] for k in data if k.startswith("servers_runs"))
+    for tag in tags3:
+        lines += _speed2_table(data, tag, "servers")
+    if not tags3:
+        lines += ["Not measured yet: `python benchmarks/async.py --part servers` on two GPUs.", ""]
     lines += ["## Learning (`async_learning`)", ""]
     ln = learning_runs(data.get("async_learning") or {})
     for env in sorted({r["env"] for r in ln.values()}, key=lambda e: e != "calculator"):
@@ -745,21 +829,28 @@ def _speed_table(data: dict[str, Any], tag: str) -> list[str]:
     return lines
 
 
-def _speed2_table(data: dict[str, Any], tag: str) -> list[str]:
+SPEED2_WHAT = {
+    "speed2": [
+        "The same Search-v0 run: the synchronous loop on one GPU vs the split layout (`rollout_ranks: 1`, torchrun",
+        "with 2 ranks: GPU 1 generates, GPU 0 learns, weights broadcast after every step), same invocation.",
+    ],
+    "servers": [
+        "The same Search-v0 run: the synchronous loop on one GPU vs the learner on GPU 0 with its rollouts on a",
+        "rollout server on GPU 1 (`toolgym serve --agent engine:MODEL --weight-updates`: our engine; `engine: vllm`,",
+        "`rollout_servers`, `weight_sync: disk`, weights pushed after every step), same invocation.",
+    ],
+}
+
+
+def _speed2_table(data: dict[str, Any], tag: str, part: str = "speed2") -> list[str]:
+    key = "async_speedup_2gpu" if part == "speed2" else "async_speedup_2gpu_servers"
     lines = [
-        *_table_head(
-            data.get(f"speed2_setup{tag}") or {},
-            tag,
-            [
-                "The same Search-v0 run: the synchronous loop on one GPU vs the split layout (`rollout_ranks: 1`, torchrun",
-                "with 2 ranks: GPU 1 generates, GPU 0 learns, weights broadcast after every step), same invocation.",
-            ],
-        ),
+        *_table_head(data.get(f"{part}_setup{tag}") or {}, tag, SPEED2_WHAT[part]),
         "| run | samples/s | step s (sd) | generate s | env s | learner wait s | weight push s | searches / episode | "
         "success | staleness mean / max |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, r in data[f"speed2_runs{tag}"].items():
+    for name, r in data[f"{part}_runs{tag}"].items():
         lines.append(
             f"| {name} | {r['samples_per_s']:.2f} | {_step(r)} | {r['generate_s']:.2f} | {r['env_s']:.2f} | "
             f"{r['rollout_wait_s']:.2f} | {r.get('weight_publish_s', 0.0):.3f} | {_opt(r, 'tool_calls')} | "
@@ -767,7 +858,7 @@ def _speed2_table(data: dict[str, Any], tag: str) -> list[str]:
         )
     lines += [
         "",
-        f"**async_speedup_2gpu{tag} = {data[f'async_speedup_2gpu{tag}']:.2f}x** (goal >= 2.5x).",
+        f"**{key}{tag} = {data[f'{key}{tag}']:.2f}x** (goal >= 2.5x).",
         "",
     ]
     return lines
@@ -852,7 +943,11 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--part", choices=["speed", "speed2", "learning", "all"], default="all")
+    p.add_argument("--part", choices=["speed", "speed2", "servers", "learning", "all"], default="all")
+    p.add_argument(
+        "--servers-sync", action="store_true",
+        help="servers: also the synchronous loop on the server (max_staleness 0), to tell the layout from async",
+    )  # fmt: skip
     p.add_argument("--mode", choices=["sync", "async", "both"], default="both", help="learning: which run(s)")
     p.add_argument("--quick", action="store_true", help="CPU smoke test with a tiny random model")
     p.add_argument("--report", action="store_true", help="only rewrite the .md (and plot) from the .json")
@@ -934,11 +1029,12 @@ def main() -> int:
         if cmd not in data["commands"]:
             data["commands"].append(cmd)
         data["device"] = device_name()
-        parts = {"speed": ("speed",), "speed2": ("speed2",), "all": ("speed", "speed2")}.get(args.part, ())
-        if "speed2" in parts and not args.quick and gpu_count() < 2:
-            if args.part == "speed2":
-                raise SystemExit("--part speed2 needs 2 GPUs (or --quick on CPU)")
-            parts = ("speed",)  # all on one GPU: the two-GPU part is left as it was
+        parts = {"speed": ("speed",), "speed2": ("speed2",), "servers": ("servers",),
+                 "all": ("speed", "speed2", "servers")}.get(args.part, ())  # fmt: skip
+        if {"speed2", "servers"} & set(parts) and not args.quick and gpu_count() < 2:
+            if args.part in ("speed2", "servers"):
+                raise SystemExit(f"--part {args.part} needs 2 GPUs (or --quick on CPU)")
+            parts = ("speed",)  # all on one GPU: the two-GPU parts are left as they were
         if parts:
             data |= speed(args, work, parts)
         if args.part in ("learning", "all"):

@@ -182,6 +182,16 @@ def test_quick_speed_then_speed2_reuse_one_warm_start(tmp_path: Path) -> None:
     assert md.count("Each search also waits 0.01 s") == 1  # speed2's only
     assert "### Variant `lat0.01` (batch admission; 0.01 s added to each search)" in md
 
+    # rollouts on a server: `toolgym serve --agent engine:WARM --weight-updates` in its own process, the
+    # learner pushing its weights there by disk after every step
+    done = processes.run([*base, "--part", "servers", "--servers-sync"], 900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert set(data["servers_runs"]) == {"sync_1gpu", "servers_k0", "servers_k2"}
+    assert data["servers_setup"]["server_model"] == warm["model"] and data["async_speedup_2gpu_servers"] > 0
+    assert data["servers_runs"]["servers_k2"]["weight_publish_s"] > 0  # (a disk push every step)
+    assert "rollouts on a server (`async_speedup_2gpu_servers`)" in out.with_suffix(".md").read_text()
+
 
 def test_slow_proxy_delays_each_search_and_passes_answers_and_refusals(tmp_path: Path) -> None:
     import http.server
