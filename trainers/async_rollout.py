@@ -408,6 +408,44 @@ def async_metrics(batch: Batch, step: int) -> dict[str, float]:
     }
 
 
+def rollout_side(
+    cfg: Any, policy: Any, device: torch.device, version: int, kv_budget: int | None,
+    cleanup: contextlib.ExitStack,
+) -> tuple[ActorWeights | None, Any]:  # fmt: skip
+    """The gate and the rollout policy of a run of `cfg` (GRPO's or PPO's, one process): (None, `policy`) when
+    synchronous; on vLLM servers (`rollout_servers`) their gate and a twin of `policy` (trainers/async_servers.py);
+    else an actor copy behind our engine or HF (`actor_policy`)."""
+    if not cfg.max_staleness:
+        return None, policy
+    if cfg.rollout_servers:
+        from toolgym.trainers.async_servers import server_policy
+
+        gate, rollout = server_policy(policy, version)
+        cleanup.callback(rollout.close)
+        return gate, rollout
+    return actor_policy(cfg, policy, device, version, kv_budget)
+
+
+def start_worker(
+    cfg: Any, roller: TreeRollout, gate: ActorWeights, *, step: int, data_pos: int, count: int,
+    device: torch.device, cleanup: contextlib.ExitStack,
+) -> AsyncRollout:  # fmt: skip
+    """The worker of a run resumed at (or starting from) `step` and `data_pos`: batch s holds the `count` tasks at
+    the data position learner step s starts at, with the synchronous loop's seed; stopped by `cleanup` when the
+    run fails (register it after the roller's close: it runs first)."""
+    from toolgym.trainers.episodes import next_tasks
+    from toolgym.trainers.modeling import autocast
+
+    pipe = AsyncRollout(
+        roller, gate, first=step + 1, last=cfg.steps, max_staleness=cfg.max_staleness,
+        draw=lambda s: next_tasks(cfg.env_ids, cfg.seed, data_pos + (s - step - 1) * cfg.prompts_per_step, count),
+        seed=lambda s: cfg.seed * 100_003 + s, context=lambda: autocast(device, cfg.bf16),
+        per_tree=cfg.async_admission == "tree",
+    ).start()  # fmt: skip
+    cleanup.callback(pipe.close)
+    return pipe
+
+
 def actor_policy(
     cfg: Any, policy: Any, device: torch.device, version: int, kv_budget: int | None = None
 ) -> tuple[ActorWeights, Any]:

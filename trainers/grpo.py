@@ -52,8 +52,13 @@ from toolgym.errors import ConfigError
 from toolgym.trainers import checkpoint, preemption
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import NodeAdv
-from toolgym.trainers.async_rollout import ActorWeights, AsyncRollout, actor_policy, async_metrics
-from toolgym.trainers.async_servers import server_policy
+from toolgym.trainers.async_rollout import (
+    ActorWeights,
+    AsyncRollout,
+    async_metrics,
+    rollout_side,
+    start_worker,
+)
 from toolgym.trainers.async_split import Layout, LearnerPipe, serve
 from toolgym.trainers.batch import collate
 from toolgym.trainers.config import GRPO_ESTIMATORS, RunConfig, changed_fields, warn_inert
@@ -189,14 +194,10 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         (out / "config.json").write_text(json.dumps({"algorithm": "grpo", **cfg.to_dict()}, indent=2))
     gate: ActorWeights | None = None
     rollout_policy = policy
-    if cfg.max_staleness and layout is None:  # asynchronous, one process: the worker samples an actor copy
+    if cfg.max_staleness and layout is None:  # asynchronous, one process: an actor copy, or vLLM servers
         if dist.world > 1:
             raise ConfigError("max_staleness > 0 under torchrun is not supported yet: run on one process")
-        if cfg.rollout_servers:  # the worker's turns go to the servers (trainers/async_servers.py)
-            gate, rollout_policy = server_policy(policy, progress.step)
-            cleanup.callback(rollout_policy.close)
-        else:
-            gate, rollout_policy = actor_policy(cfg, policy, device, progress.step, plan.kv("actor"))
+        gate, rollout_policy = rollout_side(cfg, policy, device, progress.step, plan.kv("actor"), cleanup)
     if cfg.selfplay and (cfg.max_staleness or layout is not None):
         raise ConfigError("selfplay with max_staleness > 0 is not supported yet: self-play rolls out in step")
     roller: TreeRollout | SelfPlayRollout = (
@@ -252,15 +253,16 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         )  # fmt: skip
     if gate is not None:  # batch s: tasks at the data position step s starts at, the synchronous seed
         assert isinstance(roller, TreeRollout)  # (self-play is refused with max_staleness above)
-        start, pos0 = progress.step, progress.data_pos
-        pipe = AsyncRollout(
-            roller, gate, first=start + 1, last=cfg.steps, max_staleness=cfg.max_staleness,
-            draw=lambda s: next_tasks(cfg.env_ids, cfg.seed, pos0 + (s - start - 1) * cfg.prompts_per_step, per_rank),
-            seed=lambda s: cfg.seed * 100_003 + s, context=lambda: autocast(device, cfg.bf16),
-            per_tree=cfg.async_admission == "tree",
-        ).start()  # fmt: skip
-        # a failed run stops the worker (registered after the roller's: runs first)
-        cleanup.callback(pipe.close)
+        pipe = start_worker(
+            cfg,
+            roller,
+            gate,
+            step=progress.step,
+            data_pos=progress.data_pos,
+            count=per_rank,
+            device=device,
+            cleanup=cleanup,
+        )
 
     for step in range(progress.step + 1, cfg.steps + 1):
         stop.check(dist, progress.step, out / "checkpoint", lambda: checkpoint.save(

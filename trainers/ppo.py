@@ -46,8 +46,7 @@ from toolgym.errors import ConfigError
 from toolgym.trainers import checkpoint, preemption
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import gae, masked_whiten, terminal_rewards, turn_gae
-from toolgym.trainers.async_rollout import ActorWeights, AsyncRollout, actor_policy, async_metrics
-from toolgym.trainers.async_servers import server_policy
+from toolgym.trainers.async_rollout import AsyncRollout, async_metrics, rollout_side, start_worker
 from toolgym.trainers.batch import TrainBatch, collate, final_values, forward, micro_batches
 from toolgym.trainers.config import warn_inert
 from toolgym.trainers.distributed import Dist
@@ -123,16 +122,8 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
         dist.after_update()  # fsdp2: the rollout's copy gets the loaded weights
     log = MetricsLog(out, cfg.tensorboard, resume_step=progress.step if cfg.resume else None)
     (out / "config.json").write_text(json.dumps({"algorithm": "ppo", **cfg.to_dict()}, indent=2))
-    gate: ActorWeights | None = None
-    rollout_policy = policy
-    if (
-        cfg.max_staleness
-    ):  # asynchronous (trainers/async_rollout.py): the worker samples an actor copy or servers
-        if cfg.rollout_servers:
-            gate, rollout_policy = server_policy(policy, progress.step)
-            cleanup.callback(rollout_policy.close)
-        else:
-            gate, rollout_policy = actor_policy(cfg, policy, device, progress.step, plan.kv("actor"))
+    # asynchronous (max_staleness > 0): the worker samples an actor copy, or vLLM servers (async_rollout.py)
+    gate, rollout_policy = rollout_side(cfg, policy, device, progress.step, plan.kv("actor"), cleanup)
     roller = TreeRollout(
         rollout_policy, None, rollout_cfg, cfg.env_kwargs, gate=gate, env_backend=cfg.env_backend()
     )
@@ -160,17 +151,16 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
         log.log(0, held_out(0))
     pipe: AsyncRollout | None = None
     if gate is not None:  # batch s: the tasks at the data position step s starts at, the synchronous seed
-        start, pos0 = progress.step, progress.data_pos
-        pipe = AsyncRollout(
-            roller, gate, first=start + 1, last=cfg.steps, max_staleness=cfg.max_staleness,
-            draw=lambda s: next_tasks(cfg.env_ids, cfg.seed, pos0 + (s - start - 1) * cfg.prompts_per_step,
-                                      cfg.prompts_per_step),
-            seed=lambda s: cfg.seed * 100_003 + s, context=lambda: autocast(device, cfg.bf16),
-            per_tree=cfg.async_admission == "tree",
-        ).start()  # fmt: skip
-        cleanup.callback(
-            pipe.close
-        )  # a failed run stops the worker (registered after the roller's: runs first)
+        pipe = start_worker(
+            cfg,
+            roller,
+            gate,
+            step=progress.step,
+            data_pos=progress.data_pos,
+            count=cfg.prompts_per_step,
+            device=device,
+            cleanup=cleanup,
+        )
     for step in range(progress.step + 1, cfg.steps + 1):
         stop.check(dist, progress.step, out / "checkpoint", lambda: checkpoint.save(
             out / "checkpoint", modules, optimizer, progress, addons.state_dict()))  # fmt: skip

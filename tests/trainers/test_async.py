@@ -64,8 +64,8 @@ def test_max_staleness_zero_is_the_synchronous_loop(
     def no_worker(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("max_staleness 0 made an asynchronous worker")
 
-    monkeypatch.setattr(grpo, "AsyncRollout", no_worker)
-    monkeypatch.setattr(grpo, "actor_policy", no_worker)
+    monkeypatch.setattr(grpo, "start_worker", no_worker)
+    monkeypatch.setattr(grpo, "rollout_side", no_worker)
     train_grpo(GRPOConfig(steps=2, max_staleness=0, output_dir=str(tmp_path / "b"), **SMALL), m2, tokenizer)
     for a, b in zip(records(tmp_path / "a"), records(tmp_path / "b"), strict=True):
         assert {k for k in a if not k.startswith("time/")} == {k for k in b if not k.startswith("time/")}
