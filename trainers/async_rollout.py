@@ -427,15 +427,21 @@ def rollout_side(
 
 
 def start_worker(
-    cfg: Any, roller: TreeRollout, gate: ActorWeights, *, step: int, data_pos: int, count: int,
-    device: torch.device, cleanup: contextlib.ExitStack,
-) -> AsyncRollout:  # fmt: skip
-    """The worker of a run resumed at (or starting from) `step` and `data_pos`: batch s holds the `count` tasks at
-    the data position learner step s starts at, with the synchronous loop's seed; stopped by `cleanup` when the
-    run fails (register it after the roller's close: it runs first)."""
+    cfg: Any,
+    roller: TreeRollout,
+    gate: ActorWeights,
+    progress: Any,
+    count: int,
+    device: torch.device,
+    cleanup: contextlib.ExitStack,
+) -> AsyncRollout:
+    """The worker of a run at `progress` (its step and data position: the start, or a resumed checkpoint's):
+    batch s holds the `count` tasks at the data position learner step s starts at, with the synchronous loop's
+    seed; stopped by `cleanup` when the run fails (register it after the roller's close: it runs first)."""
     from toolgym.trainers.episodes import next_tasks
     from toolgym.trainers.modeling import autocast
 
+    step, data_pos = progress.step, progress.data_pos
     pipe = AsyncRollout(
         roller, gate, first=step + 1, last=cfg.steps, max_staleness=cfg.max_staleness,
         draw=lambda s: next_tasks(cfg.env_ids, cfg.seed, data_pos + (s - step - 1) * cfg.prompts_per_step, count),

@@ -253,16 +253,7 @@ def _train(cfg: GRPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.Exit
         )  # fmt: skip
     if gate is not None:  # batch s: tasks at the data position step s starts at, the synchronous seed
         assert isinstance(roller, TreeRollout)  # (self-play is refused with max_staleness above)
-        pipe = start_worker(
-            cfg,
-            roller,
-            gate,
-            step=progress.step,
-            data_pos=progress.data_pos,
-            count=per_rank,
-            device=device,
-            cleanup=cleanup,
-        )
+        pipe = start_worker(cfg, roller, gate, progress, per_rank, device, cleanup)
 
     for step in range(progress.step + 1, cfg.steps + 1):
         stop.check(dist, progress.step, out / "checkpoint", lambda: checkpoint.save(

@@ -151,16 +151,7 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
         log.log(0, held_out(0))
     pipe: AsyncRollout | None = None
     if gate is not None:  # batch s: the tasks at the data position step s starts at, the synchronous seed
-        pipe = start_worker(
-            cfg,
-            roller,
-            gate,
-            step=progress.step,
-            data_pos=progress.data_pos,
-            count=cfg.prompts_per_step,
-            device=device,
-            cleanup=cleanup,
-        )
+        pipe = start_worker(cfg, roller, gate, progress, cfg.prompts_per_step, device, cleanup)
     for step in range(progress.step + 1, cfg.steps + 1):
         stop.check(dist, progress.step, out / "checkpoint", lambda: checkpoint.save(
             out / "checkpoint", modules, optimizer, progress, addons.state_dict()))  # fmt: skip
