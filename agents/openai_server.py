@@ -135,6 +135,7 @@ class PolicyServer(AppServer):
         strict_model: bool = False,
         limits: Limits | None = None,
         weight_updates: bool = False,
+        continuous: bool | None = None,
     ) -> None:
         if max_tokens_limit < 1 or max_batch < 1 or max_choices < 1:
             raise ConfigError("max_tokens_limit, max_batch and max_choices must be >= 1")
@@ -156,6 +157,15 @@ class PolicyServer(AppServer):
         self.gate = PauseGate()  # /pause and weight loads hold the batcher off between batches
         # vLLM's dev endpoints (/pause, /resume, /collective_rpc reload_weights, /reset_prefix_cache): off, 404
         self.weights = WeightUpdates(policy, self.gate) if weight_updates else None
+        # continuous batching (a request joins the running batch at the next engine step) for a policy whose
+        # engine allows it (ours: ``continuous_serving``); None: whenever it does; else rounds
+        able = bool(getattr(policy, "continuous_serving", False))
+        if continuous and not able:
+            raise ConfigError(
+                f"continuous batching needs an engine policy (engine:NAME), not {type(policy).__name__}"
+            )
+        self.continuous = able if continuous is None else continuous
+        self.batcher: Any = None  # the continuous batcher, once its thread runs
         self._worker = threading.Thread(target=self._work, name="toolgym-serve-batcher", daemon=True)
         self._renderer = getattr(policy, "renderer", None) if isinstance(policy, TokenPolicy) else None
         tok = getattr(self._renderer, "tokenizer", None)
@@ -238,7 +248,13 @@ class PolicyServer(AppServer):
 
     def _work(self) -> None:
         try:
-            self._batches()
+            if self.continuous:  # our engine: requests join the running batch (agents/openai_continuous.py)
+                from toolgym.agents.openai_continuous import ContinuousBatcher
+
+                self.batcher = ContinuousBatcher(self)
+                self.batcher.run()
+            else:
+                self._batches()
         finally:  # jobs still queued when the batcher stops (closed, or a policy that raised past Exception)
             with self._intake:  # are answered, and none is queued after: never left waiting
                 self._stopped = True
@@ -377,24 +393,28 @@ class PolicyServer(AppServer):
             gens = policy.generate(prompts, sampling)
         if len(gens) != len(prompts):
             raise InfrastructureError(f"the policy returned {len(gens)} turns for {len(prompts)} prompts")
-        replies: list[_Reply | Exception] = []
-        for j, (_, tools), prompt, gen in zip(jobs, prepared, prompts, gens, strict=True):
-            turn = policy.to_turn(gen, tools, len(prompt))
-            failed: InfrastructureError | None = _failed(turn)
-            if failed is None and len(turn.logprobs) != len(turn.token_ids):
-                failed = InfrastructureError(
-                    f"the policy returned {len(turn.logprobs)} logprobs for {len(turn.token_ids)} tokens"
-                )
-            if failed is not None:
-                replies.append(failed)
-                continue
-            reply = _Reply(turn, len(prompt))
-            if j.top_k and gen.token_ids:
-                reply.top = self._top_logprobs(prompt, gen.token_ids, j.top_k, sampling)
-            replies.append(reply)
+        replies = [
+            self._reply(j, tools, prompt, gen)
+            for j, (_, tools), prompt, gen in zip(jobs, prepared, prompts, gens, strict=True)
+        ]
         for i, answer in zip(keep, replies, strict=True):
             out[i] = answer
         return out
+
+    def _reply(self, job: _Job, tools: Any, prompt: list[int], gen: Any) -> _Reply | Exception:
+        """A job's reply from its generation (an InfrastructureError when the policy's output is broken)."""
+        turn = self.policy.to_turn(gen, tools, len(prompt))  # type: ignore[attr-defined]
+        failed: InfrastructureError | None = _failed(turn)
+        if failed is None and len(turn.logprobs) != len(turn.token_ids):
+            failed = InfrastructureError(
+                f"the policy returned {len(turn.logprobs)} logprobs for {len(turn.token_ids)} tokens"
+            )
+        if failed is not None:
+            return failed
+        reply = _Reply(turn, len(prompt))
+        if job.top_k and gen.token_ids:
+            reply.top = self._top_logprobs(prompt, gen.token_ids, job.top_k, job.sampling)
+        return reply
 
     def context_problem(self, prompt_tokens: int, max_tokens: int) -> str | None:
         """Why a prompt of ``prompt_tokens`` with room for ``max_tokens`` more does not fit the model (vLLM's

@@ -110,6 +110,7 @@ class WeightUpdates:
 
     def __init__(self, policy: Any, gate: PauseGate) -> None:
         self.policy, self.gate = policy, gate
+        self.epoch = 0  # reloads so far (a continuous batcher restarts its turns in flight after one)
 
     def call(self, rpc: CollectiveRpc) -> dict[str, Any]:
         """vLLM's answer shape (one result per worker: we are one)."""
@@ -161,6 +162,7 @@ class WeightUpdates:
             if callable(refresh):  # our engine re-packs its fused copy of the weights
                 refresh(force=True)
             self._clear()
+            self.epoch += 1
 
     def reset_prefix_cache(self) -> dict[str, bool]:
         """Drop the policy's kept KV caches (between batches); vLLM's answer."""

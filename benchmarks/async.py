@@ -471,9 +471,8 @@ def servers_part(
     """`servers`: the learner on GPU 0 with its rollouts on a rollout server on GPU 1 (`toolgym serve --agent
     engine:MODEL --weight-updates`: our engine; `engine: vllm`, `rollout_servers`, `weight_sync: disk`, the
     weights pushed after every step), asynchronous (`max_staleness` k; with `--servers-sync` also k = 0), vs
-    the synchronous loop on one GPU (`sync`, the arm the other parts share). `toolgym serve` generates the
-    requests that arrived together as one batch to its end (rounds), where vLLM's server batches continuously:
-    a straggler turn holds the requests behind it, so this arm is a lower bound of the layout's gain."""
+    the synchronous loop on one GPU (`sync`, the arm the other parts share). The server batches continuously
+    (a turn joins the running batch at the next engine step), as vLLM's does."""
     model = warm["model"] if warm is not None else base["model"]
     capacity = base["max_total_tokens"] + base["max_new_tokens"] + 8
     arms: dict[str, Any] = {}

@@ -66,6 +66,8 @@ class EnginePolicy(RenderedTokenPolicy):
     that is prefilled once and forked.
     """
 
+    continuous_serving = True  # toolgym serve batches its requests continuously (agents/openai_continuous.py)
+
     def __init__(
         self,
         model: str | Any = "smollm2-135m",
@@ -118,6 +120,18 @@ class EnginePolicy(RenderedTokenPolicy):
         if self.engine.refresh(force):
             self.index.clear()
 
+    def check_prompts(self, prompts: Sequence[list[int]]) -> None:
+        """A ConfigError for a prompt the engine cannot take: past its capacity, or an id outside the model's
+        vocabulary (a tokenizer with more ids than the embedding: an index fault on the device otherwise)."""
+        cap = self.engine.cache.capacity
+        if any(len(p) >= cap - 1 for p in prompts):
+            longest = max(len(p) for p in prompts)
+            raise ConfigError(f"a prompt of {longest} tokens does not fit the engine's capacity ({cap})")
+        vocab = self.engine.weights.shape.vocab
+        if any(p and (min(p) < 0 or max(p) >= vocab) for p in prompts):
+            bad = next(t for p in prompts for t in p if t < 0 or t >= vocab)
+            raise ConfigError(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+
     def generation(self, seq: Seq) -> Generation:
         return Generation(
             list(seq.out), list(seq.logprobs), seq.finish,  # type: ignore[arg-type]
@@ -128,16 +142,9 @@ class EnginePolicy(RenderedTokenPolicy):
         self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
     ) -> list[Generation]:
         """One continuation per prompt (ids in, ids + logprobs out), continuing held caches where they match."""
-        cap = self.engine.cache.capacity
-        # checked before any prompt is planned: a refusal leaves nothing queued and no slot taken
-        if any(len(p) >= cap - 1 for p in prompts):
-            longest = max(len(p) for p in prompts)
-            raise ConfigError(f"a prompt of {longest} tokens does not fit the engine's capacity ({cap})")
-        # (a tokenizer with more ids than the model's embedding: an index fault on the device otherwise)
-        vocab = self.engine.weights.shape.vocab
-        if any(p and (min(p) < 0 or max(p) >= vocab) for p in prompts):
-            bad = next(t for p in prompts for t in p if t < 0 or t >= vocab)
-            raise ConfigError(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+        self.check_prompts(
+            prompts
+        )  # before any prompt is planned: a refusal leaves nothing queued, no slot taken
         sp, mode, seqs = plan_turns(self, prompts, sampling)
         if not seqs:
             return []

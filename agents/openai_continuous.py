@@ -1,0 +1,179 @@
+"""``toolgym serve`` over our engine with continuous batching: a request joins the running batch at the next
+engine step, as in vLLM's server, instead of waiting for the batch before it to end (the rounds of
+``PolicyServer._batches``, which every other policy uses).
+
+A trainer's rollout sends turns to a rollout server as its episodes reach them, of uneven lengths: in rounds a
+turn that arrives while a batch runs waits for that batch's longest reply; here it starts at the next step.
+
+- Each request is planned against the engine's held caches (a turn that continues an earlier prompt + reply
+  prefills only its new tokens) and submitted with its own sampling mode (the engine groups modes per step).
+  A request's ``seed`` reseeds the engine's one generator when it is admitted (the rounds path does the same
+  per batch): with requests of other clients in flight that is no per-request reproducibility.
+- Weight updates (``--weight-updates``): ``/pause`` returns between two engine steps, and no step runs until
+  ``/resume``; the sequences in flight stay in the engine (vLLM's ``mode=keep``). A reload also runs between
+  steps; after it every turn in flight is taken out and submitted again with what it sampled so far appended,
+  so its context is prefilled under the new weights (vLLM preempts and recomputes them); the reply is the
+  tokens and logprobs of both parts (each logprob the one its token was sampled with).
+- A request the engine cannot take (past its capacity or the model's context, an id outside the vocabulary) is
+  answered 400 alone; an engine fault answers every turn in flight with it (500) and the server goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from toolgym.errors import ConfigError
+
+if TYPE_CHECKING:
+    from toolgym.agents.openai_server import PolicyServer, _Job, _Reply
+
+
+@dataclass
+class _Live:
+    """A request in the engine: its job, prompt and tools, its sequence, and what it sampled before a reload."""
+
+    job: _Job
+    prompt: list[int]
+    tools: Any
+    seq: Any
+    carried: tuple[list[int], list[float], list[float]] = field(default_factory=lambda: ([], [], []))
+
+
+class ContinuousBatcher:
+    """The batching thread of a ``PolicyServer`` over an engine policy (``continuous_serving``)."""
+
+    def __init__(self, server: PolicyServer) -> None:
+        self.server, self.policy = server, server.policy
+        self.engine = self.policy.engine  # type: ignore[attr-defined]
+        self.live: dict[int, _Live] = {}
+        self.epoch = self._weights_epoch()
+
+    def _weights_epoch(self) -> int:
+        return getattr(self.server.weights, "epoch", 0)
+
+    def run(self) -> None:
+        """Until the server closes: take what is queued (waiting only when nothing runs), admit it, step."""
+        from toolgym.agents.openai_server import ServerClosed
+
+        while True:
+            jobs = self._take(block=not self.live)
+            if jobs is None:  # closing: what is in flight is answered, what is queued is _work's
+                self._fail_all(ServerClosed("the server shut down before this request ended"))
+                return
+            if not self.server.gate.enter():  # closing while paused
+                for j in jobs:
+                    self.server._jobs.put(j)
+                self._fail_all(ServerClosed("the server shut down before this request ended"))
+                return
+            try:
+                self._after_reload()
+                for j in jobs:
+                    self._admit(j)
+                if self.live:
+                    for seq in self.engine.step():
+                        self._finish(seq)
+            except Exception as exc:  # an engine fault: the turns in flight fail (500), the server goes on
+                self._fail_all(exc)
+            except BaseException as exc:  # (SystemExit, KeyboardInterrupt) ends the batcher: answer first
+                self._fail_all(ServerClosed(f"the policy stopped the server ({type(exc).__name__})"))
+                return
+            finally:
+                self.server.gate.leave()
+
+    def _take(self, block: bool) -> list[_Job] | None:
+        """Every queued job (at least one when ``block``); None once the server closes."""
+        q = self.server._jobs
+        out: list[_Job] = []
+        while True:
+            try:
+                job = q.get() if block and not out else q.get_nowait()
+            except queue.Empty:
+                return out
+            if job is None:
+                q.put(None)  # (seen again by nobody: the batcher ends)
+                for j in out:
+                    q.put(j)
+                return None
+            out.append(job)
+
+    def _admit(self, job: _Job) -> None:
+        from toolgym.agents.engine.engine_policy import plan_turns
+
+        if not job.future.set_running_or_notify_cancel():  # its caller went away
+            return
+        server = self.server
+        try:
+            conv, tools = (
+                server._conversation(job.conversation, job.tools) if job.prompt is None else ([], None)
+            )
+            prompt = job.prompt if job.prompt is not None else server._renderer.prompt_ids(conv, tools)  # type: ignore[union-attr]
+            problem = server.context_problem(len(prompt), job.sampling.max_new_tokens)
+            if problem is not None:
+                raise ConfigError(problem)
+            self.policy.check_prompts([prompt])  # type: ignore[attr-defined]
+            sp, mode, seqs = plan_turns(self.policy, [prompt], job.sampling)
+            self.engine.submit(seqs[0], mode, sp.max_new_tokens, sp.stop)
+        except Exception as exc:  # this request's fault (400), or the policy's (500): it alone
+            _answer(job, exc)
+            return
+        self.live[seqs[0].id] = _Live(job, prompt, tools, seqs[0])
+
+    def _finish(self, seq: Any) -> None:
+        lv = self.live.pop(seq.id, None)
+        if lv is None:
+            return
+        self.policy.index.add(seq)  # type: ignore[attr-defined]
+        gen = self.policy.generation(seq)  # type: ignore[attr-defined]
+        out, lps, ents = lv.carried
+        if out:
+            gen = dataclasses.replace(
+                gen, token_ids=out + gen.token_ids, logprobs=lps + gen.logprobs,
+                entropies=None if gen.entropies is None else ents + gen.entropies,
+            )  # fmt: skip
+        result: _Reply | Exception
+        try:
+            result = self.server._reply(lv.job, lv.tools, lv.prompt, gen)
+        except Exception as exc:
+            result = exc
+        _answer(lv.job, result)
+
+    def _after_reload(self) -> None:
+        """New weights since the last step: every turn in flight goes on from a fresh prefill under them."""
+        epoch = self._weights_epoch()
+        if epoch == self.epoch:
+            return
+        self.epoch = epoch
+        for sid, lv in list(self.live.items()):
+            seq = lv.seq
+            if seq.state not in ("queued", "active"):
+                continue
+            out, lps, ents = lv.carried
+            carried = (out + list(seq.out), lps + list(seq.logprobs), ents + list(seq.entropies))
+            left = seq.max_new - len(seq.out)
+            self.engine.cancel(seq)
+            fresh = self.engine.new(seq.ids + seq.out, tag=seq.tag)
+            self.engine.submit(fresh, seq.mode, left, seq.stop)
+            del self.live[sid]
+            self.live[fresh.id] = dataclasses.replace(lv, seq=fresh, carried=carried)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for lv in self.live.values():
+            try:
+                if lv.seq.state in ("queued", "active"):
+                    self.engine.cancel(lv.seq)
+            except Exception:  # (the engine that failed may not cancel either: the answer matters)
+                pass
+            _answer(lv.job, exc)
+        self.live.clear()
+
+
+def _answer(job: _Job, result: _Reply | Exception) -> None:
+    if isinstance(result, Exception):
+        job.future.set_exception(result)
+    else:
+        job.future.set_result(result)
+    if job.sink is not None:
+        job.sink.push(job.choice, None)
