@@ -25,7 +25,7 @@ import queue
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from toolgym.errors import ConfigError
+from toolgym.errors import ConfigError, InfrastructureError
 
 if TYPE_CHECKING:
     from toolgym.agents.openai_server import PolicyServer, _Job, _Reply
@@ -72,6 +72,10 @@ class ContinuousBatcher:
                 self._after_reload()
                 for j in jobs:
                     self._admit(j)
+                if self.live and not self.engine.busy():  # (never expected: turns the engine no longer has)
+                    raise InfrastructureError(
+                        f"the engine holds none of the {len(self.live)} turns in flight"
+                    )
                 if self.live:
                     for seq in self.engine.step():
                         self._finish(seq)
