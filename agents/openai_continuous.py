@@ -25,6 +25,7 @@ import queue
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from toolgym.agents.openai_server import answer
 from toolgym.errors import ConfigError, InfrastructureError
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class ContinuousBatcher:
             sp, mode, seqs = plan_turns(self.policy, [prompt], job.sampling)
             self.engine.submit(seqs[0], mode, sp.max_new_tokens, sp.stop)
         except Exception as exc:  # this request's fault (400), or the policy's (500): it alone
-            _answer(job, exc)
+            answer(job, exc)
             return
         self.live[seqs[0].id] = _Live(job, prompt, tools, seqs[0])
 
@@ -142,7 +143,7 @@ class ContinuousBatcher:
             result = self.server._reply(lv.job, lv.tools, lv.prompt, gen)
         except Exception as exc:
             result = exc
-        _answer(lv.job, result)
+        answer(lv.job, result)
 
     def _after_reload(self) -> None:
         """New weights since the last step: every turn in flight goes on from a fresh prefill under them."""
@@ -170,14 +171,5 @@ class ContinuousBatcher:
                     self.engine.cancel(lv.seq)
             except Exception:  # (the engine that failed may not cancel either: the answer matters)
                 pass
-            _answer(lv.job, exc)
+            answer(lv.job, exc)
         self.live.clear()
-
-
-def _answer(job: _Job, result: _Reply | Exception) -> None:
-    if isinstance(result, Exception):
-        job.future.set_exception(result)
-    else:
-        job.future.set_result(result)
-    if job.sink is not None:
-        job.sink.push(job.choice, None)

@@ -105,6 +105,16 @@ class _Reply:
     )  # per reply token: (id, logprob) best-first
 
 
+def answer(job: _Job, result: _Reply | Exception) -> None:
+    """Answers a job (its future, and the end of its stream when it streams)."""
+    if isinstance(result, Exception):
+        job.future.set_exception(result)
+    else:
+        job.future.set_result(result)
+    if job.sink is not None:
+        job.sink.push(job.choice, None)
+
+
 def tools_system_text(tools: Sequence[dict[str, Any]]) -> str:
     """Tool schemas and the call syntax as system-prompt text, for templates that do not render tools."""
     schemas = "\n".join(json.dumps(t.get("function", t)) for t in tools)
@@ -315,12 +325,7 @@ class PolicyServer(AppServer):
                             j.sink.push(j.choice, None)
                 return False  # (no re-raise: in a thread it would only print; _work refuses what follows)
             for j, reply in zip(jobs, replies, strict=True):
-                if isinstance(reply, Exception):
-                    j.future.set_exception(reply)
-                else:
-                    j.future.set_result(reply)
-                if j.sink is not None:
-                    j.sink.push(j.choice, None)
+                answer(j, reply)
         return True
 
     def _isolated(self, jobs: list[_Job], sampling: SamplingParams) -> list[_Reply | Exception]:
