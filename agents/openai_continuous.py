@@ -22,9 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import queue
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from toolgym.agents.engine.engine_policy import (
+    NOTHING_CARRIED,
+    Carried,
+    plan_turns,
+    restart_turn,
+    with_carried,
+)
 from toolgym.agents.openai_server import answer
 from toolgym.errors import ConfigError, InfrastructureError
 
@@ -40,7 +47,7 @@ class _Live:
     prompt: list[int]
     tools: Any
     seq: Any
-    carried: tuple[list[int], list[float], list[float]] = field(default_factory=lambda: ([], [], []))
+    carried: Carried = NOTHING_CARRIED
 
 
 class ContinuousBatcher:
@@ -105,8 +112,6 @@ class ContinuousBatcher:
             out.append(job)
 
     def _admit(self, job: _Job) -> None:
-        from toolgym.agents.engine.engine_policy import plan_turns
-
         if not job.future.set_running_or_notify_cancel():  # its caller went away
             return
         server = self.server
@@ -131,13 +136,7 @@ class ContinuousBatcher:
         if lv is None:
             return
         self.policy.index.add(seq)  # type: ignore[attr-defined]
-        gen = self.policy.generation(seq)  # type: ignore[attr-defined]
-        out, lps, ents = lv.carried
-        if out:
-            gen = dataclasses.replace(
-                gen, token_ids=out + gen.token_ids, logprobs=lps + gen.logprobs,
-                entropies=None if gen.entropies is None else ents + gen.entropies,
-            )  # fmt: skip
+        gen = with_carried(self.policy.generation(seq), lv.carried)  # type: ignore[attr-defined]
         result: _Reply | Exception
         try:
             result = self.server._reply(lv.job, lv.tools, lv.prompt, gen)
@@ -155,12 +154,7 @@ class ContinuousBatcher:
             seq = lv.seq
             if seq.state not in ("queued", "active"):
                 continue
-            out, lps, ents = lv.carried
-            carried = (out + list(seq.out), lps + list(seq.logprobs), ents + list(seq.entropies))
-            left = seq.max_new - len(seq.out)
-            self.engine.cancel(seq)
-            fresh = self.engine.new(seq.ids + seq.out, tag=seq.tag)
-            self.engine.submit(fresh, seq.mode, left, seq.stop)
+            fresh, carried = restart_turn(self.engine, seq, lv.carried)
             del self.live[sid]
             self.live[fresh.id] = dataclasses.replace(lv, seq=fresh, carried=carried)
 

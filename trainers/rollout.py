@@ -54,7 +54,6 @@ continues under the new weights (a partial rollout) and its earlier tokens keep 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -539,6 +538,8 @@ class _EngineTurns:
         again with what it sampled so far appended, so its whole context is prefilled again under the new
         weights (as AReaL's interrupted generation; keeping the old keys/values would make the next tokens
         a mix of two versions). Its earlier tokens keep their version and logprobs."""
+        from toolgym.agents.engine.engine_policy import NOTHING_CARRIED, restart_turn
+
         assert self.gate is not None
         version = self.gate.sync(self.policy)
         if version == self.version:
@@ -549,15 +550,10 @@ class _EngineTurns:
         for sid, (seq, marks) in list(self.marks.items()):
             if seq.state not in ("queued", "active"):
                 continue
-            out, lps, ents = self.carried.pop(sid, ([], [], []))
-            out, lps, ents = out + seq.out, lps + seq.logprobs, ents + seq.entropies
-            left = seq.max_new - len(seq.out)
-            self.engine.cancel(seq)
-            fresh = self.engine.new(seq.ids + seq.out, tag=seq.tag)
-            self.engine.submit(fresh, seq.mode, left, seq.stop)
+            fresh, carried = restart_turn(self.engine, seq, self.carried.pop(sid, NOTHING_CARRIED))
             del self.marks[sid]
-            self.marks[fresh.id] = (fresh, [*marks, (len(out), version)])
-            self.carried[fresh.id] = (out, lps, ents)
+            self.marks[fresh.id] = (fresh, [*marks, (len(carried[0]), version)])
+            self.carried[fresh.id] = carried
 
     def failed(self, request: Any, seq: Any, error: str) -> Fault:
         """A turn no rollout server answered (`TurnFailed`): its path ends as an env_error (`_lost_turn`)."""
@@ -570,13 +566,10 @@ class _EngineTurns:
         gen = self.policy.generation(seq)
         if self.gate is None:
             return gen
+        from toolgym.agents.engine.engine_policy import NOTHING_CARRIED, with_carried
+
         _, marks = self.marks.pop(seq.id)
-        out, lps, ents = self.carried.pop(seq.id, ([], [], []))
-        if out:
-            gen = dataclasses.replace(
-                gen, token_ids=out + gen.token_ids, logprobs=lps + gen.logprobs,
-                entropies=None if gen.entropies is None else ents + gen.entropies,
-            )  # fmt: skip
+        gen = with_carried(gen, self.carried.pop(seq.id, NOTHING_CARRIED))
         n = len(gen.token_ids)
         versions: list[int] = []
         for i, (_, version) in enumerate(marks):

@@ -15,6 +15,7 @@ Logprobs: those of the distribution each token was drawn from (see ``sampling.py
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,36 @@ def plan_turns(
     if sp.seed is not None:
         policy.engine.seed(sp.seed)
     return sp, mode_of(sp, policy.top_k), policy._plan([list(p) for p in prompts])
+
+
+Carried = tuple[
+    list[int], list[float], list[float]
+]  # what a turn sampled before a restart: ids, logprobs, entropies
+NOTHING_CARRIED: Carried = ([], [], [])
+
+
+def restart_turn(engine: Any, seq: Any, carried: Carried = NOTHING_CARRIED) -> tuple[Any, Carried]:
+    """``seq`` (queued or generating) taken out of ``engine`` and submitted again with what it has sampled
+    appended to its context, so the rest of the turn comes from a fresh prefill (new weights: keeping the old
+    keys/values would mix two versions). Its new sequence, and everything the turn has sampled so far
+    (``carried`` from earlier restarts, then this sequence's)."""
+    carried = (carried[0] + list(seq.out), carried[1] + list(seq.logprobs), carried[2] + list(seq.entropies))
+    left = seq.max_new - len(seq.out)
+    engine.cancel(seq)
+    fresh = engine.new(seq.ids + seq.out, tag=seq.tag)
+    engine.submit(fresh, seq.mode, left, seq.stop)
+    return fresh, carried
+
+
+def with_carried(gen: Generation, carried: Carried) -> Generation:
+    """A restarted turn's whole generation: what it sampled before its restarts, then ``gen``."""
+    out, lps, ents = carried
+    if not out:
+        return gen
+    return dataclasses.replace(
+        gen, token_ids=out + gen.token_ids, logprobs=lps + gen.logprobs,
+        entropies=None if gen.entropies is None else ents + gen.entropies,
+    )  # fmt: skip
 
 
 class EnginePolicy(RenderedTokenPolicy):
@@ -142,9 +173,8 @@ class EnginePolicy(RenderedTokenPolicy):
         self, prompts: Sequence[list[int]], sampling: SamplingParams | None = None
     ) -> list[Generation]:
         """One continuation per prompt (ids in, ids + logprobs out), continuing held caches where they match."""
-        self.check_prompts(
-            prompts
-        )  # before any prompt is planned: a refusal leaves nothing queued, no slot taken
+        # (before any prompt is planned: a refusal leaves nothing queued and no slot taken)
+        self.check_prompts(prompts)
         sp, mode, seqs = plan_turns(self, prompts, sampling)
         if not seqs:
             return []
