@@ -274,9 +274,7 @@ class PolicyServer(AppServer):
                 except queue.Empty:
                     break
                 if job is not None and job.future.set_running_or_notify_cancel():
-                    job.future.set_exception(ServerClosed("the server shut down before this request ran"))
-                    if job.sink is not None:
-                        job.sink.push(job.choice, None)
+                    answer(job, ServerClosed("the server shut down before this request ran"))
 
     def _batches(self) -> None:
         while True:
@@ -318,11 +316,7 @@ class PolicyServer(AppServer):
             except BaseException as exc:  # (SystemExit, KeyboardInterrupt) ends the batcher: answer first
                 for j in batch:
                     if not j.future.done():
-                        j.future.set_exception(
-                            ServerClosed(f"the policy stopped the server ({type(exc).__name__})")
-                        )
-                        if j.sink is not None:
-                            j.sink.push(j.choice, None)
+                        answer(j, ServerClosed(f"the policy stopped the server ({type(exc).__name__})"))
                 return False  # (no re-raise: in a thread it would only print; _work refuses what follows)
             for j, reply in zip(jobs, replies, strict=True):
                 answer(j, reply)

@@ -83,6 +83,8 @@ class ActorWeights:
     point when a newer version was published.
     """
 
+    restarts_turns = True  # a turn in flight at a new version is prefilled again under it (`_EngineTurns`)
+
     def __init__(self, learner: Any, actor: Any, version: int = 0) -> None:
         self.learner, self.actor = learner, actor
         self.lock = threading.Lock()

@@ -458,6 +458,10 @@ class TreeRollout:
 class WeightGate(Protocol):
     """Published weights for asynchronous rollouts (trainers/async_rollout.py `ActorWeights`)."""
 
+    # whether a turn in flight at a new version is restarted here (our engine's partial rollout), or the
+    # engine carries it across the change itself (vLLM servers: trainers/async_servers.py)
+    restarts_turns: bool
+
     def hold(self) -> AbstractContextManager[int]:
         """Holds the weights still (no publish meanwhile); yields their version."""
         ...
@@ -545,7 +549,7 @@ class _EngineTurns:
         if version == self.version:
             return
         self.version = version
-        if not getattr(self.gate, "restarts_turns", True):
+        if not self.gate.restarts_turns:
             return  # vLLM servers go on with their turns under the new weights (trainers/async_servers.py)
         for sid, (seq, marks) in list(self.marks.items()):
             if seq.state not in ("queued", "active"):
