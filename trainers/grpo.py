@@ -32,8 +32,9 @@ Departures from the papers:
    It is computed after success replay, so a replayed row is shaped as its siblings.
 9. With `max_staleness` > 0 the rollout runs ahead of the learner on a worker thread, from an actor copy of
    the weights published after each step (trainers/async_rollout.py: versions, admission, partial rollouts;
-   on vLLM servers the servers hold them, trainers/async_servers.py); 0 is this loop as it always was. With `rollout_ranks` > 0 (torchrun) the last ranks grow the batches and
-   receive the weights over a process group (trainers/async_split.py).
+   on vLLM servers the servers hold them, trainers/async_servers.py); 0 is this loop as it always was. With
+   `rollout_ranks` > 0 (torchrun) the last ranks grow the batches and receive the weights over a process
+   group (trainers/async_split.py).
 """
 
 from __future__ import annotations

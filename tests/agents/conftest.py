@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -129,3 +130,20 @@ def smollm2_tokenizer() -> Any:
         return AutoTokenizer.from_pretrained(cached)
     path = gguf_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., Any]]:
+    """Starts ``PolicyServer(policy, port=0, **kw)``; every server started is closed after the test."""
+    from toolgym.agents.openai_server import PolicyServer
+
+    started: list[Any] = []
+
+    def start(policy: Any, **kw: Any) -> Any:
+        server = PolicyServer(policy, port=0, **kw).start()
+        started.append(server)
+        return server
+
+    yield start
+    for s in started:
+        s.close()

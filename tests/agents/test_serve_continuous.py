@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +25,6 @@ def _engine(model: Any, tokenizer: Any) -> Any:
     return EnginePolicy(model, tokenizer, slots=8, capacity=512)
 
 
-@pytest.fixture
-def started() -> Iterator[list[Any]]:
-    servers: list[Any] = []
-    yield servers
-    for s in servers:
-        s.close()
-
-
-def _serve(started: list[Any], policy: Any, **kw: Any) -> Any:
-    from toolgym.agents.openai_server import PolicyServer
-
-    server = PolicyServer(policy, port=0, **kw).start()
-    started.append(server)
-    return server
-
-
 def _complete(server: Any, prompt: list[int], max_tokens: int, out: dict[str, Any], key: str) -> None:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True}
     resp = httpx.post(f"{server.url}/completions", json=body, timeout=120)
@@ -49,11 +32,11 @@ def _complete(server: Any, prompt: list[int], max_tokens: int, out: dict[str, An
 
 
 def test_engine_servers_batch_continuously_with_the_rounds_replies(
-    started: list[Any], chatml_tokenizer: Any, make_tiny_model: Any
+    serve: Any, chatml_tokenizer: Any, make_tiny_model: Any
 ) -> None:
     model = make_tiny_model(len(chatml_tokenizer), seed=3)
-    cont = _serve(started, _engine(model, chatml_tokenizer))
-    rounds = _serve(started, _engine(copy.deepcopy(model), chatml_tokenizer), continuous=False)
+    cont = serve(_engine(model, chatml_tokenizer))
+    rounds = serve(_engine(copy.deepcopy(model), chatml_tokenizer), continuous=False)
     assert cont.continuous and not rounds.continuous
     prompts = [[1, 40 + i, 41, 42, 2, 44 + i] for i in range(6)]
     for server in (cont, rounds):
@@ -72,11 +55,11 @@ def test_engine_servers_batch_continuously_with_the_rounds_replies(
 
 
 def test_a_short_request_behind_a_long_one_is_answered_first(
-    started: list[Any], chatml_tokenizer: Any, make_tiny_model: Any
+    serve: Any, chatml_tokenizer: Any, make_tiny_model: Any
 ) -> None:
     """The defining property: in rounds the short request would wait for the long one's whole reply."""
     model = make_tiny_model(len(chatml_tokenizer), seed=3)
-    server = _serve(started, _engine(model, chatml_tokenizer))
+    server = serve(_engine(model, chatml_tokenizer))
     got: dict[str, Any] = {}
     long = threading.Thread(target=_complete, args=(server, PROMPT, 480, got, "long"))
     long.start()
@@ -101,10 +84,10 @@ def _wait_for_tokens(server: Any, n: int, got: dict[str, Any], key: str) -> bool
 
 
 def test_a_request_the_engine_refuses_fails_alone(
-    started: list[Any], chatml_tokenizer: Any, make_tiny_model: Any
+    serve: Any, chatml_tokenizer: Any, make_tiny_model: Any
 ) -> None:
     model = make_tiny_model(len(chatml_tokenizer), seed=3)
-    server = _serve(started, _engine(model, chatml_tokenizer))
+    server = serve(_engine(model, chatml_tokenizer))
     got: dict[str, Any] = {}
     ok = threading.Thread(target=_complete, args=(server, PROMPT, 20, got, "ok"))
     ok.start()
@@ -116,7 +99,7 @@ def test_a_request_the_engine_refuses_fails_alone(
 
 
 def test_pause_holds_turns_in_flight_and_a_reload_restarts_them_under_the_new_weights(
-    started: list[Any], chatml_tokenizer: Any, make_tiny_model: Any, tmp_path: Path
+    serve: Any, chatml_tokenizer: Any, make_tiny_model: Any, tmp_path: Path
 ) -> None:
     """A turn in flight during /pause stays in the engine and ends after /resume; after a reload it goes on from
     a fresh prefill under the new weights: its reply is the k tokens it had (the old weights' greedy
@@ -125,7 +108,7 @@ def test_pause_holds_turns_in_flight_and_a_reload_restarts_them_under_the_new_we
 
     served = make_tiny_model(len(chatml_tokenizer), seed=3)
     learner = make_tiny_model(len(chatml_tokenizer), seed=9)
-    server = _serve(started, _engine(copy.deepcopy(served), chatml_tokenizer), weight_updates=True)
+    server = serve(_engine(copy.deepcopy(served), chatml_tokenizer), weight_updates=True)
     base = root(server)
     got: dict[str, Any] = {}
     flight = threading.Thread(target=_complete, args=(server, PROMPT, 480, got, "long"))

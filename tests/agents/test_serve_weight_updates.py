@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,23 +48,6 @@ def rounded(model: Any) -> Any:
         for p in out.parameters():
             p.copy_(p.to(torch.bfloat16).to(p.dtype))
     return out
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[..., Any]]:
-    """Starts ``PolicyServer(policy, port=0, **kw)``; every server started is closed after the test."""
-    from toolgym.agents.openai_server import PolicyServer
-
-    started: list[Any] = []
-
-    def start(policy: Any, **kw: Any) -> Any:
-        server = PolicyServer(policy, port=0, **kw).start()
-        started.append(server)
-        return server
-
-    yield start
-    for s in started:
-        s.close()
 
 
 @pytest.fixture
