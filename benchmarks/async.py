@@ -152,9 +152,7 @@ def run_child(
     if nproc > 1:  # as a user launches the split layout (torchrun ends its ranks when it is terminated)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
                str(free_port()), *cmd[1:]]  # fmt: skip
-    env = dict(os.environ) | (env_extra or {})
-    if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    env = child_env(gpus, env_extra)
     if config.get("device") == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
@@ -194,37 +192,48 @@ def visible(gpus: str, parent: str | None) -> str:
     return ",".join(mine[i] for i in want)
 
 
+def child_env(gpus: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A child process's environment: this one's, `extra`, and `gpus` (this script's numbering) as its
+    CUDA_VISIBLE_DEVICES (`visible`)."""
+    env = dict(os.environ) | (extra or {})
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def start_retriever(passages: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_service(args: list[str], what: str, env: dict[str, str] | None = None) -> tuple[Any, str]:
+    """``python -m toolgym ARGS --port P`` in its own process, once it answers ``/health`` (within 10 minutes:
+    an index to build, a model to load): the process and its base URL."""
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "toolgym",
-        "serve-retriever",
-        "--synthetic",
-        str(passages),
-        "--port",
-        str(port),
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "toolgym", *args, "--port", str(port)], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):  # the index builds first (~1 min for 100k passages on a loaded host)
+    deadline = time.monotonic() + 600
+    while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"the retriever exited with code {proc.returncode}")
+            raise RuntimeError(f"{what} exited with code {proc.returncode}: {' '.join(args)}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if r.status == 200:
-                    return proc, url + "/retrieve"
+                    return proc, url
         except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("the retriever did not come up in 10 minutes")
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{what} did not come up in 10 minutes")
+        time.sleep(0.5)
+
+
+def start_retriever(passages: int) -> tuple[Any, str]:
+    """The synthetic corpus's BM25 retriever (its index builds first: ~1 min for 100k passages on a loaded
+    host): the process and its /retrieve URL."""
+    proc, url = start_service(["serve-retriever", "--synthetic", str(passages)], "the retriever")
+    return proc, url + "/retrieve"
 
 
 def slow_proxy(upstream: str, delay_s: float) -> tuple[http.server.ThreadingHTTPServer, str]:
@@ -505,28 +514,10 @@ def servers_part(
 def rollout_server(model: str, gpus: str | None, capacity: int, slots: int) -> Iterator[str]:
     """`toolgym serve --agent engine:MODEL --weight-updates` in its own process (on `gpus`), up and answering
     (its /v1 URL); stopped at the end."""
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "toolgym", "serve", "--agent", f"engine:{model}", "--port", str(port),
-        "--max-model-len", str(capacity), "--max-batch", str(slots), "--weight-updates",
-    ]  # fmt: skip
-    env = dict(os.environ)
-    if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    url = f"http://127.0.0.1:{port}"
+    args = ["serve", "--agent", f"engine:{model}", "--max-model-len", str(capacity), "--max-batch", str(slots),
+            "--weight-updates"]  # fmt: skip
+    proc, url = start_service(args, "the rollout server", child_env(gpus))
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the rollout server exited ({proc.returncode}): {' '.join(cmd)}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2):
-                    break
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the rollout server did not answer within 600 s") from None
-                time.sleep(1.0)
         yield f"{url}/v1"
     finally:
         proc.terminate()
