@@ -72,12 +72,17 @@ def test_a_short_request_behind_a_long_one_is_answered_first(
         assert got["short"][2] < got["long"][2]
 
 
+def _sampled(server: Any) -> int:
+    """Tokens the one turn in the server's engine has sampled (0: none in flight)."""
+    live = list(server.batcher.live.values()) if server.batcher is not None else []
+    return len(live[0].seq.out) if live else 0
+
+
 def _wait_for_tokens(server: Any, n: int, got: dict[str, Any], key: str) -> bool:
     """Waits until the one turn in the engine has sampled `n` tokens (False: it ended first)."""
     deadline = time.monotonic() + 60
     while key not in got and time.monotonic() < deadline:
-        live = list(server.batcher.live.values()) if server.batcher is not None else []
-        if live and len(live[0].seq.out) >= n:
+        if _sampled(server) >= n:
             return True
         time.sleep(0.001)
     return False
@@ -114,16 +119,12 @@ def test_pause_holds_turns_in_flight_and_a_reload_restarts_them_under_the_new_we
     flight = threading.Thread(target=_complete, args=(server, PROMPT, 480, got, "long"))
     flight.start()
 
-    def sampled() -> int:
-        live = list(server.batcher.live.values()) if server.batcher is not None else []
-        return len(live[0].seq.out) if live else 0
-
     _wait_for_tokens(server, 3, got, "long")
     assert httpx.post(f"{base}/pause?mode=keep", timeout=30).status_code == 200
     assert "long" not in got, "the turn ended before the pause (too fast to test)"
-    k = sampled()  # (paused between steps: nothing more is sampled until /resume)
+    k = _sampled(server)  # (paused between steps: nothing more is sampled until /resume)
     flight.join(0.3)
-    assert flight.is_alive() and sampled() == k  # held in the engine, not answered, not failed
+    assert flight.is_alive() and _sampled(server) == k  # held in the engine, not answered, not failed
     push(server, learner, tmp_path / "sync")  # (its own pause and resume: the reload lands between steps)
     assert httpx.post(f"{base}/resume").status_code == 200
     flight.join(120)
