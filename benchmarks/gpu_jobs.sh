@@ -35,6 +35,15 @@ fi
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$out/gpu.txt"
 # (what already holds GPU memory: a call of 2026-11-28 met an OOM beside a 60 GB process that was not its own)
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | sed 's/^/holds: /' | tee -a "$out/gpu.txt"
+# Processes of an earlier call's jobs that outlived them (2026-11-28: torchrun's ranks, stuck in a deadlock, lived
+# on after their launcher's SIGKILL and held 30 GB into the next call): this machine runs one call at a time.
+reap() {
+  for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
+    echo "ending $pid ($(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | cut -c1-160))" | tee -a "$out/gpu.txt"
+    kill -9 "$pid" 2>/dev/null
+  done
+}
+reap
 deadline=$(( start + seconds - 75 ))  # SIGTERM then: a run finishes its step and saves (up to 45 s more)
 pids=()
 while read -r gpu name cmd; do
@@ -56,6 +65,7 @@ wait "${pids[@]}"
 echo "seconds=$(( $(date +%s) - start ))" | tee -a "$out/gpu.txt"
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tee -a "$out/gpu.txt"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | sed 's/^/holds: /' | tee -a "$out/gpu.txt"
+reap
 for f in "$RUNS"/*.log; do echo "== $f"; tail -4 "$f"; done
 tar -czf "$out/jobs.tar.gz" -C "$RUNS" --exclude='checkpoint*' --exclude='model' --exclude='tensorboard' \
   --exclude='*.safetensors' --exclude='sft_data.jsonl' .

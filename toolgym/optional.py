@@ -13,7 +13,10 @@ toolgym.errors.DependencyNotInstalled: nope is not installed: pip install 'toolg
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.util import find_spec
 from types import ModuleType
@@ -61,15 +64,38 @@ MODULES: dict[str, Optional] = {
 }
 
 
+# What a package's first import must not bring along, when the package works without it. bm25s runs a jax top-k
+# at import whenever jax is installed: jax's first operation takes 75% of the first visible GPU's memory (its
+# preallocation: 107 GB of an H200, seen on the GPU machine, 2026-11-28) and a context on every other GPU, in
+# the trainer's process or a retriever's. Our index does its own top-k (envs/search/retriever.py), so bm25s
+# falls back to numpy and jax stays untouched (a process that imported jax itself keeps it as it is).
+HIDDEN: dict[str, tuple[str, ...]] = {"bm25s": ("jax",)}
+
+
+@contextlib.contextmanager
+def hidden(names: tuple[str, ...]) -> Iterator[None]:
+    """Inside the block, importing any of ``names`` that is not imported yet raises ImportError."""
+    hide = [n for n in names if n not in sys.modules]
+    for n in hide:
+        sys.modules[n] = None  # type: ignore[assignment]  # (the import system's "not importable" mark)
+    try:
+        yield
+    finally:
+        for n in hide:
+            if n in sys.modules and sys.modules[n] is None:
+                del sys.modules[n]
+
+
 def require(
     module: str, *, package: str | None = None, extra: str | None = None, why: str = ""
 ) -> ModuleType:
     """Import ``module`` (``"playwright.async_api"``: the table is keyed by its top-level name) or raise
     DependencyNotInstalled naming the extra; ``package``/``extra`` override the table."""
+    top = module.split(".", 1)[0]
     try:
-        return importlib.import_module(module)
+        with hidden(HIDDEN.get(top, ()) if top not in sys.modules else ()):
+            return importlib.import_module(module)
     except ImportError as exc:
-        top = module.split(".", 1)[0]
         # a package that is there but fails inside its own imports is as unusable: say which module is missing
         inner = exc.name if exc.name and exc.name.split(".", 1)[0] != top else ""
         reason = "; ".join(r for r in (why, f"it needs {inner}" if inner else "") if r)

@@ -16,6 +16,12 @@ Three process groups over the torchrun group:
   rollout model under the gate's lock (`RemoteWeights`), at the same safe points as the thread layout. A
   handshake first sends the start version, data position and buffer size, then the start weights (so a
   resumed learner's checkpoint reaches the rollout ranks, and different models fail with a ConfigError).
+- notices (the same ranks, always gloo): before each broadcast learner 0 sends the version's number here, and
+  a receiver posts its side of the broadcast only once that number came. Why: a posted NCCL receive is a
+  kernel that waits on the GPU until the sender sends; every device-wide synchronization of the rollout rank
+  (the caching allocator's cudaFree, a CUDA graph capture, any library's torch.cuda.synchronize) would wait
+  for it, and the sender sends only after the batch that rank is growing: a deadlock (seen on two H200s,
+  2026-11-28: the first step never ended). Waiting on gloo waits on the CPU only.
 - data (every rank, always gloo): each finished batch, pickled (trees, stats, tasks), point to point from its
   rollout rank to each learner (its slice of `prompts_per_step / L` trees). Why the process group and not a
   multiprocessing pipe: torchrun's ranks are not parent and child (no pipe to inherit), the group is already
@@ -24,8 +30,8 @@ Three process groups over the torchrun group:
   A receiver thread on each learner takes batches as soon as they are sent, so a rollout rank never waits
   for the learner to ask.
 - learners (the L learner ranks): DDP and the metric means (`GroupDist`); not made when L = 1.
-Each group is used by one thread per process (weights: learner 0's main thread, rollout receivers; data:
-learner receivers, rollout main threads), never by two at once.
+Each group is used by one thread per process (weights and notices: learner 0's main thread, rollout receivers;
+data: learner receivers, rollout main threads), never by two at once.
 
 Departures (docs/trainer.md, "Asynchronous rollouts"): a rollout rank in rounds mode (HF policy) loads a
 version only between generate calls (the lock), so the next broadcast waits that long; FSDP2 learners and vLLM
@@ -137,6 +143,7 @@ class Layout:
     rollout_ranks: int
     device: torch.device
     weights: Any = field(default=None, repr=False)  # learner 0 + rollout ranks
+    notices: Any = field(default=None, repr=False)  # the same ranks, gloo: "version v comes now"
     data: Any = field(default=None, repr=False)  # every rank, gloo
     learners_group: Any = field(default=None, repr=False)
 
@@ -178,6 +185,9 @@ class Layout:
         lay.weights = tdist.new_group(
             [0, *range(learners, dist.world)], backend=backend, timeout=GROUP_TIMEOUT
         )
+        lay.notices = tdist.new_group(
+            [0, *range(learners, dist.world)], backend="gloo", timeout=GROUP_TIMEOUT
+        )
         lay.data = tdist.new_group(list(range(dist.world)), backend="gloo", timeout=GROUP_TIMEOUT)
         lay.learners_group = tdist.new_group(list(range(learners)), backend=backend) if learners > 1 else None
         return lay
@@ -190,6 +200,15 @@ class Layout:
         import torch.distributed as tdist
 
         tdist.barrier(group=self.data)
+
+    def notice(self, version: int) -> int:
+        """Learner 0: says that `version`'s broadcast comes next; a rollout rank: waits (on the CPU) for that
+        word and returns the version. See the module's docstring for why the weights never wait on the GPU."""
+        import torch.distributed as tdist
+
+        word = torch.tensor([version], dtype=torch.int64)
+        tdist.broadcast(word, self.weight_root, group=self.notices)
+        return int(word.item())
 
 
 # ----- messages over the data group (pickled CPU objects) ---------------------------------------------------------
@@ -231,9 +250,11 @@ class LearnerPipe:
         self.arrived = threading.Condition()
         self.flat: torch.Tensor | None = None
         if layout.rank == layout.weight_root:
+            import torch.distributed as tdist
+
             numel = sum(t.numel() for t in self.tensors)
             meta = torch.tensor([first - 1, pos0, numel, DTYPES.index(self.dtype)], dtype=torch.int64)
-            self._broadcast(meta.to(layout.device))
+            tdist.broadcast(meta, layout.weight_root, group=layout.notices)
             self.publish(first - 1)
         self.thread = threading.Thread(target=self._receive, name="async-split-recv", daemon=True)
         self.thread.start()
@@ -278,7 +299,9 @@ class LearnerPipe:
         if self.flat is None:
             numel = sum(t.numel() for t in self.tensors)
             self.flat = torch.empty(numel, dtype=self.dtype, device=self.layout.device)
-        self._broadcast(pack(self.tensors, self.flat))
+        packed = pack(self.tensors, self.flat)
+        self.layout.notice(version)
+        self._broadcast(packed)
         if self.flat.is_cuda:
             torch.cuda.current_stream().synchronize()  # a true number (the step ends with a sync anyway)
         return {"time/weight_publish_s": time.perf_counter() - t0}
@@ -326,8 +349,8 @@ def handshake(layout: Layout, gate: RemoteWeights) -> Start:
     """Receives the start version, data position and weights from learner 0 and loads them into `gate`."""
     import torch.distributed as tdist
 
-    meta = torch.zeros(4, dtype=torch.int64, device=layout.device)
-    tdist.broadcast(meta, layout.weight_root, group=layout.weights)
+    meta = torch.zeros(4, dtype=torch.int64)
+    tdist.broadcast(meta, layout.weight_root, group=layout.notices)
     version, pos0, numel, dtype = (int(x) for x in meta.tolist())
     mine = sum(t.numel() for t in gate.tensors)
     if numel != mine:
@@ -335,6 +358,8 @@ def handshake(layout: Layout, gate: RemoteWeights) -> Start:
             f"the learner's model has {numel} weights, this rollout rank's {mine}: not the same model"
         )
     flat = torch.empty(numel, dtype=DTYPES[dtype], device=layout.device)
+    if layout.notice(-1) != version:
+        raise RuntimeError(f"rollout rank {layout.rank}: the handshake's weights are not version {version}")
     tdist.broadcast(flat, layout.weight_root, group=layout.weights)
     gate.load(flat, version)
     return Start(version, pos0, flat)
@@ -358,6 +383,11 @@ def serve_batches(
         if device.type == "cuda":
             torch.cuda.set_device(device)  # the current device is per thread
         for v in range(first, last + 1):
+            got = layout.notice(-1)
+            if got != v:
+                raise RuntimeError(
+                    f"rollout rank {layout.rank}: expected version {v}, the learner sends {got}"
+                )
             tdist.broadcast(start.flat, layout.weight_root, group=layout.weights)
             gate.load(start.flat, v)
 

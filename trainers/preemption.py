@@ -48,6 +48,7 @@ and ``KillWait``; torchrun kills its workers 30 s after forwarding a signal).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import shlex
@@ -71,6 +72,9 @@ EXIT_TIME_LIMIT = 75  # EX_TEMPFAIL: stopped for its time limit with work left; 
 REPEAT_S = 1.0  # a SIGINT again within this many seconds is a copy of the first (torchrun forwards it)
 WINDOW = 3  # step cycles the time limit's estimate of the next step looks at
 SAFETY = 1.25  # the next step is estimated at this times the longest recent cycle (steps vary)
+# a process still running this long after its first signal writes every thread's stack to stderr: a step that
+# never ends (a deadlock: two H200s, 2026-11-28) then says where it waits before the SIGKILL comes
+STACKS_AFTER_S = 20.0
 STOP_FILE = "preempted.json"  # in output_dir after a stop: {"step", "exit_code", "signal", "reason"} (`note`)
 
 
@@ -135,6 +139,12 @@ def _say(line: str) -> None:
         os.write(2, (line + "\n").encode())
 
 
+def _stacks(name: str) -> None:
+    _say(f"toolgym: still running {STACKS_AFTER_S:.0f} s after {name}; where each thread is:")
+    with contextlib.suppress(OSError, ValueError):
+        faulthandler.dump_traceback(file=2, all_threads=True)
+
+
 class Preemption:
     """SIGTERM/SIGUSR1/SIGINT handlers for the length of a run (a context manager; a no-op off the main thread,
     where Python cannot install handlers). `saved(step)` says whether the loop has already written the
@@ -169,6 +179,7 @@ class Preemption:
         self.heavy = heavy or (lambda s: False)
         self._heavy_cycle = 0.0
         self.out_of_time = ""  # why the time limit stops the run (empty: it does not)
+        self._stacks: threading.Timer | None = None
 
     def __enter__(self) -> Preemption:
         if threading.current_thread() is threading.main_thread():
@@ -189,6 +200,8 @@ class Preemption:
         self._restore()
 
     def _restore(self) -> None:
+        if self._stacks is not None:
+            self._stacks.cancel()
         for s, handler in self._previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
@@ -206,6 +219,9 @@ class Preemption:
                 else "SIGKILL stops at once"
             )
             _say(f"toolgym: got {name}: {self.doing} ({again})")
+            self._stacks = threading.Timer(STACKS_AFTER_S, _stacks, args=(name,))
+            self._stacks.daemon = True
+            self._stacks.start()
             return
         if signum != signal.SIGINT or (self.signum == signal.SIGINT and now - self._at < REPEAT_S):
             return  # a machine's repeat (timeout's group signal, torchrun's forward), or Ctrl-C's copy

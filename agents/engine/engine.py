@@ -226,8 +226,10 @@ class ModelRunner:
         return graph
 
     def sync(self) -> None:
+        # this stream only, never the whole device: in an asynchronous run the learner's update runs on the same
+        # GPU (a device-wide wait would wait for it), and a rollout rank may hold a posted NCCL receive
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
 
 
 class _Part:

@@ -4,6 +4,8 @@ that installs it (``sys.modules[name] = None`` makes Python's import fail as if 
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -182,3 +184,29 @@ def test_tomli_without_an_extra_says_pip_install_tomli(monkeypatch: pytest.Monke
         DependencyNotInstalled, match=r"tomli is not installed \(reading task.toml.*pip install tomli$"
     ):
         require("tomli", why="reading task.toml on Python 3.10")
+
+
+BM25S_WITH_JAX = """
+import sys
+from toolgym.optional import require
+require("bm25s")
+import bm25s.selection
+assert "jax" not in sys.modules, "bm25s brought jax in"
+assert not bm25s.selection.JAX_IS_AVAILABLE
+import jax  # the import system forgot the mark: the process's own jax is as it was
+assert jax.STARTED
+print("ok")
+"""
+
+
+def test_bm25s_does_not_start_jax(tmp_path: Path) -> None:
+    # bm25s runs a jax top-k at import where jax is installed: on a GPU machine that takes 75% of a GPU's memory
+    fake = tmp_path / "jax"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("STARTED = True\n")
+    (fake / "lax.py").write_text("raise SystemExit('jax.lax imported')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-c", BM25S_WITH_JAX], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -1,6 +1,7 @@
 """Run by test_async_split.py under torchrun (2 gloo processes on CPU: rank 0 learner, rank 1 rollout).
 
-async_split_worker.py train OUT STEPS [resume]   GRPO with rollout_ranks 1; each rank saves its final weights
+async_split_worker.py train OUT STEPS [resume] [cuda]   GRPO with rollout_ranks 1; each rank saves its final weights
+    (cuda: rank r on GPU r over NCCL, a model our engine decodes, bf16)
 async_split_worker.py worker OUT K rounds|continuous [tree]   the split pipeline against a fake learner that
     perturbs the weights and keeps every version; the learner writes what it checked to OUT/check.json
 """
@@ -31,7 +32,7 @@ def _setup() -> tuple[Any, Any]:
     return torch, tiny_tokenizer()
 
 
-def train(out: str, steps: int, resume: bool) -> None:
+def train(out: str, steps: int, resume: bool, cuda: bool = False) -> None:
     torch, tok = _setup()
     from tests.trainers.conftest import tiny_model
     from tests.trainers.test_async import SLOW_ENV
@@ -41,10 +42,10 @@ def train(out: str, steps: int, resume: bool) -> None:
 
     rank = int(os.environ["RANK"])
     # the rollout rank's start weights come from the learner (a resumed one: from its checkpoint)
-    model = tiny_model(len(tok), seed=rank + (10 if resume else 0))
+    model = tiny_model(len(tok), seed=rank + (10 if resume else 0), head_dim=64 if cuda else 8)
     cfg = GRPOConfig(
         steps=steps, max_staleness=2, rollout_ranks=1, output_dir=out, resume=resume,
-        **dict(SMALL, env_ids=[SLOW_ENV]),
+        **dict(SMALL, env_ids=[SLOW_ENV], device="cuda" if cuda else "cpu"),
     )  # fmt: skip
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/init{rank}.pt")
     train_grpo(cfg, model, tok)
@@ -163,6 +164,6 @@ def sync_cost(layout: Any, learner: Any) -> dict[str, float]:
 
 if __name__ == "__main__":
     if sys.argv[1] == "train":
-        train(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["resume"])
+        train(sys.argv[2], int(sys.argv[3]), "resume" in sys.argv[4:], "cuda" in sys.argv[4:])
     else:
         worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "continuous", sys.argv[5:] == ["tree"])

@@ -57,13 +57,14 @@ def tiny_tokenizer() -> object:
     return hf
 
 
-def tiny_model(vocab: int, seed: int = 0) -> object:
+def tiny_model(vocab: int, seed: int = 0, head_dim: int = 8) -> object:
+    """A random 2-layer Llama of 4 heads of `head_dim` (64: a shape our engine's GPU kernels decode)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
+        vocab_size=vocab, hidden_size=4 * head_dim, intermediate_size=8 * head_dim, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
     )  # fmt: skip
     torch.manual_seed(seed)
     return LlamaForCausalLM(cfg)

@@ -43,6 +43,19 @@ def test_split_grpo_trains_and_the_rollout_rank_ends_with_the_learners_weights(t
     assert all(r["rollout/episodes"] == 8 and r["time/weight_publish_s"] >= 0 for r in rows)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_split_on_two_gpus_over_nccl(tmp_path: Path) -> None:
+    # the rollout rank's engine synchronizes its stream while its receiver waits for the next version: a posted
+    # NCCL receive there deadlocked the first step on two H200s (the receiver now waits on gloo first)
+    torchrun("train", str(tmp_path), "4", "cuda", timeout=300)
+    r0, r1 = (
+        torch.load(tmp_path / f, weights_only=True, map_location="cpu") for f in ("rank0.pt", "rank1.pt")
+    )
+    for name in r0:  # the learner sends bf16 weights (it trains in bf16 on CUDA)
+        assert torch.equal(r0[name].to(torch.bfloat16).float(), r1[name].float()), name
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3, 4]
+
+
 def test_two_learners_and_one_rollout_rank_stay_in_step(tmp_path: Path) -> None:
     """3 ranks: learners 0 and 1 (DDP over their own group, one tree each a step), rollout rank 2."""
     torchrun("train", str(tmp_path), "2", timeout=600, nproc=3)

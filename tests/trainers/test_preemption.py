@@ -534,3 +534,20 @@ def test_repeated_sigterm_never_escalates(monkeypatch: Any) -> None:
         assert exits == [] and stop.signum == signal.SIGTERM
         stop._handle(signal.SIGINT, None)  # a person at the terminal after the scheduler's SIGTERM
     assert exits == [130]
+
+
+def test_a_process_still_running_after_the_signal_writes_its_threads_stacks(
+    monkeypatch: Any, capfd: Any
+) -> None:
+    # a step that never ends (a deadlock) says where each thread waits before the SIGKILL comes
+    monkeypatch.setattr(preemption, "STACKS_AFTER_S", 0.05)
+    with Preemption(resumed=False, saved=lambda s: False) as stop:
+        stop._handle(signal.SIGTERM, None)
+        time.sleep(0.5)
+    err = capfd.readouterr().err
+    assert "still running 0 s after SIGTERM; where each thread is:" in err
+    assert "test_a_process_still_running_after_the_signal" in err  # this thread's frame
+    with Preemption(resumed=False, saved=lambda s: False) as stop:  # a run that ends in time writes nothing
+        stop._handle(signal.SIGTERM, None)
+    time.sleep(0.3)
+    assert "where each thread is" not in capfd.readouterr().err
