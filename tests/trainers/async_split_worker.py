@@ -48,8 +48,44 @@ def train(out: str, steps: int, resume: bool, cuda: bool = False) -> None:
         **dict(SMALL, env_ids=[SLOW_ENV], device="cuda" if cuda else "cpu"),
     )  # fmt: skip
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/init{rank}.pt")
+    events = trace_weights() if rank == 1 else None
     train_grpo(cfg, model, tok)
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, f"{out}/rank{rank}.pt")
+    if events is not None:
+        with open(f"{out}/weights_trace.json", "w") as f:
+            json.dump(events, f)
+
+
+def trace_weights() -> list[list[str]]:
+    """Records, on a rollout rank, each thread's order of weight notices and other broadcasts: a weights
+    broadcast (an NCCL receive on GPUs) must never be posted before its notice came (async_split.py)."""
+    import threading
+
+    import torch.distributed as tdist
+
+    from toolgym.trainers import async_split
+
+    events: list[list[str]] = []
+    inside = threading.local()
+    notice, broadcast = async_split.Layout.notice, tdist.broadcast
+
+    def traced_notice(self: Any, version: int) -> int:
+        inside.on = True
+        try:
+            got = notice(self, version)
+        finally:
+            inside.on = False
+        events.append([threading.current_thread().name, f"notice {got}"])
+        return got
+
+    def traced_broadcast(*args: Any, **kwargs: Any) -> Any:
+        if not getattr(inside, "on", False):
+            events.append([threading.current_thread().name, "broadcast"])
+        return broadcast(*args, **kwargs)
+
+    async_split.Layout.notice = traced_notice  # type: ignore[method-assign]
+    tdist.broadcast = traced_broadcast
+    return events
 
 
 def worker(out: str, max_staleness: int, continuous: bool, per_tree: bool) -> None:

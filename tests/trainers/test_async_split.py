@@ -41,6 +41,14 @@ def test_split_grpo_trains_and_the_rollout_rank_ends_with_the_learners_weights(t
     assert all(0 <= r["rollout/staleness_max"] <= 2 for r in rows)
     assert rows[0]["rollout/staleness_max"] == 0
     assert all(r["rollout/episodes"] == 8 and r["time/weight_publish_s"] >= 0 for r in rows)
+    # the rollout rank posts each weights receive only after its notice came (on GPUs a receive posted early
+    # is a kernel that a device-wide synchronization waits for: the deadlock of two H200s, 2026-11-28)
+    events = json.loads((tmp_path / "weights_trace.json").read_text())
+    assert [e for _, e in events] == [
+        "broadcast", "notice 0", "broadcast",  # the handshake: the meta words (gloo), then version 0
+        *[x for v in range(1, 5) for x in (f"notice {v}", "broadcast")],  # each step's version
+    ]  # fmt: skip
+    assert {t for t, e in events[3:]} == {"async-split-weights"}  # the receiver thread
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
