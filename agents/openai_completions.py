@@ -56,10 +56,11 @@ def _vocab(server: PolicyServer) -> int:
 
 
 def submit(server: PolicyServer, req: CompletionRequest, prompts: list[list[int]]) -> list[Future[_Reply]]:
-    """One job per prompt and choice (``n``), in the order vLLM numbers the choices."""
+    """One job per prompt and choice (``n``), in the order vLLM numbers the choices (each job knows its index
+    among its prompt's ``n``: a seeded request's choices get their own sampling keys)."""
     sampling = req.sampling()
     top = req.logprobs or 0
-    return [server.submit([], None, sampling, top, None, 0, p) for p in prompts for _ in range(req.n)]
+    return [server.submit([], None, sampling, top, None, c, p) for p in prompts for c in range(req.n)]
 
 
 def body(

@@ -7,8 +7,12 @@ turn that arrives while a batch runs waits for that batch's longest reply; here 
 
 - Each request is planned against the engine's held caches (a turn that continues an earlier prompt + reply
   prefills only its new tokens) and submitted with its own sampling mode (the engine groups modes per step).
-  A request's ``seed`` reseeds the engine's one generator when it is admitted (the rounds path does the same
-  per batch): with requests of other clients in flight that is no per-request reproducibility.
+- A request's ``seed`` keys its turn (``request_key(seed, choice)``: each of ``n`` choices its own key): its
+  sampling noise is a hash of (key, position, token) instead of draws from the engine's one generator, so the
+  same request with the same seed samples the same tokens whichever requests share the batch and whenever it
+  joins (vLLM keeps a generator per request for this). Up to the logits' float rounding, which on a GPU can
+  depend on the batch's size (a near-tie may then go the other way). Requests without a seed draw from the
+  generator. (The rounds path reseeds the generator per batch, as before.)
 - Weight updates (``--weight-updates``): ``/pause`` returns between two engine steps, and no step runs until
   ``/resume``; the sequences in flight stay in the engine (vLLM's ``mode=keep``). A reload also runs between
   steps; after it every turn in flight is taken out and submitted again with what it sampled so far appended,
@@ -32,6 +36,7 @@ from toolgym.agents.engine.engine_policy import (
     restart_turn,
     with_carried,
 )
+from toolgym.agents.engine.sampling import request_key
 from toolgym.agents.openai_server import answer
 from toolgym.errors import ConfigError, InfrastructureError
 
@@ -124,8 +129,9 @@ class ContinuousBatcher:
             if problem is not None:
                 raise ConfigError(problem)
             self.policy.check_prompts([prompt])  # type: ignore[attr-defined]
-            sp, mode, seqs = plan_turns(self.policy, [prompt], job.sampling)
-            self.engine.submit(seqs[0], mode, sp.max_new_tokens, sp.stop)
+            sp, mode, seqs = plan_turns(self.policy, [prompt], job.sampling, seed_engine=False)
+            key = request_key(sp.seed, job.choice) if sp.seed is not None else 0
+            self.engine.submit(seqs[0], mode, sp.max_new_tokens, sp.stop, key)
         except Exception as exc:  # this request's fault (400), or the policy's (500): it alone
             answer(job, exc)
             return

@@ -16,7 +16,10 @@ and what each sampled token does to its row; the ``ModelRunner`` holds the weigh
 the prefill and decode passes; the ``Engine`` is the sequence-level API, and its ``step`` joins the two.
 
 On CUDA the decode step (Triton kernels + sampling) is captured in one CUDA graph per (batch bucket,
-sampling mode); padding rows of a bucket write into a scratch slot. On CPU it runs eagerly in plain torch.
+sampling mode, keyed or not); padding rows of a bucket write into a scratch slot. A turn submitted with a
+``key`` (a request's seed) draws its sampling noise from a hash of (key, position) instead of the engine's
+generator (sampling.py): the same tokens whichever rows share its batch; a step with no keyed row runs
+the unkeyed graph (no hashing). On CPU it runs eagerly in plain torch.
 The eager prefill is varlen (packed, no padding; Triton kernels on CUDA) unless ``prefill="padded"`` (or
 ``TOOLGYM_PREFILL=padded``) selects the earlier padded pass for A/B runs (model.py).
 """
@@ -81,6 +84,7 @@ class ModelRunner:
         self.generator.seed()
         self.stats = stats
         self._graphs: dict[tuple[int, SampleMode], Any] = {}
+        self._keyed_graphs: dict[tuple[int, SampleMode], Any] = {}  # steps with keyed rows: the race hashed
         # False: a decode step whose (bucket, mode) has no graph yet runs eager instead of capturing one (an
         # asynchronous run's learner engine: a capture while the worker thread's kernels run would fail)
         self.capture_new = True
@@ -88,8 +92,9 @@ class ModelRunner:
         self.buckets = _buckets(slots)
         if self.cuda_graphs:
             n = self.buckets[-1]
-            self._in = torch.zeros((3, n), dtype=torch.long, device=device)  # tokens, slots, positions
-            self._in_host = torch.zeros((3, n), dtype=torch.long).pin_memory()
+            # tokens, slots, positions, keys (0: the generator's noise)
+            self._in = torch.zeros((4, n), dtype=torch.long, device=device)
+            self._in_host = torch.zeros((4, n), dtype=torch.long).pin_memory()
             self._out = torch.zeros((n, 3), dtype=torch.float32, device=device)
             self._ring = torch.zeros((0, n, 3), dtype=torch.float32, device=device)  # a block's steps
             self._sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -111,7 +116,13 @@ class ModelRunner:
             part = (
                 logits if len(groups) == 1 else logits[torch.tensor(rows).to(self.device, non_blocking=True)]
             )
-            tok, lp, ent = sample(part, mode, self.generator)
+            keys = [batch[r].key for r in rows]
+            if any(keys):  # the drawn token goes at position len(ids) (the last prompt token's is len - 1)
+                at = [len(batch[r].ids) for r in rows]
+                kt, pt = torch.tensor([keys, at]).to(self.device, non_blocking=True)
+                tok, lp, ent = sample(part, mode, self.generator, kt, pt)
+            else:
+                tok, lp, ent = sample(part, mode, self.generator)
             yield [batch[r] for r in rows], tok[None], lp[None], ent[None] if ent is not None else None
 
     def cache_only(self, todo: list[tuple[Seq, int]]) -> None:
@@ -125,26 +136,32 @@ class ModelRunner:
                 s.kv = n
 
     def run_rows(
-        self, tokens: list[int], slots: list[int], pos: list[int], mode: SampleMode, k: int = 1
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        self, tokens: list[int], slots: list[int], pos: list[int], mode: SampleMode, k: int = 1,
+        keys: list[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """(tokens, logprobs, entropies or None), each ``[k, rows]`` on the host: ``k`` decode steps after one
         token per row, each step's samples fed to the next (the graph of the row count's bucket replayed
-        ``k`` times on CUDA, eager otherwise); read with one sync."""
+        ``k`` times on CUDA, eager otherwise); read with one sync. ``keys``: each row's sampling key (0: the
+        generator's noise; None: no row has one)."""
         n = len(tokens)
         if n > self.buckets[-1]:  # checked on every device: CPU tests guard the CUDA graphs' largest bucket
             raise RuntimeError(f"a decode step of {n} rows exceeds the engine's {self.buckets[-1]}")
         b = next(x for x in self.buckets if x >= n)
-        if self.cuda_graphs and (self.capture_new or (b, mode) in self._graphs):
+        keyed = keys is not None
+        graphs = self._keyed_graphs if keyed else self._graphs
+        if self.cuda_graphs and (self.capture_new or (b, mode) in graphs):
             self._in_host[0, :n] = torch.tensor(tokens)
             self._in_host[1, :n] = torch.tensor(slots)
             self._in_host[2, :n] = torch.tensor(pos)
+            self._in_host[3, :n] = torch.tensor(keys) if keys is not None else 0
             self._in_host[0, n:b] = 0
             self._in_host[1, n:b] = self.cache.scratch
             self._in_host[2, n:b] = 0
+            self._in_host[3, n:b] = 0
             self._in[:, :b].copy_(self._in_host[:, :b], non_blocking=True)
-            graph = self._graphs.get((b, mode))
+            graph = graphs.get((b, mode))
             if graph is None:
-                graph = self._graphs[(b, mode)] = self._capture(b, mode)
+                graph = graphs[(b, mode)] = self._capture(b, mode, keyed)
                 self._in[:, :b].copy_(self._in_host[:, :b], non_blocking=True)
             if k == 1:
                 graph.replay()
@@ -160,6 +177,7 @@ class ModelRunner:
         t = torch.tensor(tokens, device=self.device)
         sl = torch.tensor(slots, device=self.device)
         ps = torch.tensor(pos, device=self.device)
+        kt = torch.tensor(keys, device=self.device) if keys is not None else None
         span = max(pos) + 1
         toks, lps, ents = [], [], []
         for i in range(k):
@@ -167,7 +185,10 @@ class ModelRunner:
                 logits = decode_triton(self.weights, self.cache, t, sl, ps, self.nsplit(n))
             else:
                 logits = decode_torch(self.weights, self.cache, t, sl, ps, span=span + i)
-            t, lp, ent = sample(logits, mode, self.generator)
+            if kt is not None:  # (the drawn token goes at the next position)
+                t, lp, ent = sample(logits, mode, self.generator, kt, ps + 1)
+            else:
+                t, lp, ent = sample(logits, mode, self.generator)
             toks.append(t)
             lps.append(lp)
             if ent is not None:
@@ -189,13 +210,16 @@ class ModelRunner:
             n *= 2
         return n
 
-    def _body(self, b: int, mode: SampleMode) -> None:
+    def _body(self, b: int, mode: SampleMode, keyed: bool = False) -> None:
         tok, sl, ps = self._in[0, :b], self._in[1, :b], self._in[2, :b]
         if self.kernels:
             logits = decode_triton(self.weights, self.cache, tok, sl, ps, self.nsplit(b))
         else:
             logits = decode_torch(self.weights, self.cache, tok, sl, ps)
-        t, lp, ent = sample(logits, mode, self.generator)
+        if keyed:
+            t, lp, ent = sample(logits, mode, self.generator, self._in[3, :b], ps + 1)
+        else:
+            t, lp, ent = sample(logits, mode, self.generator)
         self._out[:b, 0] = t.float()
         self._out[:b, 1] = lp
         if ent is not None:
@@ -204,16 +228,18 @@ class ModelRunner:
         self._in[0, :b] = t
         self._in[2, :b] += 1
 
-    def _capture(self, b: int, mode: SampleMode) -> Any:
-        """A CUDA graph of one decode step for ``b`` rows (warm-up and capture write to the scratch slot)."""
+    def _capture(self, b: int, mode: SampleMode, keyed: bool = False) -> Any:
+        """A CUDA graph of one decode step for ``b`` rows (warm-up and capture write to the scratch slot);
+        ``keyed``: its rows' keys (``_in[3]``) pick their sampling noise."""
         self._in[0, :b] = 0
         self._in[1, :b] = self.cache.scratch
         self._in[2, :b] = 0
+        self._in[3, :b] = 0
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._body(b, mode)
+                self._body(b, mode, keyed)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if hasattr(graph, "register_generator_state"):
@@ -221,7 +247,7 @@ class ModelRunner:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._body(b, mode)
+            self._body(b, mode, keyed)
         self.stats.graphs += 1
         return graph
 
@@ -354,9 +380,13 @@ class Engine:
             raise ConfigError("cannot extend a sequence while it is generating")
         seq.ids += list(ids)
 
-    def submit(self, seq: Seq, mode: SampleMode, max_new: int, stop: Sequence[str] = ()) -> None:
-        """Queue a turn: prefill what is not cached, then sample up to ``max_new`` tokens."""
-        self.scheduler.submit(seq, mode, max_new, stop)
+    def submit(
+        self, seq: Seq, mode: SampleMode, max_new: int, stop: Sequence[str] = (), key: int = 0
+    ) -> None:
+        """Queue a turn: prefill what is not cached, then sample up to ``max_new`` tokens. ``key`` (a nonzero
+        int64, e.g. ``sampling.request_key(seed)``): the turn's sampling noise is a hash of (key, position),
+        the same whatever else runs; 0: the engine's generator."""
+        self.scheduler.submit(seq, mode, max_new, stop, key)
 
     def release(self, seq: Seq) -> None:
         """Give the sequence's slot back (its cache is gone)."""
@@ -449,15 +479,17 @@ class Engine:
         tokens = [s.out[-1] for s in rows]
         slots = [s.slot for s in rows]
         pos = [len(s.ids) + len(s.out) - 1 for s in rows]
+        keys = [s.key for s in rows]
         last = []
         for s in inline:
             new = s.ids[s.kv :]
             tokens += new
             slots += [s.slot] * len(new)
             pos += range(s.kv, len(s.ids))
+            keys += [s.key] * len(new)
             last.append(len(tokens) - 1)
         self.stats.decode_tokens += len(rows) * k
-        tok, lp, ent = self._run_rows(tokens, slots, pos, mode, k)  # type: ignore[arg-type]
+        tok, lp, ent = self._run_rows(tokens, slots, pos, mode, k, keys if any(keys) else None)  # type: ignore[arg-type]
         n = len(rows)
         record = self.scheduler.record
         done = record(rows, tok[:, :n], lp[:, :n], ent[:, :n] if ent is not None else None) if rows else []
@@ -470,10 +502,11 @@ class Engine:
         return done
 
     def _run_rows(
-        self, tokens: list[int], slots: list[int], pos: list[int], mode: SampleMode, k: int = 1
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        self, tokens: list[int], slots: list[int], pos: list[int], mode: SampleMode, k: int = 1,
+        keys: list[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """``ModelRunner.run_rows``: ``k`` decode steps over these rows, read from the device once."""
-        return self.runner.run_rows(tokens, slots, pos, mode, k)
+        return self.runner.run_rows(tokens, slots, pos, mode, k, keys)
 
     def _nsplit(self, b: int) -> int:
         return self.runner.nsplit(b)

@@ -42,11 +42,12 @@ def mode_of(sp: SamplingParams, top_k: int = 0) -> SampleMode:
 
 
 def plan_turns(
-    policy: Any, prompts: Sequence[list[int]], sampling: SamplingParams | None
+    policy: Any, prompts: Sequence[list[int]], sampling: SamplingParams | None, seed_engine: bool = True
 ) -> tuple[SamplingParams, SampleMode, list[Any]]:
     """The start of ``generate`` for a policy over a sequence engine (``EnginePolicy``, ``VLLMPolicy``): the
     sampling (``sampling`` or the policy's) and its mode; every prompt must have a token; then, when there are
-    any, new weights are picked up, the engine is seeded (``seed``) and one new sequence is planned per prompt
+    any, new weights are picked up, the engine is seeded (``seed``; not with ``seed_engine=False``, whose
+    caller keys its turns instead: ``Engine.submit(key=)``) and one new sequence is planned per prompt
     (``policy._plan``; none for no prompts)."""
     sp = sampling or policy.sampling
     if any(len(p) == 0 for p in prompts):
@@ -54,7 +55,7 @@ def plan_turns(
     if not prompts:
         return sp, mode_of(sp, policy.top_k), []
     policy.refresh()
-    if sp.seed is not None:
+    if sp.seed is not None and seed_engine:
         policy.engine.seed(sp.seed)
     return sp, mode_of(sp, policy.top_k), policy._plan([list(p) for p in prompts])
 
@@ -69,12 +70,16 @@ def restart_turn(engine: Any, seq: Any, carried: Carried = NOTHING_CARRIED) -> t
     """``seq`` (queued or generating) taken out of ``engine`` and submitted again with what it has sampled
     appended to its context, so the rest of the turn comes from a fresh prefill (new weights: keeping the old
     keys/values would mix two versions). Its new sequence, and everything the turn has sampled so far
-    (``carried`` from earlier restarts, then this sequence's)."""
+    (``carried`` from earlier restarts, then this sequence's). A keyed turn keeps its key: its noise goes on
+    at the same positions."""
     carried = (carried[0] + list(seq.out), carried[1] + list(seq.logprobs), carried[2] + list(seq.entropies))
     left = seq.max_new - len(seq.out)
     engine.cancel(seq)
     fresh = engine.new(seq.ids + seq.out, tag=seq.tag)
-    engine.submit(fresh, seq.mode, left, seq.stop)
+    if seq.key:
+        engine.submit(fresh, seq.mode, left, seq.stop, key=seq.key)
+    else:  # (an engine without keys, the vLLM one, takes this too)
+        engine.submit(fresh, seq.mode, left, seq.stop)
     return fresh, carried
 
 

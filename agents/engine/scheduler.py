@@ -56,15 +56,20 @@ class Scheduler:
         self._pieces: dict[int, str] = {}
 
     # ----- sequence states ---------------------------------------------------------------------------------
-    def submit(self, seq: Seq, mode: SampleMode, max_new: int, stop: Sequence[str] = ()) -> None:
+    def submit(
+        self, seq: Seq, mode: SampleMode, max_new: int, stop: Sequence[str] = (), key: int = 0
+    ) -> None:
         if seq.state in ("queued", "active", "released"):
             raise ConfigError(f"cannot submit a sequence that is {seq.state}")
+        if not -(1 << 63) <= key < 1 << 63:
+            raise ConfigError(f"a sampling key is an int64, not {key}")
         if len(seq.ids) >= self.cache.capacity - 1:
             raise ConfigError(f"a sequence of {len(seq.ids)} tokens does not fit the engine's capacity")
         if seq.state == "idle":
             self.idle.pop(seq.id, None)
         seq.state, seq.mode, seq.max_new, seq.stop = "queued", mode, max(1, max_new), tuple(stop)
         seq.queued_at = self.step_no
+        seq.key = key
         seq.out, seq.logprobs, seq.entropies, seq.finish = [], [], [], ""
         self.queue.append(seq)
 

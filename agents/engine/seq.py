@@ -28,6 +28,8 @@ class Seq:
     finish: str = ""
     tag: Any = None
     queued_at: int = 0  # the engine step at which the sequence was queued
+    # the turn's sampling key (set by submit; sampling.py keyed_race): 0 draws from the engine's generator
+    key: int = 0
 
 
 @dataclass

@@ -340,7 +340,7 @@ def test_a_block_is_read_with_one_host_sync(llama: Any, chatml_tokenizer: Any) -
     eng.stop_ids, eng.block = set(), 8
     calls = []
     inner = eng._run_rows
-    eng._run_rows = lambda *a: calls.append(a[-1]) or inner(*a)  # type: ignore[method-assign]
+    eng._run_rows = lambda *a: calls.append(a[4]) or inner(*a)  # type: ignore[method-assign]
     policy.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=20, seed=0))
     # the first step admits the rows (inline prefill), then blocks of 8, 8 and the 3 steps left
     assert calls == [1, 8, 8, 3]
