@@ -138,12 +138,16 @@ def turn_room(engine: Any, seq: Any) -> int:
     return int(engine.cache.capacity) - 2 - len(seq.ids)
 
 
-def submit_turn(engine: Any, seq: Any, mode: Any, max_new: int, stop: Iterable[str]) -> bool:
-    """Submit ``seq``'s next turn with at most ``max_new`` tokens; False when its slot has no room for one."""
+def submit_turn(engine: Any, seq: Any, mode: Any, max_new: int, stop: Iterable[str], key: int = 0) -> bool:
+    """Submit ``seq``'s next turn with at most ``max_new`` tokens; False when its slot has no room for one.
+    ``key``: the turn's sampling key (``Engine.submit(key=)``; 0: the engine's generator)."""
     room = turn_room(engine, seq)
     if room < 1:
         return False
-    engine.submit(seq, mode, min(max_new, room), tuple(stop))
+    if key:
+        engine.submit(seq, mode, min(max_new, room), tuple(stop), key=key)
+    else:  # (engines without keys take this too)
+        engine.submit(seq, mode, min(max_new, room), tuple(stop))
     return True
 
 

@@ -30,8 +30,9 @@ when it was built with ``enable_sleep_mode`` (level 2: the weights are re-pushed
 
 Departures: (1) entropies (``return_entropies``) come from the top-20 logprobs vLLM returns plus the rest of
 the mass spread evenly over the other tokens: an estimate, not the exact entropy our engine reports; (2) sampling
-is seeded per request (vLLM's per-request generators) only with ``seeded=True``: by default a run is seeded once
-(the engine's seed), so vLLM runs are not bit-reproducible; (3) ``top_k`` beyond 0 is passed through.
+is seeded per request (vLLM's per-request generators) only with ``seeded=True`` or for a keyed turn (``submit(key=)``,
+the trainers' ``rollout_keys``: seed = a hash of (key, start position)): by default a run is seeded once (the
+engine's seed), so vLLM runs are not bit-reproducible; (3) ``top_k`` beyond 0 is passed through.
 """
 
 from __future__ import annotations
@@ -638,12 +639,19 @@ class VLLMEngine:
     def seed(self, seed: int) -> None:
         self._seed = int(seed)
 
-    def submit(self, seq: Seq, mode: Any, max_new: int, stop: Sequence[str] = ()) -> None:
+    def submit(self, seq: Seq, mode: Any, max_new: int, stop: Sequence[str] = (), key: int = 0) -> None:
+        """Queue a turn. ``key`` (a nonzero int64: our engine's sampling key, ``Engine.submit``): the request's
+        vLLM ``seed`` is a hash of (key, the turn's start position), so the turn samples the same tokens
+        whatever else is in flight (vLLM's per-request generator; not our engine's noise, so not its tokens)."""
         entropies = bool(getattr(mode, "entropies", False))
         body = sampling_body(mode, max_new, stop, self.stop_ids, TOP_FOR_ENTROPY if entropies else 0)
-        if self.seeded:
+        if key:
+            from toolgym.agents.engine.sampling import request_key  # (torch: only when a turn is keyed)
+
+            body["seed"] = request_key(key, len(seq.ids)) & (2**63 - 1)
+        elif self.seeded:
             body["seed"] = (self._seed * 1_000_003 + self.requests) % 2**63
-        seq.mode, seq.max_new, seq.stop = mode, max_new, tuple(stop)
+        seq.mode, seq.max_new, seq.stop, seq.key = mode, max_new, tuple(stop), key
         seq.out, seq.logprobs, seq.entropies, seq.finish = [], [], [], ""
         seq.state = "queued"
         rid = f"t{seq.id}-{self.requests}"

@@ -325,7 +325,8 @@ class TreeStream:
 
     def _episode(self, step: int, ti: int, task: RolloutTask, rng: np.random.Generator) -> Any:
         b = self.open[step]
-        yield from self.roller._grow(ti, task, rng, b.forest, b.stats)
+        key = self.roller.tree_key(self.pipe.seed(step), ti)  # (keyed turns: rollout_keys)
+        yield from self.roller._grow(ti, task, rng, b.forest, b.stats, key)
         b.left -= 1
         self._queue()
 
@@ -510,6 +511,10 @@ def precapture(policy: Any, cfg: Any, temperature: float | None = None) -> int:
         for b in runner.buckets:
             if (b, mode) not in runner._graphs:
                 runner._graphs[(b, mode)] = runner._capture(b, mode)
+                n += 1
+            keyed = getattr(cfg, "rollout_keys", False) and sampling.temperature > 0  # (keyed turns' steps)
+            if keyed and (b, mode) not in runner._keyed_graphs:
+                runner._keyed_graphs[(b, mode)] = runner._capture(b, mode, True)
                 n += 1
     runner.sync()
     return n

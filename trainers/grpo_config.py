@@ -34,6 +34,31 @@ if TYPE_CHECKING:
     from toolgym.trainers.rollout import RolloutConfig
 
 
+ROLLOUT_KEYS_HELP = {
+    "help": "key every rollout turn's sampling noise by its path (seed, task, sample, branch) instead of the "
+    "engine's one generator: a step's trees no longer depend on env timing, admission order or batch "
+    "composition (engine fast or vllm; ~10-20% slower decode on a small model)"
+}
+
+
+def check_rollout_keys(cfg: Any) -> None:
+    """`rollout_keys` needs an engine whose turns take a key: ours (fast; `auto` is checked when the run
+    starts, trainers/rollout.py) or vLLM (a per-request seed); GRPO and PPO share this rule."""
+    if cfg.rollout_keys and cfg.engine == "hf":
+        raise ConfigError(
+            "rollout_keys needs engine fast (our engine: keyed sampling) or vllm (a seed per request); engine hf "
+            "generates in rounds from one generator, without per-sequence keys"
+        )
+    if cfg.rollout_keys and getattr(cfg, "selfplay", None):
+        raise ConfigError("rollout_keys with selfplay is not supported yet: self-play's turns are not keyed")
+
+
+def rollout_keys_inert(cfg: Any) -> list[str]:
+    if cfg.rollout_keys and cfg.temperature == 0:
+        return ["rollout_keys: inert with temperature 0 (greedy turns draw no noise)"]
+    return []
+
+
 @dataclass
 class GRPOConfig(LossOptionsConfig):
     """GRPO (critic-free) on rollout trees: `toolgym train grpo`; the loop is grpo.py."""
@@ -161,6 +186,8 @@ class GRPOConfig(LossOptionsConfig):
             "0: the worker thread in the learner's process)"
         },
     )
+    # --- reproducible rollouts (trainers/rollout.py, keyed sampling)
+    rollout_keys: bool = field(default=False, metadata=ROLLOUT_KEYS_HELP)
     # --- update path (trainers/packing.py)
     packing: Packing = field(
         default="auto",
@@ -216,6 +243,7 @@ class GRPOConfig(LossOptionsConfig):
         if self.logprob_chunk < 1:
             raise ConfigError(f"logprob_chunk must be >= 1, got {self.logprob_chunk}")
         self._check_async()
+        check_rollout_keys(self)
         if self.curriculum:
             from toolgym.trainers.curriculum import parse
 
@@ -298,6 +326,7 @@ class GRPOConfig(LossOptionsConfig):
             )
         elif self.branching == "none" and "initial_samples" in changed:
             out.append("initial_samples: inert without branching")
+        out += rollout_keys_inert(self)
         return out + self.async_inert(changed) + self.seed_inert(changed) + run_inert(self, changed)
 
     def _check_async(self) -> None:
@@ -340,6 +369,7 @@ class GRPOConfig(LossOptionsConfig):
         return RolloutConfig(
             budget=self.budget, max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
             max_total_tokens=self.max_total_tokens, entropies=self.branching in ("turn_entropy", "branching_score"),
+            keys=self.rollout_keys,
         )  # fmt: skip
 
     def branch_policy(self, vocab_size: int | None = None) -> Any:

@@ -17,6 +17,7 @@ from toolgym.trainers.config import (
     check_loss_rules,
     choices,
 )
+from toolgym.trainers.grpo_config import ROLLOUT_KEYS_HELP, check_rollout_keys, rollout_keys_inert
 from toolgym.trainers.inert import run_inert
 
 if TYPE_CHECKING:
@@ -45,12 +46,14 @@ class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (cr
     vf_coef: float = field(default=0.5, metadata={"help": "weight of the value loss"})
     vf_clip: float = field(default=0.5, metadata={"help": "value clipping around the old values (0: off)"})
     eps_high: float = field(default=0.2, metadata=EPS_HIGH_HELP)  # symmetric clipping (GRPO: 0.28)
+    rollout_keys: bool = field(default=False, metadata=ROLLOUT_KEYS_HELP)  # (as GRPO's)
 
     def validate(self) -> None:
         super().validate()
         # categorical fields (metadata choices) are checked by RunConfig.validate
         check_loss_rules(self)
         self.check_async()
+        check_rollout_keys(self)
         if self.selfplay:
             raise ConfigError(
                 "selfplay runs with GRPO only (`toolgym train grpo`): the PPO loop rolls out independent samples"
@@ -72,6 +75,7 @@ class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (cr
             out.append("temperature 0: every rollout of a task is the same greedy one")
         if self.save_rollouts:
             out.append("save_rollouts: inert with PPO (GRPO saves rollout trees; PPO's are single samples)")
+        out += rollout_keys_inert(self)
         return out + self.async_inert(changed) + self.seed_inert(changed) + run_inert(self, changed)
 
     def loss_config(self) -> LossConfig:
@@ -90,5 +94,5 @@ class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (cr
 
         return RolloutConfig(
             budget=self.budget, max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-            max_total_tokens=self.max_total_tokens,
+            max_total_tokens=self.max_total_tokens, keys=self.rollout_keys,
         )  # fmt: skip

@@ -22,6 +22,17 @@ scheduled. The loop runs every tree of a batch in one of its two modes:
 Branching draws come from one generator per tree (seeded by the run seed and the tree's index), so both
 modes make the same branching decisions given the same turns and entropies.
 
+Keyed sampling (`RolloutConfig.keys`, the trainers' `rollout_keys`; continuous mode only): every turn is
+submitted with a sampling key (`Engine.submit(key=)`: its noise is a hash of (key, token position), see
+agents/engine/sampling.py), so what a turn samples does not depend on env timing, admission order or which
+other turns share the batch. Keys name paths, never moments: a tree's key is `request_key(seed, tree index)`,
+the k-th path started from a node gets `request_key(K, k)` where K is the key of the path through that node
+(`_PathKeys`: the root's is the tree's key; a global sample, a fork and an ARPO top-up are all children this
+way), and a path keeps its key over its turns (their positions differ). Two branches that share a prefix
+thus get different keys; the same (seed, tree) grows the same tree, turn for turn, up to the logits' float
+rounding (which on a GPU may depend on the batch's size: a near-tie may then go the other way). Off by default:
+the engine's one generator, as before.
+
 Each model turn is parsed once, by its env: the env call reads it (`ToolEnv.read_action`) and steps with
 that reading, and the turn's node keeps the calls the env read (`info["calls"]`, shown by saved_rollouts).
 
@@ -88,6 +99,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling
     max_total_tokens: int = 2048  # a path whose next prompt is longer ends there (truncated)
     entropies: bool = False  # ask the engine for per-token entropies (turn_entropy/branching_score need them)
+    keys: bool = False  # key every turn's sampling by its path (module docstring; the trainers' rollout_keys)
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,48 @@ class _Req:
     parent: int
     reason: str
     env: Any
+    key: int = 0  # the path's sampling key (0: unkeyed, the engine's generator)
+
+
+@dataclass(frozen=True)
+class KeyedPrompt:
+    """A turn's prompt ids and the sampling key its engine turn is submitted with (keyed rollouts)."""
+
+    ids: list[int]
+    key: int
+
+
+def tree_key(seed: int, ti: int) -> int:
+    """The sampling key of tree `ti` of a batch sampled with `seed` (nonzero int64)."""
+    from toolgym.agents.engine.sampling import request_key
+
+    return request_key(seed, ti)
+
+
+class _PathKeys:
+    """A tree's path keys: the key each model node was sampled with (the root: the tree's key), and how many
+    paths each key has started; a node without one (an env node, the tail of a cut turn) has its path's."""
+
+    def __init__(self, root: int, key: int) -> None:
+        self.of_node: dict[int, int] = {root: key}
+        self.started: dict[int, int] = {}
+
+    def path_key(self, tree: RolloutTree, node: int) -> int:
+        cur: int | None = node
+        while cur is not None:
+            if cur in self.of_node:
+                return self.of_node[cur]
+            cur = tree.nodes[cur].parent
+        raise AssertionError("the root has a key")
+
+    def start(self, tree: RolloutTree, parent: int) -> int:
+        """The key of a new path from `parent`: its path's key K, the k-th path K started (request_key(K, k))."""
+        from toolgym.agents.engine.sampling import request_key
+
+        k = self.path_key(tree, parent)
+        i = self.started.get(k, 0)
+        self.started[k] = i + 1
+        return request_key(k, i)
 
 
 @dataclass
@@ -186,6 +240,14 @@ class TreeRollout:
         if continuous and not has_engine:
             raise ConfigError("continuous rollouts need a policy with an engine (EnginePolicy)")
         self.continuous = has_engine if continuous is None else continuous
+        if self.keyed and not self.continuous:
+            name = getattr(policy, "name", "") or "?"
+            raise ConfigError(
+                f"rollout_keys needs our engine (engine fast) or vLLM, whose turns take a sampling key each; this "
+                f"rollout's policy, {type(policy).__name__} ({name}), generates in rounds from one generator, without "
+                "per-sequence keys (engine auto picks the HF one off CUDA): set engine fast or vllm, or rollout_keys "
+                "false"
+            )
         self.env_workers = max(1, env_workers)
         self.gate = gate  # asynchronous rollouts: published weights and their versions (None: synchronous)
         # seconds an idle engine waits for env calls in flight before planning the turns that are ready
@@ -199,14 +261,24 @@ class TreeRollout:
         self.env_workers = max(self.env_workers, 64) if remote else self.env_workers
         self.round_workers = self.env_workers if remote else 0
 
+    @property
+    def keyed(self) -> bool:
+        """Turns are keyed (`cfg.keys`; greedy turns draw no noise: never keyed)."""
+        return self.cfg.keys and self.cfg.temperature > 0
+
+    def tree_key(self, seed: int, ti: int) -> int:
+        """Tree `ti`'s sampling key in a batch sampled with `seed`; 0 when turns are not keyed."""
+        return tree_key(seed, ti) if self.keyed else 0
+
     # ----- the run -----------------------------------------------------------------------------------------
     def run(self, tasks: list[RolloutTask], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
         """One tree per task. `seed` fixes the branching draws and the sampling."""
         stats = RolloutStats()
         forest: list[RolloutTree | None] = [None] * len(tasks)
         sampling = np.random.default_rng(seed)  # sampling seeds; each tree draws its branching from its own
+        grow = functools.partial(self._grow, forest=forest, stats=stats)
         starts = [
-            functools.partial(self._grow, ti, task, np.random.default_rng([seed, ti]), forest, stats)
+            functools.partial(grow, ti, task, np.random.default_rng([seed, ti]), key=self.tree_key(seed, ti))
             for ti, task in enumerate(tasks)
         ]
         workers = getattr(self.envs, "workers", None)  # Ray env workers: their losses are counted per run
@@ -227,8 +299,9 @@ class TreeRollout:
     # ----- one tree (what it does, not when) ---------------------------------------------------------------
     def _grow(
         self, ti: int, task: RolloutTask, rng: np.random.Generator, forest: list[RolloutTree | None],
-        stats: RolloutStats,
+        stats: RolloutStats, key: int = 0,
     ) -> Grow:  # fmt: skip
+        """Tree `ti` (`key`: its sampling key, `tree_key`; 0: unkeyed turns)."""
         (start,) = yield EnvCalls([lambda: self.envs.reset(task.env_id, task.seed)])
         if isinstance(start, Fault):
             raise RuntimeError(f"{task.env_id} seed {task.seed}: reset failed: {start.error}")
@@ -253,38 +326,40 @@ class TreeRollout:
         if snap is not None:
             tree.nodes[tree.root].info["snapshot"] = snap
         forest[ti] = tree
+        keys = _PathKeys(tree.root, key) if key else None
         split = bool(getattr(self.branch, "dynamic_split", False))
         n = 1 if split else self.branch.global_samples(self.cfg.budget)
         tree.meta["probe"] = split
-        reqs = [_Req(ti, tree.root, "global", env)]
-        reqs += yield from self._requests(ti, tree, [(tree.root, n - 1, "global")], stats)
+        reqs = [_Req(ti, tree.root, "global", env, keys.start(tree, tree.root) if keys else 0)]
+        reqs += yield from self._requests(ti, tree, [(tree.root, n - 1, "global")], stats, keys)
         if split:  # AEPO: one unforked pre-monitoring path decides how many global samples follow
-            yield from self._rounds(tree, reqs, rng, stats)
+            yield from self._rounds(tree, reqs, rng, stats, keys)
             tree.meta["probe"] = False
             tree.meta["global_samples"] = m = self.branch.split_budget(tree, self.cfg.budget)  # type: ignore[attr-defined]
-            reqs = yield from self._requests(ti, tree, [(tree.root, m - 1, "global")], stats)
-        yield from self._rounds(tree, reqs, rng, stats)
+            reqs = yield from self._requests(ti, tree, [(tree.root, m - 1, "global")], stats, keys)
+        yield from self._rounds(tree, reqs, rng, stats, keys)
         if getattr(self.branch, "top_up", False):  # ARPO: fresh global samples up to the budget
             more = self.cfg.budget - len(tree.leaves())
-            reqs = yield from self._requests(ti, tree, [(tree.root, more, "global")], stats)
-            yield from self._rounds(tree, reqs, rng, stats)
+            reqs = yield from self._requests(ti, tree, [(tree.root, more, "global")], stats, keys)
+            yield from self._rounds(tree, reqs, rng, stats, keys)
         for it in range(64):  # on_complete iterations (TreeRL's L); 64 is a safety net
             forks = self.branch.on_complete(tree, it, self.cfg.budget - len(tree.leaves()), rng)
             if not forks:
                 break
-            reqs = yield from self._fork_requests(ti, tree, forks, stats)
-            yield from self._rounds(tree, reqs, rng, stats)
+            reqs = yield from self._fork_requests(ti, tree, forks, stats, keys)
+            yield from self._rounds(tree, reqs, rng, stats, keys)
 
     def _rounds(
-        self, tree: RolloutTree, reqs: list[_Req], rng: np.random.Generator, stats: RolloutStats
-    ) -> Grow:
+        self, tree: RolloutTree, reqs: list[_Req], rng: np.random.Generator, stats: RolloutStats,
+        keys: _PathKeys | None = None,
+    ) -> Grow:  # fmt: skip
         while reqs:
-            new = yield from self._generate(tree, reqs, stats)
+            new = yield from self._generate(tree, reqs, stats, keys)
             room = self.cfg.budget - len(tree.leaves())
             forks = self.branch.on_turns(tree, [nid for _, nid in new], room, rng)
-            extra = yield from self._fork_requests(reqs[0].tree, tree, forks, stats)
+            extra = yield from self._fork_requests(reqs[0].tree, tree, forks, stats, keys)
             if extra:
-                new += yield from self._generate(tree, extra, stats)
+                new += yield from self._generate(tree, extra, stats, keys)
             texts = [self._action(tree, nid) for _, nid in new]
             results = yield EnvCalls(
                 [self.envs.stepper(r.env, text) for (r, _), text in zip(new, texts, strict=True)]
@@ -296,36 +371,42 @@ class TreeRollout:
                     reqs.append(nxt)
 
     def _fork_requests(
-        self, ti: int, tree: RolloutTree, forks: list[Any], stats: RolloutStats
+        self, ti: int, tree: RolloutTree, forks: list[Any], stats: RolloutStats, keys: _PathKeys | None = None
     ) -> Generator[Generate | EnvCalls, list[Any], list[_Req]]:
         todo = []
         for parent, count, reason in apply_forks(tree, forks):
             stats.forks[reason] = stats.forks.get(reason, 0) + count
             todo.append((parent, count, reason))
-        return (yield from self._requests(ti, tree, todo, stats))
+        return (yield from self._requests(ti, tree, todo, stats, keys))
 
     def _requests(
-        self, ti: int, tree: RolloutTree, todo: list[tuple[int, int, str]], stats: RolloutStats
-    ) -> Generator[Generate | EnvCalls, list[Any], list[_Req]]:
-        """`count` requests from each `parent`, each with a pooled env in the state at that node."""
+        self, ti: int, tree: RolloutTree, todo: list[tuple[int, int, str]], stats: RolloutStats,
+        keys: _PathKeys | None = None,
+    ) -> Generator[Generate | EnvCalls, list[Any], list[_Req]]:  # fmt: skip
+        """`count` requests from each `parent`, each with a pooled env in the state at that node (and, keyed,
+        a new path key: given before the envs answer, so a dropped fork does not shift its siblings' keys)."""
         wanted = [(parent, reason) for parent, count, reason in todo for _ in range(max(0, count))]
         if not wanted:
             return []
+        path_keys = [keys.start(tree, parent) if keys else 0 for parent, _ in wanted]
         envs = yield EnvCalls([functools.partial(self.envs.at, tree, parent) for parent, _ in wanted])
         out = []
-        for (parent, reason), env in zip(wanted, envs, strict=True):
+        for (parent, reason), key, env in zip(wanted, path_keys, envs, strict=True):
             if isinstance(env, Fault):
                 stats.env_errors += 1  # the fork is dropped: its env could not be put in that state
                 continue
-            out.append(_Req(ti, parent, reason, env))
+            out.append(_Req(ti, parent, reason, env, key))
         return out
 
     def _generate(
-        self, tree: RolloutTree, reqs: list[_Req], stats: RolloutStats
+        self, tree: RolloutTree, reqs: list[_Req], stats: RolloutStats, keys: _PathKeys | None = None
     ) -> Generator[Generate | EnvCalls, list[Any], list[tuple[_Req, int]]]:
         """One turn per request (rows continuing a cut turn only get what is left of its allowance)."""
         lefts = [max(1, self.cfg.max_new_tokens - len(self._partial_turn(tree, r.parent))) for r in reqs]
-        gens = yield Generate([tree.prefix_ids(r.parent) for r in reqs], lefts)
+        prompts: list[Any] = [tree.prefix_ids(r.parent) for r in reqs]
+        if keys is not None:
+            prompts = [KeyedPrompt(p, r.key) for p, r in zip(prompts, reqs, strict=True)]
+        gens = yield Generate(prompts, lefts)
         out: list[tuple[_Req, int]] = []
         for r, g in zip(reqs, gens, strict=True):
             if isinstance(g, Fault):  # no rollout server answered this turn: the path ends
@@ -350,6 +431,8 @@ class TreeRollout:
                 state_key=key, branch_reason=r.reason, info=info,
             )  # fmt: skip
             stats.generated_tokens += len(g.token_ids)
+            if keys is not None:
+                keys.of_node[nid] = r.key
             out.append((r, nid))
         return out
 
@@ -427,7 +510,7 @@ class TreeRollout:
         )
         if snap is not None:
             tree.nodes[env_node].info["snapshot"] = snap
-        return _Req(req.tree, env_node, "global", req.env)
+        return _Req(req.tree, env_node, "global", req.env, req.key)  # (the path's next turn: its key goes on)
 
     def _finish(self, tree: RolloutTree, nid: int, end: dict[str, Any]) -> None:
         node, path = tree.nodes[nid], tree.path(nid)
@@ -523,15 +606,17 @@ class _EngineTurns:
         self.mode = mode_of(self.sp, getattr(policy, "top_k", 0))
 
     def plan(self, requests: list[Any], lefts: list[int | None]) -> list[Any]:
-        seqs = self.policy._plan(requests)  # continues / forks held caches
+        keys = [r.key if isinstance(r, KeyedPrompt) else 0 for r in requests]
+        prompts = [r.ids if isinstance(r, KeyedPrompt) else r for r in requests]
+        seqs = self.policy._plan(prompts)  # continues / forks held caches
         for s in seqs:  # (all checked before any is submitted: a failed plan leaves nothing in the batch)
             if turn_room(self.engine, s) < 1:
                 raise ConfigError(
                     f"a prompt of {len(s.ids)} tokens does not fit the engine's capacity "
                     f"({self.engine.cache.capacity}): give it max_total_tokens + max_new_tokens + 8"
                 )
-        for s, left in zip(seqs, lefts, strict=True):
-            submit_turn(self.engine, s, self.mode, left or self.sp.max_new_tokens, self.sp.stop)
+        for s, left, key in zip(seqs, lefts, keys, strict=True):
+            submit_turn(self.engine, s, self.mode, left or self.sp.max_new_tokens, self.sp.stop, key)
             if self.gate is not None:
                 self.marks[s.id] = (s, [(0, self.version)])
         return list(seqs)
