@@ -143,6 +143,8 @@ IS: dict[str, dict[str, Any]] = {
 ENGINE: dict[str, dict[str, Any]] = {
     "hf": {"engine": "hf"}, "ours": {"engine": "fast"}, "servers": {"engine": "vllm", "weight_sync": "disk"},
 }  # fmt: skip
+# sampling noise keyed by each path (`rollout_keys`: our engine's keyed race, vLLM's per-request seed)
+KEYS: dict[str, dict[str, Any]] = {"off": {}, "on": {"rollout_keys": True}}
 
 GRPO_FACTORS: Factors = {
     "estimator": {e: {"estimator": e} for e in (
@@ -197,6 +199,7 @@ GRPO_FACTORS: Factors = {
     "family": FAMILY,
     "sizes": SIZES,
     "is": IS,
+    "keys": KEYS,
 }  # fmt: skip
 
 PPO_FACTORS: Factors = {
@@ -245,6 +248,7 @@ PPO_FACTORS: Factors = {
     "sampling": SAMPLING,
     "family": FAMILY,
     "sizes": SIZES,
+    "keys": KEYS,
 }
 
 # pairs the config refuses at construction: (factor, value) x (factor, value) -> words its message must hold
@@ -255,6 +259,7 @@ GRPO_REFUSED: dict[Pair, tuple[str, str]] = {
     **{pair(("async", a), ("curriculum", "on")): ("max_staleness", "curriculum") for a in ASYNC},
     **{pair(("async", a), ("filters", "refill")): ("max_staleness", "refill") for a in ASYNC},
     pair(("env", "vowel3"), ("curriculum", "on")): ("curriculum", "env_kwargs"),  # both set max_turns
+    pair(("engine", "hf"), ("keys", "on")): ("rollout_keys", "engine hf"),  # (HF's batched generate: no keys)
 }
 # pairs refused when the run starts (the model's family is known only then), with a ConfigError before any step
 AT_START: dict[Pair, tuple[str, str]] = {
@@ -266,6 +271,7 @@ PPO_REFUSED: dict[Pair, tuple[str, str]] = {
     **AT_START,
     pair(("engine", "servers"), ("model", "lora")): ("engine=vllm", "lora_r"),
     **{pair(("async", a), ("addons", "replay+pool")): ("max_staleness", "task_pool") for a in ASYNC},
+    pair(("engine", "hf"), ("keys", "on")): ("rollout_keys", "engine hf"),
 }
 
 GRPO_CASES = pairwise(GRPO_FACTORS, set(GRPO_REFUSED))
