@@ -88,19 +88,14 @@ def test_unkeyed_trees_do_depend_on_the_batch_split(tokenizer: Any) -> None:
     )
 
 
-class _ForkEverywhere:
+class _ForkEverywhere(NoBranching):
     """One global sample; once it ended: 3 forks inside its first turn (after 2 tokens) and 2 at its tool
-    node, then nothing."""
+    node, then nothing (no forks while turns come in: NoBranching's)."""
 
     name = "test"
 
     def global_samples(self, budget: int) -> int:
         return 1
-
-    def on_turns(
-        self, tree: RolloutTree, new_turns: list[int], room: int, rng: np.random.Generator
-    ) -> list[Fork]:
-        return []
 
     def on_complete(
         self, tree: RolloutTree, iteration: int, room: int, rng: np.random.Generator
