@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from gymnasium.error import DependencyNotInstalled
 
 import toolgym  # noqa: F401  (registers the envs)
+from tests.processes import run
 from toolgym.optional import require
 
 
@@ -206,7 +206,5 @@ def test_bm25s_does_not_start_jax(tmp_path: Path) -> None:
     (fake / "__init__.py").write_text("STARTED = True\n")
     (fake / "lax.py").write_text("raise SystemExit('jax.lax imported')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(
-        [sys.executable, "-c", BM25S_WITH_JAX], env=env, capture_output=True, text=True, timeout=120
-    )
+    proc = run([sys.executable, "-c", BM25S_WITH_JAX], timeout=120, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
