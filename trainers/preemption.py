@@ -200,8 +200,11 @@ class Preemption:
         self._restore()
 
     def _restore(self) -> None:
-        if self._stacks is not None:
+        if self._stacks is not None:  # (ended, not only told to: a run leaves no thread of its own behind)
             self._stacks.cancel()
+            if self._stacks is not threading.current_thread():
+                self._stacks.join(timeout=5)
+            self._stacks = None
         for s, handler in self._previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
