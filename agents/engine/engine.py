@@ -117,12 +117,11 @@ class ModelRunner:
                 logits if len(groups) == 1 else logits[torch.tensor(rows).to(self.device, non_blocking=True)]
             )
             keys = [batch[r].key for r in rows]
+            kt = pt = None
             if any(keys):  # the drawn token goes at position len(ids) (the last prompt token's is len - 1)
                 at = [len(batch[r].ids) for r in rows]
                 kt, pt = torch.tensor([keys, at]).to(self.device, non_blocking=True)
-                tok, lp, ent = sample(part, mode, self.generator, kt, pt)
-            else:
-                tok, lp, ent = sample(part, mode, self.generator)
+            tok, lp, ent = sample(part, mode, self.generator, kt, pt)
             yield [batch[r] for r in rows], tok[None], lp[None], ent[None] if ent is not None else None
 
     def cache_only(self, todo: list[tuple[Seq, int]]) -> None:
@@ -185,10 +184,8 @@ class ModelRunner:
                 logits = decode_triton(self.weights, self.cache, t, sl, ps, self.nsplit(n))
             else:
                 logits = decode_torch(self.weights, self.cache, t, sl, ps, span=span + i)
-            if kt is not None:  # (the drawn token goes at the next position)
-                t, lp, ent = sample(logits, mode, self.generator, kt, ps + 1)
-            else:
-                t, lp, ent = sample(logits, mode, self.generator)
+            # (the drawn token goes at the next position)
+            t, lp, ent = sample(logits, mode, self.generator, kt, ps + 1 if kt is not None else None)
             toks.append(t)
             lps.append(lp)
             if ent is not None:
@@ -216,10 +213,8 @@ class ModelRunner:
             logits = decode_triton(self.weights, self.cache, tok, sl, ps, self.nsplit(b))
         else:
             logits = decode_torch(self.weights, self.cache, tok, sl, ps)
-        if keyed:
-            t, lp, ent = sample(logits, mode, self.generator, self._in[3, :b], ps + 1)
-        else:
-            t, lp, ent = sample(logits, mode, self.generator)
+        keys, at = (self._in[3, :b], ps + 1) if keyed else (None, None)
+        t, lp, ent = sample(logits, mode, self.generator, keys, at)
         self._out[:b, 0] = t.float()
         self._out[:b, 1] = lp
         if ent is not None:
