@@ -721,3 +721,37 @@ def test_every_server_failing_for_a_moment_is_retried() -> None:
     finally:
         backend.close()
         httpd.shutdown()
+
+
+def test_poll_returns_what_ended_and_never_waits_on_a_cancelled_request() -> None:
+    """A poll takes the requests that ended since the last one (each future's done-callback queues it) and skips
+    a cancelled request that ends later; with only that one left it returns at once instead of waiting."""
+    import json
+    import threading
+
+    gates = {rid: threading.Event() for rid in ("a", "b", "c")}
+
+    def answer(path: str, raw: bytes) -> tuple[int, bytes]:
+        rid = json.loads(raw)["prompt"][0]
+        gates["abc"[rid]].wait(10)
+        return 200, _choice()
+
+    httpd = _stand_in(answer)
+    backend = ServerBackend([f"http://127.0.0.1:{httpd.server_address[1]}"])
+    try:
+        for i, rid in enumerate("abc"):
+            backend.submit(rid, [i, 9], {"max_tokens": 3})
+        gates["b"].set()
+        assert [rid for rid, _ in backend.poll()] == ["b"]
+        backend.cancel("c")  # (already sent: it runs to its end, and its result is dropped)
+        gates["c"].set()
+        gates["a"].set()
+        got = [rid for rid, _ in backend.poll()]
+        got += [rid for rid, _ in backend.poll()] if got != ["a"] else []
+        assert "a" in got and "c" not in got
+        while backend.pending():  # only cancelled ends can remain queued: each poll returns at once
+            assert backend.poll() == []
+        assert backend.poll() == []
+    finally:
+        backend.close()
+        httpd.shutdown()
