@@ -268,7 +268,7 @@ class OpenAIPolicy:
         body.update(self.extra_body)
         resp = await self._request_raw(client, "POST", "/completions", body)
         try:
-            done = completed_from_answer(resp, sp.max_new_tokens, len(renderer.tokenizer), ids)
+            done = completed_from_answer(resp.content, sp.max_new_tokens, len(renderer.tokenizer), ids)
         except InfrastructureError as exc:
             raise BackendError(f"{self.base_url}/completions: {exc}") from exc
         text = renderer.decode(renderer.strip_stop(done.token_ids))

@@ -14,7 +14,8 @@
 # annotated-types typing-inspection typing-extensions (cp312 manylinux wheels), bm25s (Search-v0's BM25),
 # math-verify latex2sympy2_extended antlr4-python3-runtime (PythonMath-v0's answer check), fastapi starlette
 # uvicorn h11 anyio sniffio click idna annotated-doc opentelemetry-api (Search-v0's HTTP retriever in
-# benchmarks/async.py; pip download --no-deps --only-binary=:all: --python-version 3.12 ...);
+# benchmarks/async.py), urllib3 (the rollout servers' turns); pip download --no-deps --only-binary=:all:
+# --python-version 3.12 ...;
 # .partsB/bwrap/ = this machine's /usr/bin/bwrap (bubblewrap 0.8, Debian 12) and the libraries it links that
 # the GPU image may lack (libselinux.so.1 libcap.so.2 libpcre2-8.so.0): PythonMath-v0's process sandbox
 # (the GPU machine has no docker). See benchmarks/papers/PLAN.md.
