@@ -538,6 +538,15 @@ def cpu_threads(requested: int = 0) -> int:
     return max(1, min(4, cores // 2))
 
 
+def _json(body: dict[str, Any]) -> Any:
+    """An answer of plain JSON values, rendered as is: a dict returned from a route goes through FastAPI's
+    ``jsonable_encoder`` first, 1.8 ms a completions answer with its token ids and logprobs (json.dumps: 0.1 ms),
+    in the event loop that shares the server's GIL with the engine's batching thread."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(content=body)
+
+
 def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> Any:
     from fastapi.responses import JSONResponse
 
@@ -671,7 +680,7 @@ def build_app(server: PolicyServer) -> Any:
         finally:
             for f in futures:  # one choice failed (or the client left): the others not started are dropped
                 f.cancel()
-        return oc.body(server, req, prompts, replies)
+        return _json(oc.body(server, req, prompts, replies))
 
     @app.post("/v1/chat/completions", response_model=None)
     @app.post("/chat/completions", response_model=None)
@@ -701,14 +710,16 @@ def build_app(server: PolicyServer) -> Any:
         usage = usage_block(replies)
         choices = [server.choice(i, r, req) for i, r in enumerate(replies)]
         if not req.stream:
-            return {
-                "id": cid,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": choices,
-                "usage": usage,
-            }
+            return _json(
+                {
+                    "id": cid,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "choices": choices,
+                    "usage": usage,
+                }
+            )
         head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         events = stream_events(server, head, replies, choices, req, usage if include_usage else None)
