@@ -24,6 +24,19 @@ into benchmarks/results/async.{json,md}:
   same pair on Search-v0 from the speed part's warm start (the issue's "multi-turn env of your choice"), with
   ``--tool-latency-s`` its searches' added latency; runs are keyed by env, mode and seed, summarised per env
   over seeds (``async_learning_summary``, ``async_learning_summary_search``).
+  A learning run may span several invocations (a device call lasts ~9 minutes; ``--minutes`` is the run's
+  total): on SIGTERM (gpu_jobs.sh's ``timeout`` signals the whole group at the call's deadline) the child
+  finishes its step and saves its checkpoint (the trainer's own preemption save: ``save_every`` stays 0, a save
+  of the 135M model with its AdamW state is 1.6 GB, 3-6 s on a CPU VM's disk), this process waits up to
+  ``CHILD_GRACE_S`` for it, writes the JSON and report of what is done and exits 143 (so gpu_jobs.sh runs the
+  line again). The same command then continues each unfinished run from its checkpoint (``resume: auto``),
+  keeping its records, and stamps the new ones with the minutes already spent (WORK/learning_KEY.wall.json,
+  the run's ledger, written as records appear) plus the minutes since this child started; a run whose minutes
+  are up (or whose trainer finished) starts no child. Restarts count in its wall minutes (the report says
+  which runs spanned several invocations). A run folder without a ledger, or whose ledger holds another
+  config, starts over.
+- ``--micro-batch-rows N``: the update's rows a forward/backward (speed, speed2, servers: default 16;
+  learning: the YAML's), recorded in the setup blocks (learning: in each run's record).
 
 - ``servers`` -> ``async_speedup_2gpu_servers``: the same run with the learner on GPU 0 and its rollouts on a
   rollout server on GPU 1 (``toolgym serve --agent engine:MODEL --weight-updates``: our engine, as a vLLM server
@@ -65,6 +78,7 @@ On the device machines (results come back under $OUT; merge them here afterwards
     python benchmarks/async.py --merge FILES_AT/async_2gpu.json FILES_AT/async_tree.json
     python benchmarks/async.py --part learning --mode sync  --minutes 7     # GPU, ~8 min
     python benchmarks/async.py --part learning --mode async --minutes 7     # GPU, ~8 min
+    bash benchmarks/gpu_jobs.sh 560 benchmarks/jobs/async_learning_long_x4.txt  # twice: 15-minute runs, continued
     python benchmarks/async.py --report                 # rewrite async.md from async.json
     python benchmarks/async.py --merge A.json B.json    # merge the device calls' results into async.json/.md
 """
@@ -73,9 +87,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import http.server
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +102,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -113,19 +131,116 @@ def _tiny(model_name: str) -> tuple[Any, Any]:
     return LlamaForCausalLM(cfg), tok
 
 
-def child(spec: dict[str, Any]) -> None:
+def child(spec: dict[str, Any]) -> int:
+    """Trains the spec's run; its exit code (a stop on SIGTERM: 143, as `toolgym train` exits, after the save
+    and the trainer's own line saying so)."""
+    from toolgym.trainers.preemption import Preempted, exit_status
+
     model = tok = None
     if spec.get("tiny"):
         model, tok = _tiny(spec["config"].get("model", "smollm2-135m"))
-    if spec.get("algorithm") == "sft":
-        from toolgym.trainers.sft import SFTConfig
-        from toolgym.trainers.sft import train as sft_train
+    try:
+        if spec.get("algorithm") == "sft":
+            from toolgym.trainers.sft import SFTConfig
+            from toolgym.trainers.sft import train as sft_train
 
-        sft_train(SFTConfig.from_dict(spec["config"]), model, tok)
-        return
-    from toolgym.trainers.grpo import GRPOConfig, train
+            sft_train(SFTConfig.from_dict(spec["config"]), model, tok)
+            return 0
+        from toolgym.trainers.grpo import GRPOConfig, train
 
-    train(GRPOConfig.from_dict(spec["config"]), model, tok)
+        train(GRPOConfig.from_dict(spec["config"]), model, tok)
+    except Preempted as stop:
+        return exit_status(stop)
+    return 0
+
+
+class Stopped(Exception):
+    """This process got SIGTERM (`timeout` at a device call's deadline signals the whole group): the child in
+    progress was let finish its step and save, and what is done so far is written before the exit."""
+
+
+class _Signal:
+    got: int | None = None  # the signal this process got (None: none)
+    at = 0.0  # when (time.monotonic)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    # (only a flag: the child got the same signal from the group and is saving; `run_child` waits for it)
+    if _Signal.got is None:
+        _Signal.got, _Signal.at = signum, time.monotonic()
+
+
+CHILD_GRACE_S = (
+    35.0  # a stopped child's time to finish its step and save (gpu_jobs.sh's SIGKILL comes at 45 s)
+)
+LEDGER_EVERY_S = 5.0  # the ledger's minutes are written this often (a SIGKILL loses at most this much)
+
+
+@dataclass
+class Ledger:
+    """A resumable run's wall clock, FOLDER.wall.json beside its run folder: the config it was started with,
+    the wall minutes its children ran (process start, model load and redone steps of each restart included),
+    how many children ran it, whether the trainer finished its steps, and the wall minute each metrics record
+    appeared at (keyed by a digest of its line: a record the resumed trainer drops and writes again is a new
+    line, stamped anew)."""
+
+    path: Path
+    config: dict[str, Any]
+    minutes: float = 0.0
+    invocations: int = 0
+    finished: bool = False
+    stamps: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, path: Path, config: dict[str, Any]) -> Ledger:
+        """The ledger of a run of `config`; a new one (and the run folder's checkpoint and metrics removed:
+        a fresh start) when there is none or it was started with another config."""
+        if path.is_file():
+            got = json.loads(path.read_text())
+            if got.get("config") == _fingerprint(config):
+                return cls(path, config, got["minutes"], got["invocations"], got["finished"], got["stamps"])
+            print(
+                f"{path}: another config than this one; starting {config['output_dir']} over", file=sys.stderr
+            )
+        out = Path(config["output_dir"])
+        for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp"):
+            shutil.rmtree(out / name, ignore_errors=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+        return cls(path, config)
+
+    def done(self, minutes: float | None) -> bool:
+        """Whether the run is over: its trainer finished, or it has had its `minutes` (None: no budget)."""
+        return self.finished or (minutes is not None and self.minutes >= minutes)
+
+    def write(self) -> None:
+        state = {
+            "config": _fingerprint(self.config), "minutes": self.minutes, "invocations": self.invocations,
+            "finished": self.finished, "stamps": self.stamps,
+        }  # fmt: skip
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(state) + "\n")
+        os.replace(tmp, self.path)  # (a SIGKILL mid-write leaves the previous ledger)
+
+
+def _fingerprint(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` as the ledger compares it: without what changes between invocations of one command (the
+    retriever's port)."""
+    out = json.loads(json.dumps(config))
+    (out.get("env_kwargs") or {}).pop("retriever_url", None)
+    return out
+
+
+def _digest(line: str) -> str:
+    return hashlib.sha1(line.encode()).hexdigest()[:16]
+
+
+def _lines(log: Path) -> list[str]:
+    """metrics.jsonl's complete lines (not one being written)."""
+    try:
+        text = log.read_text()
+    except FileNotFoundError:
+        return []
+    return [ln for ln in text.split("\n")[:-1] if ln.strip()]
 
 
 def run_child(
@@ -136,18 +251,43 @@ def run_child(
     gpus: str | None = None,
     algorithm: str = "grpo",
     env_extra: dict[str, str] | None = None,
+    ledger: Ledger | None = None,
 ) -> list[dict[str, Any]]:
     """Trains `config` (GRPO, or SFT with `algorithm` "sft") in a child process (`nproc` > 1: torchrun with
     that many ranks; `gpus`: its CUDA_VISIBLE_DEVICES); returns rank 0's metrics records, each stamped with
     `wall_min` (minutes since the child started when the record appeared). With `minutes`, the child is
-    stopped at that time."""
+    stopped at that time.
+
+    With a `ledger` the run is resumable: the child continues from the checkpoint in output_dir (``resume:
+    auto``; the trainer writes one when it is stopped), the earlier children's records are kept, the minutes
+    count on from the ledger's, `minutes` is the run's total, and a run that is over starts no child.
+
+    When this process gets SIGTERM the child (signalled too, as `timeout` signals the group) has
+    `CHILD_GRACE_S` to save; then `Stopped` is raised, except for a ledger's run, whose records come back."""
     out = Path(config["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     log = out / "metrics.jsonl"
-    if log.exists():
-        log.unlink()
-    spec = json.dumps({"config": config, "tiny": tiny, "algorithm": algorithm})
+    resumable = ledger is not None
+    # (a run that is not resumable keeps its stamps in a ledger that is never written: it starts over)
+    book = ledger if ledger is not None else Ledger(out.with_name(out.name + ".wall.json"), config)
+    if not resumable:
+        log.unlink(missing_ok=True)
+    elif book.done(minutes):
+        return [
+            json.loads(ln) | {"wall_min": book.stamps.get(_digest(ln), book.minutes)} for ln in _lines(log)
+        ]
+    if _Signal.got is not None:
+        raise Stopped
+    # (resume: auto only for a ledger's run: a speed arm's folder may hold the finished checkpoint of an
+    # earlier call with the same --work, which would then train nothing)
+    run = config | {"resume": "auto"} if resumable else config
+    spec = json.dumps({"config": run, "tiny": tiny, "algorithm": algorithm})
+    before = book.minutes
     t0 = time.perf_counter()
+
+    def now() -> float:
+        return before + (time.perf_counter() - t0) / 60
+
     cmd = [sys.executable, __file__, "--child", spec]
     if nproc > 1:  # as a user launches the split layout (torchrun ends its ranks when it is terminated)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
@@ -156,26 +296,59 @@ def run_child(
     if config.get("device") == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    stamps: list[float] = []
+    book.invocations += 1
+    if resumable:
+        book.write()
+    written = time.monotonic()
+
+    seen: list[tuple[int, int] | None] = [None]
+
+    def stamp() -> bool:
+        try:
+            st = log.stat()
+            now_seen: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            now_seen = None
+        if now_seen == seen[0]:  # (the log is read again only when it changed: it grows to ~1 MB)
+            return False
+        seen[0] = now_seen
+        new = [d for d in map(_digest, _lines(log)) if d not in book.stamps]
+        for d in new:
+            book.stamps[d] = now()
+        return bool(new)
+
+    stopped = False
     try:
         while proc.poll() is None:
             time.sleep(0.5)
-            n = len(log.read_text().splitlines()) if log.exists() else 0
-            stamps += [(time.perf_counter() - t0) / 60] * (n - len(stamps))
-            if minutes is not None and time.perf_counter() - t0 > minutes * 60:
-                proc.terminate()
-                proc.wait(timeout=60)
+            fresh = stamp()
+            if resumable and (fresh or time.monotonic() - written > LEDGER_EVERY_S):
+                book.minutes, written = now(), time.monotonic()
+                book.write()
+            over = minutes is not None and now() > minutes
+            if over or _Signal.got is not None:
+                stopped = _Signal.got is not None
+                proc.terminate()  # (a second SIGTERM to a child the group's already reached: no harm)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=CHILD_GRACE_S if stopped else 60)
                 break
     finally:
         if proc.poll() is None:
             proc.kill()
-    records = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
-    stamps += [(time.perf_counter() - t0) / 60] * (len(records) - len(stamps))
-    if minutes is None and proc.returncode != 0:
+            proc.wait()
+    stamp()
+    book.minutes = now()
+    book.finished = proc.returncode == 0
+    lines = _lines(log)
+    keep = {_digest(ln) for ln in lines}
+    book.stamps = {d: m for d, m in book.stamps.items() if d in keep}  # (the dropped records' stamps)
+    if resumable:
+        book.write()
+    if stopped and not resumable:
+        raise Stopped
+    if minutes is None and proc.returncode != 0 and not stopped:
         raise RuntimeError(f"training {out} failed with exit code {proc.returncode}")
-    for r, s in zip(records, stamps, strict=True):
-        r["wall_min"] = s
-    return records
+    return [json.loads(ln) | {"wall_min": book.stamps[_digest(ln)]} for ln in lines]
 
 
 # ----- the retriever ------------------------------------------------------------------------------------------
@@ -267,6 +440,11 @@ def slow_proxy(upstream: str, delay_s: float) -> tuple[http.server.ThreadingHTTP
 
 
 # ----- parts ------------------------------------------------------------------------------------------------------
+SPEED_MICRO_BATCH_ROWS = (
+    16  # the speed parts' update micro-batch (rows a forward/backward), unless --micro-batch-rows
+)
+
+
 def speed_config(args: argparse.Namespace, url: str, passages: int) -> dict[str, Any]:
     """The Search-v0 run both speed parts time."""
     base: dict[str, Any] = dict(
@@ -276,7 +454,8 @@ def speed_config(args: argparse.Namespace, url: str, passages: int) -> dict[str,
             hops=2,
         ),
         model=args.model or "smollm2-135m", steps=args.steps, prompts_per_step=args.prompts, budget=args.budget,
-        max_new_tokens=args.max_new_tokens, max_total_tokens=2048, lr=1e-6, micro_batch_rows=16,
+        max_new_tokens=args.max_new_tokens, max_total_tokens=2048, lr=1e-6,
+        micro_batch_rows=args.micro_batch_rows or SPEED_MICRO_BATCH_ROWS,
         eval_episodes=4, tensorboard=False, progress=False, is_mode="token_mask", is_min=0.2, is_max=5.0,
         filter_zero_variance=False,  # every step runs the full update (a 135M model often scores all 0)
     )  # fmt: skip
@@ -306,6 +485,8 @@ def warm_start(args: argparse.Namespace, base: dict[str, Any], work: Path) -> di
     while args.wait_warm_start and not summary_path.is_file():  # another job line (GPU) trains it
         if time.monotonic() > deadline:
             raise SystemExit(f"no warm start in {folder} after {args.wait_warm_start} s")
+        if _Signal.got is not None:
+            raise Stopped
         time.sleep(5)
     reused = (folder / "model" / "config.json").is_file() and summary_path.is_file()
     cfg = sft_config(args, base, folder)
@@ -555,8 +736,10 @@ def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     cfg.update(progress=False, tensorboard=False, save_every=0, seed=args.seed)
     if args.model:
         cfg["model"] = args.model
-    if args.quick:
-        cfg.update(steps=6, prompts_per_step=2, budget=4, max_new_tokens=16, max_total_tokens=512, eval_every=3,
+    if args.micro_batch_rows:
+        cfg["micro_batch_rows"] = args.micro_batch_rows
+    if args.quick:  # (10 steps: a test stops one part-way and continues it)
+        cfg.update(steps=10, prompts_per_step=2, budget=4, max_new_tokens=16, max_total_tokens=512, eval_every=3,
                    eval_episodes=4, device="cpu", threads=1)  # fmt: skip
     return {"async_learning": _learning_runs(args, cfg, work, "calculator", tiny=args.quick)}
 
@@ -570,7 +753,9 @@ def _learning_runs(
         k = 0 if mode == "sync" else args.learning_staleness
         key = run_key(env, mode, args.seed)
         run = dict(cfg, max_staleness=k, output_dir=str(work / f"learning_{key}"))
-        recs = run_child(run, tiny=tiny, minutes=None if args.quick else args.minutes)
+        budget = None if args.quick else args.minutes  # (--quick: the run's steps, however long they take)
+        ledger = Ledger.open(work / f"learning_{key}.wall.json", run)
+        recs = run_child(run, tiny=tiny, minutes=budget, ledger=ledger)
         curve = [(r["wall_min"], r["step"], r["eval/success"]) for r in recs if "eval/success" in r]
         steps = [r for r in recs if r["step"] > 2 and "time/step_s" in r]  # (engine start, compilation)
         out[key] = {
@@ -581,7 +766,13 @@ def _learning_runs(
             "steps": [c[1] for c in curve],
             "success": [c[2] for c in curve],
             "steps_done": max((r["step"] for r in recs), default=0),
-            "wall_minutes": args.minutes if not args.quick else (recs[-1]["wall_min"] if recs else 0.0),
+            # the minutes its children ran, restarts included (a run continued by a later invocation
+            # pays its process start, model load, engine start and the steps redone after its checkpoint)
+            "wall_minutes": ledger.minutes,
+            "minutes_budget": budget,
+            "invocations": ledger.invocations,
+            "complete": ledger.done(budget),  # false: stopped early (SIGTERM); the same command continues it
+            "micro_batch_rows": run.get("micro_batch_rows"),
             "seed": args.seed,
             "tool_latency_s": args.tool_latency_s if env == "search" else 0.0,
             # where the wall time went (the learner's step, its held-out evaluations, waits of either side)
@@ -592,6 +783,8 @@ def _learning_runs(
             "admission_wait_s": _mean(steps, "time/admission_wait_s"),
             "train_tokens_per_s": _mean(steps, "time/train_tokens_per_s"),
         }
+        if _Signal.got is not None:  # (the next mode's run starts with the next invocation)
+            break
     return out
 
 
@@ -640,8 +833,9 @@ def learning_summary(runs: dict[str, Any]) -> dict[str, Any]:
     """The target: the synchronous runs' best smoothed held-out success (their mean over seeds) minus their
     spread over seeds (0.05 with one seed: about a seed's spread at 64 episodes); then for each run the minutes
     it first reached the target (smoothed), and for each mode the mean over its seeds (None when a seed never
-    reached it) and its best."""
-    runs = learning_runs(runs)
+    reached it) and its best. Runs stopped before their minutes were up (``complete`` false: a later invocation
+    continues them) are left out."""
+    runs = {k: r for k, r in learning_runs(runs).items() if r.get("complete") is not False}
     by_mode: dict[str, list[dict[str, Any]]] = {}
     for run in runs.values():
         by_mode.setdefault(run["mode"], []).append(run)
@@ -752,7 +946,10 @@ def _learning_section(data: dict[str, Any], runs: dict[str, Any], env: str) -> l
     for key in order:
         r = runs[key]
         pts = ", ".join(f"{m:.1f} min: {s:.2f}" for m, s in zip(r["minutes"], r["success"], strict=True))
-        lines.append(f"- {key} (max_staleness {r['max_staleness']}, {r['steps_done']} steps): {pts}")
+        lines.append(
+            f"- {key} (max_staleness {r['max_staleness']}, {r['steps_done']} steps{_spans(r)}): {pts}"
+        )
+    lines += _restart_note(runs)
     summ = data.get("async_learning_summary" + ("" if env == "calculator" else f"_{env}")) or {}
     if summ:
         mins = summ["minutes_to_target"]
@@ -769,6 +966,40 @@ def _learning_section(data: dict[str, Any], runs: dict[str, Any], env: str) -> l
             f"{summ['best_success']['async']:.2f}. Seeds: {summ.get('seeds')}.",
         ]
     return [*lines, ""]
+
+
+def _spans(r: dict[str, Any]) -> str:
+    """A run's invocations and completeness, for its line (nothing for one whole invocation)."""
+    n = r.get("invocations") or 1
+    text = f", {n} invocations, {r.get('wall_minutes') or 0:.1f} wall min" if n > 1 else ""
+    if r.get("complete") is False:
+        budget = r.get("minutes_budget")
+        of = f" of {budget:g}" if budget else ""
+        text += f", stopped early at {r.get('wall_minutes') or 0:.1f}{of} min: incomplete"
+    return text
+
+
+def _restart_note(runs: dict[str, Any]) -> list[str]:
+    """What a run that spanned several invocations (device calls) was charged, and which runs are unfinished."""
+    spanned = [k for k, r in runs.items() if (r.get("invocations") or 1) > 1]
+    short = [k for k, r in runs.items() if r.get("complete") is False]
+    out: list[str] = []
+    if spanned:
+        out += [
+            "",
+            f"Runs over several invocations ({', '.join(spanned)}): a device call ends after ~9 minutes, so the "
+            "next call's same command continued each from the checkpoint its SIGTERM wrote. Their wall minutes "
+            "count every restart: process start, model load, engine start and compilation again, and any steps "
+            "after the checkpoint done again (none when the SIGTERM's save came through); the time between the "
+            "calls is not counted.",
+        ]
+    if short:
+        out += [
+            "",
+            f"Unfinished ({', '.join(short)}): stopped by a signal before their minutes were up; the same "
+            "command continues them.",
+        ]
+    return out
 
 
 def _table_head(setup: dict[str, Any], tag: str, what: list[str]) -> list[str]:
@@ -989,14 +1220,21 @@ def main() -> int:
         default=512,
         help="speed: expert episodes of the warm start every arm starts from (0: the untrained model)",
     )
-    p.add_argument("--minutes", type=float, default=4.0, help="learning: wall minutes per run")
+    p.add_argument(
+        "--micro-batch-rows", type=int, default=None,
+        help=f"rows a forward/backward of the update (speed, speed2, servers: default {SPEED_MICRO_BATCH_ROWS}; "
+        "learning: the YAML's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--minutes", type=float, default=4.0,
+        help="learning: wall minutes per run, in all (the same command again continues an unfinished run)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS / "async")
     p.add_argument("--work", type=Path, default=None, help="run folders (default: a temporary folder)")
     args = p.parse_args()
     if args.child:
-        child(json.loads(args.child))
-        return 0
+        return child(json.loads(args.child))
     json_path, md_path = args.out.with_suffix(".json"), args.out.with_suffix(".md")
     if args.quick and args.out == RESULTS / "async":  # a smoke test never overwrites the GPU results
         json_path, md_path = (
@@ -1014,7 +1252,10 @@ def main() -> int:
         )
         data |= got
         data["commands"], data["async_learning"] = commands, runs
+    stopped = False
     if not args.report and not args.merge:
+        # SIGTERM (a device call's deadline): the child saves, then what is done so far is written, exit 143
+        signal.signal(signal.SIGTERM, _on_signal)
         work = args.work or Path(tempfile.mkdtemp(prefix="async_bench_"))
         data.setdefault("commands", [])
         cmd = "python benchmarks/async.py " + " ".join(sys.argv[1:])
@@ -1027,11 +1268,17 @@ def main() -> int:
             if args.part in ("speed2", "servers"):
                 raise SystemExit(f"--part {args.part} needs 2 GPUs (or --quick on CPU)")
             parts = ("speed",)  # all on one GPU: the two-GPU parts are left as they were
-        if parts:
-            data |= speed(args, work, parts)
-        if args.part in ("learning", "all"):
-            got = learning(args, work)["async_learning"]
-            data["async_learning"] = learning_runs(data.get("async_learning") or {}) | got
+        try:
+            if parts:
+                data |= speed(args, work, parts)
+            if args.part in ("learning", "all"):
+                got = learning(args, work)["async_learning"]
+                data["async_learning"] = learning_runs(data.get("async_learning") or {}) | got
+        except Exception as exc:  # (after a SIGTERM: the retriever's or a child's end, or `Stopped`)
+            if _Signal.got is None:
+                raise
+            print(f"stopped ({type(exc).__name__}: {exc}): writing what is done so far", file=sys.stderr)
+        stopped = _Signal.got is not None
     if data.get("async_learning"):  # (the summary's rule may be newer than the file's runs)
         data["async_learning"] = learning_runs(data["async_learning"])
         data = {k: v for k, v in data.items() if not k.startswith("async_learning_summary")}
@@ -1041,6 +1288,12 @@ def main() -> int:
     plot(data, md_path.with_name(md_path.stem + "_learning.png"))
     write_md(data, md_path)
     print(md_path.read_text())
+    if stopped:  # (not 0: gpu_jobs.sh marks a job done on 0, and this one has runs to continue)
+        print(
+            f"stopped by signal {_Signal.got}: the same command continues the unfinished runs",
+            file=sys.stderr,
+        )
+        return 128 + (_Signal.got or signal.SIGTERM)
     return 0
 
 

@@ -26,6 +26,7 @@ def bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("async_bench", SCRIPT)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (a dataclass of the module looks its module up there)
     spec.loader.exec_module(mod)
     return mod
 
@@ -305,3 +306,77 @@ def test_learning_runs_of_two_envs_get_a_summary_each() -> None:
         and mod.run_key("calculator", "sync", 0) == "sync_s0"
     )
     assert set(mod.learning_runs(runs)) == set(runs)
+
+
+@pytest.mark.slow
+def test_quick_learning_run_stopped_part_way_continues_from_its_checkpoint(tmp_path: Path) -> None:
+    """A learning run whose invocation gets SIGTERM (its whole group, as `timeout` at a device call's deadline)
+    saves, writes what it has and exits 143; the same command continues it from the checkpoint (the earlier
+    records kept, the steps and wall stamps going on), and once more starts no child."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import time
+
+    work, out = tmp_path / "work", tmp_path / "res" / "async"
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--part", "learning", "--mode", "sync", "--work", str(work),
+           "--out", str(out), "--micro-batch-rows", "8"]  # fmt: skip
+    log = work / "learning_sync_s0" / "metrics.jsonl"
+    ledger = work / "learning_sync_s0.wall.json"
+    proc = processes.start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (log.is_file() and '"step": 1,' in log.read_text()):  # step 1 of 10 is done
+            assert proc.poll() is None and time.monotonic() < deadline, "no step 1"
+            time.sleep(0.1)
+        processes.stop(proc, grace_s=60)  # SIGTERM to the group: the child finishes its step and saves
+        err = proc.stderr.read() if proc.stderr else ""
+    finally:
+        processes.stop(proc)
+    assert proc.returncode == 143, err[-3000:]
+    first = json.loads(out.with_suffix(".json").read_text())["async_learning"]["sync_s0"]
+    assert not first["complete"] and first["invocations"] == 1 and first["micro_batch_rows"] == 8
+    assert 1 <= first["steps_done"] < 10 and first["steps"] == [0]
+    assert "Unfinished (sync_s0)" in out.with_suffix(".md").read_text()
+    kept = log.read_text().splitlines()
+    stamps = json.loads(ledger.read_text())["stamps"]
+    assert (work / "learning_sync_s0" / "checkpoint").is_dir() and len(stamps) == len(kept)
+
+    done = processes.run(cmd, 300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads(out.with_suffix(".json").read_text())["async_learning"]["sync_s0"]
+    assert run["complete"] and run["invocations"] == 2 and run["steps_done"] == 10
+    lines = log.read_text().splitlines()
+    assert lines[: len(kept)] == kept  # the first invocation's records, as they were (no step 0 again)
+    assert [json.loads(ln)["step"] for ln in lines] == list(range(11))
+    assert run["steps"] == [0, 3, 6, 9, 10] and run["minutes"][0] == first["minutes"][0]
+    assert run["minutes"] == sorted(run["minutes"]) and run["wall_minutes"] > first["wall_minutes"]
+    after = json.loads(ledger.read_text())
+    assert all(after["stamps"][k] == v for k, v in stamps.items())  # earlier stamps kept
+    assert min(v for k, v in after["stamps"].items() if k not in stamps) > first["wall_minutes"]
+    assert "Runs over several invocations (sync_s0)" in out.with_suffix(".md").read_text()
+
+    again = processes.run(cmd, 300)  # over: no child, the same records
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert log.read_text().splitlines() == lines and json.loads(ledger.read_text())["invocations"] == 2
+    assert json.loads(out.with_suffix(".json").read_text())["async_learning"]["sync_s0"] == run
+
+
+def test_ledger_budget_and_a_changed_config_start_over(tmp_path: Path) -> None:
+    mod = bench()
+    cfg = {"output_dir": str(tmp_path / "run"), "steps": 5, "env_kwargs": {"retriever_url": "http://a:1"}}
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 0}\n')
+    path = tmp_path / "run.wall.json"
+    book = mod.Ledger.open(path, cfg)  # no ledger: a fresh start (a folder of an earlier, other run)
+    assert (
+        not (tmp_path / "run" / "checkpoint").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+    )
+    book.minutes, book.invocations = 14.9, 1
+    book.write()
+    (tmp_path / "run" / "checkpoint").mkdir()
+    other_port = cfg | {"env_kwargs": {"retriever_url": "http://a:2"}}  # the same run (the retriever's port)
+    again = mod.Ledger.open(path, other_port)
+    assert (again.minutes, again.invocations) == (14.9, 1) and (tmp_path / "run" / "checkpoint").is_dir()
+    assert not again.done(15.0) and again.done(14.9) and not again.done(None)
+    assert mod.Ledger.open(path, cfg | {"steps": 6}).minutes == 0.0  # another config: over
+    assert not (tmp_path / "run" / "checkpoint").exists()
