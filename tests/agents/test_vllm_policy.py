@@ -755,3 +755,29 @@ def test_poll_returns_what_ended_and_never_waits_on_a_cancelled_request() -> Non
     finally:
         backend.close()
         httpd.shutdown()
+
+
+def test_servers_are_reached_directly_whatever_proxy_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An HTTP_PROXY meant for the internet (here a dead one) carries neither the turns nor the control calls
+    (weight pushes, cache resets) to the rollout servers on the cluster's own network."""
+    import socket
+
+    with socket.socket() as sock:  # a proxy nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, dead)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    httpd = _stand_in(lambda path, raw: (200, _choice() if path.endswith("/completions") else b"{}"))
+    backend = ServerBackend([f"http://127.0.0.1:{httpd.server_address[1]}"])
+    try:
+        backend.submit("r", [1, 2], {"max_tokens": 3})
+        ((rid, done),) = backend.poll()
+        assert rid == "r" and done.token_ids == [5, 6] and backend.failovers == 0
+        assert backend.post_all("/reset_prefix_cache") == [{}]
+    finally:
+        backend.close()
+        httpd.shutdown()
