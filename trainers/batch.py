@@ -175,19 +175,45 @@ def final_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Te
 
 
 def micro_batches(
-    n_rows: int, size: int, order: torch.Tensor | None = None, lengths: list[int] | None = None
+    n_rows: int,
+    size: int,
+    order: torch.Tensor | None = None,
+    lengths: list[int] | None = None,
+    tokens: int = 0,
 ) -> list[torch.Tensor]:
     """Row indices in chunks of `size` (in `order` when given). With each row's token count (`lengths`), the
     rows are sorted longest first before chunking, so that a chunk's rows have similar lengths: its padded
     width (attention, the padded path) then wastes little. Only the grouping changes: a minibatch's gradient
     is the sum over its micro-batches, whichever rows each holds.
 
+    With a token budget (`tokens` > 0, `micro_batch_tokens`; needs `lengths`) `size` is ignored: a chunk takes
+    the next rows, longest first, while its padded size (rows x its longest row, its first) stays within
+    `tokens`; a row longer than the budget goes alone. The padded size bounds the tokens of either forward
+    (the packed one holds only the real ones, at most that).
+
     >>> [t.tolist() for t in micro_batches(5, 2)]
     [[0, 1], [2, 3], [4]]
     >>> [t.tolist() for t in micro_batches(4, 2, lengths=[3, 9, 1, 8])]
     [[1, 3], [0, 2]]
+    >>> [t.tolist() for t in micro_batches(5, 0, lengths=[3, 9, 1, 8, 20], tokens=16)]
+    [[4], [1], [3, 0], [2]]
     """
     idx = order if order is not None else torch.arange(n_rows)
     if lengths is not None:
         idx = idx[torch.as_tensor(lengths)[idx].argsort(descending=True, stable=True)]
+    if tokens > 0:
+        if lengths is None:
+            raise ValueError("a token budget needs the rows' lengths")
+        return _token_chunks(idx, [lengths[i] for i in idx.tolist()], tokens)
     return [idx[i : i + size] for i in range(0, n_rows, max(size, 1))]  # (size 0: no rows, no chunks)
+
+
+def _token_chunks(idx: torch.Tensor, sorted_lengths: list[int], tokens: int) -> list[torch.Tensor]:
+    """`idx` (sorted longest first; `sorted_lengths` its rows' lengths) cut where the next row would take a
+    chunk's padded size past `tokens`."""
+    chunks, start = [], 0
+    for i in range(1, len(sorted_lengths) + 1):
+        if i == len(sorted_lengths) or (i - start + 1) * sorted_lengths[start] > tokens:
+            chunks.append(idx[start:i])
+            start = i
+    return chunks

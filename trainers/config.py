@@ -576,6 +576,24 @@ class LossOptionsConfig(AddonsConfig):
             AGGS,
         ),
     )
+    # here, not beside RunConfig's micro_batch_rows: only the GRPO and PPO updates read it (SFT and DPO would
+    # show a flag that does nothing). With a budget the row cap is dropped rather than kept as a second cap:
+    # one rule the user can predict, and a row count tuned for short rows is what the budget replaces.
+    micro_batch_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "token budget of one forward/backward, verl's ppo_max_token_len_per_gpu (0: off, "
+            "micro_batch_rows rows each): rows, longest first, join a micro-batch while rows x its longest "
+            "row stays within it (a longer row goes alone); micro_batch_rows is then ignored"
+        },
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.micro_batch_tokens < 0:
+            raise ConfigError(
+                f"micro_batch_tokens must be >= 0 (0: micro_batch_rows rows each), got {self.micro_batch_tokens}"
+            )
 
     def check_async(self) -> None:
         """The rules of asynchronous rollouts GRPO and PPO share (ConfigErrors; GRPO adds its own)."""

@@ -165,7 +165,11 @@ def kl_into_rewards(
     was_training = model.training
     model.eval()
     with torch.no_grad(), autocast(device, cfg.bf16):
-        for idx in micro_batches(len(rows), cfg.micro_batch_rows):
+        # a token budget groups rows by length (each row's KL is its own: the grouping changes no number)
+        lengths = [len(r.token_ids) for r in rows] if cfg.micro_batch_tokens else None
+        for idx in micro_batches(
+            len(rows), cfg.micro_batch_rows, lengths=lengths, tokens=cfg.micro_batch_tokens
+        ):
             mb = batch.select(idx)
             logp = forward(model, mb, cfg.temperature)[0].float()
             with ref.active() as ref_model:

@@ -11,7 +11,6 @@ import torch
 from toolgym.trainers.addons import AddonState
 from toolgym.trainers.advantages import entropy_scaled
 from toolgym.trainers.batch import HostMasks, TrainBatch, dummy_batch, forward, micro_batches, to_device
-from toolgym.trainers.config import RunConfig
 from toolgym.trainers.distributed import Dist
 from toolgym.trainers.fsdp import lockstep
 from toolgym.trainers.grpo_config import GRPOConfig
@@ -60,7 +59,11 @@ def optimize(
             # before the first optimizer step the policy is the sampling one: its own logprobs are the old
             # ones, exactly (the eval pass differs by rounding, ~1e-7, which would fire LLDS's gate)
             fresh = old is None or (epoch == 0 and mb_index == 0)
-            chunks = dist.pad(micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len))
+            # (a token budget may give ranks different counts: dist.pad evens them)
+            chunks = micro_batches(
+                len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len, cfg.micro_batch_tokens
+            )
+            chunks = dist.pad(chunks)
             denom = dist.sum(sum(denominator(mask_cpu[i], loss_cfg) for i in chunks))  # all ranks
             # EPO's mean is over the minibatch's rows that train, on all ranks
             epo_rows = sum(epo_live[r] for r in mb_rows.tolist()) if cfg.epo else 0
@@ -135,7 +138,7 @@ def _dummy_step(
 
 
 def _old_logprobs(
-    model: Any, batch: Any, cfg: RunConfig, device: torch.device, fwd: Forward = forward,
+    model: Any, batch: Any, cfg: GRPOConfig, device: torch.device, fwd: Forward = forward,
     lengths: list[int] | None = None, masks: HostMasks | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Logprobs of the policy that sampled the batch, [B, T], in eval mode (no dropout), before any update."""
@@ -145,7 +148,8 @@ def _old_logprobs(
     was_training = model.training
     model.eval()
     with torch.no_grad(), autocast(device, cfg.bf16):
-        for idx in lockstep(micro_batches(B, cfg.micro_batch_rows, lengths=lengths), model):
+        tokens = cfg.micro_batch_tokens if lengths is not None else 0  # (a budget needs the lengths)
+        for idx in lockstep(micro_batches(B, cfg.micro_batch_rows, lengths=lengths, tokens=tokens), model):
             if len(idx) == 0:  # a dummy forward (fsdp2): meets the other ranks' gathers
                 forward(model, dummy_batch(device), cfg.temperature)
                 continue

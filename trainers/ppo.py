@@ -227,7 +227,9 @@ def _train(cfg: PPOConfig, model: Any, tokenizer: Any, cleanup: contextlib.ExitS
             order = torch.randperm(len(rows), generator=g)
             per_mb = -(-len(rows) // cfg.minibatches)
             for mb_rows in micro_batches(len(rows), per_mb, order):
-                chunks = micro_batches(len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len)
+                chunks = micro_batches(
+                    len(mb_rows), cfg.micro_batch_rows, mb_rows, row_len, cfg.micro_batch_tokens
+                )
                 denom = sum(denominator(mask_cpu[i], loss_cfg) for i in chunks)
                 if denom == 0:
                     continue
@@ -343,7 +345,9 @@ def _no_grad_pass(
     last = torch.zeros(B, device=device)  # [B]
     ref_logp = torch.zeros(B, T, device=device) if ref is not None else None  # [B, T]
     with torch.no_grad(), autocast(device, cfg.bf16):
-        for idx in micro_batches(B, cfg.micro_batch_rows):
+        # (a token budget needs the row lengths, and groups rows by them: each row's scores are its own)
+        lengths = batch.attention_mask.sum(1).tolist() if cfg.micro_batch_tokens else None
+        for idx in micro_batches(B, cfg.micro_batch_rows, lengths=lengths, tokens=cfg.micro_batch_tokens):
             mb = batch.select(idx)
             t = mb.input_ids.shape[1]
             logp, _, values = forward(model, mb, cfg.temperature, value_head=head)
