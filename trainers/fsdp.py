@@ -293,7 +293,7 @@ def lockstep(chunks: list[torch.Tensor], model: Any) -> list[torch.Tensor]:
     """``chunks`` (row indices) followed by empty ones up to the most micro-batches any rank has, so that every
     rank runs as many forwards (each a collective when sharded); the caller runs a dummy row for an empty one
     (``batch.dummy_batch``; with no row at all a rank would otherwise run none). Chunks never grow past
-    ``micro_batch_rows``. A no-op unless ``model`` is sharded over several ranks."""
+    ``micro_batch_rows`` (or ``micro_batch_tokens``). A no-op unless ``model`` is sharded over several ranks."""
     import torch.distributed as dist
 
     if not (is_sharded(model) and dist.is_initialized() and dist.get_world_size() > 1):

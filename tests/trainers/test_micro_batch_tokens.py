@@ -241,3 +241,13 @@ def test_negative_budget_is_a_config_error() -> None:
 
 if __name__ == "__main__":
     _rank_main()
+
+
+def test_micro_batch_rows_beside_a_token_budget_is_named_inert() -> None:
+    from toolgym.trainers.grpo import GRPOConfig
+    from toolgym.trainers.ppo import PPOConfig
+
+    for cls in (GRPOConfig, PPOConfig):
+        both = cls(micro_batch_tokens=4096, micro_batch_rows=32)
+        assert any(w.startswith("micro_batch_rows: inert") for w in both.inert_options())
+        assert not any("micro_batch_rows" in w for w in cls(micro_batch_tokens=4096).inert_options())
