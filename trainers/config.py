@@ -588,6 +588,15 @@ class LossOptionsConfig(AddonsConfig):
         },
     )
 
+    def micro_batch_inert(self, changed: set[str]) -> list[str]:
+        """The inert-option warning of the token budget (GRPO's and PPO's `inert_options`; `changed`: the
+        fields set away from their defaults)."""
+        if self.micro_batch_tokens and "micro_batch_rows" in changed:
+            return [
+                "micro_batch_rows: inert with micro_batch_tokens > 0 (the token budget cuts the micro-batches)"
+            ]
+        return []
+
     def validate(self) -> None:
         super().validate()
         if self.micro_batch_tokens < 0:

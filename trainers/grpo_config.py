@@ -300,10 +300,7 @@ class GRPOConfig(LossOptionsConfig):
                     out.append(f"{n}: inert unless estimator={est}")
         if self.estimator not in ("gigpo", "hgpo") and {"gigpo_gamma", "gigpo_mode"} & changed:
             out.append("gigpo_gamma/gigpo_mode: inert unless estimator is gigpo or hgpo")
-        if self.micro_batch_tokens and "micro_batch_rows" in changed:
-            out.append(
-                "micro_batch_rows: inert with micro_batch_tokens > 0 (the token budget cuts the micro-batches)"
-            )
+        out += self.micro_batch_inert(changed)
         if self.refill and not (self.filter_zero_variance or self._acc_filter_on()):
             out.append("refill: inert without filter_zero_variance or acc_filter (no group is ever dropped)")
         if "max_gen_batches" in changed and not self.refill:

@@ -73,10 +73,7 @@ class PPOConfig(LossOptionsConfig):  # replay, task selection, EPO and HiPER (cr
             out.append("kl_estimator/kl_in_reward: inert with kl_coef = 0")
         if self.temperature == 0:
             out.append("temperature 0: every rollout of a task is the same greedy one")
-        if self.micro_batch_tokens and "micro_batch_rows" in changed:
-            out.append(
-                "micro_batch_rows: inert with micro_batch_tokens > 0 (the token budget cuts the micro-batches)"
-            )
+        out += self.micro_batch_inert(changed)
         if self.save_rollouts:
             out.append("save_rollouts: inert with PPO (GRPO saves rollout trees; PPO's are single samples)")
         out += rollout_keys_inert(self)
