@@ -573,9 +573,12 @@ def setup_of(base: dict[str, Any], args: argparse.Namespace, warm: dict[str, Any
 
 def variant_tag(args: argparse.Namespace) -> str:
     """The suffix of a speed result's keys: "" for the headline setting (per-batch admission, the retriever's
-    own latency); "_tree", "_lat0.1", … otherwise, so that the variants' calls merge side by side."""
+    own latency, 16-row micro-batches); "_tree", "_lat0.1", "_mb64", … otherwise, so that the variants' calls
+    merge side by side."""
     tag = "" if args.admission == "batch" else f"_{args.admission}"
-    return tag + (f"_lat{args.tool_latency_s:g}" if args.tool_latency_s > 0 else "")
+    tag += f"_lat{args.tool_latency_s:g}" if args.tool_latency_s > 0 else ""
+    rows = args.micro_batch_rows or SPEED_MICRO_BATCH_ROWS
+    return tag + (f"_mb{rows}" if rows != SPEED_MICRO_BATCH_ROWS else "")
 
 
 @contextlib.contextmanager
@@ -1007,7 +1010,8 @@ def _table_head(setup: dict[str, Any], tag: str, what: list[str]) -> list[str]:
     title = (
         [
             f"### Variant `{tag[1:]}` ({setup.get('admission', 'batch')} admission; "
-            f"{setup.get('tool_latency_s') or 0:g} s added to each search)",
+            f"{setup.get('tool_latency_s') or 0:g} s added to each search; "
+            f"{setup.get('micro_batch_rows') or SPEED_MICRO_BATCH_ROWS}-row update micro-batches)",
             "",
         ]
         if tag

@@ -181,7 +181,10 @@ def test_quick_speed_then_speed2_reuse_one_warm_start(tmp_path: Path) -> None:
     md = out.with_suffix(".md").read_text()
     assert md.count("Policy: a warm start") == 2 and "searches / episode" in md
     assert md.count("Each search also waits 0.01 s") == 1  # speed2's only
-    assert "### Variant `lat0.01` (batch admission; 0.01 s added to each search)" in md
+    assert (
+        "### Variant `lat0.01` (batch admission; 0.01 s added to each search; 16-row update micro-batches)"
+        in md
+    )
 
     # rollouts on a server: `toolgym serve --agent engine:WARM --weight-updates` in its own process, the
     # learner pushing its weights there by disk after every step
@@ -380,3 +383,16 @@ def test_ledger_budget_and_a_changed_config_start_over(tmp_path: Path) -> None:
     assert not again.done(15.0) and again.done(14.9) and not again.done(None)
     assert mod.Ledger.open(path, cfg | {"steps": 6}).minutes == 0.0  # another config: over
     assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+@pytest.mark.parametrize(
+    ("admission", "latency", "rows", "tag"),
+    [("batch", 0.0, None, ""), ("batch", 0.0, 16, ""), ("tree", 0.1, None, "_tree_lat0.1"),
+     ("batch", 0.1, 64, "_lat0.1_mb64"), ("tree", 0.0, 256, "_tree_mb256")],
+)  # fmt: skip
+def test_a_speed_variants_keys_name_what_differs_from_the_headline(
+    admission: str, latency: float, rows: int | None, tag: str
+) -> None:
+    """A run with other micro-batches merges beside the headline's keys instead of replacing them."""
+    args = args_of(admission=admission, tool_latency_s=latency, micro_batch_rows=rows)
+    assert bench().variant_tag(args) == tag
