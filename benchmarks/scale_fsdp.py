@@ -6,9 +6,13 @@ random weights built from the shape (no network, no checkpoint), and the hybrid 
 One variant per torchrun invocation (a rank that runs out of memory must not leave the others waiting);
 ``--all`` runs each variant as its own torchrun with a timeout and merges what they wrote:
 
-    python benchmarks/scale_fsdp.py --all --model qwen2.5-7b --gpus 2 --out benchmarks/results/scale_fsdp_7b.json
+    python benchmarks/scale_fsdp.py --all --model qwen2.5-7b --gpus 2 --out /tmp/scale_fsdp_7b_2gpu.json
     torchrun --nproc_per_node 2 benchmarks/scale_fsdp.py --model qwen2.5-1.5b --parallel fsdp2 --out OUT.json
     python benchmarks/scale_fsdp.py --all --smoke --gpus 2    # tiny shape, gloo on CPU: checks it runs
+    python benchmarks/scale_fsdp.py --report /tmp/scale_fsdp_7b_2gpu.json [--machine "2 x NVIDIA H200"]
+
+``--report`` turns ``--all`` outputs into benchmarks/results/scale_fsdp.{md,json} (rows of earlier reports
+kept) and an ``update_<model>_<g>gpu`` key each in benchmarks/results/scale.json.
 
 Per variant (``ddp``, ``fsdp2``, ``fsdp2_offload``): ``ok`` or ``oom``, the step's seconds (best of
 ``--repeats`` after one warm-up), tokens/s over all ranks, MFU (6·N FLOPs a real token over 989 TFLOP/s a
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -35,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from generation import SHAPES as PUBLIC
 from generation import build_shape
 
+RESULTS = Path(__file__).parent / "results"
 PEAK = 989e12  # dense bf16 FLOP/s, H100/H200
 # the shapes the issue names (generation.py's table of public HF configs); weights are random
 SHAPES: dict[str, dict[str, Any]] = {
@@ -73,7 +79,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     per_rank = args.rows // dist.world
     out: dict[str, Any] = {"variant": args.parallel, "model": args.model, "gpus": dist.world, "rows": args.rows,
-                           "max_len": args.max_len, "micro_batch_rows": args.micro}  # fmt: skip
+                           "max_len": args.max_len, "micro_batch_rows": args.micro,
+                           "gradient_checkpointing": args.checkpointing}  # fmt: skip
     try:
         model = build(args.model, device).train()
         n_params = sum(p.numel() for p in model.parameters())
@@ -150,9 +157,150 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 "variant": variant,
                 "result": "oom" if oom else "failed",
                 "error": tail[-600:],
+                "timeout_s": args.timeout,
             }
         print(json.dumps(results[variant]), flush=True)
-    return {"model": args.model, "gpus": args.gpus, "variants": results}
+    return {"model": args.model, "gpus": args.gpus, "command": "python " + shlex.join(sys.argv),
+            "machine": machine(), "variants": results}  # fmt: skip
+
+
+def machine() -> dict[str, Any]:
+    """The GPUs this ran on. Asked after the variants ran: CUDA started in this parent process would hold
+    memory on GPU 0 while the children measure."""
+    out: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        out |= {"gpu": props.name, "gpu_count": torch.cuda.device_count(),
+                "gpu_memory_mib": props.total_memory // 2**20}  # fmt: skip
+    return out
+
+
+# the variant whose numbers the scale.json key carries, when several fit
+PREFERENCE = ("fsdp2", "ddp", "fsdp2_offload")
+
+
+def what_it_times() -> str:
+    """The module docstring's first paragraph and its "Per variant" one, unwrapped, as markdown."""
+    paragraphs = [" ".join(p.split()) for p in (__doc__ or "").split("\n\n")]
+    keep = [paragraphs[0], *(p for p in paragraphs if p.startswith("Per variant"))]
+    return "\n\n".join(keep).replace("``", "`")
+
+
+def _num(x: Any, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _result(variant: dict[str, Any], command: str | None) -> str:
+    """``ok``, or the result and the first line of its error (a timeout with the seconds it had)."""
+    result = str(variant.get("result", "failed"))
+    if result == "ok":
+        return result
+    line = (str(variant.get("error", "")).strip().splitlines() or [""])[0]
+    if line == "timeout":
+        seconds = variant.get("timeout_s")
+        if seconds is None and command and "--timeout" in (argv := shlex.split(command)):
+            seconds = argv[argv.index("--timeout") + 1]
+        line = f"no result within {float(seconds):g} s (timeout)" if seconds is not None else "timeout"
+    return f"{result}: {line}".replace("|", "\\|")
+
+
+def _machine(entry: dict[str, Any]) -> str:
+    m = entry.get("machine")
+    if m is None or isinstance(m, str):
+        return m or "not recorded"
+    gpus = f"{m['gpu_count']} x {m['gpu']}, {m['gpu_memory_mib']} MiB each" if m.get("gpu") else "no GPU"
+    return f"{gpus}, torch {m.get('torch')} CUDA {m.get('cuda')}"
+
+
+def _settings(entry: dict[str, Any]) -> str:
+    """The step's shape, from the first variant that recorded it (a timed-out one records none)."""
+    v = next((v for v in entry["variants"].values() if "rows" in v), None)
+    if v is None:
+        return "settings not recorded"
+    ckpt = v.get("gradient_checkpointing")
+    if ckpt is None and entry.get("command"):
+        ckpt = "--checkpointing" in shlex.split(entry["command"])
+    ckpt_text = {True: "gradient checkpointing on", False: "gradient checkpointing off", None: ""}[ckpt]
+    return ", ".join(x for x in (f"{v['rows']} rows of up to {v['max_len']} tokens over all ranks",
+                                 f"micro-batches of {v['micro_batch_rows']} rows", ckpt_text) if x)  # fmt: skip
+
+
+def update_key(entry: dict[str, Any]) -> dict[str, Any]:
+    """scale.json's ``update_<model>_<g>gpu``: which variants fit, and the numbers of the preferred one."""
+    variants = entry["variants"]
+    by = {r: [name for name, v in variants.items() if v.get("result") == r] for r in ("ok", "oom", "failed")}
+    best = next((name for name in (*PREFERENCE, *variants) if name in by["ok"]), None)
+    numbers = variants[best] if best else {}
+    return {"fits": by["ok"], "oom": by["oom"], "failed": by["failed"], "variant": best,
+            **{k: numbers.get(k) for k in ("step_s", "tokens_per_s", "mfu", "weight_sync_s", "peak_gb_rank0")},
+            "source": "scale_fsdp.json"}  # fmt: skip
+
+
+def missing(entries: dict[str, Any]) -> str:
+    """Why the issue's full-step keys are not written, and what they still need."""
+    seven = entries.get("qwen2.5-7b_2gpu", {}).get("variants", {})
+    fsdp2, offload = seven.get("fsdp2", {}), seven.get("fsdp2_offload", {})
+    needs = ["rollouts with vLLM in the same step (this script times the update and the weight sync only)"]
+    if offload.get("result") != "ok":
+        needs.append("the `fsdp2_offload` variant's step time (it has not finished a step here)")
+    peak = f"{fsdp2['peak_gb_rank0']:.0f} GB" if fsdp2.get("peak_gb_rank0") else "measured"
+    needs.append(f"a run on 2 x 80 GB GPUs, where fsdp2's {peak} peak on rank 0 would not fit without offload "
+                 "or smaller micro-batches")  # fmt: skip
+    listed = "; ".join(f"({i}) {n}" for i, n in enumerate(needs, 1))
+    return ("Not written yet: the issue's keys `fits_7b_2gpu`, `step_s_7b_2gpu` and `weight_sync_s_7b`. They "
+            f"are defined for a full GRPO step with vLLM rollouts, which has not run. Still missing: {listed}.")  # fmt: skip
+
+
+def render(entries: dict[str, Any]) -> str:
+    lines = ["# scale_fsdp: the GRPO update step of large shapes under ddp, fsdp2 and fsdp2_offload", "",
+             what_it_times(), "", "Runs:", ""]  # fmt: skip
+    for key, entry in sorted(entries.items()):
+        lines.append(f"- `{key}`: {_machine(entry)}; {_settings(entry)}.")
+        if entry.get("command"):
+            lines.append(f"  Command: `{entry['command']}`")
+    lines += ["", "| model | GPUs | variant | result | step s | tok/s | MFU | weight sync s | peak GB rank 0 |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for _, entry in sorted(entries.items()):
+        variants = entry["variants"]
+        for name in sorted(
+            variants, key=lambda n: (VARIANTS.index(n) if n in VARIANTS else len(VARIANTS), n)
+        ):
+            v = variants[name]
+            cells = [entry["model"], str(entry["gpus"]), name, _result(v, entry.get("command")),
+                     _num(v.get("step_s"), 2), _num(v.get("tokens_per_s"), 0), _num(v.get("mfu"), 3),
+                     _num(v.get("weight_sync_s"), 3), _num(v.get("peak_gb_rank0"), 1)]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Peak GB is `torch.cuda.max_memory_allocated` of rank 0 over the timed steps (after the "
+              "warm-up); the allocator's cache and the CUDA context come on top. `ddp` has no weight sync "
+              "(its model is the rollout's), so 0.", "", missing(entries), ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def write_report(
+    inputs: list[dict[str, Any]],
+    results: Path = RESULTS,
+    machine: str | None = None,
+    command: str | None = None,
+) -> None:
+    """``results``/scale_fsdp.{json,md} from ``--all`` outputs (rows already there kept, a shape run again
+    replaced), and an ``update_<model>_<g>gpu`` key per input in ``results``/scale.json (other keys kept).
+    ``machine`` and ``command`` stand in for outputs that did not record them (before ``--all`` did)."""
+    results.mkdir(parents=True, exist_ok=True)
+    store = results / "scale_fsdp.json"
+    entries: dict[str, Any] = json.loads(store.read_text()) if store.is_file() else {}
+    scale = results / "scale.json"
+    keys: dict[str, Any] = json.loads(scale.read_text()) if scale.is_file() else {}
+    for entry in inputs:
+        entry = {
+            **entry,
+            **({"machine": machine} if machine else {}),
+            **({"command": command} if command else {}),
+        }
+        entries[f"{entry['model']}_{entry['gpus']}gpu"] = entry
+        keys[f"update_{entry['model']}_{entry['gpus']}gpu"] = update_key(entry)
+    store.write_text(json.dumps(entries, indent=2) + "\n")
+    scale.write_text(json.dumps(keys, indent=2) + "\n")
+    (results / "scale_fsdp.md").write_text(render(entries))
 
 
 def main() -> None:
@@ -169,8 +317,23 @@ def main() -> None:
     p.add_argument("--checkpointing", action="store_true", help="gradient_checkpointing")
     p.add_argument("--timeout", type=float, default=280, help="--all: seconds a variant may take")
     p.add_argument("--smoke", action="store_true", help="the tiny shape on CPU (gloo)")
-    p.add_argument("--out", default="benchmarks/results/scale_fsdp.json")
+    p.add_argument("--out", default="/tmp/scale_fsdp.json", help="the run's JSON (for --report)")
+    p.add_argument(
+        "--report",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="--all outputs into benchmarks/results/scale_fsdp.{md,json} and scale.json; runs nothing",
+    )
+    p.add_argument("--results", type=Path, default=RESULTS, help="--report: where the md and JSONs go")
+    p.add_argument("--machine", help='--report: the machine, for outputs that lack it ("2 x NVIDIA H200")')
+    p.add_argument("--command", help="--report: the command that made the outputs, when they lack it")
     args = p.parse_args()
+    if args.report:
+        inputs = [json.loads(f.read_text()) for f in args.report]
+        write_report(inputs, args.results, machine=args.machine, command=args.command)
+        print(f"wrote {args.results / 'scale_fsdp.md'}", flush=True)
+        return
     if args.smoke:
         args.model, args.rows, args.max_len, args.repeats = "tiny", 8, 64, 1
     if args.all:
