@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,11 @@ def test_dcp_checkpoint_loads_without_a_process_group(runs: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_ranks_resume_the_sharded_checkpoint_bit_for_bit(runs: Path) -> None:
+def test_two_ranks_resume_the_sharded_checkpoint_bit_for_bit(runs: Path, tmp_path: Path) -> None:
     """1 step, the DCP checkpoint, a second step resumed on 2 ranks == 2 steps straight (weights and metrics)."""
-    out, straight = runs / "fsdp", runs / "straight"
+    # (a copy: the shared run's files stay those of its one step, whichever test reads them after this one)
+    out, straight = tmp_path / "fsdp", tmp_path / "straight"
+    shutil.copytree(runs / "fsdp", out)
     torchrun("train", str(out), "fsdp2", "steps=2", "resume")
     torchrun("train", str(straight), "fsdp2", "steps=2")
     a, b = (json.loads((d / "metrics.jsonl").read_text().splitlines()[-1]) for d in (straight, out))
@@ -123,7 +126,7 @@ def test_cpu_offload_checkpointing_and_kl_reference_run(runs: Path, tmp_path: Pa
     # the KL term has no gradient at the reference: the step equals the one without offload, reference and
     # activation checkpointing
     copy = torch.load(tmp_path / "copy0.pt", weights_only=True)
-    for name, w in torch.load(runs / "loaded1.pt")["weights"].items():
+    for name, w in torch.load(runs / "fsdp" / "copy0.pt", weights_only=True).items():
         torch.testing.assert_close(copy[name], w, rtol=0, atol=1e-6)
 
 
