@@ -22,8 +22,10 @@ into benchmarks/results/async.{json,md}:
   templates), synchronous vs ``max_staleness`` 2, each stopped after ``--minutes`` of wall time; held-out
   success against wall minutes (stamped when each metrics.jsonl record appears). ``--learning-env search``: the
   same pair on Search-v0 from the speed part's warm start (the issue's "multi-turn env of your choice"), with
-  ``--tool-latency-s`` its searches' added latency; runs are keyed by env, mode and seed, summarised per env
-  over seeds (``async_learning_summary``, ``async_learning_summary_search``).
+  ``--tool-latency-s`` its searches' added latency; runs are keyed by env, mode and seed (and ``_mbROWS`` for
+  micro-batches other than 16 rows), summarised over seeds per setting (env, ``--minutes``, micro-batch rows:
+  ``async_learning_summary_15min``, ``async_learning_summary_12min_mb64``, ``async_learning_summary_search_7min``).
+  A run's steps are set past what its minutes hold (the YAML's 400 ended fast runs before their minutes).
   A learning run may span several invocations (a device call lasts ~9 minutes; ``--minutes`` is the run's
   total): on SIGTERM (gpu_jobs.sh's ``timeout`` signals the whole group at the call's deadline) the child
   finishes its step and saves its checkpoint (the trainer's own preemption save: ``save_every`` stays 0, a save
@@ -79,6 +81,7 @@ On the device machines (results come back under $OUT; merge them here afterwards
     python benchmarks/async.py --part learning --mode sync  --minutes 7     # GPU, ~8 min
     python benchmarks/async.py --part learning --mode async --minutes 7     # GPU, ~8 min
     bash benchmarks/gpu_jobs.sh 560 benchmarks/jobs/async_learning_long_x4.txt  # twice: 15-minute runs, continued
+    bash benchmarks/gpu_jobs.sh 560 benchmarks/jobs/async_learning_mb64_x4.txt  # twice: 12 min, 64-row micro-batches
     python benchmarks/async.py --report                 # rewrite async.md from async.json
     python benchmarks/async.py --merge A.json B.json    # merge the device calls' results into async.json/.md
 """
@@ -112,6 +115,10 @@ from machine import device_name
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 LEARNING_YAML = ROOT / "trainers" / "configs" / "learning_rl_alone.yaml"
+# a learning run's micro-batch rows unless --micro-batch-rows (the YAML's; the search runs': the speed parts'
+# default), and what a record from before micro_batch_rows was recorded ran with
+LEARNING_MICRO_BATCH_ROWS = 16
+LEARNING_STEPS = 100_000  # a learning run with a wall budget: more steps than its minutes hold
 
 
 # ----- one training run (in the child process) -------------------------------------------------------------------
@@ -718,7 +725,7 @@ def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         with search_service(args) as (direct, url, passages):
             warm = warm_start(args, speed_config(args, direct, passages), work)
             cfg = speed_config(args, url, passages) | {
-                "steps": 100_000,  # stopped by time
+                "steps": LEARNING_STEPS,
                 "lr": args.learning_lr,
                 "eval_every": 5,
                 "eval_episodes": 4 if args.quick else 64,
@@ -736,7 +743,10 @@ def learning(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     cfg = load_yaml(LEARNING_YAML)
     cfg.pop("algorithm", None)
-    cfg.update(progress=False, tensorboard=False, save_every=0, seed=args.seed)
+    # steps: the YAML's 400 ended the 15-minute async runs of 2026-11-28 at 12.8 and 14.3 minutes; the minutes
+    # end a run here (GRPO reads steps only as the loop's end and its last-step evaluation and save: no lr
+    # schedule, EPO off, no progress bar). The same on every invocation: the ledger compares the config.
+    cfg.update(progress=False, tensorboard=False, save_every=0, seed=args.seed, steps=LEARNING_STEPS)
     if args.model:
         cfg["model"] = args.model
     if args.micro_batch_rows:
@@ -754,7 +764,7 @@ def _learning_runs(
     out: dict[str, Any] = {}
     for mode in modes:
         k = 0 if mode == "sync" else args.learning_staleness
-        key = run_key(env, mode, args.seed)
+        key = run_key(env, mode, args.seed, cfg.get("micro_batch_rows"))
         run = dict(cfg, max_staleness=k, output_dir=str(work / f"learning_{key}"))
         budget = None if args.quick else args.minutes  # (--quick: the run's steps, however long they take)
         ledger = Ledger.open(work / f"learning_{key}.wall.json", run)
@@ -791,10 +801,49 @@ def _learning_runs(
     return out
 
 
-def run_key(env: str, mode: str, seed: int) -> str:
+def run_key(env: str, mode: str, seed: int, rows: int | None = None) -> str:
     """A learning run's key: MODE_sSEED for learning_rl_alone.yaml (Calculator: the issue's named run),
-    ENV_MODE_sSEED for another env."""
-    return f"{mode}_s{seed}" if env == "calculator" else f"{env}_{mode}_s{seed}"
+    ENV_MODE_sSEED for another env; ``_mbROWS`` after it for micro-batches other than 16 rows, so that such a
+    run (and its run folder and ledger) sits beside the default run of its seed instead of replacing it."""
+    key = f"{mode}_s{seed}" if env == "calculator" else f"{env}_{mode}_s{seed}"
+    return key + (f"_mb{rows}" if rows is not None and rows != LEARNING_MICRO_BATCH_ROWS else "")
+
+
+def key_of(run: dict[str, Any]) -> str:
+    """`run_key` of a run's record."""
+    return run_key(run["env"], run["mode"], run.get("seed", 0), run.get("micro_batch_rows"))
+
+
+Setting = tuple[str, float | None, int]
+
+
+def setting_of(run: dict[str, Any]) -> Setting:
+    """What runs must share to be compared: env, wall minutes and micro-batch rows (a record from before
+    these were recorded: 16 rows; no minutes: a group of its own)."""
+    return (run["env"], run.get("minutes_budget"), run.get("micro_batch_rows") or LEARNING_MICRO_BATCH_ROWS)
+
+
+def setting_order(setting: Setting) -> tuple[bool, str, bool, float, int]:
+    """Calculator first, then by minutes (unknown last), then rows."""
+    env, minutes, rows = setting
+    return (env != "calculator", env, minutes is None, minutes or 0.0, rows)
+
+
+def summary_key(setting: Setting) -> str:
+    """``async_learning_summary`` + ``_ENV`` (not Calculator) + ``_Mmin`` + ``_mbROWS`` (not 16): e.g.
+    ``async_learning_summary_15min``, ``async_learning_summary_search_7min``, ``..._12min_mb64``."""
+    env, minutes, rows = setting
+    return (
+        "async_learning_summary"
+        + ("" if env == "calculator" else f"_{env}")
+        + (f"_{minutes:g}min" if minutes is not None else "_unknown_min")
+        + ("" if rows == LEARNING_MICRO_BATCH_ROWS else f"_mb{rows}")
+    )
+
+
+def setting_title(setting: Setting) -> str:
+    env, minutes, rows = setting
+    return f"{env}, {'?' if minutes is None else f'{minutes:g}'} min a run, {rows}-row micro-batches"
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
@@ -809,19 +858,23 @@ def learning_runs(runs: dict[str, Any]) -> dict[str, Any]:
     for key, run in runs.items():
         mode = run.get("mode") or key.split("_s")[0]
         env = run.get("env", "calculator")
-        out[run_key(env, mode, run.get("seed", 0))] = run | {"mode": mode, "env": env}
+        run = run | {"mode": mode, "env": env}
+        out[key_of(run)] = run
     return out
+
+
+def by_setting(runs: dict[str, Any]) -> dict[Setting, dict[str, Any]]:
+    """The runs grouped by `setting_of`, in `setting_order`."""
+    groups: dict[Setting, dict[str, Any]] = {}
+    for key, run in learning_runs(runs).items():
+        groups.setdefault(setting_of(run), {})[key] = run
+    return {s: groups[s] for s in sorted(groups, key=setting_order)}
 
 
 def summaries(runs: dict[str, Any]) -> dict[str, Any]:
-    """`learning_summary` per env: ``async_learning_summary`` (Calculator), ``async_learning_summary_ENV``."""
-    runs = learning_runs(runs)
-    envs = sorted({r["env"] for r in runs.values()})
-    out: dict[str, Any] = {}
-    for env in envs:
-        mine = {k: r for k, r in runs.items() if r["env"] == env}
-        out["async_learning_summary" + ("" if env == "calculator" else f"_{env}")] = learning_summary(mine)
-    return out
+    """`learning_summary` per setting (`setting_of`: a 7-minute run's best is no target for a 15-minute run),
+    keyed by `summary_key`."""
+    return {summary_key(s): learning_summary(mine) for s, mine in by_setting(runs).items()}
 
 
 def smoothed(success: list[float]) -> list[float]:
@@ -861,7 +914,7 @@ def learning_summary(runs: dict[str, Any]) -> dict[str, Any]:
     per_run = {k: first(r) for k, r in runs.items()}
     minutes: dict[str, float | None] = {}
     for m, rs in by_mode.items():
-        got = [per_run[run_key(r["env"], m, r.get("seed", 0))] for r in rs]
+        got = [per_run[key_of(r)] for r in rs]
         minutes[m] = None if any(g is None for g in got) else sum(got) / len(got)  # type: ignore[misc]
     return {
         "target_success": target,
@@ -910,10 +963,16 @@ def write_md(data: dict[str, Any], path: Path) -> None:
     if not tags3:
         lines += ["Not measured yet: `python benchmarks/async.py --part servers` on two GPUs.", ""]
     lines += ["## Learning (`async_learning`)", ""]
-    ln = learning_runs(data.get("async_learning") or {})
-    for env in sorted({r["env"] for r in ln.values()}, key=lambda e: e != "calculator"):
-        lines += _learning_section(data, {k: r for k, r in ln.items() if r["env"] == env}, env)
-    if ln:
+    groups = by_setting(data.get("async_learning") or {})
+    if groups:
+        lines += [
+            "One subsection per setting (env, wall minutes a run, update micro-batch rows): a target and its "
+            "minutes compare only the runs of one setting.",
+            "",
+        ]
+    for setting, runs in groups.items():
+        lines += _learning_section(data, runs, setting)
+    if groups:
         lines += ["![held-out success vs wall minutes](async_learning.png)"]
     path.write_text("\n".join(lines) + "\n")
 
@@ -924,12 +983,15 @@ LEARNING_SETTINGS = {
 }
 
 
-def _learning_section(data: dict[str, Any], runs: dict[str, Any], env: str) -> list[str]:
+def _learning_section(data: dict[str, Any], runs: dict[str, Any], setting: Setting) -> list[str]:
+    env, minutes, _ = setting
     order = sorted(runs, key=lambda k: (runs[k]["mode"] != "sync", runs[k].get("seed", 0)))
     latency = max((runs[k].get("tool_latency_s") or 0.0 for k in runs), default=0.0)
+    budget = "each run stopped after its wall minutes" if minutes is not None else "wall minutes not recorded"
     lines = [
-        *([] if env == "calculator" else [f"### {env}", ""]),
-        f"{LEARNING_SETTINGS.get(env, env)}, each run stopped after its wall minutes; held-out success (64 greedy",
+        f"### {setting_title(setting)}",
+        "",
+        f"{LEARNING_SETTINGS.get(env, env)}, {budget}; held-out success (64 greedy",
         "episodes) every 5 steps."
         + (f" Each search also waits {latency:g} s (`--tool-latency-s`)." if latency else ""),
         "",
@@ -953,7 +1015,7 @@ def _learning_section(data: dict[str, Any], runs: dict[str, Any], env: str) -> l
             f"- {key} (max_staleness {r['max_staleness']}, {r['steps_done']} steps{_spans(r)}): {pts}"
         )
     lines += _restart_note(runs)
-    summ = data.get("async_learning_summary" + ("" if env == "calculator" else f"_{env}")) or {}
+    summ = data.get(summary_key(setting)) or {}
     if summ:
         mins = summ["minutes_to_target"]
 
@@ -975,10 +1037,13 @@ def _spans(r: dict[str, Any]) -> str:
     """A run's invocations and completeness, for its line (nothing for one whole invocation)."""
     n = r.get("invocations") or 1
     text = f", {n} invocations, {r.get('wall_minutes') or 0:.1f} wall min" if n > 1 else ""
+    budget = r.get("minutes_budget")
     if r.get("complete") is False:
-        budget = r.get("minutes_budget")
         of = f" of {budget:g}" if budget else ""
         text += f", stopped early at {r.get('wall_minutes') or 0:.1f}{of} min: incomplete"
+    elif budget and (r.get("wall_minutes") or budget) < budget - 0.5:  # (a child stopped by time overshoots)
+        # its trainer finished its steps first (the YAML's 400 steps, before LEARNING_STEPS)
+        text += f", its steps ended it at {r['wall_minutes']:.1f} of {budget:g} min"
     return text
 
 
@@ -1140,28 +1205,28 @@ def _policy(setup: dict[str, Any]) -> list[str]:
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    ln = data.get("async_learning") or {}
-    if not ln:
+    """Held-out success against wall minutes, one panel per setting (as the report's subsections)."""
+    groups = by_setting(data.get("async_learning") or {})
+    if not groups:
         return
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, axes = plt.subplots(len(groups), 1, figsize=(6, 3.2 * len(groups)), squeeze=False, sharey=True)
     colors = {"sync": "tab:blue", "async": "tab:orange"}
-    labelled: set[tuple[str, str]] = set()
-    for r in learning_runs(ln).values():
-        mode, env = r["mode"], r["env"]
-        label = None if (env, mode) in labelled else f"{env}, {mode} (max_staleness {r['max_staleness']})"
-        labelled.add((env, mode))
-        style = "-" if env == "calculator" else "--"
-        ax.plot(
-            r["minutes"], r["success"], style, marker="o", markersize=3, color=colors.get(mode), label=label
-        )
-    ax.set_xlabel("wall minutes")
-    ax.set_ylabel("held-out success")
-    ax.legend()
+    for ax, (setting, runs) in zip(axes[:, 0], groups.items(), strict=True):
+        labelled: set[str] = set()
+        for r in runs.values():
+            mode = r["mode"]
+            label = None if mode in labelled else f"{mode} (max_staleness {r['max_staleness']})"
+            labelled.add(mode)
+            ax.plot(r["minutes"], r["success"], marker="o", markersize=3, color=colors.get(mode), label=label)
+        ax.set_title(setting_title(setting), fontsize=10)
+        ax.set_xlabel("wall minutes")
+        ax.set_ylabel("held-out success")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

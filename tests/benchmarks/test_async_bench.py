@@ -300,15 +300,151 @@ def test_learning_runs_of_two_envs_get_a_summary_each() -> None:
         "search_sync_s0": _run("sync", 0, [0.5, 0.55, 0.6]) | {"env": "search"},
         "search_async_s0": _run("async", 0, [0.5, 0.5, 0.5]) | {"env": "search"},
     }
+    runs = {k: r | {"minutes_budget": 7.0, "micro_batch_rows": 16} for k, r in runs.items()}
     got = mod.summaries(runs)
-    assert set(got) == {"async_learning_summary", "async_learning_summary_search"}
-    assert got["async_learning_summary"]["best_success"]["sync"] == pytest.approx(0.55)  # smoothed
-    assert got["async_learning_summary_search"]["best_success"]["async"] == pytest.approx(0.5)
+    assert set(got) == {"async_learning_summary_7min", "async_learning_summary_search_7min"}
+    assert got["async_learning_summary_7min"]["best_success"]["sync"] == pytest.approx(0.55)  # smoothed
+    assert got["async_learning_summary_search_7min"]["best_success"]["async"] == pytest.approx(0.5)
     assert (
         mod.run_key("search", "async", 1) == "search_async_s1"
         and mod.run_key("calculator", "sync", 0) == "sync_s0"
     )
     assert set(mod.learning_runs(runs)) == set(runs)
+
+
+def _set(run: dict[str, Any], minutes: float | None, rows: int | None) -> dict[str, Any]:
+    return run | {"env": "calculator", "minutes_budget": minutes, "micro_batch_rows": rows}
+
+
+def test_summaries_compare_only_runs_of_one_setting(tmp_path: Path) -> None:
+    """7- and 15-minute runs and 64-row runs of the same seeds: a summary each, each with its own target
+    from its own synchronous runs; the report has one subsection per setting, calculator first, then by minutes
+    and rows."""
+    mod = bench()
+    runs = {
+        "sync_s0": _set(_run("sync", 0, [0.0, 0.2, 0.3, 0.3]), 7.0, 16),
+        "async_s0": _set(_run("async", 0, [0.0, 0.3, 0.3, 0.3]), 7.0, 16),
+        "sync_s4": _set(_run("sync", 4, [0.0, 0.4, 0.8, 0.8]), 15.0, 16),
+        "async_s4": _set(_run("async", 4, [0.0, 0.8, 0.8, 0.8]), 15.0, 16) | {"wall_minutes": 12.8},
+        "sync_s0_mb64": _set(_run("sync", 0, [0.0, 0.6, 0.6, 0.6]), 12.0, 64),
+        "async_s0_mb64": _set(_run("async", 0, [0.0, 0.1, 0.6, 0.6]), 12.0, 64),
+        "search_sync_s0": _set(_run("sync", 0, [0.5, 0.5, 0.5]), 7.0, 16) | {"env": "search"},
+        "search_async_s0": _set(_run("async", 0, [0.5, 0.5, 0.5]), 7.0, 16) | {"env": "search"},
+    }
+    assert set(mod.learning_runs(runs)) == set(runs)
+    got = mod.summaries(runs)
+    assert list(got) == [
+        "async_learning_summary_7min", "async_learning_summary_12min_mb64", "async_learning_summary_15min",
+        "async_learning_summary_search_7min",
+    ]  # fmt: skip
+    targets = {k: s["target_success"] for k, s in got.items()}
+    assert targets["async_learning_summary_7min"] == pytest.approx(0.3 - 0.05)
+    assert targets["async_learning_summary_15min"] == pytest.approx(0.8 - 0.05)
+    assert targets["async_learning_summary_12min_mb64"] == pytest.approx(0.6 - 0.05)
+    assert got["async_learning_summary_15min"]["minutes_to_target_per_run"] == {
+        "sync_s4": 3.0,
+        "async_s4": 2.0,
+    }
+    assert got["async_learning_summary_12min_mb64"]["seeds"] == {"sync": [0], "async": [0]}
+    data = {"async_learning": runs} | got
+    mod.write_md(data, tmp_path / "a.md")
+    md = (tmp_path / "a.md").read_text()
+    heads = [ln for ln in md.splitlines() if ln.startswith("### ")]
+    assert heads == [
+        "### calculator, 7 min a run, 16-row micro-batches", "### calculator, 12 min a run, 64-row micro-batches",
+        "### calculator, 15 min a run, 16-row micro-batches", "### search, 7 min a run, 16-row micro-batches",
+    ]  # fmt: skip
+    sections = md.split("### ")[1:]
+    assert [sec.count("Target: ") for sec in sections] == [1, 1, 1, 1]
+    assert "Target: 0.75" in sections[2] and "- sync_s4 " in sections[2] and "- sync_s0 " not in sections[2]
+    assert "- sync_s0_mb64 " in sections[1] and "- sync_s0 " not in sections[1]
+    assert "its steps ended it at 12.8 of 15 min" in sections[2]  # (the YAML's 400 steps, before its minutes)
+    mod.plot(data, tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("env", "minutes", "rows", "key"),
+    [("calculator", 7.0, 16, "async_learning_summary_7min"), ("calculator", 15.0, 16, "async_learning_summary_15min"),
+     ("calculator", 12.0, 64, "async_learning_summary_12min_mb64"),
+     ("search", 7.0, 16, "async_learning_summary_search_7min"), ("search", 7.5, 8, "async_learning_summary_search_7.5min_mb8"),
+     ("calculator", None, 16, "async_learning_summary_unknown_min")],
+)  # fmt: skip
+def test_summary_keys_name_the_setting(env: str, minutes: float | None, rows: int, key: str) -> None:
+    assert bench().summary_key((env, minutes, rows)) == key
+
+
+def test_run_keys_name_non_default_micro_batches() -> None:
+    """A 64-row run of seed 0 sits beside the 16-row run of seed 0 (its own key, folder and ledger)."""
+    mod = bench()
+    assert mod.run_key("calculator", "sync", 0, 64) == "sync_s0_mb64"
+    assert mod.run_key("search", "async", 1, 8) == "search_async_s1_mb8"
+    assert mod.run_key("calculator", "sync", 0, 16) == mod.run_key("calculator", "sync", 0) == "sync_s0"
+    runs = {"sync_s0": _set(_run("sync", 0, [0.1]), 7.0, 16), "x": _set(_run("sync", 0, [0.2]), 12.0, 64)}
+    assert set(mod.learning_runs(runs)) == {"sync_s0", "sync_s0_mb64"}
+
+
+def test_records_without_minutes_or_rows_are_read_not_lumped(tmp_path: Path) -> None:
+    """Records from before minutes_budget and micro_batch_rows were recorded: no rows reads as 16, no minutes
+    is a setting of its own ("? min"), beside the runs that have them."""
+    mod = bench()
+    runs = {
+        "sync_s0": _run("sync", 0, [0.0, 0.5]) | {"env": "calculator"},
+        "async_s0": _run("async", 0, [0.0, 0.5]) | {"env": "calculator"},
+        "sync_s1": _set(_run("sync", 1, [0.0, 0.9]), 7.0, None),
+        "async_s1": _set(_run("async", 1, [0.0, 0.9]), 7.0, 16),
+    }
+    got = mod.summaries(runs)
+    assert list(got) == ["async_learning_summary_7min", "async_learning_summary_unknown_min"]
+    assert got["async_learning_summary_7min"]["seeds"] == {"sync": [1], "async": [1]}
+    mod.write_md({"async_learning": runs} | got, tmp_path / "a.md")
+    md = (tmp_path / "a.md").read_text()
+    assert "### calculator, ? min a run, 16-row micro-batches" in md and "wall minutes not recorded" in md
+
+
+def test_the_results_file_has_a_setting_for_every_run() -> None:
+    """benchmarks/results/async.json: every learning run records its minutes and rows (the 7-minute runs of
+    seeds 0-3 were backfilled from their commands)."""
+    data = json.loads((SCRIPT.parent / "results" / "async.json").read_text())
+    for key, run in data["async_learning"].items():
+        assert run.get("minutes_budget") and run.get("micro_batch_rows"), key
+
+
+def test_a_learning_run_with_minutes_is_not_capped_by_the_yamls_steps(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """With a wall budget the minutes end the run (the YAML's 400 steps ended async runs early), and a later
+    invocation builds the same config, so its ledger continues the run instead of starting it over."""
+    pytest.importorskip("yaml")
+    mod = bench()
+    seen: list[tuple[dict[str, Any], Any]] = []
+
+    def fake(config: dict[str, Any], tiny: bool, minutes: float | None = None, **kw: Any) -> list[Any]:
+        seen.append((config, minutes))
+        Path(config["output_dir"]).mkdir(parents=True, exist_ok=True)  # (as run_child makes it)
+        ledger = kw["ledger"]
+        ledger.minutes, ledger.invocations = ledger.minutes + 5.0, ledger.invocations + 1
+        ledger.write()
+        return []
+
+    monkeypatch.setattr(mod, "run_child", fake)
+    args = argparse.Namespace(
+        learning_env="calculator", model=None, micro_batch_rows=64, quick=False, seed=0, mode="sync",
+        learning_staleness=2, minutes=12.0, tool_latency_s=0.0,
+    )  # fmt: skip
+    first = mod.learning(args, tmp_path)["async_learning"]
+    second = mod.learning(args, tmp_path)["async_learning"]
+    assert set(first) == set(second) == {"sync_s0_mb64"}
+    (cfg, minutes), (again, _) = seen
+    assert cfg["steps"] == mod.LEARNING_STEPS and minutes == 12.0 and cfg == again
+    assert cfg["micro_batch_rows"] == 64 and cfg["output_dir"] == str(tmp_path / "learning_sync_s0_mb64")
+    assert second["sync_s0_mb64"]["wall_minutes"] == 10.0 and second["sync_s0_mb64"]["invocations"] == 2
+    quick = mod.learning(argparse.Namespace(**vars(args) | {"quick": True}), tmp_path / "q")
+    assert (
+        seen[-1][0]["steps"] == 10
+        and seen[-1][1] is None
+        and set(quick["async_learning"]) == {"sync_s0_mb64"}
+    )
 
 
 @pytest.mark.slow
@@ -323,8 +459,9 @@ def test_quick_learning_run_stopped_part_way_continues_from_its_checkpoint(tmp_p
     work, out = tmp_path / "work", tmp_path / "res" / "async"
     cmd = [sys.executable, str(SCRIPT), "--quick", "--part", "learning", "--mode", "sync", "--work", str(work),
            "--out", str(out), "--micro-batch-rows", "8"]  # fmt: skip
-    log = work / "learning_sync_s0" / "metrics.jsonl"
-    ledger = work / "learning_sync_s0.wall.json"
+    # (8 rows, not the YAML's 16: the run's key, folder and ledger say so)
+    log = work / "learning_sync_s0_mb8" / "metrics.jsonl"
+    ledger = work / "learning_sync_s0_mb8.wall.json"
     proc = processes.start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -336,17 +473,17 @@ def test_quick_learning_run_stopped_part_way_continues_from_its_checkpoint(tmp_p
     finally:
         processes.stop(proc)
     assert proc.returncode == 143, err[-3000:]
-    first = json.loads(out.with_suffix(".json").read_text())["async_learning"]["sync_s0"]
+    first = json.loads(out.with_suffix(".json").read_text())["async_learning"]["sync_s0_mb8"]
     assert not first["complete"] and first["invocations"] == 1 and first["micro_batch_rows"] == 8
     assert 1 <= first["steps_done"] < 10 and first["steps"] == [0]
-    assert "Unfinished (sync_s0)" in out.with_suffix(".md").read_text()
+    assert "Unfinished (sync_s0_mb8)" in out.with_suffix(".md").read_text()
     kept = log.read_text().splitlines()
     stamps = json.loads(ledger.read_text())["stamps"]
-    assert (work / "learning_sync_s0" / "checkpoint").is_dir() and len(stamps) == len(kept)
+    assert (work / "learning_sync_s0_mb8" / "checkpoint").is_dir() and len(stamps) == len(kept)
 
     done = processes.run(cmd, 300)
     assert done.returncode == 0, done.stderr[-3000:]
-    run = json.loads(out.with_suffix(".json").read_text())["async_learning"]["sync_s0"]
+    run = json.loads(out.with_suffix(".json").read_text())["async_learning"]["sync_s0_mb8"]
     assert run["complete"] and run["invocations"] == 2 and run["steps_done"] == 10
     lines = log.read_text().splitlines()
     assert lines[: len(kept)] == kept  # the first invocation's records, as they were (no step 0 again)
@@ -356,12 +493,12 @@ def test_quick_learning_run_stopped_part_way_continues_from_its_checkpoint(tmp_p
     after = json.loads(ledger.read_text())
     assert all(after["stamps"][k] == v for k, v in stamps.items())  # earlier stamps kept
     assert min(v for k, v in after["stamps"].items() if k not in stamps) > first["wall_minutes"]
-    assert "Runs over several invocations (sync_s0)" in out.with_suffix(".md").read_text()
+    assert "Runs over several invocations (sync_s0_mb8)" in out.with_suffix(".md").read_text()
 
     again = processes.run(cmd, 300)  # over: no child, the same records
     assert again.returncode == 0, again.stderr[-3000:]
     assert log.read_text().splitlines() == lines and json.loads(ledger.read_text())["invocations"] == 2
-    assert json.loads(out.with_suffix(".json").read_text())["async_learning"]["sync_s0"] == run
+    assert json.loads(out.with_suffix(".json").read_text())["async_learning"]["sync_s0_mb8"] == run
 
 
 def test_ledger_budget_and_a_changed_config_start_over(tmp_path: Path) -> None:
