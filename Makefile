@@ -25,7 +25,7 @@ typecheck:
 	$(PY) scripts/typecheck.py
 
 pytest:
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=30  # (the slowest tests in every CI log: keep CI under 40 minutes)
 
 test: install system lint typecheck pytest
 
