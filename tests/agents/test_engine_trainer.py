@@ -8,16 +8,12 @@ from typing import Any
 import pytest
 import torch
 
+from tests.script_modules import load_script
+
 
 def _trainer_fixtures() -> Any:
     """The trainer tests' tiny model, tokenizer and fake env with varied rewards (tests/trainers/conftest.py)."""
-    import importlib.util
-
-    path = Path(__file__).parents[1] / "trainers" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_trainer_conftest", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("tests/trainers/conftest.py", "_trainer_conftest")
     mod.register_fake_env()
     return mod
 

@@ -4,7 +4,6 @@ list, the split into part folders, and the device side taking the parts one tran
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import zipfile
@@ -13,15 +12,13 @@ from typing import Any
 
 import pytest
 
+from tests.script_modules import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def stage() -> Any:
-    spec = importlib.util.spec_from_file_location("vllm_stage", ROOT / "benchmarks" / "vllm_stage.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/vllm_stage.py")
 
 
 def make_wheel(folder: Path, name: str, payload: bytes) -> Path:

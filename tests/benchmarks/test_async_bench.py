@@ -6,7 +6,6 @@ that the warm start searches; the GPU call's record shows that)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,18 +16,14 @@ from typing import Any
 import pytest
 
 from tests import processes
+from tests.script_modules import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "async.py"
 
 
 def bench() -> ModuleType:
     """The script as a module (`async` is a keyword: no plain import)."""
-    spec = importlib.util.spec_from_file_location("async_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # (a dataclass of the module looks its module up there)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "async_bench", register=True)
 
 
 # The H200 call of 2026-11-27 (before the warm start): no warm_start, step_s_sd or success fields.

@@ -6,7 +6,6 @@ ray_stage.py cuts are joined back byte for byte by the device script (its dry ru
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests import processes
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
@@ -27,11 +27,7 @@ DEVICE = BENCH / "ray_device.sh"
 
 
 def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH / f"{name}.py", f"bench_{name}")
 
 
 # the 2-core run of 2026-11-27, as committed (before sandbox, nodes, node_cpus, command, the load at the end)

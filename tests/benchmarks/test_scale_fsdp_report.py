@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.script_modules import load_script
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_scale_fsdp", REPO / "benchmarks" / "scale_fsdp.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/scale_fsdp.py", "bench_scale_fsdp")
 
 
 def ok(variant: str, step_s: float, sync_s: float, peak: float) -> dict[str, Any]:

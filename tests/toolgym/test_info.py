@@ -1,8 +1,8 @@
 """``toolgym info ID`` prints an env's card, and the README's env table is the one the cards give."""
 
-import importlib.util
 from pathlib import Path
 
+from tests.script_modules import load_script
 from toolgym.cli import main
 from toolgym.envs.cards import build_card, render_markdown
 
@@ -46,8 +46,5 @@ def test_card_is_static_without_example():
 
 
 def test_readme_env_table_is_current():
-    spec = importlib.util.spec_from_file_location("env_table", ROOT / "scripts" / "env_table.py")
-    assert spec is not None and spec.loader is not None
-    env_table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(env_table)
+    env_table = load_script("scripts/env_table.py")
     assert env_table.main(["--check"]) == 0, "README.md's env table is stale: python scripts/env_table.py"
